@@ -1,0 +1,3 @@
+//! Operator commands: they talk gRPC to a running server.
+
+pub mod ops;

@@ -1,0 +1,370 @@
+//! Every setting in one place: its flag, its environment variable and its
+//! default. Durations are written like `500ms`, `30s`, `5m`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::domain::BudgetPolicy;
+use crate::executor::ExecSettings;
+use crate::nova::{KeystoneConfig, NovaConfig, NovaEndpoint, Secret};
+use crate::reconciler::ReconcilerSettings;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 5m)"))
+}
+
+fn fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("must be at least 0 and below 1".into())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable on a terminal, JSON otherwise.
+    Auto,
+    Human,
+    Json,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "volume-reconciler",
+    version,
+    about = "Attach and detach OpenStack volumes exactly once per idempotency key, and record the true outcome"
+)]
+pub struct Cli {
+    #[arg(
+        long,
+        global = true,
+        env = "VOLUME_RECONCILER_LOG_FORMAT",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub log_format: LogFormat,
+    /// A tracing filter, e.g. `info` or `volume_reconciler=debug`.
+    #[arg(
+        long,
+        global = true,
+        env = "VOLUME_RECONCILER_LOG",
+        default_value = "info"
+    )]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gRPC service (applies pending migrations first).
+    Serve(Box<ServeArgs>),
+    /// Apply pending database migrations and exit.
+    Migrate(MigrateArgs),
+    /// Run the Nova and Keystone simulator.
+    NovaSim(SimArgs),
+    /// Operator commands against a running server.
+    Ops(crate::cli::ops::OpsArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SimArgs {
+    #[arg(long, env = "NOVA_SIM_LISTEN", default_value = "127.0.0.1:8774")]
+    pub listen: SocketAddr,
+    /// Require Keystone tokens on Nova requests.
+    #[arg(long, env = "NOVA_SIM_REQUIRE_AUTH")]
+    pub require_auth: bool,
+    /// How long a detach takes after its 202.
+    #[arg(long, env = "NOVA_SIM_DETACH_DELAY", value_parser = duration, default_value = "0s")]
+    pub detach_delay: Duration,
+    /// Share of attaches the "hypervisor" rolls back later.
+    #[arg(long, env = "NOVA_SIM_ROLLBACK_SHARE", value_parser = fraction, default_value = "0")]
+    pub rollback_share: f64,
+    #[arg(long, env = "NOVA_SIM_USERNAME", default_value = "demo")]
+    pub username: String,
+    #[arg(
+        long,
+        env = "NOVA_SIM_PASSWORD",
+        default_value = "secret",
+        hide_env_values = true
+    )]
+    pub password: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// gRPC listen address.
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_LISTEN",
+        default_value = "127.0.0.1:50051"
+    )]
+    pub listen: SocketAddr,
+    /// Admin listener: /healthz, /readyz, /metrics (plain HTTP; keep it on loopback unless needed).
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub admin_listen: SocketAddr,
+    /// PostgreSQL URL, e.g. postgres://user@host/db.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_DB_MAX_CONNECTIONS",
+        default_value_t = 16
+    )]
+    pub db_max_connections: u32,
+    /// Nova's compute endpoint (direct mode, no Keystone), e.g. http://127.0.0.1:8774/v2.1.
+    /// Without it, the endpoint comes from Keystone (OS_* variables).
+    #[arg(long, env = "VOLUME_RECONCILER_NOVA_URL")]
+    pub nova_url: Option<String>,
+    /// This instance's name in leases and the reconcile log (default: host-pid).
+    #[arg(long, env = "VOLUME_RECONCILER_REPLICA_ID")]
+    pub replica_id: Option<String>,
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_NOVA_MICROVERSION",
+        default_value = "2.89"
+    )]
+    pub nova_microversion: String,
+    /// Concurrent Nova requests per host; waiting for a slot counts against the deadline.
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_NOVA_MAX_CONCURRENCY",
+        default_value_t = 128
+    )]
+    pub nova_max_concurrency: usize,
+    /// Bound of a TCP connect to Nova/Keystone (connection setup only).
+    #[arg(long, env = "VOLUME_RECONCILER_NOVA_CONNECT_TIMEOUT", value_parser = duration, default_value = "3s")]
+    pub nova_connect_timeout: Duration,
+    /// Bound of a TLS handshake with Nova/Keystone (connection setup only).
+    #[arg(long, env = "VOLUME_RECONCILER_NOVA_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = "5s")]
+    pub nova_tls_handshake_timeout: Duration,
+
+    /// Deadline applied only when a caller sends none.
+    #[arg(long, env = "VOLUME_RECONCILER_DEFAULT_DEADLINE", value_parser = duration, default_value = "5m")]
+    pub default_deadline: Duration,
+    /// Share of the remaining time kept to answer before the caller gives up.
+    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_FRACTION", value_parser = fraction, default_value = "0.05")]
+    pub safety_margin_fraction: f64,
+    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MIN", value_parser = duration, default_value = "50ms")]
+    pub safety_margin_min: Duration,
+    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MAX", value_parser = duration, default_value = "2s")]
+    pub safety_margin_max: Duration,
+    /// Share of the remaining time kept back to re-observe after a lost response.
+    #[arg(long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_FRACTION", value_parser = fraction, default_value = "0.2")]
+    pub reobserve_reserve_fraction: f64,
+    #[arg(long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_MAX", value_parser = duration, default_value = "5s")]
+    pub reobserve_reserve_max: Duration,
+    /// The longest one Nova request may take (policy, visible and configurable).
+    #[arg(long, env = "VOLUME_RECONCILER_PER_CALL_CAP", value_parser = duration, default_value = "1h")]
+    pub per_call_cap: Duration,
+    /// Below this much time for the Nova request, Nova is not called (BUDGET_TOO_SMALL).
+    #[arg(long, env = "VOLUME_RECONCILER_MIN_BUDGET", value_parser = duration, default_value = "100ms")]
+    pub min_budget: Duration,
+    /// How long past its deadline an operation's lease outlives a crash.
+    #[arg(long, env = "VOLUME_RECONCILER_LEASE_GRACE", value_parser = duration, default_value = "30s")]
+    pub lease_grace: Duration,
+
+    /// Nova may still process a request this long after it was sent.
+    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW", value_parser = duration, default_value = "2m")]
+    pub settle_window: Duration,
+    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_INTERVAL", value_parser = duration, default_value = "1s")]
+    pub reconcile_interval: Duration,
+    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_BATCH", default_value_t = 256)]
+    pub reconcile_batch: u32,
+    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_LEASE", value_parser = duration, default_value = "60s")]
+    pub reconcile_lease: Duration,
+    /// The reconciler's Nova requests per second, at most (all passes of this replica).
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_RECONCILE_RATE_LIMIT",
+        default_value_t = 200.0
+    )]
+    pub reconcile_rate_limit: f64,
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_RECONCILE_PARALLELISM",
+        default_value_t = 32
+    )]
+    pub reconcile_parallelism: usize,
+    /// Decided operations are re-observed once this long after the decision...
+    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_AFTER", value_parser = duration, default_value = "1m")]
+    pub verify_after: Duration,
+    /// ...and only within this window.
+    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_WINDOW", value_parser = duration, default_value = "10m")]
+    pub verify_window: Duration,
+    /// Run no background reconciler in this process.
+    #[arg(long, env = "VOLUME_RECONCILER_NO_RECONCILER")]
+    pub no_reconciler: bool,
+
+    /// After SIGTERM: keep serving (not ready) this long so load balancers notice.
+    #[arg(long, env = "VOLUME_RECONCILER_SHUTDOWN_DELAY", value_parser = duration, default_value = "5s")]
+    pub shutdown_delay: Duration,
+    /// Then wait at most this long for in-flight RPCs.
+    #[arg(long, env = "VOLUME_RECONCILER_DRAIN_TIMEOUT", value_parser = duration, default_value = "30s")]
+    pub drain_timeout: Duration,
+    /// Rotate client connections after this age (GOAWAY, graceful).
+    #[arg(long, env = "VOLUME_RECONCILER_MAX_CONNECTION_AGE", value_parser = duration)]
+    pub max_connection_age: Option<Duration>,
+    #[arg(long, env = "VOLUME_RECONCILER_HTTP2_KEEPALIVE_INTERVAL", value_parser = duration, default_value = "30s")]
+    pub http2_keepalive_interval: Duration,
+    #[arg(long, env = "VOLUME_RECONCILER_HTTP2_KEEPALIVE_TIMEOUT", value_parser = duration, default_value = "20s")]
+    pub http2_keepalive_timeout: Duration,
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_MAX_CONCURRENT_STREAMS",
+        default_value_t = 1024
+    )]
+    pub max_concurrent_streams: u32,
+    /// The longest a WatchOperation stream waits for its next message.
+    #[arg(long, env = "VOLUME_RECONCILER_WATCH_IDLE_TIMEOUT", value_parser = duration, default_value = "10m")]
+    pub watch_idle_timeout: Duration,
+    /// Largest gRPC request message accepted.
+    #[arg(long, env = "VOLUME_RECONCILER_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024)]
+    pub max_message_bytes: usize,
+
+    #[command(flatten)]
+    pub openstack: OpenStackArgs,
+}
+
+/// The standard OpenStack variables, for Keystone mode.
+#[derive(Debug, Clone, Args)]
+pub struct OpenStackArgs {
+    #[arg(long, env = "OS_AUTH_URL")]
+    pub os_auth_url: Option<String>,
+    #[arg(long, env = "OS_USERNAME")]
+    pub os_username: Option<String>,
+    #[arg(long, env = "OS_PASSWORD", hide_env_values = true)]
+    pub os_password: Option<String>,
+    #[arg(long, env = "OS_PROJECT_NAME")]
+    pub os_project_name: Option<String>,
+    #[arg(long, env = "OS_USER_DOMAIN_NAME", default_value = "Default")]
+    pub os_user_domain_name: String,
+    #[arg(long, env = "OS_PROJECT_DOMAIN_NAME", default_value = "Default")]
+    pub os_project_domain_name: String,
+    #[arg(long, env = "OS_REGION_NAME")]
+    pub os_region_name: Option<String>,
+    #[arg(long, env = "OS_INTERFACE", default_value = "public")]
+    pub os_interface: String,
+    /// Bound of one Keystone token renewal (its own clock, shared by all callers).
+    #[arg(long, env = "VOLUME_RECONCILER_KEYSTONE_TIMEOUT", value_parser = duration, default_value = "30s")]
+    pub keystone_timeout: Duration,
+}
+
+impl ServeArgs {
+    /// Parses `serve` flags (tests use the very parser `main` uses).
+    pub fn from_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let argv = std::iter::once(std::ffi::OsString::from("volume-reconciler"))
+            .chain(std::iter::once(std::ffi::OsString::from("serve")))
+            .chain(args.into_iter().map(Into::into));
+        let cli = Cli::try_parse_from(argv)?;
+        match cli.command {
+            Command::Serve(s) => Ok(*s),
+            _ => unreachable!("the subcommand is fixed above"),
+        }
+    }
+
+    pub fn replica(&self) -> String {
+        self.replica_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "replica".into());
+            format!("{host}-{}", std::process::id())
+        })
+    }
+
+    pub fn budget_policy(&self) -> BudgetPolicy {
+        BudgetPolicy {
+            margin_fraction: self.safety_margin_fraction,
+            margin_min: self.safety_margin_min,
+            margin_max: self.safety_margin_max,
+            reserve_fraction: self.reobserve_reserve_fraction,
+            reserve_max: self.reobserve_reserve_max,
+            per_call_cap: self.per_call_cap,
+            min_budget: self.min_budget,
+        }
+    }
+
+    pub fn exec_settings(&self) -> ExecSettings {
+        ExecSettings {
+            lease_grace: self.lease_grace,
+            verify_after: self.verify_after,
+            ..ExecSettings::default()
+        }
+    }
+
+    pub fn reconciler_settings(&self) -> ReconcilerSettings {
+        ReconcilerSettings {
+            interval: self.reconcile_interval,
+            batch: self.reconcile_batch,
+            lease: self.reconcile_lease,
+            settle_window: self.settle_window,
+            rate_limit: self.reconcile_rate_limit,
+            parallelism: self.reconcile_parallelism,
+            verify_window: self.verify_window,
+            ..ReconcilerSettings::default()
+        }
+    }
+
+    /// The Nova endpoint: `--nova-url`, else Keystone from the OS_* settings.
+    pub fn nova_config(&self) -> anyhow::Result<NovaConfig> {
+        let endpoint = match &self.nova_url {
+            Some(url) => NovaEndpoint::Direct(url.clone()),
+            None => {
+                let o = &self.openstack;
+                let missing: Vec<&str> = [
+                    ("OS_AUTH_URL", o.os_auth_url.is_none()),
+                    ("OS_USERNAME", o.os_username.is_none()),
+                    ("OS_PASSWORD", o.os_password.is_none()),
+                    ("OS_PROJECT_NAME", o.os_project_name.is_none()),
+                ]
+                .into_iter()
+                .filter(|(_, m)| *m)
+                .map(|(n, _)| n)
+                .collect();
+                if !missing.is_empty() {
+                    anyhow::bail!(
+                        "no Nova endpoint: give --nova-url (direct mode) or the Keystone settings; missing: {}",
+                        missing.join(", ")
+                    );
+                }
+                NovaEndpoint::Keystone(KeystoneConfig {
+                    auth_url: o.os_auth_url.clone().unwrap_or_default(),
+                    username: o.os_username.clone().unwrap_or_default(),
+                    password: Secret::new(o.os_password.clone().unwrap_or_default()),
+                    project_name: o.os_project_name.clone().unwrap_or_default(),
+                    user_domain_name: o.os_user_domain_name.clone(),
+                    project_domain_name: o.os_project_domain_name.clone(),
+                    region: o.os_region_name.clone(),
+                    interface: o.os_interface.clone(),
+                    renewal_timeout: o.keystone_timeout,
+                    renew_before: Duration::from_secs(120),
+                })
+            }
+        };
+        Ok(NovaConfig {
+            endpoint,
+            microversion: self.nova_microversion.clone(),
+            max_concurrent_per_host: self.nova_max_concurrency,
+            connect_timeout: self.nova_connect_timeout,
+            tls_handshake_timeout: self.nova_tls_handshake_timeout,
+        })
+    }
+}

@@ -1,0 +1,195 @@
+//! Deadlines and budgets: the caller's deadline is the only upper bound of a
+//! request. This module turns it into the instants each stage works under.
+//!
+//! | stage                         | bounded by                                   |
+//! |-------------------------------|----------------------------------------------|
+//! | whole RPC (server answers by) | caller deadline − safety margin (`answer_by`) |
+//! | each Nova request             | min(`answer_by` − reserve, now + cap)        |
+//! | re-observation after a loss   | `answer_by`                                  |
+//! | database waits                | `answer_by` (statement timeout, acquire)     |
+//! | connection setup (TCP, TLS)   | short constants (3 s, 5 s): not server work   |
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The instant by which a request must be finished, as the deadline layer
+/// derived it from `grpc-timeout` (or from the server default when the
+/// caller sent none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    pub at: Instant,
+    /// False when the server default applied because the caller sent none.
+    pub from_caller: bool,
+}
+
+impl Deadline {
+    /// A deadline so far away it never fires: used for work that has no
+    /// caller (streams without a deadline).
+    pub fn none() -> Self {
+        Self {
+            at: far_future(),
+            from_caller: false,
+        }
+    }
+
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+}
+
+/// Ten years from now: "no deadline" without overflow arithmetic.
+pub fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600)
+}
+
+/// The rules that split a caller's remaining time into stages. Every number
+/// is a flag (see `config.rs`).
+#[derive(Debug, Clone, Copy)]
+pub struct BudgetPolicy {
+    /// Share of the remaining time kept to answer before the caller gives up.
+    pub margin_fraction: f64,
+    pub margin_min: Duration,
+    pub margin_max: Duration,
+    /// Share of the remaining time kept back to re-observe after a loss.
+    pub reserve_fraction: f64,
+    pub reserve_max: Duration,
+    /// The longest a single Nova request may take (policy, not transport).
+    pub per_call_cap: Duration,
+    /// Below this much time for the Nova request, Nova is not called at all.
+    pub min_budget: Duration,
+}
+
+impl Default for BudgetPolicy {
+    fn default() -> Self {
+        Self {
+            margin_fraction: 0.05,
+            margin_min: Duration::from_millis(50),
+            margin_max: Duration::from_secs(2),
+            reserve_fraction: 0.20,
+            reserve_max: Duration::from_secs(5),
+            per_call_cap: Duration::from_secs(3600),
+            min_budget: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The plan for one operation, fixed when the RPC arrives.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// The RPC answers by then; the operation's own deadline.
+    pub answer_by: Instant,
+    /// No Nova request runs past this instant: time after it is the reserve
+    /// for re-observation.
+    pub send_by: Instant,
+    pub margin: Duration,
+    pub reserve: Duration,
+}
+
+/// The caller's time is too short to call Nova at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetTooSmall {
+    pub available: Duration,
+    pub minimum: Duration,
+}
+
+impl BudgetPolicy {
+    pub fn margin_for(&self, remaining: Duration) -> Duration {
+        remaining
+            .mul_f64(self.margin_fraction)
+            .clamp(self.margin_min, self.margin_max)
+    }
+
+    pub fn reserve_for(&self, remaining: Duration) -> Duration {
+        remaining
+            .mul_f64(self.reserve_fraction)
+            .min(self.reserve_max)
+    }
+
+    /// Splits the time until `deadline` into the answer, send and reserve
+    /// instants. Example: 8 s remaining → margin 0.4 s, reserve 1.6 s: the
+    /// request gets 6 s, the look 1.6 s, the answer leaves by 7.6 s.
+    pub fn plan(&self, now: Instant, deadline: Instant) -> Result<Budget, BudgetTooSmall> {
+        let remaining = deadline.saturating_duration_since(now);
+        let margin = self.margin_for(remaining);
+        let reserve = self.reserve_for(remaining);
+        let answer_by = deadline.checked_sub(margin).unwrap_or(now).max(now);
+        let send_by = answer_by.checked_sub(reserve).unwrap_or(now).max(now);
+        let available = send_by.saturating_duration_since(now);
+        if available < self.min_budget {
+            return Err(BudgetTooSmall {
+                available,
+                minimum: self.min_budget,
+            });
+        }
+        Ok(Budget {
+            answer_by,
+            send_by,
+            margin,
+            reserve,
+        })
+    }
+
+    /// The deadline of the next Nova request: min(send_by, now + cap).
+    pub fn outbound(&self, budget: &Budget, now: Instant) -> Instant {
+        budget.send_by.min(now + self.per_call_cap)
+    }
+
+    /// Whether another request still fits before `send_by`.
+    pub fn can_send_again(&self, budget: &Budget, now: Instant) -> bool {
+        budget.send_by.saturating_duration_since(now) >= self.min_budget
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn eight_seconds_split_as_documented() {
+        let p = BudgetPolicy::default();
+        let now = Instant::now();
+        let b = p.plan(now, now + Duration::from_secs(8)).unwrap();
+        assert_eq!(b.margin, ms(400));
+        assert_eq!(b.reserve, ms(1600));
+        assert_eq!(b.answer_by - now, ms(7600));
+        assert_eq!(p.outbound(&b, now) - now, ms(6000));
+    }
+
+    #[test]
+    fn margin_and_reserve_are_clamped() {
+        let p = BudgetPolicy::default();
+        assert_eq!(p.margin_for(ms(100)), ms(50));
+        assert_eq!(
+            p.margin_for(Duration::from_secs(3600)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            p.reserve_for(Duration::from_secs(3600)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn an_hour_long_deadline_is_never_shortened_below_the_cap() {
+        let p = BudgetPolicy::default();
+        let now = Instant::now();
+        let b = p.plan(now, now + Duration::from_secs(3600)).unwrap();
+        // 1 h − 2 s margin − 5 s reserve, then capped at the 1 h per-call cap.
+        assert_eq!(p.outbound(&b, now) - now, Duration::from_secs(3593));
+    }
+
+    #[test]
+    fn tiny_budgets_are_refused() {
+        let p = BudgetPolicy::default();
+        let now = Instant::now();
+        let err = p.plan(now, now + ms(150)).unwrap_err();
+        assert_eq!(err.minimum, ms(100));
+        assert!(err.available < ms(100));
+        assert!(p.plan(now, now).is_err());
+    }
+}

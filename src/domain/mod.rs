@@ -1,0 +1,325 @@
+//! Domain types: what an operation is, its states and who moves it between
+//! them, and the newtypes that can only be made by parsing (rule 1: parse at
+//! the edge). Nothing here knows SQL, HTTP or protobuf.
+
+pub mod deadline;
+pub mod validate;
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+pub use deadline::{Budget, BudgetPolicy, Deadline};
+pub use validate::{DevicePath, IdempotencyKey, InvalidField, Tag};
+
+/// What the operation asks Nova to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Attach,
+    Detach,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Attach => "attach",
+            Action::Detach => "detach",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "attach" => Some(Action::Attach),
+            "detach" => Some(Action::Detach),
+            _ => None,
+        }
+    }
+}
+
+/// The life of an operation. Who moves rows in and out of each state:
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Recorded, no request sent yet. In: never by the executor on its happy
+    /// path (it records the intent together with the first request); by an
+    /// operator-less restart it may stay here. Out: the reconciler sends or
+    /// fails it.
+    Pending,
+    /// A request to Nova is being sent or awaited. In: the executor (intent
+    /// row, each retry). Out: the executor's decision, or the reconciler once
+    /// the executor's lease expired (the process died).
+    InProgress,
+    /// A request may have taken effect and nobody has seen whether it did.
+    /// In: the executor when its budget ran out. Out: the reconciler.
+    Unknown,
+    /// Terminal. In: executor, reconciler or operator. Out: nobody.
+    Succeeded,
+    /// Terminal. In: executor, reconciler or operator. Out: nobody.
+    Failed,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::InProgress => "in_progress",
+            State::Unknown => "unknown",
+            State::Succeeded => "succeeded",
+            State::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pending" => Some(State::Pending),
+            "in_progress" => Some(State::InProgress),
+            "unknown" => Some(State::Unknown),
+            "succeeded" => Some(State::Succeeded),
+            "failed" => Some(State::Failed),
+            _ => None,
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, State::Succeeded | State::Failed)
+    }
+}
+
+/// Who or what decided a terminal state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolution {
+    /// Nova's own response decided it.
+    Response,
+    /// The response was lost or ambiguous; listing the attachments decided it.
+    Reobserved,
+    /// The background reconciler decided it later.
+    Reconciler,
+    /// An operator decided it by hand (`ops resolve`), with a recorded reason.
+    Operator,
+}
+
+impl Resolution {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Response => "response",
+            Resolution::Reobserved => "reobserved",
+            Resolution::Reconciler => "reconciler",
+            Resolution::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "response" => Some(Resolution::Response),
+            "reobserved" => Some(Resolution::Reobserved),
+            "reconciler" => Some(Resolution::Reconciler),
+            "operator" => Some(Resolution::Operator),
+            _ => None,
+        }
+    }
+}
+
+/// The optional parameters of a request; part of the idempotency fingerprint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_on_termination: Option<bool>,
+}
+
+/// What Nova reported about an attachment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentInfo {
+    pub id: String,
+    #[serde(default)]
+    pub device: Option<String>,
+    #[serde(default)]
+    pub tag: Option<String>,
+    #[serde(default)]
+    pub delete_on_termination: bool,
+}
+
+/// Why an operation failed or is not yet known, with every piece of context
+/// (method, url, status, the clock that fired, ...).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationError {
+    pub reason: String,
+    pub message: String,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl OperationError {
+    pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            message: message.into(),
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    pub fn with(mut self, key: &str, value: impl ToString) -> Self {
+        self.metadata.insert(key.to_string(), value.to_string());
+        self
+    }
+}
+
+/// One row of the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Operation {
+    pub id: Uuid,
+    pub idempotency_key: String,
+    pub action: Action,
+    pub state: State,
+    pub resolution: Option<Resolution>,
+    pub server_id: Uuid,
+    pub volume_id: Uuid,
+    pub params: RequestParams,
+    pub attachment: Option<AttachmentInfo>,
+    pub attempts: i32,
+    pub last_error: Option<OperationError>,
+    /// The operation's own deadline: no request is sent for it after this.
+    pub deadline_at: DateTime<Utc>,
+    pub last_request_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Bumped at every claim; every decision is written under the epoch it
+    /// was taken with (fencing).
+    pub lease_epoch: i64,
+    pub caller: Option<String>,
+    pub drifted: bool,
+    /// Reconciler passes so far.
+    pub passes: i32,
+}
+
+/// One line of the reconcile log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationEvent {
+    pub at: DateTime<Utc>,
+    pub kind: String,
+    pub detail: String,
+    pub metadata: BTreeMap<String, String>,
+    pub replica: String,
+}
+
+/// An event about to be written.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NewEvent {
+    pub kind: &'static str,
+    pub detail: String,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl NewEvent {
+    pub fn new(kind: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    pub fn with(mut self, key: &str, value: impl ToString) -> Self {
+        self.metadata.insert(key.to_string(), value.to_string());
+        self
+    }
+
+    pub fn with_all(mut self, extra: &BTreeMap<String, String>) -> Self {
+        for (k, v) in extra {
+            self.metadata.insert(k.clone(), v.clone());
+        }
+        self
+    }
+}
+
+/// Event kinds, one place so the log's vocabulary stays small.
+pub mod event {
+    pub const RECORDED: &str = "recorded";
+    pub const REQUEST_SENT: &str = "request_sent";
+    pub const RESPONSE: &str = "response";
+    pub const REQUEST_FAILED: &str = "request_failed";
+    pub const OBSERVED: &str = "observed";
+    pub const RESOLVED: &str = "resolved";
+    pub const RETRY_SCHEDULED: &str = "retry_scheduled";
+    pub const UNRESOLVED: &str = "unresolved";
+    pub const CLAIMED: &str = "claimed";
+    pub const DRIFT_DETECTED: &str = "drift_detected";
+    pub const VERIFIED: &str = "verified";
+    pub const OPERATOR_RESOLVED: &str = "operator_resolved";
+    pub const HANDED_OVER: &str = "handed_over";
+}
+
+/// A fingerprint of what a request asks for: the same idempotency key with a
+/// different fingerprint is a reuse, refused.
+pub fn request_fingerprint(
+    action: Action,
+    server_id: Uuid,
+    volume_id: Uuid,
+    params: &RequestParams,
+) -> String {
+    // serde_json of a struct with a fixed field order is canonical enough:
+    // the same inputs always produce the same bytes.
+    let params = serde_json::to_string(params).unwrap_or_default();
+    format!("{}|{}|{}|{}", action.as_str(), server_id, volume_id, params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_round_trip_through_their_names() {
+        for s in [
+            State::Pending,
+            State::InProgress,
+            State::Unknown,
+            State::Succeeded,
+            State::Failed,
+        ] {
+            assert_eq!(State::parse(s.as_str()), Some(s));
+        }
+        for r in [
+            Resolution::Response,
+            Resolution::Reobserved,
+            Resolution::Reconciler,
+            Resolution::Operator,
+        ] {
+            assert_eq!(Resolution::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(Action::parse("attach"), Some(Action::Attach));
+        assert_eq!(Action::parse("nope"), None);
+    }
+
+    #[test]
+    fn fingerprint_differs_when_any_parameter_differs() {
+        let s = Uuid::new_v4();
+        let v = Uuid::new_v4();
+        let a = RequestParams::default();
+        let b = RequestParams {
+            device: Some("/dev/vdb".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            request_fingerprint(Action::Attach, s, v, &a),
+            request_fingerprint(Action::Attach, s, v, &a.clone())
+        );
+        assert_ne!(
+            request_fingerprint(Action::Attach, s, v, &a),
+            request_fingerprint(Action::Attach, s, v, &b)
+        );
+        assert_ne!(
+            request_fingerprint(Action::Attach, s, v, &a),
+            request_fingerprint(Action::Detach, s, v, &a)
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! Newtypes made only by parsing. A request that fails here gets
+//! `INVALID_ARGUMENT` naming the field; nothing deeper sees an unchecked
+//! string.
+
+use std::fmt;
+
+use uuid::Uuid;
+
+/// A field that failed validation, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}")]
+pub struct InvalidField {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl InvalidField {
+    pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Parses a UUID in its canonical hyphenated form (Nova's `format: uuid`).
+pub fn parse_uuid(field: &'static str, value: &str) -> Result<Uuid, InvalidField> {
+    if value.is_empty() {
+        return Err(InvalidField::new(field, "is required"));
+    }
+    if value.len() != 36 {
+        return Err(InvalidField::new(
+            field,
+            format!("must be a UUID like 7ebed2ce-85b3-40b5-84ae-8cc725c37ed2, got {value:?}"),
+        ));
+    }
+    Uuid::parse_str(value)
+        .map_err(|e| InvalidField::new(field, format!("{value:?} is not a UUID: {e}")))
+}
+
+/// 1..=255 bytes of printable characters (no control characters).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub const MAX_LEN: usize = 255;
+
+    pub fn parse(value: &str) -> Result<Self, InvalidField> {
+        const FIELD: &str = "idempotency_key";
+        if value.is_empty() {
+            return Err(InvalidField::new(
+                FIELD,
+                "is required (1..255 printable characters)",
+            ));
+        }
+        if value.len() > Self::MAX_LEN {
+            return Err(InvalidField::new(
+                FIELD,
+                format!(
+                    "is {} bytes long; the limit is {}",
+                    value.len(),
+                    Self::MAX_LEN
+                ),
+            ));
+        }
+        if let Some(c) = value.chars().find(|c| c.is_control()) {
+            return Err(InvalidField::new(
+                FIELD,
+                format!(
+                    "contains the control character {c:?}; only printable characters are allowed"
+                ),
+            ));
+        }
+        Ok(Self(value.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A device path in the shape Nova accepts:
+/// `^(/dev/x{0,1}[a-z]{0,1}d{0,1})([a-z]+)[0-9]*$`, which reduces to
+/// `/dev/` followed by lowercase letters and then optional digits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevicePath(String);
+
+impl DevicePath {
+    pub fn parse(value: &str) -> Result<Self, InvalidField> {
+        const FIELD: &str = "device";
+        let bad = || {
+            InvalidField::new(
+                FIELD,
+                format!(
+                    "{value:?} is not a device path like /dev/vdb (/dev/ + lowercase letters + optional digits)"
+                ),
+            )
+        };
+        let rest = value.strip_prefix("/dev/").ok_or_else(bad)?;
+        let letters = rest.bytes().take_while(|b| b.is_ascii_lowercase()).count();
+        if letters == 0 || !rest[letters..].bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        Ok(Self(value.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A Nova device tag: 1..=60 characters, no ',' or '/'.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tag(String);
+
+impl Tag {
+    pub fn parse(value: &str) -> Result<Self, InvalidField> {
+        const FIELD: &str = "tag";
+        let n = value.chars().count();
+        if n == 0 || n > 60 {
+            return Err(InvalidField::new(
+                FIELD,
+                format!("must be 1..60 characters, got {n}"),
+            ));
+        }
+        if value.contains(',') || value.contains('/') || value.chars().any(|c| c.is_control()) {
+            return Err(InvalidField::new(
+                FIELD,
+                "must not contain ',', '/' or control characters",
+            ));
+        }
+        Ok(Self(value.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_paths_follow_novas_pattern() {
+        for ok in ["/dev/vdb", "/dev/sda1", "/dev/xvdc", "/dev/hdz12"] {
+            assert!(DevicePath::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "vdb",
+            "/dev/",
+            "/dev/VDB",
+            "/dev/vd-b",
+            "/dev/1",
+            "/dev/vdb1x",
+            "/dev/vdb/..",
+        ] {
+            let e = DevicePath::parse(bad).unwrap_err();
+            assert_eq!(e.field, "device", "{bad}");
+        }
+    }
+
+    #[test]
+    fn keys_are_one_to_255_printable_bytes() {
+        assert!(IdempotencyKey::parse("a").is_ok());
+        assert!(IdempotencyKey::parse(&"k".repeat(255)).is_ok());
+        assert!(IdempotencyKey::parse(&"k".repeat(256)).is_err());
+        assert!(IdempotencyKey::parse("").is_err());
+        assert!(IdempotencyKey::parse("a\nb").is_err());
+        assert!(IdempotencyKey::parse("schlüssel-ß").is_ok());
+    }
+
+    #[test]
+    fn uuids_must_be_canonical() {
+        assert!(parse_uuid("server_id", "7ebed2ce-85b3-40b5-84ae-8cc725c37ed2").is_ok());
+        assert_eq!(parse_uuid("server_id", "").unwrap_err().field, "server_id");
+        assert!(parse_uuid("volume_id", "7ebed2ce85b340b584ae8cc725c37ed2").is_err());
+        assert!(parse_uuid("volume_id", "not-a-uuid-not-a-uuid-not-a-uuid-xx").is_err());
+    }
+
+    #[test]
+    fn tags_follow_novas_rules() {
+        assert!(Tag::parse("foo").is_ok());
+        assert!(Tag::parse(&"t".repeat(61)).is_err());
+        assert!(Tag::parse("a/b").is_err());
+        assert!(Tag::parse("a,b").is_err());
+    }
+}

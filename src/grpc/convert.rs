@@ -1,0 +1,132 @@
+//! Domain ⇄ protobuf conversions.
+
+use chrono::{DateTime, Utc};
+
+use super::pb;
+use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
+
+pub fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: t.timestamp_subsec_nanos() as i32,
+    }
+}
+
+pub fn state_to_pb(s: State) -> pb::State {
+    match s {
+        State::Pending => pb::State::Pending,
+        State::InProgress => pb::State::InProgress,
+        State::Unknown => pb::State::Unknown,
+        State::Succeeded => pb::State::Succeeded,
+        State::Failed => pb::State::Failed,
+    }
+}
+
+pub fn state_from_pb(s: pb::State) -> Option<State> {
+    match s {
+        pb::State::Unspecified => None,
+        pb::State::Pending => Some(State::Pending),
+        pb::State::InProgress => Some(State::InProgress),
+        pb::State::Unknown => Some(State::Unknown),
+        pb::State::Succeeded => Some(State::Succeeded),
+        pb::State::Failed => Some(State::Failed),
+    }
+}
+
+fn resolution_to_pb(r: Option<Resolution>) -> pb::Resolution {
+    match r {
+        None => pb::Resolution::Unspecified,
+        Some(Resolution::Response) => pb::Resolution::Response,
+        Some(Resolution::Reobserved) => pb::Resolution::Reobserved,
+        Some(Resolution::Reconciler) => pb::Resolution::Reconciler,
+        Some(Resolution::Operator) => pb::Resolution::Operator,
+    }
+}
+
+pub fn operation_to_pb(op: &Operation) -> pb::Operation {
+    pb::Operation {
+        id: op.id.to_string(),
+        idempotency_key: op.idempotency_key.clone(),
+        action: match op.action {
+            Action::Attach => pb::Action::Attach,
+            Action::Detach => pb::Action::Detach,
+        } as i32,
+        state: state_to_pb(op.state) as i32,
+        resolution: resolution_to_pb(op.resolution) as i32,
+        server_id: op.server_id.to_string(),
+        volume_id: op.volume_id.to_string(),
+        attachment: op.attachment.as_ref().map(|a| pb::Attachment {
+            id: a.id.clone(),
+            device: a.device.clone().unwrap_or_default(),
+            tag: a.tag.clone().unwrap_or_default(),
+            delete_on_termination: a.delete_on_termination,
+        }),
+        attempts: op.attempts.max(0) as u32,
+        last_error: op.last_error.as_ref().map(|e| pb::OperationError {
+            reason: e.reason.clone(),
+            message: e.message.clone(),
+            metadata: e.metadata.clone().into_iter().collect(),
+        }),
+        created_at: Some(timestamp(op.created_at)),
+        updated_at: Some(timestamp(op.updated_at)),
+        completed_at: op.completed_at.map(timestamp),
+        drifted: op.drifted,
+        caller: op.caller.clone().unwrap_or_default(),
+    }
+}
+
+pub fn event_to_pb(e: &OperationEvent) -> pb::OperationEvent {
+    pb::OperationEvent {
+        at: Some(timestamp(e.at)),
+        kind: e.kind.clone(),
+        detail: e.detail.clone(),
+        metadata: e.metadata.clone().into_iter().collect(),
+        replica: e.replica.clone(),
+    }
+}
+
+/// Page tokens are opaque to clients: a versioned, hex-encoded position.
+pub fn encode_page_token(seq: i64) -> String {
+    format!("v1.{}", hex(format!("seq:{seq}").as_bytes()))
+}
+
+pub fn decode_page_token(token: &str) -> Option<i64> {
+    let body = token.strip_prefix("v1.")?;
+    if body.len() % 2 != 0 || body.len() > 64 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..body.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&body[i..i + 2], 16).ok())
+        .collect();
+    let text = String::from_utf8(bytes?).ok()?;
+    text.strip_prefix("seq:")?
+        .parse()
+        .ok()
+        .filter(|n: &i64| *n > 0)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_garbage() {
+        let t = encode_page_token(12345);
+        assert_eq!(decode_page_token(&t), Some(12345));
+        for bad in [
+            "",
+            "v1.",
+            "v1.zz",
+            "v2.7365713a31",
+            "seq:1",
+            "v1.7365713a2d31",
+        ] {
+            assert_eq!(decode_page_token(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! The only place that sees protobuf types: the `VolumeReconciler` service,
+//! its conversions and the mapping of errors to `Status`. Requests are
+//! parsed into domain types here (rule 1).
+
+pub mod convert;
+pub mod deadline;
+pub mod status;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+use uuid::Uuid;
+
+use crate::domain::validate::parse_uuid;
+use crate::domain::{
+    Action, Deadline, DevicePath, IdempotencyKey, InvalidField, RequestParams, State, Tag,
+};
+use crate::executor::{Executor, OpRequest};
+use crate::metrics::Metrics;
+use crate::reconciler::Reconciler;
+use crate::store::OperationFilter;
+
+pub mod pb {
+    #![allow(clippy::all, clippy::pedantic)]
+    tonic::include_proto!("volume_reconciler.v1");
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("volume_reconciler_descriptor");
+}
+
+use pb::volume_reconciler_server::VolumeReconciler;
+
+pub const DEFAULT_PAGE_SIZE: u32 = 50;
+pub const MAX_PAGE_SIZE: u32 = 500;
+pub const MAX_REASON_LEN: usize = 1024;
+
+pub struct Api {
+    pub exec: Arc<Executor>,
+    pub reconciler: Arc<Reconciler>,
+    pub metrics: Arc<Metrics>,
+    /// The longest a watch waits for its next message.
+    pub watch_idle: Duration,
+}
+
+fn deadline_of<T>(req: &Request<T>) -> Deadline {
+    // The deadline layer is always in the chain that `startup` builds; a
+    // request without it has no bound from us (tonic's own timer remains).
+    req.extensions()
+        .get::<Deadline>()
+        .copied()
+        .unwrap_or_else(Deadline::none)
+}
+
+fn op_id(field: &'static str, value: &str) -> Result<Uuid, Status> {
+    parse_uuid(field, value).map_err(status::invalid)
+}
+
+fn optional<T>(
+    value: &str,
+    parse: impl Fn(&str) -> Result<T, InvalidField>,
+) -> Result<Option<T>, Status> {
+    if value.is_empty() {
+        Ok(None)
+    } else {
+        parse(value).map(Some).map_err(status::invalid)
+    }
+}
+
+impl Api {
+    fn done<T>(&self, method: &str, r: Result<T, Status>) -> Result<Response<T>, Status> {
+        match r {
+            Ok(v) => {
+                self.metrics.grpc(method, tonic::Code::Ok);
+                Ok(Response::new(v))
+            }
+            Err(s) => {
+                self.metrics.grpc(method, s.code());
+                Err(s)
+            }
+        }
+    }
+
+    async fn mutate(&self, req: OpRequest, deadline: Deadline) -> Result<pb::Operation, Status> {
+        let op = self
+            .exec
+            .submit(req, deadline)
+            .await
+            .map_err(status::from_exec)?;
+        status::from_operation(op).map(|op| convert::operation_to_pb(&op))
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::Operation, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl VolumeReconciler for Api {
+    async fn attach_volume(
+        &self,
+        request: Request<pb::AttachVolumeRequest>,
+    ) -> Result<Response<pb::Operation>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        let parsed = (|| {
+            let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
+            let server_id = op_id("server_id", &r.server_id)?;
+            let volume_id = op_id("volume_id", &r.volume_id)?;
+            let device = optional(&r.device, DevicePath::parse)?;
+            let tag = optional(&r.tag, Tag::parse)?;
+            Ok::<_, Status>(OpRequest {
+                action: Action::Attach,
+                idempotency_key: key.as_str().to_string(),
+                server_id,
+                volume_id,
+                params: RequestParams {
+                    device: device.map(|d| d.as_str().to_string()),
+                    tag: tag.map(|t| t.as_str().to_string()),
+                    delete_on_termination: r.delete_on_termination,
+                },
+                caller: None,
+            })
+        })();
+        let result = match parsed {
+            Ok(req) => self.mutate(req, deadline).await,
+            Err(s) => Err(s),
+        };
+        self.done("AttachVolume", result)
+    }
+
+    async fn detach_volume(
+        &self,
+        request: Request<pb::DetachVolumeRequest>,
+    ) -> Result<Response<pb::Operation>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        let parsed = (|| {
+            let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
+            Ok::<_, Status>(OpRequest {
+                action: Action::Detach,
+                idempotency_key: key.as_str().to_string(),
+                server_id: op_id("server_id", &r.server_id)?,
+                volume_id: op_id("volume_id", &r.volume_id)?,
+                params: RequestParams::default(),
+                caller: None,
+            })
+        })();
+        let result = match parsed {
+            Ok(req) => self.mutate(req, deadline).await,
+            Err(s) => Err(s),
+        };
+        self.done("DetachVolume", result)
+    }
+
+    async fn get_operation(
+        &self,
+        request: Request<pb::GetOperationRequest>,
+    ) -> Result<Response<pb::Operation>, Status> {
+        let r = request.into_inner();
+        let store = &self.exec.store;
+        let result = async {
+            let op = match (r.operation_id.is_empty(), r.idempotency_key.is_empty()) {
+                (false, true) => {
+                    let id = op_id("operation_id", &r.operation_id)?;
+                    store.operation_get(id).await.map_err(status::from_store)?
+                }
+                (true, false) => {
+                    let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
+                    store
+                        .operation_get_by_key(key.as_str())
+                        .await
+                        .map_err(status::from_store)?
+                }
+                _ => {
+                    return Err(status::invalid(InvalidField::new(
+                        "operation_id",
+                        "give exactly one of operation_id and idempotency_key",
+                    )));
+                }
+            };
+            let op = op.ok_or_else(|| {
+                let mut m = std::collections::BTreeMap::new();
+                m.insert("operation_id".to_string(), r.operation_id.clone());
+                m.insert("idempotency_key".to_string(), r.idempotency_key.clone());
+                status::status(
+                    tonic::Code::NotFound,
+                    "no such operation",
+                    "OPERATION_NOT_FOUND",
+                    m,
+                )
+            })?;
+            Ok(convert::operation_to_pb(&op))
+        }
+        .await;
+        self.done("GetOperation", result)
+    }
+
+    async fn list_operations(
+        &self,
+        request: Request<pb::ListOperationsRequest>,
+    ) -> Result<Response<pb::ListOperationsResponse>, Status> {
+        let r = request.into_inner();
+        let result = async {
+            let state = match pb::State::try_from(r.state) {
+                Ok(s) => convert::state_from_pb(s),
+                Err(_) => {
+                    return Err(status::invalid(InvalidField::new(
+                        "state",
+                        format!("unknown state value {}", r.state),
+                    )));
+                }
+            };
+            let filter = OperationFilter {
+                state,
+                server_id: optional(&r.server_id, |v| parse_uuid("server_id", v))?,
+                volume_id: optional(&r.volume_id, |v| parse_uuid("volume_id", v))?,
+                drifted_only: r.drifted_only,
+            };
+            let limit = match r.page_size {
+                0 => DEFAULT_PAGE_SIZE,
+                n if n < 0 => {
+                    return Err(status::invalid(InvalidField::new(
+                        "page_size",
+                        "must not be negative",
+                    )));
+                }
+                n if n as u32 > MAX_PAGE_SIZE => {
+                    return Err(status::invalid(InvalidField::new(
+                        "page_size",
+                        format!("{n} exceeds the maximum page size of {MAX_PAGE_SIZE}"),
+                    )));
+                }
+                n => n as u32,
+            };
+            let after = if r.page_token.is_empty() {
+                None
+            } else {
+                Some(convert::decode_page_token(&r.page_token).ok_or_else(|| {
+                    status::invalid(InvalidField::new(
+                        "page_token",
+                        "is not a token this server issued",
+                    ))
+                })?)
+            };
+            let page = self
+                .exec
+                .store
+                .operation_list(&filter, after, limit)
+                .await
+                .map_err(status::from_store)?;
+            Ok(pb::ListOperationsResponse {
+                operations: page
+                    .operations
+                    .iter()
+                    .map(convert::operation_to_pb)
+                    .collect(),
+                next_page_token: page
+                    .next_cursor
+                    .map(convert::encode_page_token)
+                    .unwrap_or_default(),
+            })
+        }
+        .await;
+        self.done("ListOperations", result)
+    }
+
+    type WatchOperationStream = WatchStream;
+
+    async fn watch_operation(
+        &self,
+        request: Request<pb::WatchOperationRequest>,
+    ) -> Result<Response<Self::WatchOperationStream>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        let id = match op_id("operation_id", &r.operation_id) {
+            Ok(id) => id,
+            Err(s) => return self.done("WatchOperation", Err(s)),
+        };
+        let store = self.exec.store.clone();
+        // Subscribe before the first read so no change falls in between.
+        let mut changes = store.subscribe();
+        let first = match store.operation_get(id).await {
+            Ok(Some(op)) => op,
+            Ok(None) => {
+                return self.done(
+                    "WatchOperation",
+                    Err(status::from_store(crate::store::StoreError::NotFound(id))),
+                );
+            }
+            Err(e) => return self.done("WatchOperation", Err(status::from_store(e))),
+        };
+        let idle = self.watch_idle;
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut last = None;
+            let mut current = first;
+            loop {
+                let key = (
+                    current.state,
+                    current.attempts,
+                    current.updated_at,
+                    current.drifted,
+                );
+                if last != Some(key) {
+                    last = Some(key);
+                    if tx
+                        .send(Ok(convert::operation_to_pb(&current)))
+                        .await
+                        .is_err()
+                    {
+                        return; // the client went away
+                    }
+                    if current.state.is_terminal() {
+                        return;
+                    }
+                }
+                // Each next message is awaited at most `idle`, and never
+                // past the caller's deadline, if it sent one.
+                let next_by = (Instant::now() + idle).min(deadline.at);
+                let mut recheck = Instant::now() + Duration::from_secs(2);
+                loop {
+                    let wake = recheck.min(next_by);
+                    tokio::select! {
+                        _ = tx.closed() => return,
+                        m = tokio::time::timeout_at(wake, changes.recv()) => match m {
+                            Ok(Ok(changed)) if changed == id || changed.is_nil() => break,
+                            Ok(Ok(_)) => continue,
+                            // Lagged or closed channel: re-read the row.
+                            Ok(Err(_)) => break,
+                            Err(_) if Instant::now() >= next_by => {
+                                let code = if deadline.at <= next_by { tonic::Code::DeadlineExceeded } else { tonic::Code::DeadlineExceeded };
+                                let msg = if deadline.at <= next_by { "the caller's deadline expired while watching" } else { "no change within the watch idle bound" };
+                                let mut m = std::collections::BTreeMap::new();
+                                m.insert("operation_id".to_string(), id.to_string());
+                                // A send error means the client went away.
+                                drop(tx.send(Err(status::status(code, msg, "WATCH_IDLE", m))).await);
+                                return;
+                            }
+                            Err(_) => { recheck = Instant::now() + Duration::from_secs(2); break; }
+                        }
+                    }
+                }
+                match store.operation_get(id).await {
+                    Ok(Some(op)) => current = op,
+                    Ok(None) => return,
+                    Err(e) => {
+                        drop(tx.send(Err(status::from_store(e))).await);
+                        return;
+                    }
+                }
+            }
+        });
+        self.metrics.grpc("WatchOperation", tonic::Code::Ok);
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn reconcile_operation(
+        &self,
+        request: Request<pb::ReconcileOperationRequest>,
+    ) -> Result<Response<pb::Operation>, Status> {
+        let r = request.into_inner();
+        let result = async {
+            let id = op_id("operation_id", &r.operation_id)?;
+            let op = self
+                .reconciler
+                .reconcile_now(id)
+                .await
+                .map_err(status::from_store)?;
+            Ok(convert::operation_to_pb(&op))
+        }
+        .await;
+        self.done("ReconcileOperation", result)
+    }
+
+    async fn list_operation_events(
+        &self,
+        request: Request<pb::ListOperationEventsRequest>,
+    ) -> Result<Response<pb::ListOperationEventsResponse>, Status> {
+        let r = request.into_inner();
+        let result = async {
+            let id = op_id("operation_id", &r.operation_id)?;
+            let store = &self.exec.store;
+            if store
+                .operation_get(id)
+                .await
+                .map_err(status::from_store)?
+                .is_none()
+            {
+                return Err(status::from_store(crate::store::StoreError::NotFound(id)));
+            }
+            let events = store
+                .operation_events(id)
+                .await
+                .map_err(status::from_store)?;
+            Ok(pb::ListOperationEventsResponse {
+                events: events.iter().map(convert::event_to_pb).collect(),
+            })
+        }
+        .await;
+        self.done("ListOperationEvents", result)
+    }
+
+    async fn resolve_operation(
+        &self,
+        request: Request<pb::ResolveOperationRequest>,
+    ) -> Result<Response<pb::Operation>, Status> {
+        let r = request.into_inner();
+        let result = async {
+            let id = op_id("operation_id", &r.operation_id)?;
+            let state = match pb::State::try_from(r.state).ok().and_then(convert::state_from_pb) {
+                Some(s @ (State::Succeeded | State::Failed)) => s,
+                _ => return Err(status::invalid(InvalidField::new("state", "must be STATE_SUCCEEDED or STATE_FAILED"))),
+            };
+            let reason = r.reason.trim();
+            if reason.is_empty() {
+                return Err(status::invalid(InvalidField::new("reason", "is required: say why you know better than the cloud shows")));
+            }
+            if reason.len() > MAX_REASON_LEN {
+                return Err(status::invalid(InvalidField::new("reason", format!("exceeds {MAX_REASON_LEN} bytes"))));
+            }
+            let op = self
+                .exec
+                .store
+                .operation_resolve_by_operator(id, state, reason, &self.exec.replica, None)
+                .await
+                .map_err(status::from_store)?;
+            tracing::info!(operation_id = %op.id, state = state.as_str(), reason, "operation resolved by an operator");
+            Ok(convert::operation_to_pb(&op))
+        }
+        .await;
+        self.done("ResolveOperation", result)
+    }
+}

@@ -1,0 +1,36 @@
+//! volume-reconciler: runs non-idempotent OpenStack Nova volume attach and
+//! detach calls exactly once per idempotency key, and records their true
+//! outcome in a ledger, re-observing Nova whenever a response was lost.
+//!
+//! Module map (each boundary knows one foreign thing):
+//! - [`config`]: every flag, its environment variable and default.
+//! - [`telemetry`]: logs (human or JSON).
+//! - [`startup`]: `Application::build` → `run_until`, used by main and tests;
+//!   the staged shutdown.
+//! - [`domain`]: operations, states, deadlines and budgets, validated newtypes.
+//! - [`grpc`]: the only place that sees protobuf: the service, the deadline
+//!   layer, conversions, the one mapping to `Status`.
+//! - [`executor`]: runs one operation: intent, owned task, classify,
+//!   re-observe, record.
+//! - [`reconciler`]: resolves what could not be known in time; verifies
+//!   decisions for late effects.
+//! - [`store`]: the ledger (all SQL), PostgreSQL.
+//! - [`nova`]: the Nova/Keystone HTTP adapter (all HTTP to OpenStack).
+//! - [`sim`]: the Nova/Keystone simulator used by tests and the demo.
+//! - [`client`]: the Rust client with keyed, safe retries.
+//! - [`cli`]: operator commands.
+//! - [`metrics`]: Prometheus metrics.
+
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod domain;
+pub mod executor;
+pub mod grpc;
+pub mod metrics;
+pub mod nova;
+pub mod reconciler;
+pub mod sim;
+pub mod startup;
+pub mod store;
+pub mod telemetry;

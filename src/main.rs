@@ -1,0 +1,64 @@
+//! Thin: parse the command line, set up logging, run one command.
+
+use clap::Parser;
+use volume_reconciler::config::{Cli, Command};
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    volume_reconciler::telemetry::init(cli.log_format, &cli.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "exiting");
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    use volume_reconciler::{nova, sim, startup, store};
+    match command {
+        Command::Serve(args) => {
+            nova::client::install_crypto_provider();
+            let app = startup::Application::build(*args).await?;
+            tracing::info!(grpc = %app.grpc_addr(), admin = %app.admin_addr(), "listening");
+            app.run_until(startup::shutdown_signal()).await
+        }
+        Command::Migrate(args) => {
+            store::PgStore::migrate(&args.database_url).await?;
+            tracing::info!("migrations applied");
+            Ok(())
+        }
+        Command::NovaSim(args) => {
+            let cfg = sim::SimConfig {
+                require_auth: args.require_auth,
+                detach_delay_ms: args.detach_delay.as_millis() as u64,
+                rollback_share: args.rollback_share,
+                username: args.username,
+                password: args.password,
+                ..sim::SimConfig::default()
+            };
+            let handle = sim::start(args.listen, cfg).await?;
+            tracing::info!(nova_url = %handle.nova_url, auth_url = %handle.auth_url, "nova-sim listening");
+            println!(
+                "nova-sim: Nova at {}  Keystone at {}  admin at {}/sim",
+                handle.nova_url, handle.auth_url, handle.base_url
+            );
+            startup::shutdown_signal().await;
+            handle.stop().await;
+            Ok(())
+        }
+        Command::Ops(args) => volume_reconciler::cli::ops::run(args).await,
+    }
+}

@@ -1,0 +1,337 @@
+//! Keystone v3 password authentication with project scope. The token is
+//! cached and shared; it is renewed before it expires and once on a 401.
+//! A renewal runs in its own task on its own bounded timeout, detached from
+//! any caller: one caller's short deadline or cancellation never kills the
+//! renewal others wait on, and concurrent callers start one renewal.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// A value that never prints itself.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// The standard `OS_*` settings.
+#[derive(Debug, Clone)]
+pub struct KeystoneConfig {
+    pub auth_url: String,
+    pub username: String,
+    pub password: Secret,
+    pub project_name: String,
+    pub user_domain_name: String,
+    pub project_domain_name: String,
+    pub region: Option<String>,
+    pub interface: String,
+    /// How long one renewal may take (its own clock, not a caller's).
+    pub renewal_timeout: Duration,
+    /// Renew this long before `expires_at` (keystoneauth uses 120 s).
+    pub renew_before: Duration,
+}
+
+#[derive(Clone)]
+pub struct Token {
+    pub id: Secret,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub compute_url: String,
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Token")
+            .field("id", &self.id)
+            .field("expires_at", &self.expires_at)
+            .field("compute_url", &self.compute_url)
+            .finish()
+    }
+}
+
+type Renewal = watch::Receiver<Option<Result<Token, String>>>;
+
+#[derive(Default)]
+struct State {
+    token: Option<Token>,
+    renewing: Option<Renewal>,
+}
+
+pub struct KeystoneAuth {
+    http: reqwest::Client,
+    cfg: KeystoneConfig,
+    state: Mutex<State>,
+    renewals: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenBody {
+    token: TokenInner,
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenInner {
+    expires_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    catalog: Vec<CatalogEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CatalogEntry {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub endpoints: Vec<CatalogEndpoint>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CatalogEndpoint {
+    pub interface: String,
+    #[serde(default)]
+    pub region: Option<String>,
+    #[serde(default)]
+    pub region_id: Option<String>,
+    pub url: String,
+}
+
+/// Picks the compute endpoint by interface and (when given) region.
+pub fn compute_endpoint(
+    catalog: &[CatalogEntry],
+    interface: &str,
+    region: Option<&str>,
+) -> Option<String> {
+    catalog
+        .iter()
+        .filter(|e| e.kind == "compute")
+        .flat_map(|e| e.endpoints.iter())
+        .find(|ep| {
+            ep.interface == interface
+                && region.is_none_or(|r| {
+                    ep.region.as_deref() == Some(r) || ep.region_id.as_deref() == Some(r)
+                })
+        })
+        .map(|ep| ep.url.trim_end_matches('/').to_string())
+}
+
+impl KeystoneAuth {
+    pub fn new(http: reqwest::Client, cfg: KeystoneConfig) -> Arc<Self> {
+        Arc::new(Self {
+            http,
+            cfg,
+            state: Mutex::new(State::default()),
+            renewals: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// How many renewals were started (for tests and metrics).
+    pub fn renewals(&self) -> u64 {
+        self.renewals.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A valid token, waiting at most until `deadline` for a renewal.
+    pub async fn token(self: &Arc<Self>, deadline: Instant) -> Result<Token, String> {
+        let mut rx = {
+            // A poisoned lock means a panic elsewhere already; keep serving.
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(t) = &st.token {
+                let fresh = t.expires_at.is_none_or(|exp| {
+                    exp - chrono::Duration::from_std(self.cfg.renew_before).unwrap_or_default()
+                        > Utc::now()
+                });
+                if fresh {
+                    return Ok(t.clone());
+                }
+            }
+            match &st.renewing {
+                Some(rx) => rx.clone(),
+                None => {
+                    let rx = self.clone().start_renewal();
+                    st.renewing = Some(rx.clone());
+                    rx
+                }
+            }
+        };
+        let wait = async {
+            loop {
+                if let Some(result) = rx.borrow_and_update().clone() {
+                    return result;
+                }
+                if rx.changed().await.is_err() {
+                    return Err("token renewal task ended without a result".to_string());
+                }
+            }
+        };
+        match tokio::time::timeout_at(deadline, wait).await {
+            Ok(r) => r,
+            Err(_) => Err(
+                "the caller's deadline expired waiting for a Keystone token (the renewal goes on)"
+                    .into(),
+            ),
+        }
+    }
+
+    /// Forgets `bad` (after a 401) so the next caller renews; a token that
+    /// was already replaced is left alone.
+    pub fn invalidate(&self, bad: &Secret) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.token.as_ref().is_some_and(|t| &t.id == bad) {
+            st.token = None;
+        }
+    }
+
+    fn start_renewal(self: Arc<Self>) -> Renewal {
+        let (tx, rx) = watch::channel(None);
+        self.renewals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tokio::spawn(async move {
+            let result =
+                match tokio::time::timeout(self.cfg.renewal_timeout, self.authenticate()).await {
+                    Ok(r) => r,
+                    Err(_) => Err(format!(
+                        "Keystone did not answer within the renewal timeout of {:?}",
+                        self.cfg.renewal_timeout
+                    )),
+                };
+            {
+                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                if let Ok(t) = &result {
+                    st.token = Some(t.clone());
+                }
+                st.renewing = None;
+            }
+            if let Err(e) = &result {
+                tracing::warn!(auth_url = %self.cfg.auth_url, error = %e, "Keystone token renewal failed");
+            }
+            // No receiver left is fine: every waiter gave up.
+            drop(tx.send(Some(result)));
+        });
+        rx
+    }
+
+    async fn authenticate(&self) -> Result<Token, String> {
+        let url = format!("{}/auth/tokens", self.cfg.auth_url.trim_end_matches('/'));
+        let url = if self.cfg.auth_url.trim_end_matches('/').ends_with("/v3") {
+            url
+        } else {
+            format!("{}/v3/auth/tokens", self.cfg.auth_url.trim_end_matches('/'))
+        };
+        let body = serde_json::json!({
+            "auth": {
+                "identity": {
+                    "methods": ["password"],
+                    "password": {"user": {
+                        "name": self.cfg.username,
+                        "domain": {"name": self.cfg.user_domain_name},
+                        "password": self.cfg.password.expose(),
+                    }}
+                },
+                "scope": {"project": {
+                    "name": self.cfg.project_name,
+                    "domain": {"name": self.cfg.project_domain_name},
+                }}
+            }
+        });
+        let resp = self
+            .http
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| format!("POST {url}: {}", error_chain(&e)))?;
+        let status = resp.status();
+        let subject = resp
+            .headers()
+            .get("x-subject-token")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| format!("POST {url}: reading the body: {}", error_chain(&e)))?;
+        if !status.is_success() {
+            let fault = super::types::parse_fault(&bytes);
+            return Err(format!(
+                "POST {url}: HTTP {}: {}",
+                status.as_u16(),
+                fault.message.unwrap_or_default()
+            ));
+        }
+        let id = subject
+            .ok_or_else(|| format!("POST {url}: no X-Subject-Token header in the answer"))?;
+        let parsed: TokenBody =
+            serde_json::from_slice(&bytes).map_err(|e| format!("POST {url}: token body: {e}"))?;
+        let compute_url = compute_endpoint(
+            &parsed.token.catalog,
+            &self.cfg.interface,
+            self.cfg.region.as_deref(),
+        )
+        .ok_or_else(|| {
+            format!(
+                "no compute endpoint with interface {:?} and region {:?} in the catalog",
+                self.cfg.interface, self.cfg.region
+            )
+        })?;
+        Ok(Token {
+            id: Secret::new(id),
+            expires_at: parsed.token.expires_at,
+            compute_url,
+        })
+    }
+}
+
+/// The whole chain of an error's causes, `a: b: c`.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let next = c.to_string();
+        if !s.contains(&next) {
+            s.push_str(": ");
+            s.push_str(&next);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_compute_from_the_shared_keystone_sample() {
+        let raw = include_str!(
+            "../../tests/fixtures/keystone/admin/auth-password-project-scoped-response.json"
+        );
+        let parsed: TokenBody = serde_json::from_str(raw).unwrap();
+        let url = compute_endpoint(&parsed.token.catalog, "public", Some("RegionOne")).unwrap();
+        assert!(url.starts_with("http://23.253.248.171:8774/v2.1/"), "{url}");
+        assert!(compute_endpoint(&parsed.token.catalog, "public", Some("Elsewhere")).is_none());
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let s = Secret::new("hunter2");
+        assert_eq!(format!("{s:?}"), "\"***\"");
+    }
+}

@@ -1,0 +1,260 @@
+//! The adapter's error: which stage failed, which clock fired, whether the
+//! request may have reached Nova, and all the context to explain it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// Where in a request's life the failure happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Waiting for a slot under the per-host concurrency cap.
+    AcquireSlot,
+    /// Getting a Keystone token.
+    Authenticate,
+    /// TCP connect or TLS handshake: nothing was sent.
+    Connect,
+    /// Sending the request or waiting for the response headers.
+    AwaitHeaders,
+    /// Reading the response body.
+    ReadBody,
+    /// The body arrived whole but is not what the contract says.
+    Decode,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::AcquireSlot => "acquire_slot",
+            Stage::Authenticate => "authenticate",
+            Stage::Connect => "connect",
+            Stage::AwaitHeaders => "await_headers",
+            Stage::ReadBody => "read_body",
+            Stage::Decode => "decode",
+        }
+    }
+}
+
+/// What Nova's own answer meant, classified by meaning, not status alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// 400 "volume X is already attached to instances: Y" (or "already
+    /// attached" for multiattach): the attach may be ours. Re-observe.
+    AlreadyAttached { servers: Vec<String> },
+    /// 400 on detach while the volume is detaching: one is in progress.
+    Detaching,
+    /// 404 "Instance X is not attached to volume Y": a detach is done.
+    NotAttached,
+    /// 404 "Instance X could not be found."
+    ServerNotFound,
+    /// 404 "Volume X could not be found."
+    VolumeNotFound,
+    /// 403: policy or "maximum allowed number of disk devices".
+    Forbidden,
+    /// 409: locked, or in a task_state: transient, did not take effect.
+    Conflict,
+    /// 413/429 overLimit: throttled, did not take effect.
+    Throttled,
+    /// Any other 400: a definitive refusal.
+    BadRequest,
+    /// 401 even after re-authenticating once.
+    Unauthorized,
+    /// 5xx (computeFault, a proxy's 502/504): the outcome is unknown.
+    ServerError,
+    /// Any other status.
+    Other,
+}
+
+impl Rejection {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Rejection::AlreadyAttached { .. } => "already_attached",
+            Rejection::Detaching => "detaching",
+            Rejection::NotAttached => "not_attached",
+            Rejection::ServerNotFound => "server_not_found",
+            Rejection::VolumeNotFound => "volume_not_found",
+            Rejection::Forbidden => "forbidden",
+            Rejection::Conflict => "conflict",
+            Rejection::Throttled => "throttled",
+            Rejection::BadRequest => "bad_request",
+            Rejection::Unauthorized => "unauthorized",
+            Rejection::ServerError => "server_error",
+            Rejection::Other => "other",
+        }
+    }
+}
+
+/// Which clock fired, or what else ended the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NovaErrorKind {
+    /// The outbound deadline (derived from the caller's) expired.
+    DeadlineExceeded,
+    /// Could not connect (TCP or TLS): the request was never sent.
+    ConnectFailed,
+    /// Sent, but no complete answer came (reset, closed, truncated body).
+    ResponseLost,
+    /// Nova answered with an error.
+    Rejected(Rejection),
+    /// Nova answered 2xx with a body that does not fit the contract.
+    Undecodable,
+    /// Keystone did not give us a token.
+    AuthFailed,
+}
+
+impl NovaErrorKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            NovaErrorKind::DeadlineExceeded => "deadline_exceeded",
+            NovaErrorKind::ConnectFailed => "connect_failed",
+            NovaErrorKind::ResponseLost => "response_lost",
+            NovaErrorKind::Rejected(_) => "rejected",
+            NovaErrorKind::Undecodable => "undecodable",
+            NovaErrorKind::AuthFailed => "auth_failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct NovaError {
+    pub kind: NovaErrorKind,
+    pub stage: Stage,
+    pub method: &'static str,
+    pub url: String,
+    pub status: Option<u16>,
+    pub nova_fault: Option<String>,
+    pub nova_message: Option<String>,
+    pub elapsed: Duration,
+    /// The time the request was given (its deadline minus its start).
+    pub budget: Duration,
+    /// False only when the request provably never left this process.
+    pub may_have_reached_nova: bool,
+    pub cause: String,
+}
+
+impl NovaError {
+    /// True when Nova may have acted and only an observation can tell.
+    pub fn outcome_unknown(&self) -> bool {
+        match &self.kind {
+            NovaErrorKind::DeadlineExceeded
+            | NovaErrorKind::ResponseLost
+            | NovaErrorKind::Undecodable => self.may_have_reached_nova,
+            NovaErrorKind::Rejected(Rejection::ServerError | Rejection::Other) => true,
+            _ => false,
+        }
+    }
+
+    pub fn rejection(&self) -> Option<&Rejection> {
+        match &self.kind {
+            NovaErrorKind::Rejected(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// A short reason code for ledgers and `ErrorInfo`.
+    pub fn reason(&self) -> &'static str {
+        match &self.kind {
+            NovaErrorKind::DeadlineExceeded => "NOVA_TIMEOUT",
+            NovaErrorKind::ConnectFailed => "NOVA_UNREACHABLE",
+            NovaErrorKind::ResponseLost => "NOVA_RESPONSE_LOST",
+            NovaErrorKind::Undecodable => "NOVA_BAD_RESPONSE",
+            NovaErrorKind::AuthFailed => "KEYSTONE_AUTH_FAILED",
+            NovaErrorKind::Rejected(r) => match r {
+                Rejection::AlreadyAttached { .. } => "NOVA_ALREADY_ATTACHED",
+                Rejection::Detaching => "NOVA_DETACHING",
+                Rejection::NotAttached => "NOVA_NOT_ATTACHED",
+                Rejection::ServerNotFound => "NOVA_SERVER_NOT_FOUND",
+                Rejection::VolumeNotFound => "NOVA_VOLUME_NOT_FOUND",
+                Rejection::Forbidden => "NOVA_FORBIDDEN",
+                Rejection::Conflict => "NOVA_CONFLICT",
+                Rejection::Throttled => "NOVA_THROTTLED",
+                Rejection::BadRequest => "NOVA_BAD_REQUEST",
+                Rejection::Unauthorized => "NOVA_UNAUTHORIZED",
+                Rejection::ServerError => "NOVA_SERVER_ERROR",
+                Rejection::Other => "NOVA_UNEXPECTED_STATUS",
+            },
+        }
+    }
+
+    /// Every piece of context, as `ErrorInfo`/event metadata.
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        m.insert("method".into(), self.method.to_string());
+        m.insert("url".into(), self.url.clone());
+        m.insert("stage".into(), self.stage.as_str().into());
+        m.insert("error_class".into(), self.kind.as_str().into());
+        if let Some(r) = self.rejection() {
+            m.insert("rejection".into(), r.as_str().into());
+        }
+        if let Some(s) = self.status {
+            m.insert("http_status".into(), s.to_string());
+        }
+        if let Some(f) = &self.nova_fault {
+            m.insert("nova_fault".into(), f.clone());
+        }
+        if let Some(msg) = &self.nova_message {
+            m.insert("nova_message".into(), msg.clone());
+        }
+        m.insert("elapsed_ms".into(), self.elapsed.as_millis().to_string());
+        m.insert(
+            "outbound_budget_ms".into(),
+            self.budget.as_millis().to_string(),
+        );
+        m.insert(
+            "may_have_reached_nova".into(),
+            self.may_have_reached_nova.to_string(),
+        );
+        m.insert("cause".into(), self.cause.clone());
+        m
+    }
+
+    /// Which clock fired, in words, for people.
+    pub fn clock(&self) -> &'static str {
+        match (&self.kind, self.stage) {
+            (NovaErrorKind::DeadlineExceeded, Stage::AcquireSlot) => {
+                "the caller's deadline expired waiting for a connection slot"
+            }
+            (NovaErrorKind::DeadlineExceeded, Stage::ReadBody) => {
+                "the caller's deadline expired while reading the response body"
+            }
+            (NovaErrorKind::DeadlineExceeded, Stage::Authenticate) => {
+                "the caller's deadline expired waiting for a Keystone token"
+            }
+            (NovaErrorKind::DeadlineExceeded, _) => {
+                "the caller's deadline expired waiting for the response headers"
+            }
+            (NovaErrorKind::ConnectFailed, _) => "could not connect (the request was never sent)",
+            (NovaErrorKind::ResponseLost, Stage::ReadBody) => "the response body was cut off",
+            (NovaErrorKind::ResponseLost, _) => "the request was sent but no response came",
+            (NovaErrorKind::Rejected(_), _) => "Nova answered with an error",
+            (NovaErrorKind::Undecodable, _) => "Nova's answer did not fit the contract",
+            (NovaErrorKind::AuthFailed, _) => "Keystone refused or failed to issue a token",
+        }
+    }
+}
+
+impl fmt::Display for NovaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}: {} (stage {}, after {} ms of a {} ms budget",
+            self.method,
+            self.url,
+            self.clock(),
+            self.stage.as_str(),
+            self.elapsed.as_millis(),
+            self.budget.as_millis()
+        )?;
+        if let Some(s) = self.status {
+            write!(f, ", HTTP {s}")?;
+        }
+        if let Some(fault) = &self.nova_fault {
+            write!(f, ", {fault}")?;
+        }
+        if let Some(m) = &self.nova_message {
+            write!(f, ": {m:?}")?;
+        }
+        write!(f, "): {}", self.cause)
+    }
+}
+
+impl std::error::Error for NovaError {}

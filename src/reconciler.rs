@@ -1,0 +1,486 @@
+//! The background reconciler, in every `serve` replica. It leases open
+//! operations nobody holds (`FOR UPDATE SKIP LOCKED`, a lease naming the
+//! replica, a new epoch per lease), re-observes Nova and decides; every
+//! decision is written under the epoch it was taken with, so a late writer
+//! can never overwrite a newer decision. It also re-observes decided
+//! operations once within a verification window to catch late effects.
+//!
+//! `run_once()` does one round and returns counts; `run()` is a thin loop
+//! around it on a shutdown token (rule 9).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use futures_util::StreamExt;
+use rand::Rng;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::domain::{
+    Action, Budget, NewEvent, Operation, OperationError, Resolution, State, event,
+};
+use crate::executor::{Decision, Executor, Run};
+use crate::store::{StoreError, Transition};
+
+#[derive(Debug, Clone)]
+pub struct ReconcilerSettings {
+    /// Pause between rounds when there was nothing to do.
+    pub interval: Duration,
+    /// Operations leased per round.
+    pub batch: u32,
+    /// How long a lease lasts: a pass must finish within it.
+    pub lease: Duration,
+    /// Nova may still be processing a request this long after it was sent:
+    /// "not found" means nothing before then.
+    pub settle_window: Duration,
+    /// Global cap on the reconciler's Nova requests per second, so an
+    /// outage does not turn into a hammering.
+    pub rate_limit: f64,
+    /// Passes run concurrently.
+    pub parallelism: usize,
+    /// Decided operations are re-observed once within this window.
+    pub verify_window: Duration,
+    /// Bound of one observation.
+    pub observe_timeout: Duration,
+    /// Longest per-operation backoff.
+    pub max_backoff: Duration,
+}
+
+impl Default for ReconcilerSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            batch: 256,
+            lease: Duration::from_secs(60),
+            settle_window: Duration::from_secs(120),
+            rate_limit: 200.0,
+            parallelism: 32,
+            verify_window: Duration::from_secs(600),
+            observe_timeout: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundCounts {
+    pub claimed: usize,
+    pub succeeded: usize,
+    pub failed: usize,
+    pub deferred: usize,
+    pub verified: usize,
+    pub drifted: usize,
+}
+
+/// A token bucket shared by every pass of this replica.
+pub struct RateLimiter {
+    rate: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl RateLimiter {
+    pub fn new(rate: f64) -> Self {
+        let rate = rate.max(0.1);
+        Self {
+            rate,
+            state: Mutex::new((rate.min(10.0), Instant::now())),
+        }
+    }
+
+    /// Waits for a token.
+    pub async fn acquire(&self) {
+        loop {
+            let wait = {
+                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                let now = Instant::now();
+                let refill = now.saturating_duration_since(st.1).as_secs_f64() * self.rate;
+                st.0 = (st.0 + refill).min(self.rate.max(1.0));
+                st.1 = now;
+                if st.0 >= 1.0 {
+                    st.0 -= 1.0;
+                    return;
+                }
+                Duration::from_secs_f64((1.0 - st.0) / self.rate)
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The outcome class of one pass, for counts and metrics.
+enum PassResult {
+    Decided(State),
+    Deferred,
+}
+
+pub struct Reconciler {
+    exec: Arc<Executor>,
+    pub settings: ReconcilerSettings,
+    limiter: RateLimiter,
+}
+
+impl Reconciler {
+    pub fn new(exec: Arc<Executor>, settings: ReconcilerSettings) -> Arc<Self> {
+        Arc::new(Self {
+            limiter: RateLimiter::new(settings.rate_limit),
+            exec,
+            settings,
+        })
+    }
+
+    /// Rounds until `shutdown`.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let counts = match self.run_once().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reconciler round failed");
+                    RoundCounts::default()
+                }
+            };
+            let busy = counts.claimed > 0 || counts.verified > 0;
+            if counts.claimed > 0 {
+                tracing::info!(
+                    claimed = counts.claimed,
+                    succeeded = counts.succeeded,
+                    failed = counts.failed,
+                    deferred = counts.deferred,
+                    "reconciler round"
+                );
+            }
+            let pause = if busy {
+                Duration::ZERO
+            } else {
+                self.settings.interval
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// One round: lease a batch, pass over each, then verify decided ones.
+    pub async fn run_once(self: &Arc<Self>) -> Result<RoundCounts, StoreError> {
+        let store = &self.exec.store;
+        let claimed = store
+            .operation_claim(&self.exec.replica, self.settings.lease, self.settings.batch)
+            .await?;
+        let mut counts = RoundCounts {
+            claimed: claimed.len(),
+            ..Default::default()
+        };
+        let results: Vec<PassResult> = futures_util::stream::iter(claimed)
+            .map(|op| {
+                let this = self.clone();
+                async move { this.pass(op).await }
+            })
+            .buffer_unordered(self.settings.parallelism.max(1))
+            .collect()
+            .await;
+        for r in results {
+            match r {
+                PassResult::Decided(State::Succeeded) => counts.succeeded += 1,
+                PassResult::Decided(State::Failed) => counts.failed += 1,
+                PassResult::Decided(_) | PassResult::Deferred => counts.deferred += 1,
+            }
+        }
+        let due = store
+            .operation_claim_verification(self.settings.batch)
+            .await?;
+        let verified: Vec<bool> = futures_util::stream::iter(due)
+            .map(|op| {
+                let this = self.clone();
+                async move { this.verify(op).await }
+            })
+            .buffer_unordered(self.settings.parallelism.max(1))
+            .collect()
+            .await;
+        counts.verified = verified.len();
+        counts.drifted = verified.iter().filter(|d| **d).count();
+        Ok(counts)
+    }
+
+    /// `ReconcileOperation`: one pass now over one operation.
+    pub async fn reconcile_now(self: &Arc<Self>, id: Uuid) -> Result<Operation, StoreError> {
+        let store = &self.exec.store;
+        match store
+            .operation_claim_one(id, &self.exec.replica, self.settings.lease)
+            .await?
+        {
+            Some(op) => {
+                self.pass(op).await;
+                store
+                    .operation_get(id)
+                    .await?
+                    .ok_or(StoreError::NotFound(id))
+            }
+            None => {
+                let op = store
+                    .operation_get(id)
+                    .await?
+                    .ok_or(StoreError::NotFound(id))?;
+                if op.state.is_terminal() {
+                    // Decided already: observe once more and report drift.
+                    self.verify(op).await;
+                }
+                store
+                    .operation_get(id)
+                    .await?
+                    .ok_or(StoreError::NotFound(id))
+            }
+        }
+    }
+
+    fn backoff(&self, op: &Operation) -> Duration {
+        let step = op.passes.clamp(1, 16) as u32 - 1;
+        let base = Duration::from_millis(500) * 2u32.saturating_pow(step.min(8));
+        base.min(self.settings.max_backoff)
+            .mul_f64(rand::rng().random_range(0.5..1.5))
+    }
+
+    /// Leaves the operation for a later pass (lease released, backoff set).
+    async fn defer(
+        &self,
+        op: &Operation,
+        state: State,
+        until: chrono::DateTime<Utc>,
+        events: Vec<NewEvent>,
+    ) -> PassResult {
+        let mut t = Transition::new(op, state, &self.exec.replica);
+        t.release_lease = true;
+        t.next_attempt_at = Some(until);
+        t.events = events;
+        self.exec.metrics.decision("deferred");
+        if let Err(e) = self
+            .exec
+            .store
+            .operation_transition(t, Instant::now() + self.settings.observe_timeout)
+            .await
+        {
+            // The lease expires by itself; the next round takes it again.
+            tracing::warn!(operation_id = %op.id, error = %e, "could not record a deferral");
+        }
+        PassResult::Deferred
+    }
+
+    #[tracing::instrument(name = "reconcile operation", skip_all, fields(operation_id = %op.id, action = op.action.as_str()))]
+    async fn pass(self: &Arc<Self>, op: Operation) -> PassResult {
+        self.exec.metrics.reconciler_passes.inc();
+        let now = Instant::now();
+        self.limiter.acquire().await;
+        let until = now + self.settings.observe_timeout;
+        let started = Instant::now();
+        let listed = self
+            .exec
+            .nova
+            .list(
+                op.server_id,
+                until.max(Instant::now() + Duration::from_millis(100)),
+            )
+            .await;
+        let present = match listed {
+            Ok(items) => {
+                self.exec
+                    .metrics
+                    .nova("list", "ok", started.elapsed().as_secs_f64());
+                let v = op.volume_id.to_string();
+                items
+                    .iter()
+                    .find(|a| a.volume_id == v)
+                    .map(|a| a.to_info())
+                    .ok_or(())
+            }
+            Err(e) => {
+                self.exec
+                    .metrics
+                    .nova("list", e.kind.as_str(), e.elapsed.as_secs_f64());
+                let next =
+                    Utc::now() + chrono::Duration::from_std(self.backoff(&op)).unwrap_or_default();
+                let state = if op.state == State::Pending {
+                    State::Pending
+                } else {
+                    State::Unknown
+                };
+                let ev = NewEvent::new(
+                    event::OBSERVED,
+                    format!("observation failed: {}; backing off", e.clock()),
+                )
+                .with("reason", e.reason())
+                .with("next_attempt_at", next.to_rfc3339())
+                .with_all(&e.metadata());
+                return self.defer(&op, state, next, vec![ev]).await;
+            }
+        };
+        let observed = NewEvent::new(
+            event::OBSERVED,
+            if present.is_ok() {
+                "reconciler: the volume is in the server's attachment list"
+            } else {
+                "reconciler: the volume is not in the server's attachment list"
+            },
+        )
+        .with("present", present.is_ok());
+        let mut run = Run::new(
+            op.clone(),
+            Budget {
+                answer_by: until,
+                send_by: until,
+                margin: Duration::ZERO,
+                reserve: Duration::ZERO,
+            },
+            true,
+        );
+        run.events.push(observed);
+        match (op.action, present) {
+            (Action::Attach, Ok(att)) => {
+                self.exec.metrics.decision("succeeded");
+                let d = Decision::succeeded_by_reconciler(
+                    Some(att),
+                    "attachment observed by the reconciler",
+                );
+                return PassResult::Decided(self.exec.record(&mut run, d).await.state);
+            }
+            (Action::Detach, Err(())) if op.state != State::Pending => {
+                self.exec.metrics.decision("succeeded");
+                let d = Decision::succeeded_by_reconciler(
+                    None,
+                    "volume observed detached by the reconciler",
+                );
+                return PassResult::Decided(self.exec.record(&mut run, d).await.state);
+            }
+            _ => {}
+        }
+        // Not observed. A request sent recently may still be in Nova.
+        if op.state != State::Pending
+            && let Some(sent) = op.last_request_at
+        {
+            let settle =
+                sent + chrono::Duration::from_std(self.settings.settle_window).unwrap_or_default();
+            if settle > Utc::now() {
+                let ev = NewEvent::new(
+                    event::RETRY_SCHEDULED,
+                    "not observed yet; waiting for the settle window",
+                )
+                .with("settle_until", settle.to_rfc3339());
+                let mut events = std::mem::take(&mut run.events);
+                events.push(ev);
+                return self.defer(&op, State::Unknown, settle, events).await;
+            }
+        }
+        // Settled (or never sent): re-send within the operation's own
+        // deadline, else it did not happen.
+        match self.exec.budget_from_row(&op) {
+            Some(budget) => {
+                self.exec.metrics.decision("resent");
+                let mut run2 = Run::new(op, budget, true);
+                run2.events = std::mem::take(&mut run.events);
+                run2.events.push(NewEvent::new(
+                    event::RETRY_SCHEDULED,
+                    "reconciler re-sends the request within the operation's deadline",
+                ));
+                let done = self.exec.drive(run2, false).await;
+                if done.state.is_terminal() {
+                    PassResult::Decided(done.state)
+                } else {
+                    PassResult::Deferred
+                }
+            }
+            None => {
+                self.exec.metrics.decision("failed");
+                let reason = if op.state == State::Pending {
+                    "NOT_SENT"
+                } else {
+                    "NOT_OBSERVED"
+                };
+                let err = OperationError::new(
+                    reason,
+                    match op.action {
+                        Action::Attach => {
+                            "the attachment never appeared and the operation's deadline has passed"
+                        }
+                        Action::Detach => {
+                            "the volume is still attached and the operation's deadline has passed"
+                        }
+                    },
+                )
+                .with("operation_id", op.id)
+                .with("attempts", op.attempts);
+                let d = Decision::failed_by_reconciler(err);
+                PassResult::Decided(self.exec.record(&mut run, d).await.state)
+            }
+        }
+    }
+
+    /// Re-observes a decided operation; true when it drifted.
+    async fn verify(&self, op: Operation) -> bool {
+        let window = chrono::Duration::from_std(self.settings.verify_window).unwrap_or_default();
+        if op.completed_at.is_some_and(|c| c + window < Utc::now()) {
+            return false;
+        }
+        self.limiter.acquire().await;
+        let until = Instant::now() + self.settings.observe_timeout;
+        let present = match self.exec.nova.list(op.server_id, until).await {
+            Ok(items) => items
+                .iter()
+                .any(|a| a.volume_id == op.volume_id.to_string()),
+            Err(e) => {
+                tracing::warn!(operation_id = %op.id, error = %e, "verification observation failed");
+                return false;
+            }
+        };
+        let expected_present = match (op.action, op.state) {
+            (Action::Attach, State::Succeeded) => true,
+            (Action::Attach, _) => false,
+            (Action::Detach, State::Succeeded) => false,
+            (Action::Detach, _) => true,
+        };
+        let store = &self.exec.store;
+        if present == expected_present {
+            let ev = NewEvent::new(
+                event::VERIFIED,
+                "a later observation agrees with the decision",
+            )
+            .with("present", present);
+            if let Err(e) = store
+                .operation_append_events(op.id, &self.exec.replica, vec![ev])
+                .await
+            {
+                tracing::warn!(operation_id = %op.id, error = %e, "could not record a verification");
+            }
+            return false;
+        }
+        self.exec.metrics.drift_detected.inc();
+        let detail = format!(
+            "decided {} but the volume is {} the server's attachment list (late effect); not acting on it: that is the orchestrator's call",
+            op.state.as_str(),
+            if present { "in" } else { "not in" }
+        );
+        tracing::warn!(operation_id = %op.id, "{detail}");
+        let ev = NewEvent::new(event::DRIFT_DETECTED, detail)
+            .with("decided_state", op.state.as_str())
+            .with("present", present);
+        if let Err(e) = store
+            .operation_mark_drift(op.id, &self.exec.replica, vec![ev])
+            .await
+        {
+            tracing::warn!(operation_id = %op.id, error = %e, "could not record drift");
+        }
+        true
+    }
+}
+
+impl Decision {
+    pub(crate) fn succeeded_by_reconciler(
+        att: Option<crate::domain::AttachmentInfo>,
+        detail: &str,
+    ) -> Self {
+        Self::succeeded_with(Resolution::Reconciler, att, detail)
+    }
+    pub(crate) fn failed_by_reconciler(err: OperationError) -> Self {
+        Self::failed_with(Resolution::Reconciler, err)
+    }
+}

@@ -1,0 +1,261 @@
+//! The only place with SQL. `Store` is the ledger's interface; the
+//! PostgreSQL implementation is the production one. No PostgreSQL type
+//! crosses this trait, so an embedded implementation can stand beside it.
+//!
+//! Names are entity first (`operation_create`, `operation_transition`,
+//! `operation_claim`). Every write of a decision is fenced by the lease
+//! epoch it was taken under: a zero-row update is a lost race, handled on
+//! purpose by the caller.
+
+pub mod postgres;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::domain::{
+    Action, AttachmentInfo, NewEvent, Operation, OperationError, OperationEvent, RequestParams,
+    Resolution, State,
+};
+
+pub use postgres::PgStore;
+
+/// A new operation: its intent, written before any request leaves.
+#[derive(Debug, Clone)]
+pub struct NewOperation {
+    pub id: Uuid,
+    pub idempotency_key: String,
+    pub fingerprint: String,
+    pub action: Action,
+    pub server_id: Uuid,
+    pub volume_id: Uuid,
+    pub params: RequestParams,
+    /// `InProgress` with `attempts = 1` when the first request is about to
+    /// be sent (the intent and the attempt in one durable write).
+    pub state: State,
+    pub attempts: i32,
+    pub deadline_at: DateTime<Utc>,
+    pub lease_owner: String,
+    pub lease_expires_at: DateTime<Utc>,
+    pub caller: Option<String>,
+    pub replica: String,
+    pub events: Vec<NewEvent>,
+}
+
+/// What `operation_create` found.
+#[derive(Debug, Clone)]
+pub enum CreateOutcome {
+    /// A new row: this caller owns the work.
+    Created(Operation),
+    /// The key was seen before with the same parameters: join that operation.
+    Existing(Operation),
+}
+
+/// A fenced state change plus the events that explain it, in one write.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    pub id: Uuid,
+    pub lease_epoch: i64,
+    pub state: State,
+    pub resolution: Option<Resolution>,
+    pub attachment: Option<AttachmentInfo>,
+    pub add_attempt: bool,
+    /// `Some(x)` replaces `last_error` with `x`.
+    pub last_error: Option<Option<OperationError>>,
+    pub request_sent: bool,
+    pub release_lease: bool,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub verify_at: Option<DateTime<Utc>>,
+    pub replica: String,
+    pub events: Vec<NewEvent>,
+}
+
+impl Transition {
+    pub fn new(op: &Operation, state: State, replica: &str) -> Self {
+        Self {
+            id: op.id,
+            lease_epoch: op.lease_epoch,
+            state,
+            resolution: None,
+            attachment: None,
+            add_attempt: false,
+            last_error: None,
+            request_sent: false,
+            release_lease: false,
+            next_attempt_at: None,
+            verify_at: None,
+            replica: replica.to_string(),
+            events: Vec::new(),
+        }
+    }
+}
+
+/// Filters of `ListOperations`.
+#[derive(Debug, Clone, Default)]
+pub struct OperationFilter {
+    pub state: Option<State>,
+    pub server_id: Option<Uuid>,
+    pub volume_id: Option<Uuid>,
+    pub drifted_only: bool,
+}
+
+/// One page of operations, newest first.
+#[derive(Debug, Clone)]
+pub struct OperationPage {
+    pub operations: Vec<Operation>,
+    /// The position after the last row, when more may follow.
+    pub next_cursor: Option<i64>,
+}
+
+/// Counts of operations by (state, resolution), for metrics and the demo.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateCount {
+    pub state: String,
+    pub resolution: Option<String>,
+    pub count: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("idempotency key {key:?} was used before for a different request (operation {})", existing.id)]
+    KeyReused {
+        key: String,
+        existing: Box<Operation>,
+    },
+    #[error("volume {volume_id} already has an operation in flight: {operation_id}")]
+    VolumeBusy { volume_id: Uuid, operation_id: Uuid },
+    #[error("operation {0} not found")]
+    NotFound(Uuid),
+    #[error("operation {id} is already {state}")]
+    AlreadyTerminal { id: Uuid, state: &'static str },
+    #[error("the database did not answer within the request's deadline ({what})")]
+    DeadlineExceeded { what: &'static str },
+    #[error("database error during {what}: {source}")]
+    Database {
+        what: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("ledger row {id} is not readable: {reason}")]
+    Corrupt { id: String, reason: String },
+}
+
+impl StoreError {
+    pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+        move |source| StoreError::Database { what, source }
+    }
+}
+
+/// Runs a store future under a deadline: every wait in the store is bounded
+/// by the deadline of the work it serves, never by a pool constant.
+pub async fn within<T>(
+    deadline: Instant,
+    what: &'static str,
+    fut: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout_at(deadline, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::DeadlineExceeded { what }),
+    }
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Records a new operation, or finds the one its key already names.
+    async fn operation_create(
+        &self,
+        new: NewOperation,
+        deadline: Instant,
+    ) -> Result<CreateOutcome, StoreError>;
+
+    async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError>;
+
+    async fn operation_get_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError>;
+
+    async fn operation_list(
+        &self,
+        filter: &OperationFilter,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<OperationPage, StoreError>;
+
+    async fn operation_events(&self, id: Uuid) -> Result<Vec<OperationEvent>, StoreError>;
+
+    /// A fenced state change. `Ok(None)`: the lease epoch moved on or the row
+    /// is already terminal — somebody else decided; re-read it.
+    async fn operation_transition(
+        &self,
+        t: Transition,
+        deadline: Instant,
+    ) -> Result<Option<Operation>, StoreError>;
+
+    /// Appends events to an operation without changing its state.
+    async fn operation_append_events(
+        &self,
+        id: Uuid,
+        replica: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<(), StoreError>;
+
+    /// Leases up to `limit` open operations that nobody holds (expired lease,
+    /// or released to the reconciler) and whose backoff has passed. Each gets
+    /// a new epoch. Safe to call from several replicas at once.
+    async fn operation_claim(
+        &self,
+        replica: &str,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError>;
+
+    /// Leases one operation now (for `ReconcileOperation`), whatever its
+    /// backoff, unless another replica holds a live lease on it.
+    async fn operation_claim_one(
+        &self,
+        id: Uuid,
+        replica: &str,
+        lease: Duration,
+    ) -> Result<Option<Operation>, StoreError>;
+
+    /// Takes up to `limit` terminal operations whose verification time came;
+    /// each is handed out exactly once.
+    async fn operation_claim_verification(&self, limit: u32) -> Result<Vec<Operation>, StoreError>;
+
+    /// Records the result of a late-effect verification.
+    async fn operation_mark_drift(
+        &self,
+        id: Uuid,
+        replica: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<(), StoreError>;
+
+    /// An operator's decision: ends the operation whatever lease it had
+    /// (the epoch moves on, fencing out any worker).
+    async fn operation_resolve_by_operator(
+        &self,
+        id: Uuid,
+        state: State,
+        reason: &str,
+        replica: &str,
+        caller: Option<&str>,
+    ) -> Result<Operation, StoreError>;
+
+    /// Lets go of this replica's leases on open operations (drain): they
+    /// become claimable by any reconciler at once.
+    async fn operation_release_leases(&self, replica: &str) -> Result<u64, StoreError>;
+
+    async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError>;
+
+    /// Wake-ups when operations change (the id; `Uuid::nil()` means "re-read
+    /// everything", e.g. after the listener reconnected).
+    fn subscribe(&self) -> broadcast::Receiver<Uuid>;
+
+    /// Whether the database answers (readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Closes the pool (last step of a drain).
+    async fn close(&self);
+}

@@ -1,0 +1,216 @@
+//! Test support: a throwaway PostgreSQL cluster (one per test binary, one
+//! database per test), the Nova simulator over real sockets, and the server
+//! built exactly as `main` builds it (`Application::build` → `run_until`).
+#![allow(dead_code)]
+
+pub mod pg;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use volume_reconciler::client::Client;
+use volume_reconciler::config::ServeArgs;
+use volume_reconciler::executor::Executor;
+use volume_reconciler::grpc::pb::volume_reconciler_client::VolumeReconcilerClient;
+use volume_reconciler::reconciler::Reconciler;
+use volume_reconciler::sim::{self, Sim, SimConfig, SimHandle};
+use volume_reconciler::startup::Application;
+use volume_reconciler::store::Store;
+
+pub struct TestApp {
+    pub grpc_url: String,
+    pub admin_url: String,
+    pub client: Client,
+    pub sim: Arc<Sim>,
+    pub sim_handle: Option<SimHandle>,
+    pub db_url: String,
+    pub store: Arc<dyn Store>,
+    pub exec: Arc<Executor>,
+    pub reconciler: Arc<Reconciler>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+pub struct AppOptions {
+    pub args: Vec<String>,
+    pub sim: SimConfig,
+    /// Use this database instead of a fresh one (several replicas).
+    pub db_url: Option<String>,
+    /// Use this Nova URL instead of a fresh simulator.
+    pub nova_url: Option<String>,
+    pub replica: String,
+}
+
+impl Default for AppOptions {
+    fn default() -> Self {
+        Self {
+            args: Vec::new(),
+            sim: SimConfig::default(),
+            db_url: None,
+            nova_url: None,
+            replica: "test-a".into(),
+        }
+    }
+}
+
+impl AppOptions {
+    pub fn arg(mut self, flag: &str, value: &str) -> Self {
+        self.args.push(flag.to_string());
+        self.args.push(value.to_string());
+        self
+    }
+}
+
+pub fn init_logs() {
+    let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into());
+    volume_reconciler::telemetry::init(volume_reconciler::config::LogFormat::Human, &filter);
+}
+
+pub async fn spawn_app(opts: AppOptions) -> TestApp {
+    init_logs();
+    volume_reconciler::nova::client::install_crypto_provider();
+    let (sim, sim_handle, nova_url) = match opts.nova_url {
+        Some(url) => (Sim::new(SimConfig::default()), None, url),
+        None => {
+            let h = sim::start("127.0.0.1:0".parse().unwrap(), opts.sim)
+                .await
+                .expect("simulator starts");
+            let (s, u) = (h.sim.clone(), h.nova_url.clone());
+            (s, Some(h), u)
+        }
+    };
+    let db_url = match opts.db_url {
+        Some(u) => u,
+        None => pg::fresh_database().await,
+    };
+    let mut args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--database-url",
+        &db_url,
+        "--nova-url",
+        &nova_url,
+        "--replica-id",
+        &opts.replica,
+        "--shutdown-delay",
+        "0s",
+        "--drain-timeout",
+        "5s",
+        "--db-max-connections",
+        "8",
+        "--no-reconciler",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Later flags win: tests may override any of the above.
+    args.extend(opts.args);
+    let cfg = ServeArgs::from_args(dedupe_flags(args)).expect("test flags parse");
+    let app = Application::build(cfg).await.expect("application builds");
+    let grpc_url = format!("http://{}", app.grpc_addr());
+    let admin_url = format!("http://{}", app.admin_addr());
+    let store = app.store.clone();
+    let exec = app.exec.clone();
+    let reconciler = app.reconciler.clone();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let task = tokio::spawn(app.run_until(async move { s.cancelled().await }));
+    let client = Client::connect_lazy(&grpc_url).expect("client");
+    TestApp {
+        grpc_url,
+        admin_url,
+        client,
+        sim,
+        sim_handle,
+        db_url,
+        store,
+        exec,
+        reconciler,
+        stop,
+        task,
+    }
+}
+
+/// Keeps the last value of each `--flag value` pair, and bare flags once.
+fn dedupe_flags(args: Vec<String>) -> Vec<String> {
+    let bare = ["--no-reconciler"];
+    let mut pairs: Vec<(String, Option<String>)> = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(flag) = it.next() {
+        let value = if bare.contains(&flag.as_str()) {
+            None
+        } else {
+            it.next()
+        };
+        if flag == "--with-reconciler" {
+            pairs.retain(|(f, _)| f != "--no-reconciler");
+            continue;
+        }
+        pairs.retain(|(f, _)| *f != flag);
+        pairs.push((flag, value));
+    }
+    pairs
+        .into_iter()
+        .flat_map(|(f, v)| std::iter::once(f).chain(v))
+        .collect()
+}
+
+impl TestApp {
+    pub fn raw(&self) -> VolumeReconcilerClient<Channel> {
+        self.client.raw()
+    }
+
+    /// Stops the server through its staged shutdown and waits for it.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        match tokio::time::timeout(Duration::from_secs(30), self.task).await {
+            Ok(Ok(Ok(()))) => {}
+            other => panic!("server did not stop cleanly: {other:?}"),
+        }
+    }
+}
+
+/// Polls `check` every 50 ms until it holds, failing the test after
+/// `within`. The one way tests wait for something to happen.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {within:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A request with a deadline (sent as `grpc-timeout`).
+pub fn with_timeout<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(timeout);
+    r
+}
+
+/// The `ErrorInfo` of a status: (reason, metadata).
+pub fn error_info(s: &tonic::Status) -> (String, std::collections::HashMap<String, String>) {
+    use tonic_types::StatusExt;
+    let d = s.get_error_details();
+    let info = d
+        .error_info()
+        .unwrap_or_else(|| panic!("status without ErrorInfo: {s:?}"));
+    assert_eq!(info.domain, "volume-reconciler");
+    (info.reason.clone(), info.metadata.clone())
+}
+
+pub fn uuid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}

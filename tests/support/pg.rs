@@ -1,0 +1,224 @@
+//! A throwaway PostgreSQL for tests, without Docker. One cluster per test
+//! binary (initdb is the slow part), one fresh database per test so tests
+//! run in parallel. With `DATABASE_URL` set, that server is used instead.
+//!
+//! As root, initdb refuses to run, so the cluster runs as the `postgres`
+//! user (uid/gid set on the child; no sudo needed). The server is spawned
+//! from a thread that lives as long as the test process, with a parent-death
+//! signal, so it never outlives the tests.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sqlx::Connection;
+
+static ADMIN_URL: OnceLock<Result<String, String>> = OnceLock::new();
+
+fn find_bin_dir() -> Result<PathBuf, String> {
+    if let Ok(dir) = std::env::var("PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
+        && out.status.success()
+    {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("initdb").exists() {
+            return Ok(dir);
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
+        let mut dirs: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|p| p.join("initdb").exists())
+            .collect();
+        dirs.sort();
+        if let Some(d) = dirs.pop() {
+            return Ok(d);
+        }
+    }
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        if Path::new(dir).join("initdb").exists() {
+            return Ok(PathBuf::from(dir));
+        }
+    }
+    Err(
+        "PostgreSQL server binaries (initdb, postgres) were not found. Install them \
+         (Debian: `apt-get install -y postgresql`), set PG_BIN to their directory, \
+         or set DATABASE_URL to a server the tests may create databases on."
+            .into(),
+    )
+}
+
+fn postgres_ids() -> Result<(u32, u32), String> {
+    let id = |flag: &str| -> Result<u32, String> {
+        let out = Command::new("id")
+            .args([flag, "postgres"])
+            .output()
+            .map_err(|e| format!("running `id {flag} postgres`: {e}"))?;
+        if !out.status.success() {
+            return Err("running as root, and there is no `postgres` user to run the test cluster as \
+                        (initdb refuses root). Install PostgreSQL from Debian's packages, which creates it."
+                .into());
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .map_err(|e| format!("parsing the postgres uid: {e}"))
+    };
+    Ok((id("-u")?, id("-g")?))
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Removes clusters left by earlier test processes that are gone.
+fn sweep_old(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Some(pid) = name
+            .strip_prefix("vr-pg-")
+            .and_then(|r| r.split('-').next())
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            // Best effort: a leftover directory only costs disk space.
+            drop(std::fs::remove_dir_all(e.path()));
+        }
+    }
+}
+
+fn start_cluster() -> Result<String, String> {
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        return Ok(url);
+    }
+    let bin = find_bin_dir()?;
+    let root = unsafe { libc::getuid() } == 0;
+    let ids = if root { Some(postgres_ids()?) } else { None };
+    let base = std::env::temp_dir();
+    sweep_old(&base);
+    let dir = base.join(format!(
+        "vr-pg-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let data = dir.join("data");
+    if let Some((uid, gid)) = ids {
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+            .map_err(|e| format!("chown {}: {e}", dir.display()))?;
+    }
+    let mut initdb = Command::new(bin.join("initdb"));
+    initdb
+        .args(["-D"])
+        .arg(&data)
+        .args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-N",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Some((uid, gid)) = ids {
+        initdb.uid(uid).gid(gid);
+    }
+    let out = initdb
+        .output()
+        .map_err(|e| format!("running initdb from {}: {e}", bin.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let port = free_port();
+    let mut cmd = Command::new(bin.join("postgres"));
+    cmd.arg("-D")
+        .arg(&data)
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(&dir)
+        .args([
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=400",
+            "-c",
+            "shared_buffers=64MB",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("server.log")).map_err(|e| e.to_string())?);
+    if let Some((uid, gid)) = ids {
+        cmd.uid(uid).gid(gid);
+    }
+    unsafe {
+        cmd.pre_exec(|| {
+            // Immediate shutdown when the thread that spawned us (which
+            // lives as long as the test process) goes away.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT);
+            Ok(())
+        });
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = cmd.spawn().map_err(|e| format!("starting postgres: {e}"));
+        let ok = r.is_ok();
+        // The receiver waits for this message; it cannot be gone yet.
+        drop(tx.send(r.map(|_child| ())));
+        if ok {
+            loop {
+                std::thread::park();
+            }
+        }
+    });
+    rx.recv().map_err(|e| e.to_string())??;
+    Ok(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+}
+
+/// The URL of a database of the cluster that tests may create databases on.
+pub fn admin_url() -> String {
+    match ADMIN_URL.get_or_init(start_cluster) {
+        Ok(u) => u.clone(),
+        Err(e) => panic!("no PostgreSQL for the tests: {e}"),
+    }
+}
+
+/// A new, empty database for one test.
+pub async fn fresh_database() -> String {
+    let admin = admin_url();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut conn = loop {
+        match sqlx::PgConnection::connect(&admin).await {
+            Ok(c) => break c,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "waiting for the test cluster");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the test PostgreSQL did not accept connections within 60s: {e}"),
+        }
+    };
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("CREATE DATABASE");
+    // Closing is best effort: the connection is not needed any more.
+    drop(conn.close().await);
+    let (base, _) = admin.rsplit_once('/').expect("URL has a database");
+    format!("{base}/{name}")
+}
