@@ -247,7 +247,7 @@ async fn pages_are_stable_while_rows_are_inserted() {
         let times: Vec<_> = page
             .operations
             .iter()
-            .map(|o| o.created_at.clone().unwrap().seconds)
+            .map(|o| o.created_at.unwrap().seconds)
             .collect();
         assert!(
             times.windows(2).all(|w| w[0] >= w[1]),

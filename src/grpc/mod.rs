@@ -329,7 +329,7 @@ impl VolumeReconciler for Api {
                             // Lagged or closed channel: re-read the row.
                             Ok(Err(_)) => break,
                             Err(_) if Instant::now() >= next_by => {
-                                let code = if deadline.at <= next_by { tonic::Code::DeadlineExceeded } else { tonic::Code::DeadlineExceeded };
+                                let code = tonic::Code::DeadlineExceeded;
                                 let msg = if deadline.at <= next_by { "the caller's deadline expired while watching" } else { "no change within the watch idle bound" };
                                 let mut m = std::collections::BTreeMap::new();
                                 m.insert("operation_id".to_string(), id.to_string());

@@ -230,6 +230,8 @@ fn bad_request(msg: String, mv: (u32, u32)) -> Response<Body> {
     )
 }
 
+// The error is the answer itself; handlers return it as is.
+#[allow(clippy::result_large_err)]
 fn parse_id(what: &str, s: &str, mv: (u32, u32)) -> Result<Uuid, Response<Body>> {
     Uuid::parse_str(s).map_err(|_| {
         if what == "server" {
@@ -424,9 +426,11 @@ async fn attach(
         sim.attach(
             server,
             volume,
-            spec.device,
-            spec.tag,
-            spec.delete_on_termination.unwrap_or(false),
+            super::AttachParams {
+                device: spec.device,
+                tag: spec.tag,
+                delete_on_termination: spec.delete_on_termination.unwrap_or(false),
+            },
             mv,
             effect,
         )

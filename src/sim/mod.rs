@@ -181,6 +181,13 @@ pub struct Sim {
     cfg: Mutex<SimConfig>,
 }
 
+/// What an attach request asked for.
+pub(crate) struct AttachParams {
+    pub device: Option<String>,
+    pub tag: Option<String>,
+    pub delete_on_termination: bool,
+}
+
 /// The outcome of processing an attach or detach, before faults on the way
 /// back are applied.
 #[derive(Debug, Clone)]
@@ -396,12 +403,15 @@ impl Sim {
         self: &Arc<Self>,
         server: Uuid,
         volume: Uuid,
-        device: Option<String>,
-        tag: Option<String>,
-        delete_on_termination: bool,
+        params: AttachParams,
         mv: (u32, u32),
         effect: bool,
     ) -> Answer {
+        let AttachParams {
+            device,
+            tag,
+            delete_on_termination,
+        } = params;
         let cfg = self.config();
         let mut w = self.world();
         if let Some(a) = Self::check_server(&w, server) {
