@@ -151,6 +151,16 @@ pub(crate) struct Run {
 }
 
 impl Run {
+    /// Observations stop a slice before `answer_by`, so the decision can be
+    /// written and answered in time.
+    pub(crate) fn observe_by(&self) -> Instant {
+        let slice = (self.budget.reserve / 10).min(Duration::from_millis(250));
+        self.budget
+            .answer_by
+            .checked_sub(slice)
+            .unwrap_or(self.budget.answer_by)
+    }
+
     pub(crate) fn new(op: Operation, budget: Budget, by_reconciler: bool) -> Self {
         Self {
             maybe_sent: op.attempts > 0,
@@ -639,7 +649,7 @@ impl Executor {
                         )
                         .with("http_status", 202),
                     );
-                    return Ok(match self.observe_until(run, true, run.budget.answer_by).await {
+                    return Ok(match self.observe_until(run, true, run.observe_by()).await {
                         Some(Seen::Attached(a)) => {
                             Decision::succeeded(Resolution::Reobserved, Some(a), "attached (observed after 202)")
                         }
@@ -658,7 +668,7 @@ impl Executor {
                     match e.kind.clone() {
                         NovaErrorKind::Rejected(Rejection::AlreadyAttached { servers }) => {
                             // Maybe ours (a retry of an attach that took effect).
-                            match self.observe(run, run.budget.answer_by).await {
+                            match self.observe(run, run.observe_by()).await {
                                 Ok(Seen::Attached(a)) => {
                                     self.metrics.responses_recovered.inc();
                                     return Ok(Decision::succeeded(
@@ -724,7 +734,7 @@ impl Executor {
                         }
                         _ => {
                             // Outcome unknown: look before deciding anything.
-                            match self.observe(run, run.budget.answer_by).await {
+                            match self.observe(run, run.observe_by()).await {
                                 Ok(Seen::Attached(a)) => {
                                     self.metrics.responses_recovered.inc();
                                     return Ok(Decision::succeeded(
@@ -834,7 +844,7 @@ impl Executor {
                         NovaErrorKind::Rejected(_) if !e.outcome_unknown() => {
                             return Ok(self.definitive_failure(run, &e, e.reason()).await);
                         }
-                        _ => match self.observe(run, run.budget.answer_by).await {
+                        _ => match self.observe(run, run.observe_by()).await {
                             Ok(Seen::Absent) => {
                                 self.metrics.responses_recovered.inc();
                                 return Ok(Decision::succeeded(
@@ -844,6 +854,21 @@ impl Executor {
                                 ));
                             }
                             Ok(Seen::Attached(_)) => {
+                                // Nova may be detaching it right now: watch a while before
+                                // sending again (a duplicate is harmless, 400 "detaching",
+                                // but needless).
+                                let watch_until = run
+                                    .budget
+                                    .send_by
+                                    .min(Instant::now() + Duration::from_secs(2));
+                                if self.observe_until(run, false, watch_until).await.is_some() {
+                                    self.metrics.responses_recovered.inc();
+                                    return Ok(Decision::succeeded(
+                                        Resolution::Reobserved,
+                                        None,
+                                        "response lost; the volume was observed detached",
+                                    ));
+                                }
                                 if self
                                     .backoff(run, "outcome unknown and still attached")
                                     .await
@@ -868,7 +893,7 @@ impl Executor {
                 }
             };
             if watch_gone {
-                return Ok(match self.observe_until(run, false, run.budget.answer_by).await {
+                return Ok(match self.observe_until(run, false, run.observe_by()).await {
                     Some(_) => Decision::succeeded(Resolution::Reobserved, None, "detached (observed gone)"),
                     None => Decision::unknown(self.unknown_error(
                         run,
@@ -939,7 +964,7 @@ impl Executor {
             return Decision::failed(Resolution::Response, err);
         }
         let want_attached = run.op.action == Action::Attach;
-        match self.observe(run, run.budget.answer_by).await {
+        match self.observe(run, run.observe_by()).await {
             Ok(Seen::Attached(a)) if want_attached => {
                 Decision::succeeded(Resolution::Reobserved, Some(a), "attached (observed)")
             }

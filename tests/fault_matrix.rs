@@ -1,0 +1,872 @@
+//! The fault matrix of AttachVolume/DetachVolume through the real server,
+//! against the simulator, with a real PostgreSQL. Every test checks three
+//! things: the RPC's answer, the ledger row, and what Nova really did.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{AppOptions, TestApp, error_info, spawn_app, with_timeout};
+use tokio::time::Instant;
+use tonic::Code;
+use uuid::Uuid;
+use volume_reconciler::domain::{Operation, Resolution, State};
+use volume_reconciler::grpc::pb;
+use volume_reconciler::sim::{self, Fault, FaultOp, FaultRule, SimConfig};
+
+fn attach(key: &str, server: Uuid, volume: Uuid) -> pb::AttachVolumeRequest {
+    pb::AttachVolumeRequest {
+        idempotency_key: key.into(),
+        server_id: server.to_string(),
+        volume_id: volume.to_string(),
+        ..Default::default()
+    }
+}
+
+fn detach(key: &str, server: Uuid, volume: Uuid) -> pb::DetachVolumeRequest {
+    pb::DetachVolumeRequest {
+        idempotency_key: key.into(),
+        server_id: server.to_string(),
+        volume_id: volume.to_string(),
+    }
+}
+
+fn ids() -> (Uuid, Uuid) {
+    (Uuid::new_v4(), Uuid::new_v4())
+}
+
+async fn row(app: &TestApp, id: &str) -> Operation {
+    app.store
+        .operation_get(id.parse().unwrap())
+        .await
+        .unwrap()
+        .expect("the row exists")
+}
+
+async fn row_by_key(app: &TestApp, key: &str) -> Operation {
+    app.store
+        .operation_get_by_key(key)
+        .await
+        .unwrap()
+        .expect("the row exists")
+}
+
+async fn event_kinds(app: &TestApp, id: Uuid) -> Vec<String> {
+    app.store
+        .operation_events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_lost_attach_response_is_recorded_as_success_after_reobserving() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    // Nova acts, then answers long after the outbound deadline.
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: 8000 }).volume(v));
+    let started = Instant::now();
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(attach("lost-1", s, v), Duration::from_secs(3)))
+        .await
+        .expect("the lost response is recovered by re-observation")
+        .into_inner();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "answered before the caller's deadline"
+    );
+    assert_eq!(op.state, pb::State::Succeeded as i32);
+    assert_eq!(op.resolution, pb::Resolution::Reobserved as i32);
+    let r = row(&app, &op.id).await;
+    assert_eq!(
+        (r.state, r.resolution),
+        (State::Succeeded, Some(Resolution::Reobserved))
+    );
+    assert!(
+        r.attachment.is_some(),
+        "attachment details come from the observation"
+    );
+    assert_eq!(
+        app.sim.attach_effects(v),
+        1,
+        "exactly one attach took effect"
+    );
+    assert!(app.sim.is_attached(s, v));
+    let kinds = event_kinds(&app, r.id).await;
+    for k in [
+        "recorded",
+        "request_sent",
+        "request_failed",
+        "observed",
+        "resolved",
+    ] {
+        assert!(
+            kinds.iter().any(|x| x == k),
+            "{k} missing from the reconcile log: {kinds:?}"
+        );
+    }
+    let events = app.store.operation_events(r.id).await.unwrap();
+    let failed = events.iter().find(|e| e.kind == "request_failed").unwrap();
+    assert_eq!(failed.metadata["error_class"], "deadline_exceeded");
+    assert_eq!(failed.metadata["stage"], "await_headers");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_closed_after_the_attach_is_recorded_as_success() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::CloseAfterEffect).volume(v));
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("close-1", s, v),
+            Duration::from_secs(5),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (
+            pb::State::Succeeded as i32,
+            pb::Resolution::Reobserved as i32
+        )
+    );
+    assert_eq!(row(&app, &op.id).await.state, State::Succeeded);
+    assert_eq!(app.sim.attach_effects(v), 1);
+    assert_eq!(
+        app.sim.attach_requests(v),
+        1,
+        "found on the first look, no retry"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn slow_nova_inside_the_callers_deadline_succeeds_on_its_response_without_retry() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: 3000 }).volume(v));
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("slow-1", s, v),
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution, op.attempts),
+        (
+            pb::State::Succeeded as i32,
+            pb::Resolution::Response as i32,
+            1
+        )
+    );
+    assert_eq!(
+        row(&app, &op.id).await.resolution,
+        Some(Resolution::Response)
+    );
+    assert_eq!(app.sim.attach_requests(v), 1);
+    assert_eq!(app.sim.attach_effects(v), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_caller_deadline_longer_than_the_server_default_is_never_shortened() {
+    let app = spawn_app(AppOptions::default().arg("--default-deadline", "1s")).await;
+    let (s, v) = ids();
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: 2500 }).volume(v));
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("long-1", s, v),
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (pb::State::Succeeded as i32, pb::Resolution::Response as i32)
+    );
+    assert_eq!(app.sim.attach_effects(v), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn without_a_caller_deadline_the_server_default_bounds_the_call() {
+    // Goes through the chain exactly as `main` builds it. Without the
+    // deadline layer this call would wait for Nova's 10 s answer and
+    // succeed; with it, the default (1.5 s) answers DEADLINE_EXCEEDED.
+    let app = spawn_app(AppOptions::default().arg("--default-deadline", "1500ms")).await;
+    let (s, v) = ids();
+    app.sim.add_fault(
+        FaultRule::new(FaultOp::Attach, Fault::DelayBeforeEffect { ms: 10_000 }).volume(v),
+    );
+    app.sim.add_fault(
+        FaultRule::new(FaultOp::List, Fault::DelayBeforeEffect { ms: 10_000 })
+            .server(s)
+            .always(),
+    );
+    let started = Instant::now();
+    let mut c = app.raw();
+    let call = c.attach_volume(tonic::Request::new(attach("nodl-1", s, v)));
+    let err = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("the server answers on its own")
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(6),
+        "answered by the default: {took:?}"
+    );
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "OUTCOME_UNKNOWN", "{meta:?}");
+    let r = row(&app, &meta["operation_id"]).await;
+    assert_eq!(r.state, State::Unknown);
+    assert!(!app.sim.is_attached(s, v), "nothing took effect yet");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_budget_below_the_minimum_never_calls_nova() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    let err = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("tiny-1", s, v),
+            Duration::from_millis(120),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded);
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "BUDGET_TOO_SMALL");
+    assert!(meta.contains_key("available_ms") && meta.contains_key("minimum_ms"));
+    assert_eq!(app.sim.attach_requests(v), 0, "Nova was not called");
+    assert!(
+        app.store
+            .operation_get_by_key("tiny-1")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing recorded: the key stays free"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_503_without_effect_is_reobserved_then_retried_to_success() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Attach,
+            Fault::Status {
+                code: 503,
+                effect: false,
+            },
+        )
+        .volume(v),
+    );
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(attach("503-1", s, v), Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.state, pb::State::Succeeded as i32);
+    assert_eq!(
+        op.attempts, 2,
+        "one failed request, one retry, both counted"
+    );
+    let r = row(&app, &op.id).await;
+    assert_eq!(r.attempts, 2);
+    assert_eq!(app.sim.attach_requests(v), 2);
+    assert_eq!(app.sim.attach_effects(v), 1);
+    let kinds = event_kinds(&app, r.id).await;
+    assert!(
+        kinds.iter().filter(|k| *k == "request_sent").count() == 2,
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&"observed".to_string()),
+        "looked before retrying: {kinds:?}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_500_that_took_effect_is_recorded_as_success_without_a_second_attach() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Attach,
+            Fault::Status {
+                code: 500,
+                effect: true,
+            },
+        )
+        .volume(v),
+    );
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(attach("500-1", s, v), Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (
+            pb::State::Succeeded as i32,
+            pb::Resolution::Reobserved as i32
+        )
+    );
+    assert_eq!(app.sim.attach_requests(v), 1);
+    assert_eq!(app.sim.attach_effects(v), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_until_nova_is_up() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let app = spawn_app(AppOptions {
+        nova_url: Some(format!("http://{addr}/v2.1")),
+        ..Default::default()
+    })
+    .await;
+    let (s, v) = ids();
+    let mut c = app.raw();
+    let call = tokio::spawn(async move {
+        c.attach_volume(with_timeout(
+            attach("refused-1", s, v),
+            Duration::from_secs(15),
+        ))
+        .await
+    });
+    let store = app.store.clone();
+    support::eventually(
+        Duration::from_secs(10),
+        "a connect failure is recorded",
+        || {
+            let store = store.clone();
+            async move {
+                match store.operation_get_by_key("refused-1").await.unwrap() {
+                    Some(op) => store
+                        .operation_events(op.id)
+                        .await
+                        .unwrap()
+                        .iter()
+                        .any(|e| e.kind == "retry_scheduled"),
+                    None => false,
+                }
+            }
+        },
+    )
+    .await;
+    let h = sim::start(addr, SimConfig::default()).await.unwrap();
+    let op = call.await.unwrap().unwrap().into_inner();
+    assert_eq!(op.state, pb::State::Succeeded as i32);
+    assert!(op.attempts >= 2, "{}", op.attempts);
+    assert_eq!(h.sim.attach_effects(v), 1);
+    let events = app
+        .store
+        .operation_events(op.id.parse().unwrap())
+        .await
+        .unwrap();
+    assert!(events.iter().any(|e| e.kind == "request_failed"
+        && e.metadata.get("error_class").map(String::as_str) == Some("connect_failed")));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn already_attached_here_is_success_and_attached_elsewhere_is_a_failure_naming_the_server() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    app.sim.seed_attachment(s, v);
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("here-1", s, v),
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (
+            pb::State::Succeeded as i32,
+            pb::Resolution::Reobserved as i32
+        )
+    );
+    assert_eq!(app.sim.attach_effects(v), 0, "no second attachment");
+    assert!(app.sim.is_attached(s, v));
+
+    let (other, v2) = ids();
+    app.sim.seed_attachment(other, v2);
+    let err = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("else-1", s, v2),
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "ALREADY_ATTACHED_ELSEWHERE");
+    assert_eq!(meta["attached_to"], other.to_string());
+    let r = row_by_key(&app, "else-1").await;
+    assert_eq!(
+        (r.state, r.resolution),
+        (State::Failed, Some(Resolution::Response))
+    );
+    assert!(!app.sim.is_attached(s, v2));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_locked_server_is_retried_until_unlocked_and_fails_as_conflict_if_never() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    app.sim.lock_server(s, true);
+    let sim = app.sim.clone();
+    let mut c = app.raw();
+    let call = tokio::spawn(async move {
+        c.attach_volume(with_timeout(
+            attach("lock-1", s, v),
+            Duration::from_secs(15),
+        ))
+        .await
+    });
+    let store = app.store.clone();
+    support::eventually(
+        Duration::from_secs(10),
+        "a retry is scheduled on the conflict",
+        || {
+            let store = store.clone();
+            async move {
+                match store.operation_get_by_key("lock-1").await.unwrap() {
+                    Some(op) => op.attempts >= 2,
+                    None => false,
+                }
+            }
+        },
+    )
+    .await;
+    sim.lock_server(s, false);
+    let op = call.await.unwrap().unwrap().into_inner();
+    assert_eq!(op.state, pb::State::Succeeded as i32);
+    assert!(op.attempts >= 2);
+    assert_eq!(app.sim.attach_effects(v), 1);
+
+    let (s2, v2) = ids();
+    app.sim.lock_server(s2, true);
+    let err = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("lock-2", s2, v2),
+            Duration::from_secs(2),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "{err:?}");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "NOVA_CONFLICT");
+    assert_eq!(meta["http_status"], "409");
+    let r = row_by_key(&app, "lock-2").await;
+    assert_eq!(r.state, State::Failed);
+    assert!(r.attempts >= 2, "it did retry within the budget");
+    assert_eq!(app.sim.attach_effects(v2), 0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_missing_server_is_not_found_with_all_the_context() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    app.sim.remove_server(s);
+    let err = app
+        .raw()
+        .attach_volume(with_timeout(attach("404-1", s, v), Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "NOVA_SERVER_NOT_FOUND");
+    for key in [
+        "operation_id",
+        "method",
+        "url",
+        "http_status",
+        "nova_fault",
+        "nova_message",
+        "cause",
+        "stage",
+    ] {
+        assert!(meta.contains_key(key), "{key} missing: {meta:?}");
+    }
+    assert_eq!(meta["method"], "POST");
+    assert_eq!(meta["http_status"], "404");
+    assert_eq!(meta["nova_fault"], "itemNotFound");
+    assert!(meta["nova_message"].contains(&s.to_string()));
+    let r = row(&app, &meta["operation_id"]).await;
+    assert_eq!(
+        (r.state, r.resolution),
+        (State::Failed, Some(Resolution::Response))
+    );
+    assert_eq!(r.attempts, 1);
+    // A replay answers the same, without calling Nova again.
+    let again = app
+        .raw()
+        .attach_volume(with_timeout(attach("404-1", s, v), Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::NotFound);
+    assert_eq!(app.sim.attach_requests(v), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn at_microversion_2_101_an_accepted_attach_is_confirmed_by_observation() {
+    let app = spawn_app(AppOptions::default().arg("--nova-microversion", "2.101")).await;
+    let (s, v) = ids();
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("async-1", s, v),
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (
+            pb::State::Succeeded as i32,
+            pb::Resolution::Reobserved as i32
+        )
+    );
+    let att = op.attachment.expect("details from the list");
+    assert!(
+        !att.id.is_empty() && att.id != v.to_string(),
+        "the 2.89+ attachment id: {att:?}"
+    );
+    assert_eq!(app.sim.attach_effects(v), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_stalled_until_the_deadline_is_deadline_exceeded_not_internal() {
+    let app = spawn_app(AppOptions::default().arg("--settle-window", "0s")).await;
+    let (s, v) = ids();
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Attach,
+            Fault::StallBody {
+                ms: 30_000,
+                effect: true,
+            },
+        )
+        .volume(v),
+    );
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::List,
+            Fault::StallBody {
+                ms: 30_000,
+                effect: true,
+            },
+        )
+        .server(s)
+        .always(),
+    );
+    let err = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("stall-1", s, v),
+            Duration::from_secs(2),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "OUTCOME_UNKNOWN");
+    assert_eq!(meta["stage"], "read_body");
+    assert_eq!(meta["error_class"], "deadline_exceeded");
+    let r = row(&app, &meta["operation_id"]).await;
+    assert_eq!(r.state, State::Unknown);
+    assert!(app.sim.is_attached(s, v), "the truth: it took effect");
+    // Once Nova answers again, the reconciler finds it.
+    app.sim.clear_faults();
+    let counts = app.reconciler.run_once().await.unwrap();
+    assert_eq!(counts.succeeded, 1, "{counts:?}");
+    let r = row(&app, &meta["operation_id"]).await;
+    assert_eq!(
+        (r.state, r.resolution),
+        (State::Succeeded, Some(Resolution::Reconciler))
+    );
+    assert_eq!(app.sim.attach_effects(v), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_caller_that_disconnects_mid_call_still_gets_the_true_state_recorded() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: 1500 }).volume(v));
+    let mut c = app.raw();
+    let call = tokio::spawn(async move {
+        c.attach_volume(with_timeout(
+            attach("gone-1", s, v),
+            Duration::from_secs(10),
+        ))
+        .await
+    });
+    let store = app.store.clone();
+    support::eventually(Duration::from_secs(10), "the attach is in flight", || {
+        let store = store.clone();
+        async move {
+            store
+                .operation_get_by_key("gone-1")
+                .await
+                .unwrap()
+                .is_some()
+        }
+    })
+    .await;
+    call.abort(); // the caller goes away (RST_STREAM)
+    let store = app.store.clone();
+    support::eventually(
+        Duration::from_secs(15),
+        "the operation is decided anyway",
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .operation_get_by_key("gone-1")
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .state
+                    .is_terminal()
+            }
+        },
+    )
+    .await;
+    let r = row_by_key(&app, "gone-1").await;
+    assert_eq!(
+        (r.state, r.resolution),
+        (State::Succeeded, Some(Resolution::Response))
+    );
+    assert!(app.sim.is_attached(s, v));
+    assert_eq!(app.sim.attach_effects(v), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn detach_waits_until_the_volume_is_gone_and_recovers_lost_responses() {
+    let app = spawn_app(AppOptions {
+        sim: SimConfig {
+            detach_delay_ms: 400,
+            ..SimConfig::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let (s, v) = ids();
+    app.sim.seed_attachment(s, v);
+    let op = app
+        .raw()
+        .detach_volume(with_timeout(detach("d-1", s, v), Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (
+            pb::State::Succeeded as i32,
+            pb::Resolution::Reobserved as i32
+        )
+    );
+    assert!(!app.sim.is_attached(s, v), "gone when the RPC answered");
+
+    // Not attached: 404 "not attached" means done.
+    let op = app
+        .raw()
+        .detach_volume(with_timeout(detach("d-2", s, v), Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.state, pb::State::Succeeded as i32);
+
+    // The response is lost after Nova accepted the detach.
+    let (s2, v2) = ids();
+    app.sim.seed_attachment(s2, v2);
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Detach, Fault::CloseAfterEffect).volume(v2));
+    let op = app
+        .raw()
+        .detach_volume(with_timeout(detach("d-3", s2, v2), Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (
+            pb::State::Succeeded as i32,
+            pb::Resolution::Reobserved as i32
+        )
+    );
+    assert!(!app.sim.is_attached(s2, v2));
+    let log = app
+        .store
+        .operation_events(op.id.parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        app.sim.detach_requests(v2),
+        1,
+        "no duplicate detach: {log:#?}"
+    );
+
+    // A detach on a missing server fails as not found.
+    let (s3, v3) = ids();
+    app.sim.remove_server(s3);
+    let err = app
+        .raw()
+        .detach_volume(with_timeout(detach("d-4", s3, v3), Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_hundred_concurrent_attaches_with_random_faults_all_match_the_truth() {
+    let app = spawn_app(AppOptions::default().arg("--settle-window", "500ms")).await;
+    let faults = [
+        None,
+        Some(Fault::DelayAfterEffect { ms: 6000 }),
+        Some(Fault::CloseAfterEffect),
+        Some(Fault::CloseBeforeEffect),
+        Some(Fault::Status {
+            code: 500,
+            effect: true,
+        }),
+        Some(Fault::Status {
+            code: 503,
+            effect: false,
+        }),
+        Some(Fault::ProxyError {
+            code: 502,
+            effect: false,
+        }),
+        Some(Fault::ProxyError {
+            code: 504,
+            effect: true,
+        }),
+        Some(Fault::Conflict),
+        Some(Fault::DelayBeforeEffect { ms: 400 }),
+        Some(Fault::StallBody {
+            ms: 6000,
+            effect: true,
+        }),
+    ];
+    let server = Uuid::new_v4();
+    let mut volumes = Vec::new();
+    let mut calls = Vec::new();
+    for i in 0..100 {
+        let v = Uuid::new_v4();
+        if let Some(f) = faults[(i * 7 + i / 11) % faults.len()].clone() {
+            app.sim
+                .add_fault(FaultRule::new(FaultOp::Attach, f).volume(v));
+        }
+        volumes.push(v);
+        let mut c = app.raw();
+        calls.push(tokio::spawn(async move {
+            c.attach_volume(with_timeout(
+                attach(&format!("rnd-{i}"), server, v),
+                Duration::from_secs(4),
+            ))
+            .await
+        }));
+    }
+    let mut codes = std::collections::BTreeMap::new();
+    for call in calls {
+        let code = match call.await.unwrap() {
+            Ok(_) => Code::Ok,
+            Err(s) => {
+                assert!(
+                    matches!(
+                        s.code(),
+                        Code::DeadlineExceeded
+                            | Code::Aborted
+                            | Code::FailedPrecondition
+                            | Code::Unavailable
+                    ),
+                    "{s:?}"
+                );
+                s.code()
+            }
+        };
+        *codes.entry(format!("{code:?}")).or_insert(0) += 1;
+    }
+    // Whatever could not be known in time, the reconciler resolves.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let open = app
+            .store
+            .operation_list(&Default::default(), None, 500)
+            .await
+            .unwrap()
+            .operations
+            .into_iter()
+            .filter(|o| !o.state.is_terminal())
+            .count();
+        if open == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{open} operations still open");
+        app.reconciler.run_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut disagreements = Vec::new();
+    for (i, v) in volumes.iter().enumerate() {
+        let r = row_by_key(&app, &format!("rnd-{i}")).await;
+        let attached = app.sim.is_attached(server, *v);
+        let effects = app.sim.attach_effects(*v);
+        assert!(effects <= 1, "volume {v} attached {effects} times");
+        if (r.state == State::Succeeded) != attached {
+            disagreements.push(format!(
+                "rnd-{i}: ledger {:?}/{:?}, Nova attached={attached}",
+                r.state, r.resolution
+            ));
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "ledger disagrees with the truth ({codes:?}): {disagreements:#?}"
+    );
+    app.stop().await;
+}
