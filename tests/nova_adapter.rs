@@ -527,11 +527,13 @@ async fn a_callers_short_deadline_does_not_kill_a_renewal_others_wait_on() {
         endpoint: NovaEndpoint::Keystone(keystone(&h)),
         ..NovaConfig::default()
     }));
-    // The first caller gives up at once; the renewal it started goes on.
-    let e = client
-        .list(Uuid::new_v4(), Instant::now())
-        .await
-        .unwrap_err();
+    // Keystone is slow; the first caller gives up long before it answers,
+    // and the renewal it started goes on for the next caller.
+    h.sim.add_fault(FaultRule::new(
+        FaultOp::Auth,
+        Fault::DelayBeforeEffect { ms: 1500 },
+    ));
+    let e = client.list(Uuid::new_v4(), in_secs(0.2)).await.unwrap_err();
     assert_eq!(e.stage, Stage::Authenticate);
     assert_eq!(e.kind, NovaErrorKind::DeadlineExceeded);
     client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap();

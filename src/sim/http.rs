@@ -611,6 +611,19 @@ async fn versions(State(st): State<AppState>) -> Response<Body> {
 }
 
 async fn issue_token(State(st): State<AppState>, body: axum::body::Bytes) -> Response<Body> {
+    match st.sim.take_fault(FaultOp::Auth, None, None) {
+        Some(Fault::DelayBeforeEffect { ms }) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await
+        }
+        Some(Fault::Status { code, .. }) => {
+            return json(
+                code,
+                serde_json::json!({"error": {"code": code, "title": "Service Unavailable", "message": "Keystone is unavailable"}}),
+                (0, 0),
+            );
+        }
+        _ => {}
+    }
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let user = &v["auth"]["identity"]["password"]["user"];
     let name = user["name"].as_str().unwrap_or("");

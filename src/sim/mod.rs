@@ -26,6 +26,8 @@ pub enum FaultOp {
     Detach,
     List,
     Show,
+    /// Keystone token requests.
+    Auth,
     Any,
 }
 

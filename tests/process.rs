@@ -1,0 +1,633 @@
+//! The real binary as separate processes: SIGKILL in the middle of work,
+//! rolling restarts under load with zero client-visible errors, and the
+//! operator CLI telling an operation's story.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::{AppOptions, spawn_app, with_timeout};
+use tonic::transport::{Channel, Endpoint};
+use uuid::Uuid;
+use volume_reconciler::client::{Client, RetryStats};
+use volume_reconciler::domain::State;
+use volume_reconciler::grpc::pb;
+use volume_reconciler::sim::{self, Fault, FaultOp, FaultRule, SimConfig, SimHandle};
+use volume_reconciler::store::{PgStore, Store, postgres::PgSettings};
+
+const BIN: &str = env!("CARGO_BIN_EXE_volume-reconciler");
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+struct Replica {
+    name: String,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Replica {
+    fn new(name: &str, db: &str, nova: &str, extra: &[&str]) -> Self {
+        let (grpc, admin) = (free_addr(), free_addr());
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--listen".into(),
+            grpc.to_string(),
+            "--admin-listen".into(),
+            admin.to_string(),
+            "--database-url".into(),
+            db.into(),
+            "--nova-url".into(),
+            nova.into(),
+            "--replica-id".into(),
+            name.into(),
+            "--db-max-connections".into(),
+            "8".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self {
+            name: name.into(),
+            grpc,
+            admin,
+            args,
+            child: None,
+        }
+    }
+
+    async fn start(&mut self) {
+        let log = std::env::temp_dir().join(format!("vr-{}-{}.log", self.name, std::process::id()));
+        let child = Command::new(BIN)
+            .args(&self.args)
+            .env(
+                "VOLUME_RECONCILER_LOG",
+                std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .env("VOLUME_RECONCILER_LOG_FORMAT", "human")
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .unwrap(),
+            )
+            .spawn()
+            .expect("the binary starts");
+        self.child = Some(child);
+        let url = format!("http://{}/readyz", self.admin);
+        support::eventually(
+            Duration::from_secs(30),
+            &format!("{} is ready", self.name),
+            || {
+                let url = url.clone();
+                async move { matches!(reqwest::get(&url).await, Ok(r) if r.status() == 200) }
+            },
+        )
+        .await;
+    }
+
+    fn signal(&mut self, sig: i32) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        // SAFETY: sending a signal to our own child process.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig})");
+    }
+
+    /// Waits for the process to exit; returns its exit status.
+    async fn wait(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        tokio::task::spawn_blocking(move || child.wait().expect("wait"))
+            .await
+            .unwrap()
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // Test cleanup: the process may already be gone.
+            drop(c.kill());
+            drop(c.wait());
+        }
+    }
+}
+
+async fn ledger(db: &str) -> Arc<dyn Store> {
+    Arc::new(
+        PgStore::connect(&PgSettings {
+            url: db.into(),
+            max_connections: 4,
+        })
+        .await
+        .unwrap(),
+    )
+}
+
+async fn start_sim(cfg: SimConfig) -> SimHandle {
+    support::init_logs();
+    sim::start("127.0.0.1:0".parse().unwrap(), cfg)
+        .await
+        .unwrap()
+}
+
+/// Every recorded key's final row agrees with Nova; nothing attached twice;
+/// no effect without a row.
+async fn assert_truth(
+    store: &dyn Store,
+    sim: &SimHandle,
+    server: Uuid,
+    keys: &[(String, Uuid)],
+) -> usize {
+    let mut disagreements = Vec::new();
+    let mut recorded = 0;
+    for (key, v) in keys {
+        let attached = sim.sim.is_attached(server, *v);
+        assert!(sim.sim.attach_effects(*v) <= 1, "{v} attached twice");
+        match store.operation_get_by_key(key).await.unwrap() {
+            Some(op) => {
+                recorded += 1;
+                assert!(op.state.is_terminal(), "{key} still {:?}", op.state);
+                if (op.state == State::Succeeded) != attached {
+                    disagreements.push(format!(
+                        "{key}: {:?}/{:?} but attached={attached}",
+                        op.state, op.resolution
+                    ));
+                }
+            }
+            None => assert!(
+                !attached,
+                "{key}: Nova attached {v} but the ledger has no intent row"
+            ),
+        }
+    }
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
+    recorded
+}
+
+#[tokio::test]
+async fn a_killed_service_resolves_everything_after_restart_and_attaches_nothing_twice() {
+    let sim = start_sim(SimConfig::default()).await;
+    let db = support::pg::fresh_database().await;
+    let mut r = Replica::new(
+        "kill-a",
+        &db,
+        &sim.nova_url,
+        &[
+            "--settle-window",
+            "500ms",
+            "--lease-grace",
+            "500ms",
+            "--reconcile-interval",
+            "100ms",
+            "--shutdown-delay",
+            "0s",
+        ],
+    );
+    r.start().await;
+    let server = Uuid::new_v4();
+    let mut keys = Vec::new();
+    let client = Client::connect_lazy(&r.url()).unwrap();
+    let mut calls = Vec::new();
+    for i in 0..30 {
+        let v = Uuid::new_v4();
+        // A third answer late (lost when the process dies), a third take
+        // effect late, a third are plain.
+        match i % 3 {
+            0 => sim.sim.add_fault(
+                FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: 3000 }).volume(v),
+            ),
+            1 => sim.sim.add_fault(
+                FaultRule::new(FaultOp::Attach, Fault::DelayBeforeEffect { ms: 1500 }).volume(v),
+            ),
+            _ => {}
+        }
+        let key = format!("kill-{i}");
+        keys.push((key.clone(), v));
+        let c = client.clone();
+        calls.push(tokio::spawn(async move {
+            c.attach(
+                &key,
+                &server.to_string(),
+                &v.to_string(),
+                Default::default(),
+                Duration::from_secs(4),
+            )
+            .await
+        }));
+    }
+    let store = ledger(&db).await;
+    let s2 = store.clone();
+    support::eventually(
+        Duration::from_secs(10),
+        "the attaches are in flight",
+        || {
+            let s2 = s2.clone();
+            async move {
+                let page = s2
+                    .operation_list(&Default::default(), None, 100)
+                    .await
+                    .unwrap();
+                page.operations
+                    .iter()
+                    .filter(|o| o.state == State::InProgress)
+                    .count()
+                    >= 15
+            }
+        },
+    )
+    .await;
+    r.signal(libc::SIGKILL);
+    let status = r.wait().await;
+    assert!(!status.success());
+    for c in calls {
+        // Callers see errors (the process died); the truth is in the ledger.
+        drop(c.await.unwrap());
+    }
+    r.start().await;
+    support::eventually(
+        Duration::from_secs(60),
+        "every operation is decided after the restart",
+        || {
+            let store = store.clone();
+            async move {
+                let page = store
+                    .operation_list(&Default::default(), None, 100)
+                    .await
+                    .unwrap();
+                page.operations.iter().all(|o| o.state.is_terminal())
+            }
+        },
+    )
+    .await;
+    let recorded = assert_truth(store.as_ref(), &sim, server, &keys).await;
+    assert!(recorded >= 15, "{recorded} recorded");
+    r.signal(libc::SIGTERM);
+    assert!(r.wait().await.success(), "a clean SIGTERM shutdown exits 0");
+}
+
+fn balanced(replicas: &[&Replica]) -> Client {
+    let endpoints: Vec<Endpoint> = replicas
+        .iter()
+        .map(|r| {
+            Endpoint::from_shared(r.url())
+                .unwrap()
+                .connect_timeout(Duration::from_secs(1))
+                .tcp_nodelay(true)
+        })
+        .collect();
+    Client::from_channel(Channel::balance_list(endpoints.into_iter()))
+}
+
+struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    errors: Arc<Mutex<BTreeMap<String, u64>>>,
+    ok: Arc<std::sync::atomic::AtomicU64>,
+    keys: Arc<Mutex<Vec<(String, Uuid)>>>,
+    stats: Arc<Mutex<RetryStats>>,
+}
+
+fn steady_load(client: Client, server: Uuid, workers: usize, prefix: &str) -> Load {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let errors = Arc::new(Mutex::new(BTreeMap::new()));
+    let ok = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let stats = Arc::new(Mutex::new(RetryStats::default()));
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let (client, stop, errors, ok, keys, stats, prefix) = (
+            client.clone(),
+            stop.clone(),
+            errors.clone(),
+            ok.clone(),
+            keys.clone(),
+            stats.clone(),
+            prefix.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && i < 100_000 {
+                let v = Uuid::new_v4();
+                let key = format!("{prefix}-{w}-{i}");
+                keys.lock().unwrap().push((key.clone(), v));
+                match client
+                    .attach_counted(
+                        &key,
+                        &server.to_string(),
+                        &v.to_string(),
+                        Duration::from_secs(10),
+                        &stats,
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        ok.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Err(e) => {
+                        *errors
+                            .lock()
+                            .unwrap()
+                            .entry(format!("{:?}", e.code))
+                            .or_default() += 1
+                    }
+                }
+                i += 1;
+            }
+        }));
+    }
+    Load {
+        stop,
+        tasks,
+        errors,
+        ok,
+        keys,
+        stats,
+    }
+}
+
+impl Load {
+    async fn finish(self) -> (u64, BTreeMap<String, u64>, Vec<(String, Uuid)>, RetryStats) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        let errors = self.errors.lock().unwrap().clone();
+        let keys = self.keys.lock().unwrap().clone();
+        let stats = self.stats.lock().unwrap().clone();
+        (
+            self.ok.load(std::sync::atomic::Ordering::SeqCst),
+            errors,
+            keys,
+            stats,
+        )
+    }
+}
+
+#[tokio::test]
+async fn rolling_restarts_under_load_show_callers_no_errors() {
+    let sim = start_sim(SimConfig::default()).await;
+    let db = support::pg::fresh_database().await;
+    let flags = [
+        "--shutdown-delay",
+        "500ms",
+        "--drain-timeout",
+        "10s",
+        "--settle-window",
+        "1s",
+        "--lease-grace",
+        "1s",
+    ];
+    let mut a = Replica::new("roll-a", &db, &sim.nova_url, &flags);
+    let mut b = Replica::new("roll-b", &db, &sim.nova_url, &flags);
+    a.start().await;
+    b.start().await;
+    let client = balanced(&[&a, &b]);
+    let server = Uuid::new_v4();
+    let load = steady_load(client, server, 8, "roll");
+    let ok = load.ok.clone();
+    let mut restarts = 0;
+    for _round in 0..3 {
+        for r in [&mut a, &mut b] {
+            let before = ok.load(std::sync::atomic::Ordering::SeqCst);
+            let target = before + 50;
+            support::eventually(Duration::from_secs(30), "load flows", || {
+                let ok = ok.clone();
+                async move { ok.load(std::sync::atomic::Ordering::SeqCst) >= target }
+            })
+            .await;
+            r.signal(libc::SIGTERM);
+            assert!(
+                r.wait().await.success(),
+                "{} drained and exited cleanly",
+                r.name
+            );
+            r.start().await;
+            restarts += 1;
+        }
+    }
+    let after = ok.load(std::sync::atomic::Ordering::SeqCst) + 50;
+    support::eventually(
+        Duration::from_secs(30),
+        "load flows after the last restart",
+        || {
+            let ok = ok.clone();
+            async move { ok.load(std::sync::atomic::Ordering::SeqCst) >= after }
+        },
+    )
+    .await;
+    let (ok, errors, keys, stats) = load.finish().await;
+    eprintln!(
+        "rolling restart: {restarts} restarts, {ok} calls ok, caller-visible errors {errors:?}, transport failures absorbed by keyed retries {:?}",
+        stats.by_code
+    );
+    assert!(restarts >= 5);
+    assert!(errors.is_empty(), "callers saw errors: {errors:?}");
+    let store = ledger(&db).await;
+    support::eventually(
+        Duration::from_secs(60),
+        "every operation is decided",
+        || {
+            let store = store.clone();
+            async move {
+                let mut after = None;
+                loop {
+                    let page = store
+                        .operation_list(&Default::default(), after, 500)
+                        .await
+                        .unwrap();
+                    if page.operations.iter().any(|o| !o.state.is_terminal()) {
+                        return false;
+                    }
+                    match page.next_cursor {
+                        Some(c) => after = Some(c),
+                        None => return true,
+                    }
+                }
+            }
+        },
+    )
+    .await;
+    let recorded = assert_truth(store.as_ref(), &sim, server, &keys).await;
+    assert_eq!(recorded as u64, ok, "every successful call has its row");
+}
+
+#[tokio::test]
+async fn killing_one_of_two_replicas_under_load_loses_nothing() {
+    let sim = start_sim(SimConfig::default()).await;
+    let db = support::pg::fresh_database().await;
+    let flags = [
+        "--shutdown-delay",
+        "0s",
+        "--settle-window",
+        "500ms",
+        "--lease-grace",
+        "500ms",
+        "--reconcile-interval",
+        "100ms",
+    ];
+    let mut a = Replica::new("kill2-a", &db, &sim.nova_url, &flags);
+    let mut b = Replica::new("kill2-b", &db, &sim.nova_url, &flags);
+    a.start().await;
+    b.start().await;
+    let server = Uuid::new_v4();
+    // Slow answers so work is in flight on both when one dies.
+    sim.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: 300 }).always());
+    let load = steady_load(balanced(&[&a, &b]), server, 8, "k2");
+    let ok = load.ok.clone();
+    support::eventually(Duration::from_secs(30), "load flows", || {
+        let ok = ok.clone();
+        async move { ok.load(std::sync::atomic::Ordering::SeqCst) >= 40 }
+    })
+    .await;
+    a.signal(libc::SIGKILL);
+    a.wait().await;
+    let target = ok.load(std::sync::atomic::Ordering::SeqCst) + 40;
+    support::eventually(
+        Duration::from_secs(30),
+        "the survivor carries the load",
+        || {
+            let ok = ok.clone();
+            async move { ok.load(std::sync::atomic::Ordering::SeqCst) >= target }
+        },
+    )
+    .await;
+    let (_ok, _errors, keys, _stats) = load.finish().await;
+    sim.sim.clear_faults();
+    let store = ledger(&db).await;
+    support::eventually(
+        Duration::from_secs(60),
+        "the survivor's reconciler finishes the dead replica's work",
+        || {
+            let store = store.clone();
+            async move {
+                let page = store
+                    .operation_list(&Default::default(), None, 500)
+                    .await
+                    .unwrap();
+                page.operations.iter().all(|o| o.state.is_terminal())
+            }
+        },
+    )
+    .await;
+    assert_truth(store.as_ref(), &sim, server, &keys).await;
+}
+
+#[tokio::test]
+async fn ops_show_tells_the_story_of_a_lost_response() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = (Uuid::new_v4(), Uuid::new_v4());
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: 6000 }).volume(v));
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(
+            pb::AttachVolumeRequest {
+                idempotency_key: "story-1".into(),
+                server_id: s.to_string(),
+                volume_id: v.to_string(),
+                ..Default::default()
+            },
+            Duration::from_secs(3),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let out = tokio::task::spawn_blocking({
+        let (url, id) = (app.grpc_url.clone(), op.id.clone());
+        move || {
+            Command::new(BIN)
+                .args(["ops", "show", &id, "--server", &url])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "succeeded (reobserved)",
+        "request_sent",
+        "outbound_deadline_ms=",
+        "request_failed",
+        "the caller's deadline expired waiting for the response headers",
+        "observed",
+        "the volume is in the server's attachment list",
+        "resolved",
+    ] {
+        assert!(
+            text.contains(needle),
+            "`ops show` lacks {needle:?}:\n{text}"
+        );
+    }
+    // The request comes before the loss, the loss before the look, the look before the decision.
+    let pos = |n: &str| text.find(n).unwrap();
+    assert!(
+        pos(" request_sent ") < pos(" request_failed ")
+            && pos(" request_failed ") < pos(" observed ")
+            && pos(" observed ") < pos(" resolved "),
+        "{text}"
+    );
+
+    let out = tokio::task::spawn_blocking({
+        let url = app.grpc_url.clone();
+        move || {
+            Command::new(BIN)
+                .args([
+                    "ops",
+                    "list",
+                    "--state",
+                    "succeeded",
+                    "--output",
+                    "json",
+                    "--server",
+                    &url,
+                ])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(v["operations"][0]["id"], op.id);
+    assert_eq!(v["operations"][0]["resolution"], "reobserved");
+
+    let out = tokio::task::spawn_blocking({
+        let url = app.grpc_url.clone();
+        move || {
+            Command::new(BIN)
+                .args(["ops", "show", "not-a-uuid", "--server", &url])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("operation_id"),
+        "names the field"
+    );
+    app.stop().await;
+}
