@@ -73,7 +73,12 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct MigrateArgs {
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        default_value = "sqlite://volume-reconciler.db"
+    )]
     pub database_url: String,
 }
 
@@ -117,8 +122,14 @@ pub struct ServeArgs {
         default_value = "127.0.0.1:9090"
     )]
     pub admin_listen: SocketAddr,
-    /// PostgreSQL URL, e.g. postgres://user@host/db.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    /// postgres://user@host/db (production, several replicas) or
+    /// sqlite://FILE (embedded, one process; created on first start).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        default_value = "sqlite://volume-reconciler.db"
+    )]
     pub database_url: String,
     #[arg(
         long,

@@ -36,7 +36,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
             app.run_until(startup::shutdown_signal()).await
         }
         Command::Migrate(args) => {
-            store::PgStore::migrate(&args.database_url).await?;
+            let store = store::open(&args.database_url, 1).await?;
+            store.close().await;
             tracing::info!("migrations applied");
             Ok(())
         }

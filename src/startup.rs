@@ -29,7 +29,7 @@ use crate::grpc::{Api, pb};
 use crate::metrics::Metrics;
 use crate::nova::NovaClient;
 use crate::reconciler::Reconciler;
-use crate::store::{PgStore, Store, postgres::PgSettings};
+use crate::store::Store;
 
 pub struct Application {
     cfg: ServeArgs,
@@ -60,13 +60,8 @@ impl Application {
         let admin_listener = TcpListener::bind(cfg.admin_listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {} (admin): {e}", cfg.admin_listen))?;
-        let store: Arc<dyn Store> = Arc::new(
-            PgStore::connect(&PgSettings {
-                url: cfg.database_url.clone(),
-                max_connections: cfg.db_max_connections,
-            })
-            .await?,
-        );
+        let store: Arc<dyn Store> =
+            crate::store::open(&cfg.database_url, cfg.db_max_connections).await?;
         let metrics = Arc::new(Metrics::new());
         let nova = Arc::new(NovaClient::new(nova_cfg));
         let exec = Executor::new(

@@ -8,6 +8,7 @@
 //! purpose by the caller.
 
 pub mod postgres;
+pub mod sqlite;
 
 use std::time::Duration;
 
@@ -23,6 +24,25 @@ use crate::domain::{
 };
 
 pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+
+/// Opens the store a URL names: `postgres://...` (production, several
+/// replicas) or `sqlite://FILE` (embedded, one process). Applies migrations.
+pub async fn open(url: &str, max_connections: u32) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(std::sync::Arc::new(
+            PgStore::connect(&postgres::PgSettings {
+                url: url.to_string(),
+                max_connections,
+            })
+            .await?,
+        ))
+    } else if url.starts_with("sqlite:") {
+        Ok(std::sync::Arc::new(SqliteStore::connect(url).await?))
+    } else {
+        anyhow::bail!("unsupported database URL {url:?}: use postgres://... or sqlite://FILE")
+    }
+}
 
 /// A new operation: its intent, written before any request leaves.
 #[derive(Debug, Clone)]

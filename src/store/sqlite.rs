@@ -1,0 +1,743 @@
+//! The embedded implementation of `Store` (SQLite through sqlx), for a
+//! single process: the default when no `--database-url` is given. The same
+//! guarantees as PostgreSQL for one process — unique keys, one open
+//! operation per volume (partial unique index), transactions around every
+//! state change, fenced decisions — with in-process change notifications.
+//!
+//! One connection serializes every statement (SQLite has one writer anyway).
+//! A second process on the same file is refused at start by an exclusive
+//! lock on `<file>.lock`, with a clear error, instead of sharing the file.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{
+    CreateOutcome, NewOperation, OperationFilter, OperationPage, StateCount, Store, StoreError,
+    Transition, within,
+};
+use crate::domain::{
+    Action, AttachmentInfo, NewEvent, Operation, OperationError, OperationEvent, RequestParams,
+    Resolution, State, event,
+};
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
+    request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
+    completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes";
+
+const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+    changes: broadcast::Sender<Uuid>,
+    lock: Mutex<Option<File>>,
+}
+
+fn micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn now_us() -> i64 {
+    micros(Utc::now())
+}
+
+fn from_micros(v: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(v).unwrap_or_default()
+}
+
+fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    StoreError::db(what)
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    // Serializing our own plain structs cannot fail.
+    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+/// The file behind a `sqlite:` URL, if it is a file.
+fn file_of(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or(rest);
+    if path.is_empty() || path == ":memory:" || url.contains("mode=memory") {
+        None
+    } else {
+        Some(path.to_string())
+    }
+}
+
+fn take_lock(path: &str) -> anyhow::Result<File> {
+    let lock_path = format!("{path}.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| anyhow::anyhow!("cannot open the lock file {lock_path}: {e}"))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            anyhow::bail!(
+                "the embedded database {path} is in use by another process (it holds {lock_path}); \
+                 an embedded store serves one process only — run several replicas on PostgreSQL (--database-url postgres://...)"
+            );
+        }
+        anyhow::bail!("cannot lock {lock_path}: {err}");
+    }
+    Ok(file)
+}
+
+impl SqliteStore {
+    /// Opens (creating it on first start) and migrates the database.
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        let lock = match file_of(url) {
+            Some(path) => Some(take_lock(&path)?),
+            None => None,
+        };
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| anyhow::anyhow!("invalid SQLite URL {url:?}: {e}"))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            // One connection, so no statement ever waits for another
+            // process; this bound only matters if something else touches
+            // the file despite the lock.
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .acquire_timeout(Duration::from_secs(3600))
+            .connect_with(options)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot open the embedded database {url}: {e}"))?;
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("applying embedded migrations: {e}"))?;
+        let (changes, _) = broadcast::channel(4096);
+        Ok(Self {
+            pool,
+            changes,
+            lock: Mutex::new(lock),
+        })
+    }
+
+    fn notify(&self, id: Uuid) {
+        // No subscriber right now is fine.
+        drop(self.changes.send(id));
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        self.pool
+            .begin()
+            .await
+            .map_err(db("starting a transaction"))
+    }
+
+    async fn insert_events(
+        tx: &mut Transaction<'static, Sqlite>,
+        id: Uuid,
+        replica: &str,
+        events: &[NewEvent],
+    ) -> Result<(), StoreError> {
+        for e in events {
+            sqlx::query("INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica) VALUES (?, ?, ?, ?, ?, ?)")
+                .bind(id.to_string())
+                .bind(now_us())
+                .bind(e.kind)
+                .bind(&e.detail)
+                .bind(to_json(&e.metadata))
+                .bind(replica)
+                .execute(&mut **tx)
+                .await
+                .map_err(db("appending to the reconcile log"))?;
+        }
+        Ok(())
+    }
+
+    async fn get_in(
+        tx: &mut Transaction<'static, Sqlite>,
+        id: Uuid,
+    ) -> Result<Option<Operation>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM operations WHERE id = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db("reading an operation"))?;
+        row.as_ref().map(row_to_operation).transpose()
+    }
+}
+
+fn corrupt(id: &str, reason: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        id: id.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn row_to_operation(row: &SqliteRow) -> Result<Operation, StoreError> {
+    let g = |e: sqlx::Error| corrupt("?", e.to_string());
+    let id: String = row.try_get("id").map_err(g)?;
+    let c = |r: String| corrupt(&id, r);
+    let uuid =
+        |s: String| Uuid::parse_str(&s).map_err(|e| corrupt(&id, format!("uuid {s:?}: {e}")));
+    let action: String = row.try_get("action").map_err(g)?;
+    let state: String = row.try_get("state").map_err(g)?;
+    let resolution: Option<String> = row.try_get("resolution").map_err(g)?;
+    let request: String = row.try_get("request").map_err(g)?;
+    let attachment: Option<String> = row.try_get("attachment").map_err(g)?;
+    let last_error: Option<String> = row.try_get("last_error").map_err(g)?;
+    let opt_time = |col: &str| -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(row
+            .try_get::<Option<i64>, _>(col)
+            .map_err(|e| corrupt("?", e.to_string()))?
+            .map(from_micros))
+    };
+    Ok(Operation {
+        id: uuid(id.clone())?,
+        idempotency_key: row.try_get("idempotency_key").map_err(g)?,
+        action: Action::parse(&action).ok_or_else(|| c(format!("action {action:?}")))?,
+        state: State::parse(&state).ok_or_else(|| c(format!("state {state:?}")))?,
+        resolution: match resolution {
+            None => None,
+            Some(r) => Some(Resolution::parse(&r).ok_or_else(|| c(format!("resolution {r:?}")))?),
+        },
+        server_id: uuid(row.try_get("server_id").map_err(g)?)?,
+        volume_id: uuid(row.try_get("volume_id").map_err(g)?)?,
+        params: serde_json::from_str::<RequestParams>(&request)
+            .map_err(|e| c(format!("request: {e}")))?,
+        attachment: attachment
+            .map(|a| serde_json::from_str::<AttachmentInfo>(&a))
+            .transpose()
+            .map_err(|e| c(format!("attachment: {e}")))?,
+        attempts: row.try_get("attempts").map_err(g)?,
+        last_error: last_error
+            .map(|a| serde_json::from_str::<OperationError>(&a))
+            .transpose()
+            .map_err(|e| c(format!("last_error: {e}")))?,
+        deadline_at: from_micros(row.try_get("deadline_at").map_err(g)?),
+        last_request_at: opt_time("last_request_at")?,
+        created_at: from_micros(row.try_get("created_at").map_err(g)?),
+        updated_at: from_micros(row.try_get("updated_at").map_err(g)?),
+        completed_at: opt_time("completed_at")?,
+        lease_owner: row.try_get("lease_owner").map_err(g)?,
+        lease_expires_at: opt_time("lease_expires_at")?,
+        lease_epoch: row.try_get("lease_epoch").map_err(g)?,
+        caller: row.try_get("caller").map_err(g)?,
+        drifted: row.try_get::<i64, _>("drifted").map_err(g)? != 0,
+        passes: row.try_get("passes").map_err(g)?,
+    })
+}
+
+fn is_unique_violation_on(e: &sqlx::Error, column: &str) -> bool {
+    match e {
+        sqlx::Error::Database(d) => {
+            d.message().contains("UNIQUE constraint failed") && d.message().contains(column)
+        }
+        _ => false,
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn operation_create(
+        &self,
+        new: NewOperation,
+        deadline: Instant,
+    ) -> Result<CreateOutcome, StoreError> {
+        within(deadline, "recording the operation", async {
+            let mut tx = self.begin().await?;
+            // The key first, as PostgreSQL's ON CONFLICT does: a replay joins
+            // even while its volume is busy (with itself).
+            let sql = format!("SELECT {COLUMNS}, fingerprint FROM operations WHERE idempotency_key = ?");
+            let existing = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(&new.idempotency_key)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db("reading an operation by key"))?;
+            if let Some(row) = existing {
+                let fingerprint: String = row.try_get("fingerprint").map_err(db("reading a key's fingerprint"))?;
+                let existing = row_to_operation(&row)?;
+                tx.rollback().await.map_err(db("recording the operation"))?;
+                return if fingerprint == new.fingerprint {
+                    Ok(CreateOutcome::Existing(existing))
+                } else {
+                    Err(StoreError::KeyReused {
+                        key: new.idempotency_key.clone(),
+                        existing: Box::new(existing),
+                    })
+                };
+            }
+            let now = now_us();
+            let inserted = sqlx::query(
+                "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
+                    request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
+                    lease_expires_at, caller)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(new.id.to_string())
+            .bind(&new.idempotency_key)
+            .bind(&new.fingerprint)
+            .bind(new.action.as_str())
+            .bind(new.state.as_str())
+            .bind(new.server_id.to_string())
+            .bind(new.volume_id.to_string())
+            .bind(to_json(&new.params))
+            .bind(new.attempts)
+            .bind(micros(new.deadline_at))
+            .bind(if new.attempts > 0 { Some(now) } else { None })
+            .bind(now)
+            .bind(now)
+            .bind(&new.lease_owner)
+            .bind(micros(new.lease_expires_at))
+            .bind(&new.caller)
+            .execute(&mut *tx)
+            .await;
+            match inserted {
+                Ok(_) => {
+                    Self::insert_events(&mut tx, new.id, &new.replica, &new.events).await?;
+                    let op = Self::get_in(&mut tx, new.id).await?.ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;
+                    tx.commit().await.map_err(db("recording the operation"))?;
+                    self.notify(op.id);
+                    Ok(CreateOutcome::Created(op))
+                }
+                Err(e) if is_unique_violation_on(&e, "volume_id") => {
+                    let busy: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                        "SELECT id FROM operations WHERE volume_id = ? AND {OPEN}"
+                    )))
+                    .bind(new.volume_id.to_string())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db("looking up the open operation of a volume"))?;
+                    tx.rollback().await.map_err(db("recording the operation"))?;
+                    let operation_id = busy
+                        .and_then(|b| Uuid::parse_str(&b).ok())
+                        .ok_or_else(|| corrupt(&new.volume_id.to_string(), "volume busy but no open operation"))?;
+                    Err(StoreError::VolumeBusy {
+                        volume_id: new.volume_id,
+                        operation_id,
+                    })
+                }
+                Err(e) => Err(StoreError::Database {
+                    what: "recording the operation",
+                    source: e,
+                }),
+            }
+        })
+        .await
+    }
+
+    async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM operations WHERE id = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db("reading an operation"))?;
+        row.as_ref().map(row_to_operation).transpose()
+    }
+
+    async fn operation_get_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM operations WHERE idempotency_key = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db("reading an operation by key"))?;
+        row.as_ref().map(row_to_operation).transpose()
+    }
+
+    async fn operation_list(
+        &self,
+        filter: &OperationFilter,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<OperationPage, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS}, seq FROM operations
+             WHERE (?1 IS NULL OR state = ?1)
+               AND (?2 IS NULL OR server_id = ?2)
+               AND (?3 IS NULL OR volume_id = ?3)
+               AND (?4 IS NULL OR seq < ?4)
+               AND (?5 = 0 OR drifted = 1)
+             ORDER BY seq DESC
+             LIMIT ?6"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(filter.state.map(|s| s.as_str()))
+            .bind(filter.server_id.map(|s| s.to_string()))
+            .bind(filter.volume_id.map(|s| s.to_string()))
+            .bind(after)
+            .bind(i64::from(filter.drifted_only))
+            .bind(i64::from(limit) + 1)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("listing operations"))?;
+        let more = rows.len() > limit as usize;
+        let rows = &rows[..rows.len().min(limit as usize)];
+        let mut operations = Vec::with_capacity(rows.len());
+        let mut last = None;
+        for row in rows {
+            operations.push(row_to_operation(row)?);
+            last = Some(row.try_get::<i64, _>("seq").map_err(db("reading seq"))?);
+        }
+        Ok(OperationPage {
+            operations,
+            next_cursor: if more { last } else { None },
+        })
+    }
+
+    async fn operation_events(&self, id: Uuid) -> Result<Vec<OperationEvent>, StoreError> {
+        let rows = sqlx::query("SELECT at, kind, detail, metadata, replica FROM operation_events WHERE operation_id = ? ORDER BY id")
+            .bind(id.to_string())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("reading the reconcile log"))?;
+        rows.iter()
+            .map(|r| {
+                let metadata: String = r.try_get("metadata").map_err(db("reading an event"))?;
+                Ok(OperationEvent {
+                    at: from_micros(r.try_get("at").map_err(db("reading an event"))?),
+                    kind: r.try_get("kind").map_err(db("reading an event"))?,
+                    detail: r.try_get("detail").map_err(db("reading an event"))?,
+                    metadata: serde_json::from_str::<BTreeMap<String, String>>(&metadata)
+                        .map_err(|e| corrupt(&id.to_string(), format!("event metadata: {e}")))?,
+                    replica: r.try_get("replica").map_err(db("reading an event"))?,
+                })
+            })
+            .collect()
+    }
+
+    async fn operation_transition(
+        &self,
+        t: Transition,
+        deadline: Instant,
+    ) -> Result<Option<Operation>, StoreError> {
+        within(deadline, "recording a state change", async {
+            let mut tx = self.begin().await?;
+            let now = now_us();
+            let terminal = t.state.is_terminal();
+            let result = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE operations SET
+                    state = ?3,
+                    resolution = ?4,
+                    attachment = COALESCE(?5, attachment),
+                    attempts = attempts + ?6,
+                    last_error = CASE WHEN ?7 THEN ?8 ELSE last_error END,
+                    last_request_at = CASE WHEN ?9 THEN ?10 ELSE last_request_at END,
+                    completed_at = CASE WHEN ?11 THEN ?10 END,
+                    lease_owner = CASE WHEN ?12 THEN NULL ELSE lease_owner END,
+                    lease_expires_at = CASE WHEN ?12 THEN NULL ELSE lease_expires_at END,
+                    next_attempt_at = ?13,
+                    verify_at = ?14,
+                    updated_at = ?10
+                 WHERE id = ?1 AND lease_epoch = ?2 AND {OPEN}"
+            )))
+            .bind(t.id.to_string())
+            .bind(t.lease_epoch)
+            .bind(t.state.as_str())
+            .bind(t.resolution.map(|r| r.as_str()))
+            .bind(t.attachment.as_ref().map(to_json))
+            .bind(i64::from(t.add_attempt))
+            .bind(t.last_error.is_some())
+            .bind(t.last_error.as_ref().and_then(|e| e.as_ref().map(to_json)))
+            .bind(t.request_sent)
+            .bind(now)
+            .bind(terminal)
+            .bind(t.release_lease)
+            .bind(t.next_attempt_at.map(micros))
+            .bind(t.verify_at.map(micros))
+            .execute(&mut *tx)
+            .await
+            .map_err(db("recording a state change"))?;
+            if result.rows_affected() == 0 {
+                tx.rollback()
+                    .await
+                    .map_err(db("recording a state change"))?;
+                return Ok(None);
+            }
+            Self::insert_events(&mut tx, t.id, &t.replica, &t.events).await?;
+            let op = Self::get_in(&mut tx, t.id).await?;
+            tx.commit().await.map_err(db("recording a state change"))?;
+            self.notify(t.id);
+            Ok(op)
+        })
+        .await
+    }
+
+    async fn operation_append_events(
+        &self,
+        id: Uuid,
+        replica: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin().await?;
+        Self::insert_events(&mut tx, id, replica, &events).await?;
+        tx.commit()
+            .await
+            .map_err(db("appending to the reconcile log"))
+    }
+
+    async fn operation_claim(
+        &self,
+        replica: &str,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        let mut tx = self.begin().await?;
+        let now = now_us();
+        let ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT id FROM operations
+             WHERE {OPEN}
+               AND (lease_expires_at IS NULL OR lease_expires_at < ?1)
+               AND (next_attempt_at IS NULL OR next_attempt_at <= ?1)
+             ORDER BY next_attempt_at IS NOT NULL, next_attempt_at, seq
+             LIMIT ?2"
+        )))
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("claiming operations"))?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            sqlx::query(
+                "UPDATE operations SET lease_owner = ?2, lease_expires_at = ?3, lease_epoch = lease_epoch + 1,
+                    passes = passes + 1, updated_at = ?4 WHERE id = ?1",
+            )
+            .bind(&id)
+            .bind(replica)
+            .bind(now + lease.as_micros() as i64)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("claiming operations"))?;
+            let uuid = Uuid::parse_str(&id).map_err(|e| corrupt(&id, e.to_string()))?;
+            let op = Self::get_in(&mut tx, uuid)
+                .await?
+                .ok_or_else(|| corrupt(&id, "claimed row vanished"))?;
+            let ev = NewEvent::new(event::CLAIMED, "leased by the reconciler")
+                .with("lease_epoch", op.lease_epoch);
+            Self::insert_events(&mut tx, uuid, replica, &[ev]).await?;
+            out.push(op);
+        }
+        tx.commit().await.map_err(db("claiming operations"))?;
+        Ok(out)
+    }
+
+    async fn operation_claim_one(
+        &self,
+        id: Uuid,
+        replica: &str,
+        lease: Duration,
+    ) -> Result<Option<Operation>, StoreError> {
+        let mut tx = self.begin().await?;
+        let now = now_us();
+        let r = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE operations SET lease_owner = ?2, lease_expires_at = ?3, lease_epoch = lease_epoch + 1,
+                passes = passes + 1, updated_at = ?4
+             WHERE id = ?1 AND {OPEN} AND (lease_expires_at IS NULL OR lease_expires_at < ?4 OR lease_owner = ?2)"
+        )))
+        .bind(id.to_string())
+        .bind(replica)
+        .bind(now + lease.as_micros() as i64)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("claiming an operation"))?;
+        if r.rows_affected() == 0 {
+            tx.rollback().await.map_err(db("claiming an operation"))?;
+            return Ok(None);
+        }
+        let op = Self::get_in(&mut tx, id).await?;
+        if let Some(op) = &op {
+            let ev = NewEvent::new(event::CLAIMED, "leased for a requested reconcile pass")
+                .with("lease_epoch", op.lease_epoch);
+            Self::insert_events(&mut tx, id, replica, &[ev]).await?;
+        }
+        tx.commit().await.map_err(db("claiming an operation"))?;
+        Ok(op)
+    }
+
+    async fn operation_claim_verification(&self, limit: u32) -> Result<Vec<Operation>, StoreError> {
+        let mut tx = self.begin().await?;
+        let now = now_us();
+        let ids: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM operations WHERE verify_at IS NOT NULL AND verify_at <= ? ORDER BY verify_at LIMIT ?")
+                .bind(now)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("claiming verifications"))?;
+        let mut out = Vec::new();
+        for id in ids {
+            sqlx::query("UPDATE operations SET verify_at = NULL WHERE id = ?")
+                .bind(&id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("claiming verifications"))?;
+            let uuid = Uuid::parse_str(&id).map_err(|e| corrupt(&id, e.to_string()))?;
+            if let Some(op) = Self::get_in(&mut tx, uuid).await? {
+                out.push(op);
+            }
+        }
+        tx.commit().await.map_err(db("claiming verifications"))?;
+        Ok(out)
+    }
+
+    async fn operation_mark_drift(
+        &self,
+        id: Uuid,
+        replica: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin().await?;
+        sqlx::query("UPDATE operations SET drifted = 1, updated_at = ? WHERE id = ?")
+            .bind(now_us())
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(db("marking drift"))?;
+        Self::insert_events(&mut tx, id, replica, &events).await?;
+        tx.commit().await.map_err(db("marking drift"))?;
+        self.notify(id);
+        Ok(())
+    }
+
+    async fn operation_resolve_by_operator(
+        &self,
+        id: Uuid,
+        state: State,
+        reason: &str,
+        replica: &str,
+        caller: Option<&str>,
+    ) -> Result<Operation, StoreError> {
+        let mut tx = self.begin().await?;
+        let now = now_us();
+        let last_error = (state == State::Failed).then(|| {
+            to_json(
+                &OperationError::new("OPERATOR_RESOLVED", reason)
+                    .with("caller", caller.unwrap_or("")),
+            )
+        });
+        let r = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE operations SET state = ?2, resolution = 'operator', completed_at = ?3, updated_at = ?3,
+                lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, next_attempt_at = NULL,
+                last_error = COALESCE(?4, last_error)
+             WHERE id = ?1 AND {OPEN}"
+        )))
+        .bind(id.to_string())
+        .bind(state.as_str())
+        .bind(now)
+        .bind(last_error)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("resolving by operator"))?;
+        if r.rows_affected() == 0 {
+            let current = Self::get_in(&mut tx, id).await?;
+            tx.rollback().await.map_err(db("resolving by operator"))?;
+            return match current {
+                None => Err(StoreError::NotFound(id)),
+                Some(op) => Err(StoreError::AlreadyTerminal {
+                    id,
+                    state: op.state.as_str(),
+                }),
+            };
+        }
+        let ev = NewEvent::new(event::OPERATOR_RESOLVED, reason)
+            .with("state", state.as_str())
+            .with("caller", caller.unwrap_or(""));
+        Self::insert_events(&mut tx, id, replica, &[ev]).await?;
+        let op = Self::get_in(&mut tx, id)
+            .await?
+            .ok_or(StoreError::NotFound(id))?;
+        tx.commit().await.map_err(db("resolving by operator"))?;
+        self.notify(id);
+        Ok(op)
+    }
+
+    async fn operation_release_leases(&self, replica: &str) -> Result<u64, StoreError> {
+        let mut tx = self.begin().await?;
+        let ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT id FROM operations WHERE lease_owner = ? AND {OPEN}"
+        )))
+        .bind(replica)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("releasing leases"))?;
+        for id in &ids {
+            sqlx::query("UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE id = ?")
+                .bind(now_us())
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("releasing leases"))?;
+            let uuid = Uuid::parse_str(id).map_err(|e| corrupt(id, e.to_string()))?;
+            let ev = NewEvent::new(
+                event::HANDED_OVER,
+                "replica shut down; lease released for another reconciler",
+            );
+            Self::insert_events(&mut tx, uuid, replica, &[ev]).await?;
+        }
+        tx.commit().await.map_err(db("releasing leases"))?;
+        Ok(ids.len() as u64)
+    }
+
+    async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
+        let rows = sqlx::query("SELECT state, resolution, count(*) AS n FROM operations GROUP BY state, resolution ORDER BY state, resolution")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("counting operations"))?;
+        rows.iter()
+            .map(|r| {
+                Ok(StateCount {
+                    state: r.try_get("state").map_err(db("counting operations"))?,
+                    resolution: r.try_get("resolution").map_err(db("counting operations"))?,
+                    count: r.try_get("n").map_err(db("counting operations"))?,
+                })
+            })
+            .collect()
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Uuid> {
+        self.changes.subscribe()
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(db("checking the database"))?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+        // Dropping the file releases the lock: another process may start.
+        drop(self.lock.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+}

@@ -1,0 +1,508 @@
+//! One conformance suite for `Store`, run against both implementations
+//! (the same test bodies, two instantiations), so they cannot drift apart.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::time::Instant;
+use uuid::Uuid;
+use volume_reconciler::domain::{
+    Action, NewEvent, RequestParams, Resolution, State, request_fingerprint,
+};
+use volume_reconciler::store::{
+    CreateOutcome, NewOperation, OperationFilter, Store, StoreError, Transition,
+};
+
+async fn pg_store() -> Arc<dyn Store> {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    volume_reconciler::store::open(&url, 4).await.unwrap()
+}
+
+async fn sqlite_store() -> Arc<dyn Store> {
+    support::init_logs();
+    let path = std::env::temp_dir().join(format!("vr-conf-{}.db", Uuid::new_v4().simple()));
+    volume_reconciler::store::open(&format!("sqlite://{}", path.display()), 1)
+        .await
+        .unwrap()
+}
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+fn new_op(key: &str, volume: Uuid, state: State) -> NewOperation {
+    let server = Uuid::from_u128(7);
+    let params = RequestParams::default();
+    NewOperation {
+        id: Uuid::now_v7(),
+        idempotency_key: key.into(),
+        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        action: Action::Attach,
+        server_id: server,
+        volume_id: volume,
+        params,
+        state,
+        attempts: i32::from(state != State::Pending),
+        deadline_at: Utc::now() + chrono::Duration::seconds(60),
+        lease_owner: "owner".into(),
+        lease_expires_at: Utc::now() - chrono::Duration::seconds(1),
+        caller: Some("tester".into()),
+        replica: "r0".into(),
+        events: vec![
+            NewEvent::new("recorded", "r"),
+            NewEvent::new("request_sent", "s").with("attempt", 1),
+        ],
+    }
+}
+
+async fn create(store: &dyn Store, new: NewOperation) -> volume_reconciler::domain::Operation {
+    match store.operation_create(new, soon()).await.unwrap() {
+        CreateOutcome::Created(op) => op,
+        CreateOutcome::Existing(op) => panic!("expected a new row, got {op:?}"),
+    }
+}
+
+fn finish(op: &volume_reconciler::domain::Operation, state: State) -> Transition {
+    let mut t = Transition::new(op, state, "r0");
+    t.resolution = Some(Resolution::Response);
+    t.release_lease = true;
+    t.events = vec![NewEvent::new("resolved", "done")];
+    t
+}
+
+async fn keys_are_unique_and_replays_join(store: Arc<dyn Store>) {
+    let v = Uuid::new_v4();
+    let op = create(store.as_ref(), new_op("k", v, State::InProgress)).await;
+    assert_eq!(
+        (op.state, op.attempts, op.caller.as_deref()),
+        (State::InProgress, 1, Some("tester"))
+    );
+    assert!(op.last_request_at.is_some());
+    match store
+        .operation_create(new_op("k", v, State::InProgress), soon())
+        .await
+        .unwrap()
+    {
+        CreateOutcome::Existing(e) => assert_eq!(e.id, op.id),
+        other => panic!("{other:?}"),
+    }
+    let mut other = new_op("k", v, State::InProgress);
+    other.fingerprint.push('x');
+    match store.operation_create(other, soon()).await {
+        Err(StoreError::KeyReused { existing, .. }) => assert_eq!(existing.id, op.id),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        store.operation_get_by_key("k").await.unwrap().unwrap().id,
+        op.id
+    );
+    let events = store.operation_events(op.id).await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+        ["recorded", "request_sent"]
+    );
+    assert_eq!(events[1].metadata["attempt"], "1");
+    assert_eq!(events[0].replica, "r0");
+}
+
+async fn one_open_operation_per_volume(store: Arc<dyn Store>) {
+    let v = Uuid::new_v4();
+    let op = create(store.as_ref(), new_op("a", v, State::InProgress)).await;
+    match store
+        .operation_create(new_op("b", v, State::InProgress), soon())
+        .await
+    {
+        Err(StoreError::VolumeBusy {
+            operation_id,
+            volume_id,
+        }) => assert_eq!((operation_id, volume_id), (op.id, v)),
+        other => panic!("{other:?}"),
+    }
+    store
+        .operation_transition(finish(&op, State::Succeeded), soon())
+        .await
+        .unwrap()
+        .unwrap();
+    let next = create(store.as_ref(), new_op("b", v, State::InProgress)).await;
+    assert_ne!(next.id, op.id, "a decided operation frees the volume");
+}
+
+async fn transitions_are_fenced_and_terminal_is_final(store: Arc<dyn Store>) {
+    let op = create(
+        store.as_ref(),
+        new_op("f", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let mut stale = finish(&op, State::Failed);
+    stale.lease_epoch += 1;
+    assert!(
+        store
+            .operation_transition(stale, soon())
+            .await
+            .unwrap()
+            .is_none(),
+        "wrong epoch"
+    );
+    let mut retry = Transition::new(&op, State::InProgress, "r0");
+    retry.add_attempt = true;
+    retry.request_sent = true;
+    let op2 = store
+        .operation_transition(retry, soon())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(op2.attempts, 2);
+    let mut t = finish(&op2, State::Succeeded);
+    t.attachment = Some(volume_reconciler::domain::AttachmentInfo {
+        id: "att".into(),
+        device: Some("/dev/vdb".into()),
+        ..Default::default()
+    });
+    let done = store
+        .operation_transition(t, soon())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (done.state, done.resolution),
+        (State::Succeeded, Some(Resolution::Response))
+    );
+    assert!(done.completed_at.is_some() && done.lease_owner.is_none());
+    assert_eq!(
+        done.attachment.as_ref().unwrap().device.as_deref(),
+        Some("/dev/vdb")
+    );
+    assert!(
+        store
+            .operation_transition(finish(&done, State::Failed), soon())
+            .await
+            .unwrap()
+            .is_none(),
+        "terminal is final"
+    );
+    // The constraints refuse a terminal state without a resolution.
+    let op3 = create(
+        store.as_ref(),
+        new_op("g", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let bad = Transition::new(&op3, State::Succeeded, "r0");
+    assert!(matches!(
+        store.operation_transition(bad, soon()).await,
+        Err(StoreError::Database { .. })
+    ));
+}
+
+async fn claims_lease_each_operation_to_one_replica(store: Arc<dyn Store>) {
+    for i in 0..10 {
+        create(
+            store.as_ref(),
+            new_op(&format!("c{i}"), Uuid::new_v4(), State::Unknown),
+        )
+        .await;
+    }
+    let mut held = create(
+        store.as_ref(),
+        new_op("held", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    // A live lease is not claimable.
+    let mut t = Transition::new(&held, State::InProgress, "r0");
+    t.next_attempt_at = None;
+    held = store
+        .operation_transition(t, soon())
+        .await
+        .unwrap()
+        .unwrap();
+    let _ = held;
+    let a = store
+        .operation_claim("ra", Duration::from_secs(60), 6)
+        .await
+        .unwrap();
+    let b = store
+        .operation_claim("rb", Duration::from_secs(60), 100)
+        .await
+        .unwrap();
+    assert_eq!(a.len(), 6);
+    assert_eq!(
+        a.len() + b.len(),
+        11,
+        "the expired 'held' lease is claimable too"
+    );
+    let ids_a: std::collections::HashSet<_> = a.iter().map(|o| o.id).collect();
+    assert!(b.iter().all(|o| !ids_a.contains(&o.id)), "disjoint");
+    assert!(
+        a.iter()
+            .all(|o| o.lease_owner.as_deref() == Some("ra") && o.lease_epoch == 2 && o.passes == 1)
+    );
+    assert!(
+        store
+            .operation_claim("rc", Duration::from_secs(60), 100)
+            .await
+            .unwrap()
+            .is_empty(),
+        "all leased"
+    );
+    // Backoff: a deferred operation is not claimed before its time.
+    let op = &a[0];
+    let mut defer = Transition::new(op, State::Unknown, "ra");
+    defer.release_lease = true;
+    defer.next_attempt_at = Some(Utc::now() + chrono::Duration::seconds(60));
+    store
+        .operation_transition(defer, soon())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        store
+            .operation_claim("rc", Duration::from_secs(60), 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .operation_claim_one(op.id, "rc", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_some(),
+        "on request it is"
+    );
+    // Released leases are claimable at once.
+    assert_eq!(
+        store.operation_release_leases("rb").await.unwrap(),
+        b.len() as u64
+    );
+    assert_eq!(
+        store
+            .operation_claim("rd", Duration::from_secs(60), 100)
+            .await
+            .unwrap()
+            .len(),
+        b.len()
+    );
+    let log = store.operation_events(b[0].id).await.unwrap();
+    assert!(log.iter().any(|e| e.kind == "handed_over"));
+    assert!(log.iter().any(|e| e.kind == "claimed" && e.replica == "rd"));
+}
+
+async fn verification_is_handed_out_once(store: Arc<dyn Store>) {
+    let op = create(
+        store.as_ref(),
+        new_op("v", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let mut t = finish(&op, State::Succeeded);
+    t.verify_at = Some(Utc::now() - chrono::Duration::seconds(1));
+    store
+        .operation_transition(t, soon())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store.operation_claim_verification(10).await.unwrap().len(),
+        1
+    );
+    assert!(
+        store
+            .operation_claim_verification(10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    store
+        .operation_mark_drift(op.id, "r0", vec![NewEvent::new("drift_detected", "late")])
+        .await
+        .unwrap();
+    let page = store
+        .operation_list(
+            &OperationFilter {
+                drifted_only: true,
+                ..Default::default()
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.operations.len(), 1);
+    assert!(page.operations[0].drifted);
+}
+
+async fn an_operator_decision_fences_out_workers(store: Arc<dyn Store>) {
+    let op = create(store.as_ref(), new_op("o", Uuid::new_v4(), State::Unknown)).await;
+    let decided = store
+        .operation_resolve_by_operator(op.id, State::Failed, "checked by hand", "r0", Some("alice"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (decided.state, decided.resolution),
+        (State::Failed, Some(Resolution::Operator))
+    );
+    assert_eq!(
+        decided.last_error.as_ref().unwrap().reason,
+        "OPERATOR_RESOLVED"
+    );
+    assert!(
+        store
+            .operation_transition(finish(&op, State::Succeeded), soon())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(matches!(
+        store
+            .operation_resolve_by_operator(op.id, State::Succeeded, "again", "r0", None)
+            .await,
+        Err(StoreError::AlreadyTerminal { .. })
+    ));
+    assert!(matches!(
+        store
+            .operation_resolve_by_operator(Uuid::new_v4(), State::Succeeded, "x", "r0", None)
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    let audit = store
+        .operation_events(op.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.kind == "operator_resolved")
+        .unwrap();
+    assert_eq!(
+        (audit.detail.as_str(), audit.metadata["caller"].as_str()),
+        ("checked by hand", "alice")
+    );
+}
+
+async fn pages_are_newest_first_and_filtered(store: Arc<dyn Store>) {
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        ids.push(
+            create(
+                store.as_ref(),
+                new_op(&format!("p{i}"), Uuid::new_v4(), State::Unknown),
+            )
+            .await
+            .id,
+        );
+    }
+    let first = store
+        .operation_list(&Default::default(), None, 3)
+        .await
+        .unwrap();
+    assert_eq!(
+        first.operations.iter().map(|o| o.id).collect::<Vec<_>>(),
+        vec![ids[6], ids[5], ids[4]]
+    );
+    let second = store
+        .operation_list(&Default::default(), first.next_cursor, 3)
+        .await
+        .unwrap();
+    assert_eq!(second.operations[0].id, ids[3]);
+    let third = store
+        .operation_list(&Default::default(), second.next_cursor, 3)
+        .await
+        .unwrap();
+    assert_eq!(third.operations.len(), 1);
+    assert!(third.next_cursor.is_none());
+    let only = store
+        .operation_list(
+            &OperationFilter {
+                state: Some(State::Succeeded),
+                ..Default::default()
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert!(only.operations.is_empty());
+    let by_volume = store
+        .operation_list(
+            &OperationFilter {
+                volume_id: Some(first.operations[0].volume_id),
+                ..Default::default()
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(by_volume.operations.len(), 1);
+    let counts = store.operation_count_by_state().await.unwrap();
+    assert_eq!(
+        counts.iter().find(|c| c.state == "unknown").unwrap().count,
+        7
+    );
+}
+
+async fn changes_are_notified(store: Arc<dyn Store>) {
+    let mut rx = store.subscribe();
+    let op = create(
+        store.as_ref(),
+        new_op("n", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    store
+        .operation_transition(finish(&op, State::Succeeded), soon())
+        .await
+        .unwrap()
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if rx.recv().await.unwrap() == op.id {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(got.is_ok(), "a change notification arrives");
+    store.ping().await.unwrap();
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $( #[tokio::test] async fn $name() { super::$name(super::pg_store().await).await } )*
+        }
+        mod sqlite {
+            $( #[tokio::test] async fn $name() { super::$name(super::sqlite_store().await).await } )*
+        }
+    };
+}
+
+conformance!(
+    keys_are_unique_and_replays_join,
+    one_open_operation_per_volume,
+    transitions_are_fenced_and_terminal_is_final,
+    claims_lease_each_operation_to_one_replica,
+    verification_is_handed_out_once,
+    an_operator_decision_fences_out_workers,
+    pages_are_newest_first_and_filtered,
+    changes_are_notified,
+);
+
+#[tokio::test]
+async fn a_second_process_on_the_same_embedded_file_is_refused_clearly() {
+    let path = std::env::temp_dir().join(format!("vr-excl-{}.db", Uuid::new_v4().simple()));
+    let url = format!("sqlite://{}", path.display());
+    let first = volume_reconciler::store::open(&url, 1).await.unwrap();
+    let err = match volume_reconciler::store::open(&url, 1).await {
+        Ok(_) => panic!("a second opener must be refused"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("in use by another process") && err.contains("PostgreSQL"),
+        "{err}"
+    );
+    first.close().await;
+    let again = volume_reconciler::store::open(&url, 1)
+        .await
+        .expect("free again once the first closed");
+    again.close().await;
+}
