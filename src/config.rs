@@ -69,6 +69,8 @@ pub enum Command {
     NovaSim(SimArgs),
     /// Operator commands against a running server.
     Ops(crate::cli::ops::OpsArgs),
+    /// Simulator + service + a faulty workload; ends with a truth table.
+    Demo(crate::cli::demo::DemoArgs),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -61,5 +61,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Ops(args) => volume_reconciler::cli::ops::run(args).await,
+        Command::Demo(args) => volume_reconciler::cli::demo::run(args).await,
     }
 }

@@ -631,3 +631,45 @@ async fn ops_show_tells_the_story_of_a_lost_response() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn the_demo_completes_with_no_disagreement_and_no_double_attach() {
+    let out = tokio::task::spawn_blocking(|| {
+        Command::new(BIN)
+            .args([
+                "demo",
+                "--volumes",
+                "30",
+                "--concurrency",
+                "8",
+                "--deadline",
+                "4s",
+            ])
+            .env("VOLUME_RECONCILER_LOG", "error")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |needle: &str| {
+        text.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in:\n{text}"))
+            .to_string()
+    };
+    let count = |l: String| -> u64 { l.split_whitespace().find_map(|w| w.parse().ok()).unwrap() };
+    assert_eq!(count(line("attaches that took effect twice")), 0);
+    assert_eq!(count(line("disagree with Nova's truth")), 0);
+    assert!(
+        count(line("responses lost")) > 0,
+        "the workload did lose responses:\n{text}"
+    );
+    assert!(text.contains("restarting the service"));
+    assert!(text.contains("OUTCOME") && text.contains("p99"));
+}

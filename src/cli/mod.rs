@@ -1,3 +1,4 @@
-//! Operator commands: they talk gRPC to a running server.
+//! Operator commands (they talk gRPC to a running server) and the demo.
 
+pub mod demo;
 pub mod ops;
