@@ -71,6 +71,8 @@ pub enum Command {
     Ops(crate::cli::ops::OpsArgs),
     /// Simulator + service + a faulty workload; ends with a truth table.
     Demo(crate::cli::demo::DemoArgs),
+    /// Load generator (point it at any deployment) and reconciler benchmark.
+    Bench(crate::cli::bench::BenchArgs),
 }
 
 #[derive(Debug, Clone, Args)]

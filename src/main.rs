@@ -62,5 +62,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Ops(args) => volume_reconciler::cli::ops::run(args).await,
         Command::Demo(args) => volume_reconciler::cli::demo::run(args).await,
+        Command::Bench(args) => volume_reconciler::cli::bench::run(args).await,
     }
 }

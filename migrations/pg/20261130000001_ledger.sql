@@ -66,15 +66,7 @@ CREATE TABLE operation_events (
 );
 CREATE INDEX operation_events_by_operation ON operation_events (operation_id, id);
 
--- A wake-up hint for watchers (WatchOperation, waiting replays): the table
--- stays the source of truth, listeners re-read it.
-CREATE FUNCTION operations_notify() RETURNS trigger AS $$
-BEGIN
-    PERFORM pg_notify('volume_reconciler_operations', NEW.id::text);
-    RETURN NULL;
-END;
-$$ LANGUAGE plpgsql;
-
-CREATE TRIGGER operations_notify_change
-    AFTER INSERT OR UPDATE OF state, attempts, drifted ON operations
-    FOR EACH ROW EXECUTE FUNCTION operations_notify();
+-- Change notifications (LISTEN/NOTIFY on 'volume_reconciler_operations')
+-- are sent by the store, one per committed batch with every changed id, not
+-- by a trigger: PostgreSQL serializes the commits of notifying transactions,
+-- and a per-row trigger would serialize every write.

@@ -151,6 +151,7 @@ fn router(state: AppState) -> Router {
         .route("/identity/v3/auth/tokens", post(issue_token))
         .route("/sim/faults", post(add_fault).delete(clear_faults))
         .route("/sim/truth", get(truth))
+        .route("/sim/attachments", post(seed_attachments))
         .route("/sim/config", get(get_config).put(put_config))
         .route("/sim/servers/{server_id}/lock", post(lock).delete(unlock))
         .route(
@@ -663,6 +664,23 @@ async fn add_fault(
     axum::Json(rule): axum::Json<FaultRule>,
 ) -> StatusCode {
     st.sim.add_fault(rule);
+    StatusCode::NO_CONTENT
+}
+
+#[derive(serde::Deserialize)]
+struct Seed {
+    server_id: Uuid,
+    volume_id: Uuid,
+}
+
+/// Puts attachments in place as if made long ago (benchmarks, set-ups).
+async fn seed_attachments(
+    State(st): State<AppState>,
+    axum::Json(seeds): axum::Json<Vec<Seed>>,
+) -> StatusCode {
+    for s in seeds {
+        st.sim.seed_attachment(s.server_id, s.volume_id);
+    }
     StatusCode::NO_CONTENT
 }
 

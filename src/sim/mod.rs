@@ -163,9 +163,79 @@ pub struct Truth {
     pub rolled_back: u64,
 }
 
+/// Attachments indexed by volume and by server, so a simulator holding
+/// hundreds of thousands (benchmarks) answers in constant time.
+#[derive(Default)]
+struct Attachments {
+    by_volume: HashMap<Uuid, Vec<SimAttachment>>,
+    by_server: HashMap<Uuid, Vec<Uuid>>,
+}
+
+impl Attachments {
+    fn push(&mut self, a: SimAttachment) {
+        self.by_server
+            .entry(a.server_id)
+            .or_default()
+            .push(a.volume_id);
+        self.by_volume.entry(a.volume_id).or_default().push(a);
+    }
+
+    fn holders(&self, volume: Uuid) -> Vec<Uuid> {
+        self.by_volume
+            .get(&volume)
+            .map(|v| v.iter().map(|a| a.server_id).collect())
+            .unwrap_or_default()
+    }
+
+    fn find(&self, server: Uuid, volume: Uuid) -> Option<&SimAttachment> {
+        self.by_volume
+            .get(&volume)?
+            .iter()
+            .find(|a| a.server_id == server)
+    }
+
+    fn find_mut(&mut self, server: Uuid, volume: Uuid) -> Option<&mut SimAttachment> {
+        self.by_volume
+            .get_mut(&volume)?
+            .iter_mut()
+            .find(|a| a.server_id == server)
+    }
+
+    /// Removes one attachment by its id; true when it was there.
+    fn remove(&mut self, volume: Uuid, attachment_id: Uuid) -> bool {
+        let Some(list) = self.by_volume.get_mut(&volume) else {
+            return false;
+        };
+        let Some(pos) = list.iter().position(|a| a.attachment_id == attachment_id) else {
+            return false;
+        };
+        let a = list.remove(pos);
+        if list.is_empty() {
+            self.by_volume.remove(&volume);
+        }
+        if let Some(vols) = self.by_server.get_mut(&a.server_id)
+            && let Some(i) = vols.iter().position(|v| *v == volume)
+        {
+            vols.remove(i);
+        }
+        true
+    }
+
+    fn of_server(&self, server: Uuid) -> Vec<&SimAttachment> {
+        self.by_server
+            .get(&server)
+            .map(|vols| vols.iter().filter_map(|v| self.find(server, *v)).collect())
+            .unwrap_or_default()
+    }
+
+    fn all(&self) -> Vec<SimAttachment> {
+        self.by_volume.values().flatten().cloned().collect()
+    }
+}
+
 #[derive(Default)]
 struct World {
-    attachments: Vec<SimAttachment>,
+    attachments: Attachments,
     removed_servers: HashSet<Uuid>,
     removed_volumes: HashSet<Uuid>,
     locked_servers: HashSet<Uuid>,
@@ -298,15 +368,12 @@ impl Sim {
     pub fn truth(&self) -> Truth {
         let w = self.world();
         let mut t = w.truth.clone();
-        t.attachments = w.attachments.clone();
+        t.attachments = w.attachments.all();
         t
     }
 
     pub fn is_attached(&self, server: Uuid, volume: Uuid) -> bool {
-        self.world()
-            .attachments
-            .iter()
-            .any(|a| a.server_id == server && a.volume_id == volume)
+        self.world().attachments.find(server, volume).is_some()
     }
 
     pub fn attach_effects(&self, volume: Uuid) -> u32 {
@@ -425,12 +492,7 @@ impl Sim {
         if w.removed_volumes.contains(&volume) {
             return fault(404, format!("Volume {volume} could not be found."));
         }
-        let holders: Vec<Uuid> = w
-            .attachments
-            .iter()
-            .filter(|a| a.volume_id == volume)
-            .map(|a| a.server_id)
-            .collect();
+        let holders: Vec<Uuid> = w.attachments.holders(volume);
         if !holders.is_empty() {
             if !w.multiattach.contains(&volume) {
                 let list = holders
@@ -488,10 +550,7 @@ impl Sim {
         let cfg = self.config();
         let mut w = self.world();
         let volume = att.volume_id;
-        if w.attachments
-            .iter()
-            .any(|a| a.volume_id == volume && a.server_id == att.server_id)
-        {
+        if w.attachments.find(att.server_id, volume).is_some() {
             return;
         }
         w.attachments.push(att.clone());
@@ -503,10 +562,7 @@ impl Sim {
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 let mut w = sim.world();
-                let before = w.attachments.len();
-                w.attachments
-                    .retain(|a| a.attachment_id != att.attachment_id);
-                if w.attachments.len() < before {
+                if w.attachments.remove(att.volume_id, att.attachment_id) {
                     w.truth.rolled_back += 1;
                 }
             });
@@ -522,10 +578,10 @@ impl Sim {
         if w.removed_volumes.contains(&volume) {
             return fault(404, format!("Volume {volume} could not be found."));
         }
-        let Some(pos) = w
+        let Some((id, detaching)) = w
             .attachments
-            .iter()
-            .position(|a| a.server_id == server && a.volume_id == volume)
+            .find(server, volume)
+            .map(|a| (a.attachment_id, a.detaching))
         else {
             return fault(
                 404,
@@ -535,7 +591,7 @@ impl Sim {
         if w.locked_servers.contains(&server) {
             return fault(409, format!("Instance {server} is locked"));
         }
-        if w.attachments[pos].detaching {
+        if detaching {
             return fault(
                 400,
                 "Invalid volume: Invalid input received: Invalid volume: Unable to detach volume. Volume status must be 'in-use' and attach_status must be 'attached' to detach. (HTTP 400)".into(),
@@ -545,16 +601,17 @@ impl Sim {
             return Answer::Accepted;
         }
         *w.truth.detach_effects.entry(volume).or_default() += 1;
-        let id = w.attachments[pos].attachment_id;
         if cfg.detach_delay_ms == 0 {
-            w.attachments.remove(pos);
+            w.attachments.remove(volume, id);
         } else {
-            w.attachments[pos].detaching = true;
+            if let Some(a) = w.attachments.find_mut(server, volume) {
+                a.detaching = true;
+            }
             let sim = self.clone();
             let delay = Duration::from_millis(cfg.detach_delay_ms);
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                sim.world().attachments.retain(|a| a.attachment_id != id);
+                sim.world().attachments.remove(volume, id);
             });
         }
         Answer::Accepted
@@ -568,8 +625,8 @@ impl Sim {
         }
         let items: Vec<_> = w
             .attachments
-            .iter()
-            .filter(|a| a.server_id == server)
+            .of_server(server)
+            .into_iter()
             .map(|a| list_view(a, mv))
             .collect();
         Answer::Ok(serde_json::json!({ "volumeAttachments": items }))
@@ -580,11 +637,7 @@ impl Sim {
         if let Some(a) = Self::check_server(&w, server) {
             return a;
         }
-        match w
-            .attachments
-            .iter()
-            .find(|a| a.server_id == server && a.volume_id == volume)
-        {
+        match w.attachments.find(server, volume) {
             Some(a) => Answer::Ok(serde_json::json!({ "volumeAttachment": list_view(a, mv) })),
             None => fault(
                 404,

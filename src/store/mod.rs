@@ -7,6 +7,7 @@
 //! epoch it was taken under: a zero-row update is a lost race, handled on
 //! purpose by the caller.
 
+mod pg_batch;
 pub mod postgres;
 pub mod sqlite;
 

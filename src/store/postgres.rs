@@ -8,8 +8,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Row, postgres::PgDatabaseError};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -26,9 +26,9 @@ use crate::domain::{
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/pg");
 
-const NOTIFY_CHANNEL: &str = "volume_reconciler_operations";
+pub(super) const NOTIFY_CHANNEL: &str = "volume_reconciler_operations";
 
-const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
+pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
     request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
     completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes";
 
@@ -44,6 +44,7 @@ pub struct PgStore {
     pool: PgPool,
     changes: broadcast::Sender<Uuid>,
     stop: CancellationToken,
+    writer: super::pg_batch::Writer,
 }
 
 impl PgStore {
@@ -68,10 +69,14 @@ impl PgStore {
         let (changes, _) = broadcast::channel(4096);
         let stop = CancellationToken::new();
         spawn_listener(pool.clone(), changes.clone(), stop.clone()).await?;
+        // A few writers, so one batch forms while another commits.
+        let writers = (settings.max_connections / 4).clamp(1, 4) as usize;
+        let writer = super::pg_batch::Writer::start(pool.clone(), writers, stop.clone());
         Ok(Self {
             pool,
             changes,
             stop,
+            writer,
         })
     }
 
@@ -153,7 +158,7 @@ fn json_err(id: &str, what: &str, e: serde_json::Error) -> StoreError {
     }
 }
 
-fn row_to_operation(row: &PgRow) -> Result<Operation, StoreError> {
+pub(super) fn row_to_operation(row: &PgRow) -> Result<Operation, StoreError> {
     let get_err = |e: sqlx::Error| StoreError::Corrupt {
         id: "?".into(),
         reason: e.to_string(),
@@ -208,7 +213,7 @@ fn row_to_operation(row: &PgRow) -> Result<Operation, StoreError> {
     })
 }
 
-fn events_json(events: &[NewEvent]) -> serde_json::Value {
+pub(super) fn events_json(events: &[NewEvent]) -> serde_json::Value {
     serde_json::Value::Array(
         events
             .iter()
@@ -223,19 +228,10 @@ fn events_json(events: &[NewEvent]) -> serde_json::Value {
     )
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+pub(super) fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
     // Serializing our own plain structs cannot fail (no maps with non-string
     // keys, no custom serializers).
     serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
-}
-
-fn constraint_of(e: &sqlx::Error) -> Option<String> {
-    match e {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<PgDatabaseError>()
-            .and_then(|pg| pg.constraint().map(str::to_string)),
-        _ => None,
-    }
 }
 
 #[async_trait]
@@ -246,82 +242,54 @@ impl Store for PgStore {
         deadline: Instant,
     ) -> Result<CreateOutcome, StoreError> {
         within(deadline, "recording the operation", async {
-            let sql = format!(
-                "WITH ins AS (
-                    INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
-                        volume_id, request, attempts, deadline_at, last_request_at, lease_owner,
-                        lease_expires_at, caller)
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-                        CASE WHEN $9 > 0 THEN now() END, $11, $12, $13)
-                    ON CONFLICT (idempotency_key) DO NOTHING
-                    RETURNING *
-                 ), ev AS (
-                    INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
-                    SELECT ins.id, e.kind, e.detail, e.metadata, $14
-                    FROM ins, jsonb_to_recordset($15::jsonb) AS e(kind text, detail text, metadata jsonb)
-                 )
-                 SELECT {COLUMNS} FROM ins"
-            );
             // A volume-busy conflict can race with the busy operation
             // finishing; a few tries settle it either way.
             for _ in 0..3 {
-                let result = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                    .bind(new.id)
+                let written = self
+                    .writer
+                    .submit(
+                        super::pg_batch::Payload::Create(Box::new(new.clone())),
+                        deadline,
+                    )
+                    .await?;
+                if let Some(op) = written {
+                    return Ok(CreateOutcome::Created(op));
+                }
+                // Nothing inserted: the key exists, or the volume is busy.
+                let sql = format!(
+                    "SELECT {COLUMNS}, fingerprint FROM operations WHERE idempotency_key = $1"
+                );
+                let row = sqlx::query(sqlx::AssertSqlSafe(sql))
                     .bind(&new.idempotency_key)
-                    .bind(&new.fingerprint)
-                    .bind(new.action.as_str())
-                    .bind(new.state.as_str())
-                    .bind(new.server_id)
-                    .bind(new.volume_id)
-                    .bind(to_json(&new.params))
-                    .bind(new.attempts)
-                    .bind(new.deadline_at)
-                    .bind(&new.lease_owner)
-                    .bind(new.lease_expires_at)
-                    .bind(&new.caller)
-                    .bind(&new.replica)
-                    .bind(events_json(&new.events))
                     .fetch_optional(&self.pool)
-                    .await;
-                match result {
-                    Ok(Some(row)) => return Ok(CreateOutcome::Created(row_to_operation(&row)?)),
-                    Ok(None) => {
-                        let existing = self
-                            .operation_get_by_key(&new.idempotency_key)
-                            .await?
-                            .ok_or_else(|| StoreError::Corrupt {
-                                id: new.idempotency_key.clone(),
-                                reason: "key conflicted but no row holds it".into(),
-                            })?;
-                        let fingerprint: String = sqlx::query_scalar(
-                            "SELECT fingerprint FROM operations WHERE id = $1",
-                        )
-                        .bind(existing.id)
-                        .fetch_one(&self.pool)
-                        .await
+                    .await
+                    .map_err(StoreError::db("reading an operation by key"))?;
+                if let Some(row) = row {
+                    let fingerprint: String = row
+                        .try_get("fingerprint")
                         .map_err(StoreError::db("reading a key's fingerprint"))?;
-                        if fingerprint == new.fingerprint {
-                            return Ok(CreateOutcome::Existing(existing));
-                        }
-                        return Err(StoreError::KeyReused {
+                    let existing = row_to_operation(&row)?;
+                    return if fingerprint == new.fingerprint {
+                        Ok(CreateOutcome::Existing(existing))
+                    } else {
+                        Err(StoreError::KeyReused {
                             key: new.idempotency_key.clone(),
                             existing: Box::new(existing),
-                        });
-                    }
-                    Err(e) if constraint_of(&e).as_deref() == Some("operations_one_open_per_volume") => {
-                        if let Some(operation_id) = self.open_operation_for_volume(new.volume_id).await? {
-                            return Err(StoreError::VolumeBusy {
-                                volume_id: new.volume_id,
-                                operation_id,
-                            });
-                        }
-                    }
-                    Err(e) => return Err(StoreError::Database { what: "recording the operation", source: e }),
+                        })
+                    };
+                }
+                if let Some(operation_id) = self.open_operation_for_volume(new.volume_id).await? {
+                    return Err(StoreError::VolumeBusy {
+                        volume_id: new.volume_id,
+                        operation_id,
+                    });
                 }
             }
             Err(StoreError::Database {
                 what: "recording the operation",
-                source: sqlx::Error::Protocol("volume stayed busy and free in turns; giving up after 3 tries".into()),
+                source: sqlx::Error::Protocol(
+                    "volume stayed busy and free in turns; giving up after 3 tries".into(),
+                ),
             })
         })
         .await
@@ -429,51 +397,12 @@ impl Store for PgStore {
         t: Transition,
         deadline: Instant,
     ) -> Result<Option<Operation>, StoreError> {
-        within(deadline, "recording a state change", async {
-            let sql = format!(
-                "WITH upd AS (
-                    UPDATE operations SET
-                        state = $3,
-                        resolution = $4,
-                        attachment = COALESCE($5, attachment),
-                        attempts = attempts + $6,
-                        last_error = CASE WHEN $7 THEN $8 ELSE last_error END,
-                        last_request_at = CASE WHEN $9 THEN now() ELSE last_request_at END,
-                        completed_at = CASE WHEN $3 IN ('succeeded', 'failed') THEN now() END,
-                        lease_owner = CASE WHEN $10 THEN NULL ELSE lease_owner END,
-                        lease_expires_at = CASE WHEN $10 THEN NULL ELSE lease_expires_at END,
-                        next_attempt_at = $11,
-                        verify_at = $12,
-                        updated_at = now()
-                    WHERE id = $1 AND lease_epoch = $2 AND state NOT IN ('succeeded', 'failed')
-                    RETURNING *
-                 ), ev AS (
-                    INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
-                    SELECT upd.id, e.kind, e.detail, e.metadata, $13
-                    FROM upd, jsonb_to_recordset($14::jsonb) AS e(kind text, detail text, metadata jsonb)
-                 )
-                 SELECT {COLUMNS} FROM upd"
-            );
-            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(t.id)
-                .bind(t.lease_epoch)
-                .bind(t.state.as_str())
-                .bind(t.resolution.map(|r| r.as_str()))
-                .bind(t.attachment.as_ref().map(to_json))
-                .bind(i32::from(t.add_attempt))
-                .bind(t.last_error.is_some())
-                .bind(t.last_error.as_ref().and_then(|e| e.as_ref().map(to_json)))
-                .bind(t.request_sent)
-                .bind(t.release_lease)
-                .bind(t.next_attempt_at)
-                .bind(t.verify_at)
-                .bind(&t.replica)
-                .bind(events_json(&t.events))
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(StoreError::db("recording a state change"))?;
-            row.as_ref().map(row_to_operation).transpose()
-        })
+        within(
+            deadline,
+            "recording a state change",
+            self.writer
+                .submit(super::pg_batch::Payload::Transition(Box::new(t)), deadline),
+        )
         .await
     }
 
@@ -627,6 +556,12 @@ impl Store for PgStore {
         .execute(&mut *tx)
         .await
         .map_err(StoreError::db("marking drift"))?;
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(NOTIFY_CHANNEL)
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::db("marking drift"))?;
         tx.commit().await.map_err(StoreError::db("marking drift"))
     }
 
@@ -656,8 +591,9 @@ impl Store for PgStore {
                        jsonb_build_object('state', $2::text, 'caller', COALESCE($5, '')), $4
                 FROM upd
              )
-             SELECT {COLUMNS} FROM upd",
-            kind = event::OPERATOR_RESOLVED
+             SELECT {COLUMNS}, pg_notify('{channel}', id::text) FROM upd",
+            kind = event::OPERATOR_RESOLVED,
+            channel = NOTIFY_CHANNEL
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)

@@ -1,0 +1,421 @@
+//! Group commit at the application level for PostgreSQL: the durable writes
+//! of concurrent operations (intent rows and decisions) are queued to a few
+//! writer tasks, each of which runs whatever is waiting as one transaction
+//! — one WAL flush and one NOTIFY (carrying every changed id) per batch
+//! instead of one per operation.
+//!
+//! The rule "an operation's intent is durable before its request leaves"
+//! holds: a caller gets its row only after the batch that wrote it has
+//! committed. A statement error aborts its batch; the batch is then re-run
+//! one job per transaction, so one bad job never fails the others.
+
+use std::sync::Arc;
+
+use sqlx::postgres::{PgPool, PgRow};
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::postgres::{COLUMNS, NOTIFY_CHANNEL, row_to_operation, to_json};
+use super::{NewOperation, StoreError, Transition};
+use crate::domain::Operation;
+
+pub(super) enum Payload {
+    Create(Box<NewOperation>),
+    Transition(Box<Transition>),
+}
+
+type Reply = oneshot::Sender<Result<Option<Operation>, StoreError>>;
+
+pub(super) struct Job {
+    pub payload: Payload,
+    pub deadline: Instant,
+    pub reply: Reply,
+}
+
+#[derive(Clone)]
+pub(super) struct Writer {
+    tx: mpsc::Sender<Job>,
+}
+
+/// Largest batch: bounds a transaction's length and the NOTIFY payload.
+const MAX_BATCH: usize = 128;
+
+impl Writer {
+    pub fn start(pool: PgPool, writers: usize, stop: CancellationToken) -> Self {
+        let (tx, rx) = mpsc::channel(4096);
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..writers.max(1) {
+            tokio::spawn(writer_loop(pool.clone(), rx.clone(), stop.clone()));
+        }
+        Self { tx }
+    }
+
+    /// Queues a write and waits for its committed result.
+    pub async fn submit(
+        &self,
+        payload: Payload,
+        deadline: Instant,
+    ) -> Result<Option<Operation>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job {
+                payload,
+                deadline,
+                reply,
+            })
+            .await
+            .map_err(|_| StoreError::Database {
+                what: "queueing a write",
+                source: sqlx::Error::PoolClosed,
+            })?;
+        rx.await.map_err(|_| StoreError::Database {
+            what: "awaiting a write",
+            source: sqlx::Error::PoolClosed,
+        })?
+    }
+}
+
+async fn writer_loop(pool: PgPool, rx: Arc<Mutex<mpsc::Receiver<Job>>>, stop: CancellationToken) {
+    loop {
+        let jobs = {
+            let mut rx = rx.lock().await;
+            let first = tokio::select! {
+                _ = stop.cancelled() => return,
+                j = rx.recv() => match j { Some(j) => j, None => return },
+            };
+            let mut jobs = vec![first];
+            while jobs.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(j) => jobs.push(j),
+                    Err(_) => break,
+                }
+            }
+            jobs
+        };
+        run_batch(&pool, jobs).await;
+    }
+}
+
+async fn run_batch(pool: &PgPool, jobs: Vec<Job>) {
+    // A write whose caller's deadline already passed is not made: the
+    // caller is told so, and nothing is recorded behind its back.
+    let now = Instant::now();
+    let (live, expired): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.deadline > now);
+    for j in expired {
+        // The caller may have stopped waiting; that is fine.
+        drop(j.reply.send(Err(StoreError::DeadlineExceeded {
+            what: "waiting for the group commit",
+        })));
+    }
+    if live.is_empty() {
+        return;
+    }
+    let (payloads, replies): (Vec<Payload>, Vec<Reply>) =
+        live.into_iter().map(|j| (j.payload, j.reply)).unzip();
+    match try_batch(pool, &payloads).await {
+        Ok(results) => {
+            for (reply, r) in replies.into_iter().zip(results) {
+                drop(reply.send(r));
+            }
+        }
+        Err(e) if payloads.len() == 1 => {
+            for reply in replies {
+                drop(reply.send(Err(StoreError::Database {
+                    what: "writing to the ledger",
+                    source: e,
+                })));
+                break;
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, jobs = payloads.len(), "batch failed; writing its jobs one by one");
+            for (payload, reply) in payloads.into_iter().zip(replies) {
+                let one = [payload];
+                let r = match try_batch(pool, &one).await {
+                    Ok(mut v) => v.pop().unwrap_or(Ok(None)),
+                    Err(e) => Err(StoreError::Database {
+                        what: "writing to the ledger",
+                        source: e,
+                    }),
+                };
+                drop(reply.send(r));
+            }
+        }
+    }
+}
+
+/// Intent rows of a batch, inserted by one statement; a row that hits a
+/// unique constraint (key replayed, volume busy) is skipped and reported as
+/// `None` (its caller looks up why). Events keep their order.
+const CREATE_MANY: &str = "WITH ins AS (
+        INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
+            request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller)
+        SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
+            u.deadline_at, CASE WHEN u.attempts > 0 THEN now() END, u.lease_owner, u.lease_expires_at, u.caller
+        FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::uuid[],
+                    $8::jsonb[], $9::int4[], $10::timestamptz[], $11::text[], $12::timestamptz[], $13::text[])
+             AS u(id, key, fp, action, state, server_id, volume_id, request, attempts, deadline_at,
+                  lease_owner, lease_expires_at, caller)
+        ON CONFLICT DO NOTHING
+        RETURNING *
+     ), ev AS (
+        INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
+        SELECT e.operation_id, e.kind, e.detail, e.metadata, e.replica
+        FROM unnest($14::uuid[], $15::text[], $16::text[], $17::jsonb[], $18::text[])
+             WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, ord)
+        JOIN ins ON ins.id = e.operation_id
+        ORDER BY e.ord
+     )
+     SELECT __COLUMNS__ FROM ins";
+
+/// Decisions of a batch, by one statement, each fenced by its epoch.
+const TRANSITION_MANY: &str = "WITH u AS (
+        SELECT * FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::jsonb[], $6::int4[],
+                             $7::bool[], $8::jsonb[], $9::bool[], $10::bool[], $11::timestamptz[], $12::timestamptz[])
+             AS u(id, epoch, state, resolution, attachment, add_attempt, set_error, last_error,
+                  request_sent, release, next_attempt_at, verify_at)
+     ), upd AS (
+        UPDATE operations o SET
+            state = u.state,
+            resolution = u.resolution,
+            attachment = COALESCE(u.attachment, o.attachment),
+            attempts = o.attempts + u.add_attempt,
+            last_error = CASE WHEN u.set_error THEN u.last_error ELSE o.last_error END,
+            last_request_at = CASE WHEN u.request_sent THEN now() ELSE o.last_request_at END,
+            completed_at = CASE WHEN u.state IN ('succeeded', 'failed') THEN now() END,
+            lease_owner = CASE WHEN u.release THEN NULL ELSE o.lease_owner END,
+            lease_expires_at = CASE WHEN u.release THEN NULL ELSE o.lease_expires_at END,
+            next_attempt_at = u.next_attempt_at,
+            verify_at = u.verify_at,
+            updated_at = now()
+        FROM u
+        WHERE o.id = u.id AND o.lease_epoch = u.epoch AND o.state NOT IN ('succeeded', 'failed')
+        RETURNING o.*
+     ), ev AS (
+        INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
+        SELECT e.operation_id, e.kind, e.detail, e.metadata, e.replica
+        FROM unnest($13::uuid[], $14::text[], $15::text[], $16::jsonb[], $17::text[])
+             WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, ord)
+        JOIN upd ON upd.id = e.operation_id
+        ORDER BY e.ord
+     )
+     SELECT __COLUMNS__ FROM upd";
+
+#[derive(Default)]
+struct EventCols {
+    op: Vec<Uuid>,
+    kind: Vec<String>,
+    detail: Vec<String>,
+    metadata: Vec<serde_json::Value>,
+    replica: Vec<String>,
+}
+
+impl EventCols {
+    fn push(&mut self, id: Uuid, replica: &str, events: &[crate::domain::NewEvent]) {
+        for e in events {
+            self.op.push(id);
+            self.kind.push(e.kind.to_string());
+            self.detail.push(e.detail.clone());
+            self.metadata.push(to_json(&e.metadata));
+            self.replica.push(replica.to_string());
+        }
+    }
+}
+
+async fn create_many(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    news: &[&NewOperation],
+) -> Result<Vec<PgRow>, sqlx::Error> {
+    let mut ev = EventCols::default();
+    for n in news {
+        ev.push(n.id, &n.replica, &n.events);
+    }
+    sqlx::query(sqlx::AssertSqlSafe(
+        CREATE_MANY.replace("__COLUMNS__", COLUMNS),
+    ))
+    .bind(news.iter().map(|n| n.id).collect::<Vec<_>>())
+    .bind(
+        news.iter()
+            .map(|n| n.idempotency_key.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        news.iter()
+            .map(|n| n.fingerprint.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        news.iter()
+            .map(|n| n.action.as_str().to_string())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        news.iter()
+            .map(|n| n.state.as_str().to_string())
+            .collect::<Vec<_>>(),
+    )
+    .bind(news.iter().map(|n| n.server_id).collect::<Vec<_>>())
+    .bind(news.iter().map(|n| n.volume_id).collect::<Vec<_>>())
+    .bind(news.iter().map(|n| to_json(&n.params)).collect::<Vec<_>>())
+    .bind(news.iter().map(|n| n.attempts).collect::<Vec<_>>())
+    .bind(news.iter().map(|n| n.deadline_at).collect::<Vec<_>>())
+    .bind(
+        news.iter()
+            .map(|n| n.lease_owner.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(news.iter().map(|n| n.lease_expires_at).collect::<Vec<_>>())
+    .bind(news.iter().map(|n| n.caller.clone()).collect::<Vec<_>>())
+    .bind(ev.op)
+    .bind(ev.kind)
+    .bind(ev.detail)
+    .bind(ev.metadata)
+    .bind(ev.replica)
+    .fetch_all(&mut **tx)
+    .await
+}
+
+async fn transition_many(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    ts: &[&Transition],
+) -> Result<Vec<PgRow>, sqlx::Error> {
+    let mut ev = EventCols::default();
+    for t in ts {
+        ev.push(t.id, &t.replica, &t.events);
+    }
+    sqlx::query(sqlx::AssertSqlSafe(
+        TRANSITION_MANY.replace("__COLUMNS__", COLUMNS),
+    ))
+    .bind(ts.iter().map(|t| t.id).collect::<Vec<_>>())
+    .bind(ts.iter().map(|t| t.lease_epoch).collect::<Vec<_>>())
+    .bind(
+        ts.iter()
+            .map(|t| t.state.as_str().to_string())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ts.iter()
+            .map(|t| t.resolution.map(|r| r.as_str().to_string()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ts.iter()
+            .map(|t| t.attachment.as_ref().map(to_json))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ts.iter()
+            .map(|t| i32::from(t.add_attempt))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ts.iter()
+            .map(|t| t.last_error.is_some())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ts.iter()
+            .map(|t| t.last_error.as_ref().and_then(|e| e.as_ref().map(to_json)))
+            .collect::<Vec<_>>(),
+    )
+    .bind(ts.iter().map(|t| t.request_sent).collect::<Vec<_>>())
+    .bind(ts.iter().map(|t| t.release_lease).collect::<Vec<_>>())
+    .bind(ts.iter().map(|t| t.next_attempt_at).collect::<Vec<_>>())
+    .bind(ts.iter().map(|t| t.verify_at).collect::<Vec<_>>())
+    .bind(ev.op)
+    .bind(ev.kind)
+    .bind(ev.detail)
+    .bind(ev.metadata)
+    .bind(ev.replica)
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Runs the payloads in one transaction; `Err` when the transaction failed
+/// as a whole (then nothing of it was written).
+async fn try_batch(
+    pool: &PgPool,
+    payloads: &[Payload],
+) -> Result<Vec<Result<Option<Operation>, StoreError>>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let mut by_id: std::collections::HashMap<Uuid, Result<Operation, StoreError>> =
+        std::collections::HashMap::new();
+    let creates: Vec<&NewOperation> = payloads
+        .iter()
+        .filter_map(|p| match p {
+            Payload::Create(n) => Some(n.as_ref()),
+            Payload::Transition(_) => None,
+        })
+        .collect();
+    if !creates.is_empty() {
+        for row in create_many(&mut tx, &creates).await? {
+            let op = row_to_operation(&row);
+            if let Ok(o) = &op {
+                by_id.insert(o.id, op);
+            }
+        }
+    }
+    // One statement per round; an operation appearing twice (never in
+    // practice: one flow per operation at a time) waits for the next round.
+    let mut pending: Vec<(usize, &Transition)> = payloads
+        .iter()
+        .filter_map(|p| match p {
+            Payload::Transition(t) => Some(t.as_ref()),
+            Payload::Create(_) => None,
+        })
+        .enumerate()
+        .collect();
+    let mut transition_results: Vec<(usize, Result<Option<Operation>, StoreError>)> = Vec::new();
+    while !pending.is_empty() {
+        let mut seen = std::collections::HashSet::new();
+        let (round, rest): (Vec<(usize, &Transition)>, Vec<(usize, &Transition)>) =
+            pending.into_iter().partition(|(_, t)| seen.insert(t.id));
+        let ts: Vec<&Transition> = round.iter().map(|(_, t)| *t).collect();
+        let rows = transition_many(&mut tx, &ts).await?;
+        let mut updated: std::collections::HashMap<Uuid, Result<Operation, StoreError>> =
+            std::collections::HashMap::new();
+        for row in rows {
+            let op = row_to_operation(&row);
+            if let Ok(o) = &op {
+                updated.insert(o.id, op);
+            }
+        }
+        for (i, t) in round {
+            let r = updated.remove(&t.id).transpose();
+            transition_results.push((i, r));
+        }
+        pending = rest;
+    }
+    transition_results.sort_by_key(|(i, _)| *i);
+    let mut transition_results = transition_results.into_iter().map(|(_, r)| r);
+    let mut results = Vec::with_capacity(payloads.len());
+    let mut changed: Vec<Uuid> = Vec::new();
+    for p in payloads {
+        let r = match p {
+            Payload::Create(n) => by_id.remove(&n.id).transpose(),
+            Payload::Transition(_) => transition_results.next().unwrap_or(Ok(None)),
+        };
+        if let Ok(Some(op)) = &r {
+            changed.push(op.id);
+        }
+        results.push(r);
+    }
+    // One wake-up for the whole batch (NOTIFY serializes committing
+    // transactions in PostgreSQL, so one per batch, not one per row).
+    for chunk in changed.chunks(200) {
+        let ids = chunk
+            .iter()
+            .map(Uuid::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(NOTIFY_CHANNEL)
+            .bind(ids)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(results)
+}
