@@ -304,7 +304,7 @@ impl Executor {
                 if op.state.is_terminal() || op.state == State::Unknown {
                     return Ok(op);
                 }
-                self.wait_settled(op.id, budget.answer_by).await
+                Box::pin(self.wait_settled(op.id, budget.answer_by)).await
             }
         }
     }
@@ -372,16 +372,17 @@ impl Executor {
     /// Drives a run to a decision and records it. `first_sent`: the first
     /// request's intent is already recorded (attempt counted).
     pub(crate) async fn drive(self: &Arc<Self>, mut run: Run, first_sent: bool) -> Operation {
+        // Boxed: a task waiting inside one flow holds only that flow's state.
         let decision = match run.op.action {
-            Action::Attach => self.attach_flow(&mut run, first_sent).await,
-            Action::Detach => self.detach_flow(&mut run, first_sent).await,
+            Action::Attach => Box::pin(self.attach_flow(&mut run, first_sent)).await,
+            Action::Detach => Box::pin(self.detach_flow(&mut run, first_sent)).await,
         };
         let decision = match decision {
             Ok(d) => d,
             // Fenced out: another replica or an operator decided meanwhile.
             Err(Fenced(current)) => return current,
         };
-        self.record(&mut run, decision).await
+        Box::pin(self.record(&mut run, decision)).await
     }
 
     /// Writes a decision (terminal or unknown) with the pending events.
@@ -608,11 +609,11 @@ impl Executor {
         loop {
             let now = Instant::now();
             if !self.policy.can_send_again(&run.budget, now) {
-                return Ok(self.out_of_budget(run, None).await);
+                return Ok(Box::pin(self.out_of_budget(run, None)).await);
             }
             let outbound = self.policy.outbound(&run.budget, now);
             if need_record {
-                self.record_attempt(run, outbound).await?;
+                Box::pin(self.record_attempt(run, outbound)).await?;
             }
             need_record = true;
             self.metrics
@@ -649,7 +650,7 @@ impl Executor {
                         )
                         .with("http_status", 202),
                     );
-                    return Ok(match self.observe_until(run, true, run.observe_by()).await {
+                    return Ok(match Box::pin(self.observe_until(run, true, run.observe_by())).await {
                         Some(Seen::Attached(a)) => {
                             Decision::succeeded(Resolution::Reobserved, Some(a), "attached (observed after 202)")
                         }
@@ -668,7 +669,7 @@ impl Executor {
                     match e.kind.clone() {
                         NovaErrorKind::Rejected(Rejection::AlreadyAttached { servers }) => {
                             // Maybe ours (a retry of an attach that took effect).
-                            match self.observe(run, run.observe_by()).await {
+                            match Box::pin(self.observe(run, run.observe_by())).await {
                                 Ok(Seen::Attached(a)) => {
                                     self.metrics.responses_recovered.inc();
                                     return Ok(Decision::succeeded(
@@ -697,10 +698,14 @@ impl Executor {
                                     }
                                     // Not listed anywhere we can see: a rollback
                                     // raced us; try again if time allows.
-                                    if self.backoff(run, "already-attached but not listed").await {
+                                    if Box::pin(
+                                        self.backoff(run, "already-attached but not listed"),
+                                    )
+                                    .await
+                                    {
                                         continue;
                                     }
-                                    return Ok(self.out_of_budget(run, Some(&e)).await);
+                                    return Ok(Box::pin(self.out_of_budget(run, Some(&e))).await);
                                 }
                                 Err(_) => {
                                     return Ok(Decision::unknown(self.unknown_error(
@@ -718,23 +723,25 @@ impl Executor {
                             {
                                 continue;
                             }
-                            return Ok(self.definitive_failure(run, &e, "NOVA_CONFLICT").await);
+                            return Ok(
+                                Box::pin(self.definitive_failure(run, &e, "NOVA_CONFLICT")).await
+                            );
                         }
                         NovaErrorKind::ConnectFailed | NovaErrorKind::AuthFailed => {
-                            if self.backoff(run, "the request was never sent").await {
+                            if Box::pin(self.backoff(run, "the request was never sent")).await {
                                 continue;
                             }
-                            return Ok(self.definitive_failure(run, &e, e.reason()).await);
+                            return Ok(Box::pin(self.definitive_failure(run, &e, e.reason())).await);
                         }
                         NovaErrorKind::DeadlineExceeded if !e.may_have_reached_nova => {
-                            return Ok(self.definitive_failure(run, &e, e.reason()).await);
+                            return Ok(Box::pin(self.definitive_failure(run, &e, e.reason())).await);
                         }
                         NovaErrorKind::Rejected(_) if !e.outcome_unknown() => {
-                            return Ok(self.definitive_failure(run, &e, e.reason()).await);
+                            return Ok(Box::pin(self.definitive_failure(run, &e, e.reason())).await);
                         }
                         _ => {
                             // Outcome unknown: look before deciding anything.
-                            match self.observe(run, run.observe_by()).await {
+                            match Box::pin(self.observe(run, run.observe_by())).await {
                                 Ok(Seen::Attached(a)) => {
                                     self.metrics.responses_recovered.inc();
                                     return Ok(Decision::succeeded(
@@ -747,7 +754,11 @@ impl Executor {
                                     // It may still be in flight inside Nova: a
                                     // retry's duplicate is caught as "already
                                     // attached" and re-observed.
-                                    if self.backoff(run, "outcome unknown and not observed").await {
+                                    if Box::pin(
+                                        self.backoff(run, "outcome unknown and not observed"),
+                                    )
+                                    .await
+                                    {
                                         continue;
                                     }
                                     return Ok(Decision::unknown(self.unknown_error(
@@ -780,11 +791,11 @@ impl Executor {
         loop {
             let now = Instant::now();
             if !self.policy.can_send_again(&run.budget, now) {
-                return Ok(self.out_of_budget(run, None).await);
+                return Ok(Box::pin(self.out_of_budget(run, None)).await);
             }
             let outbound = self.policy.outbound(&run.budget, now);
             if need_record {
-                self.record_attempt(run, outbound).await?;
+                Box::pin(self.record_attempt(run, outbound)).await?;
             }
             need_record = true;
             self.metrics
@@ -830,21 +841,23 @@ impl Executor {
                             {
                                 continue;
                             }
-                            return Ok(self.definitive_failure(run, &e, "NOVA_CONFLICT").await);
+                            return Ok(
+                                Box::pin(self.definitive_failure(run, &e, "NOVA_CONFLICT")).await
+                            );
                         }
                         NovaErrorKind::ConnectFailed | NovaErrorKind::AuthFailed => {
-                            if self.backoff(run, "the request was never sent").await {
+                            if Box::pin(self.backoff(run, "the request was never sent")).await {
                                 continue;
                             }
-                            return Ok(self.definitive_failure(run, &e, e.reason()).await);
+                            return Ok(Box::pin(self.definitive_failure(run, &e, e.reason())).await);
                         }
                         NovaErrorKind::DeadlineExceeded if !e.may_have_reached_nova => {
-                            return Ok(self.definitive_failure(run, &e, e.reason()).await);
+                            return Ok(Box::pin(self.definitive_failure(run, &e, e.reason())).await);
                         }
                         NovaErrorKind::Rejected(_) if !e.outcome_unknown() => {
-                            return Ok(self.definitive_failure(run, &e, e.reason()).await);
+                            return Ok(Box::pin(self.definitive_failure(run, &e, e.reason())).await);
                         }
-                        _ => match self.observe(run, run.observe_by()).await {
+                        _ => match Box::pin(self.observe(run, run.observe_by())).await {
                             Ok(Seen::Absent) => {
                                 self.metrics.responses_recovered.inc();
                                 return Ok(Decision::succeeded(
@@ -861,7 +874,10 @@ impl Executor {
                                     .budget
                                     .send_by
                                     .min(Instant::now() + Duration::from_secs(2));
-                                if self.observe_until(run, false, watch_until).await.is_some() {
+                                if Box::pin(self.observe_until(run, false, watch_until))
+                                    .await
+                                    .is_some()
+                                {
                                     self.metrics.responses_recovered.inc();
                                     return Ok(Decision::succeeded(
                                         Resolution::Reobserved,
@@ -893,7 +909,7 @@ impl Executor {
                 }
             };
             if watch_gone {
-                return Ok(match self.observe_until(run, false, run.observe_by()).await {
+                return Ok(match Box::pin(self.observe_until(run, false, run.observe_by())).await {
                     Some(_) => Decision::succeeded(Resolution::Reobserved, None, "detached (observed gone)"),
                     None => Decision::unknown(self.unknown_error(
                         run,
@@ -1022,4 +1038,108 @@ fn request_sent_event(action: Action, attempt: i32, outbound: Instant, now: Inst
         "outbound_deadline_ms",
         outbound.saturating_duration_since(now).as_millis(),
     )
+}
+
+#[cfg(test)]
+mod size_probe {
+    //! Tens of thousands of these futures wait at once (10k attaches in
+    //! flight behind the per-host cap): keep them small. Cold paths are
+    //! boxed so a waiting future holds only what it is waiting on.
+    #[tokio::test]
+    async fn futures_that_wait_in_large_numbers_stay_small() {
+        use super::*;
+        let nova = Arc::new(crate::nova::NovaClient::new(
+            crate::nova::NovaConfig::default(),
+        ));
+        let params = RequestParams::default();
+        let f = nova.attach(Uuid::nil(), Uuid::nil(), &params, Instant::now());
+        assert!(
+            std::mem::size_of_val(&f) <= 1024,
+            "nova.attach: {}",
+            std::mem::size_of_val(&f)
+        );
+        drop(f);
+        let f = nova.list(Uuid::nil(), Instant::now());
+        assert!(
+            std::mem::size_of_val(&f) <= 1024,
+            "nova.list: {}",
+            std::mem::size_of_val(&f)
+        );
+        drop(f);
+        let store: Arc<dyn Store> = Arc::new(
+            crate::store::SqliteStore::connect("sqlite::memory:")
+                .await
+                .unwrap(),
+        );
+        let exec = Executor::new(
+            store,
+            nova,
+            BudgetPolicy::default(),
+            "r".into(),
+            ExecSettings::default(),
+            Arc::new(Metrics::new()),
+        );
+        let req = OpRequest {
+            action: Action::Attach,
+            idempotency_key: "k".into(),
+            server_id: Uuid::nil(),
+            volume_id: Uuid::nil(),
+            params,
+            caller: None,
+        };
+        let f = exec.submit(req.clone(), Deadline::none());
+        assert!(
+            std::mem::size_of_val(&f) <= 2560,
+            "submit: {}",
+            std::mem::size_of_val(&f)
+        );
+        drop(f);
+        let op = Operation {
+            id: Uuid::nil(),
+            idempotency_key: "k".into(),
+            action: Action::Attach,
+            state: State::InProgress,
+            resolution: None,
+            server_id: Uuid::nil(),
+            volume_id: Uuid::nil(),
+            params: RequestParams::default(),
+            attachment: None,
+            attempts: 1,
+            last_error: None,
+            deadline_at: Utc::now(),
+            last_request_at: None,
+            created_at: Utc::now(),
+            updated_at: Utc::now(),
+            completed_at: None,
+            lease_owner: None,
+            lease_expires_at: None,
+            lease_epoch: 1,
+            caller: None,
+            drifted: false,
+            passes: 0,
+        };
+        let budget = BudgetPolicy::default()
+            .plan(Instant::now(), Instant::now() + Duration::from_secs(10))
+            .unwrap();
+        let f = exec.drive(Run::new(op, budget, false), true);
+        assert!(
+            std::mem::size_of_val(&f) <= 2048,
+            "drive: {}",
+            std::mem::size_of_val(&f)
+        );
+        drop(f);
+        let api = crate::grpc::Api {
+            exec: exec.clone(),
+            reconciler: crate::reconciler::Reconciler::new(exec.clone(), Default::default()),
+            metrics: Arc::new(Metrics::new()),
+            watch_idle: Duration::from_secs(1),
+        };
+        use crate::grpc::pb::volume_reconciler_server::VolumeReconciler;
+        let f = api.attach_volume(tonic::Request::new(Default::default()));
+        eprintln!(
+            "attach_volume handler future: {} bytes",
+            std::mem::size_of_val(&f)
+        );
+        drop(f);
+    }
 }

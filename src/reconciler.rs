@@ -110,6 +110,18 @@ impl RateLimiter {
     }
 }
 
+/// What listing a server's attachments gave.
+type Observation = Result<Vec<crate::nova::NovaAttachment>, crate::nova::NovaError>;
+
+fn group_by_server(ops: Vec<Operation>) -> Vec<(Uuid, Vec<Operation>)> {
+    let mut groups: std::collections::HashMap<Uuid, Vec<Operation>> =
+        std::collections::HashMap::new();
+    for op in ops {
+        groups.entry(op.server_id).or_default().push(op);
+    }
+    groups.into_iter().collect()
+}
+
 /// The outcome class of one pass, for counts and metrics.
 enum PassResult {
     Decided(State),
@@ -173,14 +185,24 @@ impl Reconciler {
             claimed: claimed.len(),
             ..Default::default()
         };
-        let results: Vec<PassResult> = futures_util::stream::iter(claimed)
-            .map(|op| {
+        // One observation per server per round, shared by its operations.
+        let results: Vec<PassResult> = futures_util::stream::iter(group_by_server(claimed))
+            .map(|(server, ops)| {
                 let this = self.clone();
-                async move { this.pass(op).await }
+                async move {
+                    let seen = this.observe_server(server).await;
+                    futures_util::future::join_all(
+                        ops.into_iter().map(|op| this.pass_with(op, &seen)),
+                    )
+                    .await
+                }
             })
             .buffer_unordered(self.settings.parallelism.max(1))
-            .collect()
-            .await;
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
         for r in results {
             match r {
                 PassResult::Decided(State::Succeeded) => counts.succeeded += 1,
@@ -191,14 +213,23 @@ impl Reconciler {
         let due = store
             .operation_claim_verification(self.settings.batch)
             .await?;
-        let verified: Vec<bool> = futures_util::stream::iter(due)
-            .map(|op| {
+        let verified: Vec<bool> = futures_util::stream::iter(group_by_server(due))
+            .map(|(server, ops)| {
                 let this = self.clone();
-                async move { this.verify(op).await }
+                async move {
+                    let seen = this.observe_server(server).await;
+                    futures_util::future::join_all(
+                        ops.into_iter().map(|op| this.verify_with(op, &seen)),
+                    )
+                    .await
+                }
             })
             .buffer_unordered(self.settings.parallelism.max(1))
-            .collect()
-            .await;
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
         counts.verified = verified.len();
         counts.drifted = verified.iter().filter(|d| **d).count();
         Ok(counts)
@@ -267,26 +298,36 @@ impl Reconciler {
         PassResult::Deferred
     }
 
-    #[tracing::instrument(name = "reconcile operation", skip_all, fields(operation_id = %op.id, action = op.action.as_str()))]
-    async fn pass(self: &Arc<Self>, op: Operation) -> PassResult {
-        self.exec.metrics.reconciler_passes.inc();
-        let now = Instant::now();
+    /// Lists a server's attachments under the global rate limit.
+    async fn observe_server(&self, server: Uuid) -> Observation {
         self.limiter.acquire().await;
-        let until = now + self.settings.observe_timeout;
         let started = Instant::now();
-        let listed = self
-            .exec
-            .nova
-            .list(
-                op.server_id,
-                until.max(Instant::now() + Duration::from_millis(100)),
-            )
-            .await;
+        let until = started + self.settings.observe_timeout;
+        let listed = self.exec.nova.list(server, until).await;
+        match &listed {
+            Ok(_) => self
+                .exec
+                .metrics
+                .nova("list", "ok", started.elapsed().as_secs_f64()),
+            Err(e) => self
+                .exec
+                .metrics
+                .nova("list", e.kind.as_str(), e.elapsed.as_secs_f64()),
+        }
+        listed
+    }
+
+    async fn pass(self: &Arc<Self>, op: Operation) -> PassResult {
+        let seen = self.observe_server(op.server_id).await;
+        self.pass_with(op, &seen).await
+    }
+
+    #[tracing::instrument(name = "reconcile operation", skip_all, fields(operation_id = %op.id, action = op.action.as_str()))]
+    async fn pass_with(self: &Arc<Self>, op: Operation, listed: &Observation) -> PassResult {
+        self.exec.metrics.reconciler_passes.inc();
+        let until = Instant::now() + self.settings.observe_timeout;
         let present = match listed {
             Ok(items) => {
-                self.exec
-                    .metrics
-                    .nova("list", "ok", started.elapsed().as_secs_f64());
                 let v = op.volume_id.to_string();
                 items
                     .iter()
@@ -295,9 +336,6 @@ impl Reconciler {
                     .ok_or(())
             }
             Err(e) => {
-                self.exec
-                    .metrics
-                    .nova("list", e.kind.as_str(), e.elapsed.as_secs_f64());
                 let next =
                     Utc::now() + chrono::Duration::from_std(self.backoff(&op)).unwrap_or_default();
                 let state = if op.state == State::Pending {
@@ -417,13 +455,16 @@ impl Reconciler {
 
     /// Re-observes a decided operation; true when it drifted.
     async fn verify(&self, op: Operation) -> bool {
+        let seen = self.observe_server(op.server_id).await;
+        self.verify_with(op, &seen).await
+    }
+
+    async fn verify_with(&self, op: Operation, listed: &Observation) -> bool {
         let window = chrono::Duration::from_std(self.settings.verify_window).unwrap_or_default();
         if op.completed_at.is_some_and(|c| c + window < Utc::now()) {
             return false;
         }
-        self.limiter.acquire().await;
-        let until = Instant::now() + self.settings.observe_timeout;
-        let present = match self.exec.nova.list(op.server_id, until).await {
+        let present = match listed {
             Ok(items) => items
                 .iter()
                 .any(|a| a.volume_id == op.volume_id.to_string()),

@@ -375,12 +375,15 @@ async fn reconcile_bench(args: ReconcileBenchArgs) -> anyhow::Result<()> {
         .trim_end_matches('/')
         .trim_end_matches("/v2.1")
         .to_string();
-    // Seed: N unknown operations, half of them attached in Nova.
-    let server = Uuid::new_v4();
+    // Seed: N unknown operations over servers holding ten each (a realistic
+    // disk count), half of them attached in Nova.
+    let servers: Vec<Uuid> = (0..args.count.div_ceil(10))
+        .map(|_| Uuid::new_v4())
+        .collect();
     let mut seeded = Vec::new();
     let seed_started = Instant::now();
     for i in 0..args.count {
-        let v = Uuid::new_v4();
+        let (server, v) = (servers[i / 10], Uuid::new_v4());
         if i % 2 == 0 {
             seeded.push(serde_json::json!({"server_id": server, "volume_id": v}));
         }

@@ -212,12 +212,14 @@ pub struct OperationEvent {
     pub replica: String,
 }
 
-/// An event about to be written.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// An event about to be written. Its metadata is a small list (a later
+/// entry with the same key wins): thousands of operations in flight each
+/// carry a few, so the representation is kept lean.
+#[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
     pub kind: &'static str,
     pub detail: String,
-    pub metadata: BTreeMap<String, String>,
+    pub metadata: Vec<(String, String)>,
 }
 
 impl NewEvent {
@@ -225,20 +227,31 @@ impl NewEvent {
         Self {
             kind,
             detail: detail.into(),
-            metadata: BTreeMap::new(),
+            metadata: Vec::new(),
         }
     }
 
     pub fn with(mut self, key: &str, value: impl ToString) -> Self {
-        self.metadata.insert(key.to_string(), value.to_string());
+        self.metadata.retain(|(k, _)| k != key);
+        self.metadata.push((key.to_string(), value.to_string()));
         self
     }
 
     pub fn with_all(mut self, extra: &BTreeMap<String, String>) -> Self {
         for (k, v) in extra {
-            self.metadata.insert(k.clone(), v.clone());
+            self = self.with(k, v);
         }
         self
+    }
+
+    /// The metadata as a JSON object, for the ledger.
+    pub fn metadata_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(
+            self.metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect(),
+        )
     }
 }
 

@@ -368,6 +368,35 @@ impl NovaClient {
                     ));
                 }
             };
+        // Only the slot wait is inline: a request queued behind the cap keeps
+        // a small future; the send's state is allocated once it may run.
+        Box::pin(self.send_loop(method, method_str, path, body, deadline, started, budget)).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn send_loop<B: serde::Serialize>(
+        &self,
+        method: Method,
+        method_str: &'static str,
+        path: &str,
+        body: Option<&B>,
+        deadline: Instant,
+        started: Instant,
+        budget: Duration,
+    ) -> Result<(String, RawResponse), NovaError> {
+        let err = |kind, stage, url: &str, may: bool, cause: String| NovaError {
+            kind,
+            stage,
+            method: method_str,
+            url: url.to_string(),
+            status: None,
+            nova_fault: None,
+            nova_message: None,
+            elapsed: started.elapsed(),
+            budget,
+            may_have_reached_nova: may,
+            cause,
+        };
         let mut replayed = false;
         loop {
             let (base, token) = match self.base_and_token(deadline).await {

@@ -121,12 +121,11 @@ async fn run_batch(pool: &PgPool, jobs: Vec<Job>) {
             }
         }
         Err(e) if payloads.len() == 1 => {
-            for reply in replies {
+            if let Some(reply) = replies.into_iter().next() {
                 drop(reply.send(Err(StoreError::Database {
                     what: "writing to the ledger",
                     source: e,
                 })));
-                break;
             }
         }
         Err(e) => {
@@ -218,7 +217,7 @@ impl EventCols {
             self.op.push(id);
             self.kind.push(e.kind.to_string());
             self.detail.push(e.detail.clone());
-            self.metadata.push(to_json(&e.metadata));
+            self.metadata.push(e.metadata_json());
             self.replica.push(replica.to_string());
         }
     }
@@ -370,7 +369,8 @@ async fn try_batch(
     let mut transition_results: Vec<(usize, Result<Option<Operation>, StoreError>)> = Vec::new();
     while !pending.is_empty() {
         let mut seen = std::collections::HashSet::new();
-        let (round, rest): (Vec<(usize, &Transition)>, Vec<(usize, &Transition)>) =
+        type Indexed<'a> = Vec<(usize, &'a Transition)>;
+        let (round, rest): (Indexed, Indexed) =
             pending.into_iter().partition(|(_, t)| seen.insert(t.id));
         let ts: Vec<&Transition> = round.iter().map(|(_, t)| *t).collect();
         let rows = transition_many(&mut tx, &ts).await?;

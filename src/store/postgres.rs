@@ -99,6 +99,43 @@ impl PgStore {
         &self.pool
     }
 
+    /// Why an intent row was not inserted: its key exists (same request:
+    /// join it; other request: refused), or its volume is busy. `None`: the
+    /// conflict is gone (the busy operation finished); try again.
+    async fn why_not_inserted(
+        &self,
+        new: &NewOperation,
+    ) -> Result<Option<Result<CreateOutcome, StoreError>>, StoreError> {
+        let sql =
+            format!("SELECT {COLUMNS}, fingerprint FROM operations WHERE idempotency_key = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&new.idempotency_key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(StoreError::db("reading an operation by key"))?;
+        if let Some(row) = row {
+            let fingerprint: String = row
+                .try_get("fingerprint")
+                .map_err(StoreError::db("reading a key's fingerprint"))?;
+            let existing = row_to_operation(&row)?;
+            return Ok(Some(if fingerprint == new.fingerprint {
+                Ok(CreateOutcome::Existing(existing))
+            } else {
+                Err(StoreError::KeyReused {
+                    key: new.idempotency_key.clone(),
+                    existing: Box::new(existing),
+                })
+            }));
+        }
+        if let Some(operation_id) = self.open_operation_for_volume(new.volume_id).await? {
+            return Ok(Some(Err(StoreError::VolumeBusy {
+                volume_id: new.volume_id,
+                operation_id,
+            })));
+        }
+        Ok(None)
+    }
+
     async fn open_operation_for_volume(&self, volume_id: Uuid) -> Result<Option<Uuid>, StoreError> {
         sqlx::query_scalar(
             "SELECT id FROM operations WHERE volume_id = $1 AND state NOT IN ('succeeded', 'failed')",
@@ -221,7 +258,7 @@ pub(super) fn events_json(events: &[NewEvent]) -> serde_json::Value {
                 serde_json::json!({
                     "kind": e.kind,
                     "detail": e.detail,
-                    "metadata": e.metadata,
+                    "metadata": e.metadata_json(),
                 })
             })
             .collect(),
@@ -256,33 +293,9 @@ impl Store for PgStore {
                     return Ok(CreateOutcome::Created(op));
                 }
                 // Nothing inserted: the key exists, or the volume is busy.
-                let sql = format!(
-                    "SELECT {COLUMNS}, fingerprint FROM operations WHERE idempotency_key = $1"
-                );
-                let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .bind(&new.idempotency_key)
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(StoreError::db("reading an operation by key"))?;
-                if let Some(row) = row {
-                    let fingerprint: String = row
-                        .try_get("fingerprint")
-                        .map_err(StoreError::db("reading a key's fingerprint"))?;
-                    let existing = row_to_operation(&row)?;
-                    return if fingerprint == new.fingerprint {
-                        Ok(CreateOutcome::Existing(existing))
-                    } else {
-                        Err(StoreError::KeyReused {
-                            key: new.idempotency_key.clone(),
-                            existing: Box::new(existing),
-                        })
-                    };
-                }
-                if let Some(operation_id) = self.open_operation_for_volume(new.volume_id).await? {
-                    return Err(StoreError::VolumeBusy {
-                        volume_id: new.volume_id,
-                        operation_id,
-                    });
+                // (A cold path, boxed so the common future stays small.)
+                if let Some(found) = Box::pin(self.why_not_inserted(&new)).await? {
+                    return found;
                 }
             }
             Err(StoreError::Database {

@@ -169,7 +169,7 @@ impl SqliteStore {
                 .bind(now_us())
                 .bind(e.kind)
                 .bind(&e.detail)
-                .bind(to_json(&e.metadata))
+                .bind(e.metadata_json().to_string())
                 .bind(replica)
                 .execute(&mut **tx)
                 .await
