@@ -55,6 +55,10 @@ pub struct Cli {
         default_value = "info"
     )]
     pub log: String,
+    /// A TOML file of `serve` settings (keys are flag names); flags and
+    /// environment variables override it.
+    #[arg(long, global = true, env = "VOLUME_RECONCILER_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -73,6 +77,24 @@ pub enum Command {
     Demo(crate::cli::demo::DemoArgs),
     /// Load generator (point it at any deployment) and reconciler benchmark.
     Bench(crate::cli::bench::BenchArgs),
+    /// The effective configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Exit 0 when the admin endpoint answers ready (container health checks).
+    Healthcheck(HealthcheckArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print every `serve` setting with its value and source (flag, env,
+    /// file, default), secrets masked. Takes the same flags as `serve`.
+    Show(Box<ServeArgs>),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HealthcheckArgs {
+    #[arg(long, default_value = "http://127.0.0.1:9090/readyz")]
+    pub url: String,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -251,6 +273,43 @@ pub struct ServeArgs {
     #[arg(long, env = "VOLUME_RECONCILER_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024)]
     pub max_message_bytes: usize,
 
+    /// TLS certificate (PEM) of the gRPC port; with --tls-key, TLS is on.
+    #[arg(long, env = "VOLUME_RECONCILER_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    #[arg(long, env = "VOLUME_RECONCILER_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// CA (PEM) that client certificates must be signed by (mutual TLS).
+    #[arg(long, env = "VOLUME_RECONCILER_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+    /// Bound of a TLS handshake with a client (connection setup only).
+    #[arg(long, env = "VOLUME_RECONCILER_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = "5s")]
+    pub tls_handshake_timeout: Duration,
+    /// Callers allowed in, as NAME:ROLE:SHA256HEX entries (comma separated;
+    /// ROLE is orchestrator or operator; the hash is `sha256sum` of the
+    /// token). When set, every RPC but health needs `authorization: Bearer`.
+    #[arg(long, env = "VOLUME_RECONCILER_AUTH_TOKENS", hide_env_values = true)]
+    pub auth_tokens: Option<String>,
+    /// Attach/detach calls in flight at most; beyond, RESOURCE_EXHAUSTED at once.
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_MAX_INFLIGHT_MUTATIONS",
+        default_value_t = 16384
+    )]
+    pub max_inflight_mutations: usize,
+    /// Attach/detach calls per second per caller (token bucket; 0: off).
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_CALLER_RATE_LIMIT",
+        default_value_t = 0.0
+    )]
+    pub caller_rate_limit: f64,
+    /// Burst of the per-caller token bucket.
+    #[arg(long, env = "VOLUME_RECONCILER_CALLER_BURST", default_value_t = 100.0)]
+    pub caller_burst: f64,
+    /// Largest request metadata (HTTP/2 header list) accepted.
+    #[arg(long, env = "VOLUME_RECONCILER_MAX_METADATA_BYTES", default_value_t = 16 * 1024)]
+    pub max_metadata_bytes: u32,
+
     #[command(flatten)]
     pub openstack: OpenStackArgs,
 }
@@ -258,6 +317,11 @@ pub struct ServeArgs {
 /// The standard OpenStack variables, for Keystone mode.
 #[derive(Debug, Clone, Args)]
 pub struct OpenStackArgs {
+    /// A cloud of clouds.yaml (OS_CLIENT_CONFIG_FILE, ./clouds.yaml,
+    /// ~/.config/openstack/clouds.yaml, /etc/openstack/clouds.yaml); the
+    /// OS_* settings below override its values.
+    #[arg(long, env = "OS_CLOUD")]
+    pub os_cloud: Option<String>,
     #[arg(long, env = "OS_AUTH_URL")]
     pub os_auth_url: Option<String>,
     #[arg(long, env = "OS_USERNAME")]
@@ -343,7 +407,7 @@ impl ServeArgs {
         let endpoint = match &self.nova_url {
             Some(url) => NovaEndpoint::Direct(url.clone()),
             None => {
-                let o = &self.openstack;
+                let o = &self.openstack.resolved()?;
                 let missing: Vec<&str> = [
                     ("OS_AUTH_URL", o.os_auth_url.is_none()),
                     ("OS_USERNAME", o.os_username.is_none()),
@@ -381,5 +445,97 @@ impl ServeArgs {
             connect_timeout: self.nova_connect_timeout,
             tls_handshake_timeout: self.nova_tls_handshake_timeout,
         })
+    }
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct CloudsFile {
+    #[serde(default)]
+    clouds: std::collections::BTreeMap<String, CloudEntry>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct CloudEntry {
+    #[serde(default)]
+    auth: CloudAuth,
+    region_name: Option<String>,
+    interface: Option<String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct CloudAuth {
+    auth_url: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+    project_name: Option<String>,
+    user_domain_name: Option<String>,
+    project_domain_name: Option<String>,
+}
+
+/// Where openstacksdk looks for clouds.yaml, in order.
+fn clouds_yaml_paths() -> Vec<std::path::PathBuf> {
+    let mut v = Vec::new();
+    if let Some(p) = std::env::var_os("OS_CLIENT_CONFIG_FILE") {
+        v.push(std::path::PathBuf::from(p));
+    }
+    v.push("clouds.yaml".into());
+    if let Some(home) = std::env::var_os("HOME") {
+        v.push(std::path::PathBuf::from(home).join(".config/openstack/clouds.yaml"));
+    }
+    v.push("/etc/openstack/clouds.yaml".into());
+    v
+}
+
+impl OpenStackArgs {
+    /// Fills what the OS_* settings leave open from `OS_CLOUD`'s entry.
+    pub fn resolved(&self) -> anyhow::Result<OpenStackArgs> {
+        let mut o = self.clone();
+        let Some(cloud) = &self.os_cloud else {
+            return Ok(o);
+        };
+        let path = clouds_yaml_paths()
+            .into_iter()
+            .find(|p| p.exists())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "OS_CLOUD={cloud}, but no clouds.yaml was found (looked in {:?})",
+                    clouds_yaml_paths()
+                )
+            })?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        let file: CloudsFile =
+            serde_yaml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let entry = file.clouds.get(cloud).ok_or_else(|| {
+            anyhow::anyhow!(
+                "cloud {cloud:?} is not in {} (it has: {:?})",
+                path.display(),
+                file.clouds.keys().collect::<Vec<_>>()
+            )
+        })?;
+        let a = &entry.auth;
+        o.os_auth_url = o.os_auth_url.or_else(|| a.auth_url.clone());
+        o.os_username = o.os_username.or_else(|| a.username.clone());
+        o.os_password = o.os_password.or_else(|| a.password.clone());
+        o.os_project_name = o.os_project_name.or_else(|| a.project_name.clone());
+        o.os_region_name = o.os_region_name.or_else(|| entry.region_name.clone());
+        // The two domains and the interface have defaults; the file only
+        // replaces a default, never an explicit setting.
+        if o.os_user_domain_name == "Default"
+            && let Some(d) = &a.user_domain_name
+        {
+            o.os_user_domain_name = d.clone();
+        }
+        if o.os_project_domain_name == "Default"
+            && let Some(d) = &a.project_domain_name
+        {
+            o.os_project_domain_name = d.clone();
+        }
+        if o.os_interface == "public"
+            && let Some(i) = &entry.interface
+        {
+            o.os_interface = i.clone();
+        }
+        Ok(o)
     }
 }

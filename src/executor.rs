@@ -269,6 +269,7 @@ impl Executor {
                     .with("idempotency_key", &req.idempotency_key)
                     .with("caller_deadline_ms", deadline.remaining().as_millis())
                     .with("deadline_from_caller", deadline.from_caller)
+                    .with("caller", req.caller.as_deref().unwrap_or("-"))
                     .with(
                         "answer_by_ms",
                         budget.answer_by.saturating_duration_since(now).as_millis(),

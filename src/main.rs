@@ -1,10 +1,16 @@
 //! Thin: parse the command line, set up logging, run one command.
 
-use clap::Parser;
-use volume_reconciler::config::{Cli, Command};
+use volume_reconciler::config::Command;
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let (cli, from_file, matches) = volume_reconciler::cli::settings::parse();
+    if let Command::Config(_) = &cli.command {
+        print!(
+            "{}",
+            volume_reconciler::cli::settings::show(&matches, &from_file)
+        );
+        return std::process::ExitCode::SUCCESS;
+    }
     volume_reconciler::telemetry::init(cli.log_format, &cli.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -63,5 +69,22 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Ops(args) => volume_reconciler::cli::ops::run(args).await,
         Command::Demo(args) => volume_reconciler::cli::demo::run(args).await,
         Command::Bench(args) => volume_reconciler::cli::bench::run(args).await,
+        Command::Config(_) => Ok(()),
+        Command::Healthcheck(args) => {
+            nova::client::install_crypto_provider();
+            let resp = reqwest::Client::new()
+                .get(&args.url)
+                .timeout(std::time::Duration::from_secs(3))
+                .send()
+                .await
+                .map_err(|e| anyhow::anyhow!("GET {}: {e}", args.url))?;
+            anyhow::ensure!(
+                resp.status().is_success(),
+                "GET {}: HTTP {}",
+                args.url,
+                resp.status()
+            );
+            Ok(())
+        }
     }
 }

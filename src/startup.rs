@@ -39,6 +39,8 @@ pub struct Application {
     pub exec: Arc<Executor>,
     pub reconciler: Arc<Reconciler>,
     pub metrics: Arc<Metrics>,
+    /// The TLS configuration, when TLS is on (reloadable).
+    pub tls: Option<Arc<crate::tls::Reloadable>>,
     ready: Arc<AtomicBool>,
 }
 
@@ -73,7 +75,16 @@ impl Application {
             metrics.clone(),
         );
         let reconciler = Reconciler::new(exec.clone(), cfg.reconciler_settings());
+        let tls = match (&cfg.tls_cert, &cfg.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::tls::Reloadable::new(crate::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: cfg.tls_client_ca.clone(),
+            })?),
+            _ => None,
+        };
         Ok(Self {
+            tls,
             cfg,
             grpc_listener,
             admin_listener,
@@ -108,6 +119,7 @@ impl Application {
             exec,
             reconciler,
             metrics,
+            tls,
             ready,
         } = self;
         let replica = exec.replica.clone();
@@ -172,25 +184,54 @@ impl Application {
             // 0.14.9 the grace drops connections without a GOAWAY.
             builder = builder.max_connection_age(age);
         }
+        let tokens = crate::grpc::auth::TokenSet::parse(cfg.auth_tokens.as_deref().unwrap_or(""))
+            .map_err(|e| anyhow::anyhow!("--auth-tokens: {e}"))?;
+        if tokens.is_empty() && cfg.tls_client_ca.is_none() {
+            tracing::warn!(
+                "no caller authentication configured (--auth-tokens, --tls-client-ca): anyone who reaches the gRPC port can attach volumes"
+            );
+        }
+        builder = builder.http2_max_header_list_size(Some(cfg.max_metadata_bytes));
         let router = builder
             .layer(DeadlineLayer::new(
                 cfg.default_deadline,
                 cfg.budget_policy(),
                 metrics.clone(),
             ))
+            .layer(crate::grpc::auth::AuthLayer::new(tokens))
+            .layer(crate::grpc::overload::OverloadLayer::new(
+                cfg.max_inflight_mutations,
+                cfg.caller_rate_limit,
+                cfg.caller_burst,
+            ))
+            .layer(crate::grpc::overload::MessageLimitLayer {
+                limit: cfg.max_message_bytes,
+            })
             .add_service(health_svc)
             .add_service(reflection)
             .add_service(service);
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
         let drain_signal = drain.clone();
-        let mut server = tokio::spawn(async move {
-            router
-                .serve_with_incoming_shutdown(
-                    incoming,
-                    async move { drain_signal.cancelled().await },
-                )
-                .await
-        });
+        let shutdown_signal = async move { drain_signal.cancelled().await };
+        let mut server = match &tls {
+            Some(tls) => {
+                tls.watch(admin_stop.clone());
+                let incoming =
+                    crate::tls::incoming(grpc_listener, tls.clone(), cfg.tls_handshake_timeout);
+                tokio::spawn(async move {
+                    router
+                        .serve_with_incoming_shutdown(incoming, shutdown_signal)
+                        .await
+                })
+            }
+            None => {
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
+                tokio::spawn(async move {
+                    router
+                        .serve_with_incoming_shutdown(incoming, shutdown_signal)
+                        .await
+                })
+            }
+        };
         ready.store(true, Ordering::SeqCst);
         tracing::info!(replica = %replica, "serving");
 

@@ -42,6 +42,20 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Time the reconciler resolving N unknown operations (half attached in Nova).
     Reconcile(ReconcileBenchArgs),
+    /// The Nova adapter's own cost per call: adapter vs a bare HTTP call to
+    /// the same simulator, alternating rounds.
+    Adapter(AdapterBenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AdapterBenchArgs {
+    /// Calls per round and side.
+    #[arg(long, default_value_t = 5000)]
+    pub calls: usize,
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -134,6 +148,7 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         Some(BenchCommand::Reconcile(r)) => reconcile_bench(r).await,
+        Some(BenchCommand::Adapter(a)) => adapter_bench(a).await,
         None => load(args.load).await,
     }
 }
@@ -477,5 +492,93 @@ async fn reconcile_bench(args: ReconcileBenchArgs) -> anyhow::Result<()> {
         "only {decided} of {} decided",
         args.count
     );
+    Ok(())
+}
+
+/// Median and p99 of one round, in microseconds.
+fn med_p99(mut v: Vec<u32>) -> (f64, f64) {
+    v.sort_unstable();
+    let at = |p: f64| f64::from(v[((v.len() as f64 - 1.0) * p).round() as usize]);
+    (at(0.5), at(0.99))
+}
+
+async fn adapter_bench(args: AdapterBenchArgs) -> anyhow::Result<()> {
+    crate::nova::client::install_crypto_provider();
+    let sim = crate::sim::start("127.0.0.1:0".parse()?, crate::sim::SimConfig::default()).await?;
+    let server = Uuid::new_v4();
+    for _ in 0..4 {
+        sim.sim.seed_attachment(server, Uuid::new_v4());
+    }
+    let adapter = crate::nova::NovaClient::new(crate::nova::NovaConfig {
+        endpoint: crate::nova::NovaEndpoint::Direct(sim.nova_url.clone()),
+        ..Default::default()
+    });
+    // The bare call: the same GET with the same client settings, the body
+    // read and parsed into the same types, without the adapter around it.
+    let raw = crate::nova::build_http_client(adapter.config(), false);
+    let url = format!("{}/servers/{server}/os-volume_attachments", sim.nova_url);
+    let mut rounds = Vec::new();
+    for round in 0..args.rounds {
+        let mut a = Vec::with_capacity(args.calls);
+        let mut b = Vec::with_capacity(args.calls);
+        for _ in 0..args.calls {
+            let t = Instant::now();
+            let items = adapter
+                .list(server, Instant::now() + Duration::from_secs(10))
+                .await?;
+            a.push(t.elapsed().as_micros() as u32);
+            anyhow::ensure!(items.len() == 4);
+            let t = Instant::now();
+            let r = raw
+                .get(&url)
+                .header("X-OpenStack-Nova-API-Version", "2.89")
+                .send()
+                .await?
+                .bytes()
+                .await?;
+            let parsed: crate::nova::types::AttachmentList = serde_json::from_slice(&r)?;
+            b.push(t.elapsed().as_micros() as u32);
+            anyhow::ensure!(parsed.volume_attachments.len() == 4);
+        }
+        let (am, ap) = med_p99(a);
+        let (bm, bp) = med_p99(b);
+        rounds.push(serde_json::json!({"round": round + 1, "adapter_p50_us": am, "adapter_p99_us": ap,
+            "bare_p50_us": bm, "bare_p99_us": bp, "overhead_p50_us": am - bm, "overhead_p99_us": ap - bp}));
+    }
+    sim.stop().await;
+    let field = |k: &str| -> Vec<f64> {
+        rounds
+            .iter()
+            .map(|r| r[k].as_f64().unwrap_or(0.0))
+            .collect()
+    };
+    let median = |mut v: Vec<f64>| -> (f64, f64, f64) {
+        v.sort_by(|x, y| x.total_cmp(y));
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let summary = serde_json::json!({
+        "calls_per_round": args.calls, "rounds": rounds,
+        "overhead_p50_us": median(field("overhead_p50_us")).0,
+        "overhead_p99_us": median(field("overhead_p99_us")).0,
+    });
+    match args.output {
+        Output::Json => println!("{summary}"),
+        Output::Table => {
+            for k in [
+                "adapter_p50_us",
+                "bare_p50_us",
+                "overhead_p50_us",
+                "adapter_p99_us",
+                "bare_p99_us",
+                "overhead_p99_us",
+            ] {
+                let (m, lo, hi) = median(field(k));
+                println!(
+                    "{k:<18} median {m:>7.1} µs  (range {lo:.1}–{hi:.1} over {} rounds of {} calls)",
+                    args.rounds, args.calls
+                );
+            }
+        }
+    }
     Ok(())
 }

@@ -3,3 +3,4 @@
 pub mod bench;
 pub mod demo;
 pub mod ops;
+pub mod settings;

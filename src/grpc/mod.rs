@@ -2,8 +2,10 @@
 //! its conversions and the mapping of errors to `Status`. Requests are
 //! parsed into domain types here (rule 1).
 
+pub mod auth;
 pub mod convert;
 pub mod deadline;
+pub mod overload;
 pub mod status;
 
 use std::pin::Pin;
@@ -54,6 +56,13 @@ fn deadline_of<T>(req: &Request<T>) -> Deadline {
         .unwrap_or_else(Deadline::none)
 }
 
+/// The authenticated caller's name, when auth is on.
+fn caller_of<T>(req: &Request<T>) -> Option<String> {
+    req.extensions()
+        .get::<auth::Caller>()
+        .map(|c| c.name.clone())
+}
+
 fn op_id(field: &'static str, value: &str) -> Result<Uuid, Status> {
     parse_uuid(field, value).map_err(status::invalid)
 }
@@ -102,6 +111,7 @@ impl VolumeReconciler for Api {
         request: Request<pb::AttachVolumeRequest>,
     ) -> Result<Response<pb::Operation>, Status> {
         let deadline = deadline_of(&request);
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let parsed = (|| {
             let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
@@ -119,7 +129,7 @@ impl VolumeReconciler for Api {
                     tag: tag.map(|t| t.as_str().to_string()),
                     delete_on_termination: r.delete_on_termination,
                 },
-                caller: None,
+                caller: caller.clone(),
             })
         })();
         let result = match parsed {
@@ -134,6 +144,7 @@ impl VolumeReconciler for Api {
         request: Request<pb::DetachVolumeRequest>,
     ) -> Result<Response<pb::Operation>, Status> {
         let deadline = deadline_of(&request);
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let parsed = (|| {
             let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
@@ -143,7 +154,7 @@ impl VolumeReconciler for Api {
                 server_id: op_id("server_id", &r.server_id)?,
                 volume_id: op_id("volume_id", &r.volume_id)?,
                 params: RequestParams::default(),
-                caller: None,
+                caller: caller.clone(),
             })
         })();
         let result = match parsed {
@@ -407,6 +418,7 @@ impl VolumeReconciler for Api {
         &self,
         request: Request<pb::ResolveOperationRequest>,
     ) -> Result<Response<pb::Operation>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let result = async {
             let id = op_id("operation_id", &r.operation_id)?;
@@ -424,7 +436,7 @@ impl VolumeReconciler for Api {
             let op = self
                 .exec
                 .store
-                .operation_resolve_by_operator(id, state, reason, &self.exec.replica, None)
+                .operation_resolve_by_operator(id, state, reason, &self.exec.replica, caller.as_deref())
                 .await
                 .map_err(status::from_store)?;
             tracing::info!(operation_id = %op.id, state = state.as_str(), reason, "operation resolved by an operator");

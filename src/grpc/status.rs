@@ -81,6 +81,16 @@ pub fn from_store(e: StoreError) -> Status {
                 m,
             )
         }
+        StoreError::Overloaded { queued } => {
+            m.insert("queued_writes".into(), queued.to_string());
+            let mut details = ErrorDetails::with_error_info(
+                "LEDGER_OVERLOADED",
+                DOMAIN,
+                m.into_iter().collect::<std::collections::HashMap<_, _>>(),
+            );
+            details.set_retry_info(Some(std::time::Duration::from_secs(1)));
+            Status::with_error_details(Code::ResourceExhausted, e.to_string(), details)
+        }
         StoreError::DeadlineExceeded { what } => {
             m.insert("stage".into(), what.to_string());
             m.insert("clock".into(), "caller deadline".into());

@@ -152,6 +152,7 @@ fn router(state: AppState) -> Router {
         .route("/sim/faults", post(add_fault).delete(clear_faults))
         .route("/sim/truth", get(truth))
         .route("/sim/attachments", post(seed_attachments))
+        .route("/sim/reset", post(reset))
         .route("/sim/config", get(get_config).put(put_config))
         .route("/sim/servers/{server_id}/lock", post(lock).delete(unlock))
         .route(
@@ -681,6 +682,11 @@ async fn seed_attachments(
     for s in seeds {
         st.sim.seed_attachment(s.server_id, s.volume_id);
     }
+    StatusCode::NO_CONTENT
+}
+
+async fn reset(State(st): State<AppState>) -> StatusCode {
+    st.sim.reset();
     StatusCode::NO_CONTENT
 }
 

@@ -243,6 +243,8 @@ struct World {
     faults: Vec<FaultRule>,
     tokens: HashMap<String, chrono::DateTime<chrono::Utc>>,
     expire_all_tokens: bool,
+    /// Every token ever issued (tests scan outputs for them).
+    issued: Vec<String>,
     truth: Truth,
     next_device: HashMap<Uuid, u32>,
 }
@@ -313,6 +315,12 @@ impl Sim {
         *self.cfg.lock().unwrap_or_else(|p| p.into_inner()) = cfg;
     }
 
+    /// Forgets every attachment, fault and count (benchmark rounds start
+    /// from the same empty cloud). Removed/locked servers are forgotten too.
+    pub fn reset(&self) {
+        *self.world() = World::default();
+    }
+
     pub fn add_fault(&self, rule: FaultRule) {
         self.world().faults.push(rule);
     }
@@ -363,6 +371,11 @@ impl Sim {
             delete_on_termination: false,
             detaching: false,
         });
+    }
+
+    /// Every Keystone token this simulator has issued.
+    pub fn issued_tokens(&self) -> Vec<String> {
+        self.world().issued.clone()
     }
 
     pub fn truth(&self) -> Truth {
@@ -446,6 +459,7 @@ impl Sim {
         let token = format!("gAAAA{}", Uuid::new_v4().simple());
         let expires = chrono::Utc::now() + chrono::Duration::seconds(cfg.token_ttl_secs as i64);
         w.tokens.insert(token.clone(), expires);
+        w.issued.push(token.clone());
         w.expire_all_tokens = false;
         Some((token, expires))
     }

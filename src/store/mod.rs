@@ -153,6 +153,8 @@ pub enum StoreError {
     NotFound(Uuid),
     #[error("operation {id} is already {state}")]
     AlreadyTerminal { id: Uuid, state: &'static str },
+    #[error("the ledger's write queue is full ({queued} writes waiting)")]
+    Overloaded { queued: usize },
     #[error("the database did not answer within the request's deadline ({what})")]
     DeadlineExceeded { what: &'static str },
     #[error("database error during {what}: {source}")]

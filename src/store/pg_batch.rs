@@ -42,9 +42,15 @@ pub(super) struct Writer {
 /// Largest batch: bounds a transaction's length and the NOTIFY payload.
 const MAX_BATCH: usize = 128;
 
+/// Writes waiting for a writer, at most.
+const QUEUE: usize = 32_768;
+
 impl Writer {
     pub fn start(pool: PgPool, writers: usize, stop: CancellationToken) -> Self {
-        let (tx, rx) = mpsc::channel(4096);
+        // Bounded, and larger than the cap on mutations in flight: a full
+        // queue means the database has fallen far behind, and the caller
+        // is told so at once instead of waiting out its deadline.
+        let (tx, rx) = mpsc::channel(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         for _ in 0..writers.max(1) {
             tokio::spawn(writer_loop(pool.clone(), rx.clone(), stop.clone()));
@@ -166,8 +172,10 @@ const CREATE_MANY: &str = "WITH ins AS (
              WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, ord)
         JOIN ins ON ins.id = e.operation_id
         ORDER BY e.ord
+     ), n AS (
+        SELECT pg_notify('__CHANNEL__', string_agg(id::text, ',')) FROM ins HAVING count(*) > 0
      )
-     SELECT __COLUMNS__ FROM ins";
+     SELECT __COLUMNS__ FROM ins LEFT JOIN n ON true";
 
 /// Decisions of a batch, by one statement, each fenced by its epoch.
 const TRANSITION_MANY: &str = "WITH u AS (
@@ -199,8 +207,10 @@ const TRANSITION_MANY: &str = "WITH u AS (
              WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, ord)
         JOIN upd ON upd.id = e.operation_id
         ORDER BY e.ord
+     ), n AS (
+        SELECT pg_notify('__CHANNEL__', string_agg(id::text, ',')) FROM upd HAVING count(*) > 0
      )
-     SELECT __COLUMNS__ FROM upd";
+     SELECT __COLUMNS__ FROM upd LEFT JOIN n ON true";
 
 #[derive(Default)]
 struct EventCols {
@@ -224,7 +234,7 @@ impl EventCols {
 }
 
 async fn create_many(
-    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    conn: &mut sqlx::PgConnection,
     news: &[&NewOperation],
 ) -> Result<Vec<PgRow>, sqlx::Error> {
     let mut ev = EventCols::default();
@@ -232,7 +242,9 @@ async fn create_many(
         ev.push(n.id, &n.replica, &n.events);
     }
     sqlx::query(sqlx::AssertSqlSafe(
-        CREATE_MANY.replace("__COLUMNS__", COLUMNS),
+        CREATE_MANY
+            .replace("__COLUMNS__", COLUMNS)
+            .replace("__CHANNEL__", NOTIFY_CHANNEL),
     ))
     .bind(news.iter().map(|n| n.id).collect::<Vec<_>>())
     .bind(
@@ -272,12 +284,12 @@ async fn create_many(
     .bind(ev.detail)
     .bind(ev.metadata)
     .bind(ev.replica)
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *conn)
     .await
 }
 
 async fn transition_many(
-    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    conn: &mut sqlx::PgConnection,
     ts: &[&Transition],
 ) -> Result<Vec<PgRow>, sqlx::Error> {
     let mut ev = EventCols::default();
@@ -285,7 +297,9 @@ async fn transition_many(
         ev.push(t.id, &t.replica, &t.events);
     }
     sqlx::query(sqlx::AssertSqlSafe(
-        TRANSITION_MANY.replace("__COLUMNS__", COLUMNS),
+        TRANSITION_MANY
+            .replace("__COLUMNS__", COLUMNS)
+            .replace("__CHANNEL__", NOTIFY_CHANNEL),
     ))
     .bind(ts.iter().map(|t| t.id).collect::<Vec<_>>())
     .bind(ts.iter().map(|t| t.lease_epoch).collect::<Vec<_>>())
@@ -328,17 +342,43 @@ async fn transition_many(
     .bind(ev.detail)
     .bind(ev.metadata)
     .bind(ev.replica)
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *conn)
     .await
 }
 
-/// Runs the payloads in one transaction; `Err` when the transaction failed
-/// as a whole (then nothing of it was written).
+/// Runs the payloads atomically: one autocommit statement when they are all
+/// of one kind (the common case: one round trip), else one transaction.
+/// `Err` when it failed as a whole (then nothing of it was written). Each
+/// statement carries its own NOTIFY (one per statement, not per row).
 async fn try_batch(
     pool: &PgPool,
     payloads: &[Payload],
 ) -> Result<Vec<Result<Option<Operation>, StoreError>>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let creates = payloads
+        .iter()
+        .filter(|p| matches!(p, Payload::Create(_)))
+        .count();
+    let mut ids = std::collections::HashSet::new();
+    let single_round = payloads.iter().all(|p| match p {
+        Payload::Transition(t) => ids.insert(t.id),
+        Payload::Create(_) => true,
+    });
+    let one_statement = single_round && (creates == 0 || creates == payloads.len());
+    if one_statement {
+        let mut conn = pool.acquire().await?;
+        run_statements(&mut conn, payloads).await
+    } else {
+        let mut tx = pool.begin().await?;
+        let results = run_statements(&mut tx, payloads).await?;
+        tx.commit().await?;
+        Ok(results)
+    }
+}
+
+async fn run_statements(
+    conn: &mut sqlx::PgConnection,
+    payloads: &[Payload],
+) -> Result<Vec<Result<Option<Operation>, StoreError>>, sqlx::Error> {
     let mut by_id: std::collections::HashMap<Uuid, Result<Operation, StoreError>> =
         std::collections::HashMap::new();
     let creates: Vec<&NewOperation> = payloads
@@ -349,7 +389,7 @@ async fn try_batch(
         })
         .collect();
     if !creates.is_empty() {
-        for row in create_many(&mut tx, &creates).await? {
+        for row in create_many(conn, &creates).await? {
             let op = row_to_operation(&row);
             if let Ok(o) = &op {
                 by_id.insert(o.id, op);
@@ -373,7 +413,7 @@ async fn try_batch(
         let (round, rest): (Indexed, Indexed) =
             pending.into_iter().partition(|(_, t)| seen.insert(t.id));
         let ts: Vec<&Transition> = round.iter().map(|(_, t)| *t).collect();
-        let rows = transition_many(&mut tx, &ts).await?;
+        let rows = transition_many(conn, &ts).await?;
         let mut updated: std::collections::HashMap<Uuid, Result<Operation, StoreError>> =
             std::collections::HashMap::new();
         for row in rows {
@@ -383,39 +423,17 @@ async fn try_batch(
             }
         }
         for (i, t) in round {
-            let r = updated.remove(&t.id).transpose();
-            transition_results.push((i, r));
+            transition_results.push((i, updated.remove(&t.id).transpose()));
         }
         pending = rest;
     }
     transition_results.sort_by_key(|(i, _)| *i);
     let mut transition_results = transition_results.into_iter().map(|(_, r)| r);
-    let mut results = Vec::with_capacity(payloads.len());
-    let mut changed: Vec<Uuid> = Vec::new();
-    for p in payloads {
-        let r = match p {
+    Ok(payloads
+        .iter()
+        .map(|p| match p {
             Payload::Create(n) => by_id.remove(&n.id).transpose(),
             Payload::Transition(_) => transition_results.next().unwrap_or(Ok(None)),
-        };
-        if let Ok(Some(op)) = &r {
-            changed.push(op.id);
-        }
-        results.push(r);
-    }
-    // One wake-up for the whole batch (NOTIFY serializes committing
-    // transactions in PostgreSQL, so one per batch, not one per row).
-    for chunk in changed.chunks(200) {
-        let ids = chunk
-            .iter()
-            .map(Uuid::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(NOTIFY_CHANNEL)
-            .bind(ids)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(results)
+        })
+        .collect())
 }

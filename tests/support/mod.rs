@@ -29,6 +29,7 @@ pub struct TestApp {
     pub store: Arc<dyn Store>,
     pub exec: Arc<Executor>,
     pub reconciler: Arc<Reconciler>,
+    pub tls: Option<Arc<volume_reconciler::tls::Reloadable>>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -117,6 +118,7 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
     let store = app.store.clone();
     let exec = app.exec.clone();
     let reconciler = app.reconciler.clone();
+    let tls = app.tls.clone();
     let stop = CancellationToken::new();
     let s = stop.clone();
     let task = tokio::spawn(app.run_until(async move { s.cancelled().await }));
@@ -131,6 +133,7 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
         store,
         exec,
         reconciler,
+        tls,
         stop,
         task,
     }

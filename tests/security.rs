@@ -1,0 +1,740 @@
+//! Security and overload: only authorized callers, secrets never leak,
+//! floods are shed, sizes are limited — through the real server chain.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::{AppOptions, error_info, spawn_app, with_timeout};
+use tokio::time::Instant;
+use tonic::Code;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use uuid::Uuid;
+use volume_reconciler::grpc::auth::sha256_hex;
+use volume_reconciler::grpc::pb;
+use volume_reconciler::grpc::pb::volume_reconciler_client::VolumeReconcilerClient;
+
+const BIN: &str = env!("CARGO_BIN_EXE_volume-reconciler");
+
+struct Pki {
+    dir: std::path::PathBuf,
+}
+
+fn ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.distinguished_name.push(rcgen::DnType::CommonName, name);
+    (p.self_signed(&key).unwrap(), key)
+}
+
+fn leaf(names: &[&str], issuer: &(rcgen::Certificate, rcgen::KeyPair)) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let p = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .unwrap();
+    let cert = p.signed_by(&key, &issuer.0, &issuer.1).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("vr-pki-{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self { dir }
+    }
+    fn write(&self, name: &str, pem: &str) -> String {
+        let p = self.dir.join(name);
+        std::fs::write(&p, pem).unwrap();
+        p.to_string_lossy().to_string()
+    }
+}
+
+async fn tls_channel(
+    addr: &str,
+    server_ca: &str,
+    client: Option<(&str, &str)>,
+) -> Result<Channel, tonic::transport::Error> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(server_ca))
+        .domain_name("localhost");
+    if let Some((cert, key)) = client {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Endpoint::from_shared(format!("https://{addr}"))?
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+}
+
+async fn works(channel: Channel) -> Result<(), tonic::Status> {
+    let mut c = VolumeReconcilerClient::new(channel);
+    c.list_operations(with_timeout(
+        pb::ListOperationsRequest::default(),
+        Duration::from_secs(5),
+    ))
+    .await
+    .map(drop)
+}
+
+#[tokio::test]
+async fn mutual_tls_refuses_foreign_clients_and_reloads_certificates_without_dropping_connections()
+{
+    let pki = Pki::new();
+    let server_ca = ca("server CA");
+    let client_ca = ca("client CA");
+    let rogue_ca = ca("rogue CA");
+    let (srv_cert, srv_key) = leaf(&["localhost"], &server_ca);
+    let cert_path = pki.write("server.pem", &srv_cert);
+    let key_path = pki.write("server.key", &srv_key);
+    let ca_path = pki.write("clients.pem", &client_ca.0.pem());
+    let app = spawn_app(
+        AppOptions::default()
+            .arg("--tls-cert", &cert_path)
+            .arg("--tls-key", &key_path)
+            .arg("--tls-client-ca", &ca_path),
+    )
+    .await;
+    let addr = app.grpc_url.trim_start_matches("http://").to_string();
+    let server_ca_pem = server_ca.0.pem();
+    let (good_cert, good_key) = leaf(&["orchestrator-1"], &client_ca);
+    let (bad_cert, bad_key) = leaf(&["intruder"], &rogue_ca);
+
+    let good = tls_channel(&addr, &server_ca_pem, Some((&good_cert, &good_key)))
+        .await
+        .expect("a client with a certificate from the CA connects");
+    works(good.clone()).await.expect("and is served");
+    let no_cert = match tls_channel(&addr, &server_ca_pem, None).await {
+        Ok(ch) => works(ch).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(
+        no_cert,
+        "a client without a certificate is refused at the handshake"
+    );
+    let rogue = match tls_channel(&addr, &server_ca_pem, Some((&bad_cert, &bad_key))).await {
+        Ok(ch) => works(ch).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(
+        rogue,
+        "a client with a certificate from another CA is refused"
+    );
+    let plain = Endpoint::from_shared(app.grpc_url.clone())
+        .unwrap()
+        .connect()
+        .await;
+    let plain_refused = match plain {
+        Ok(ch) => works(ch).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(plain_refused, "plaintext is refused on a TLS port");
+
+    // Rotate the server certificate to one from a new CA; the files change.
+    let new_ca = ca("server CA 2");
+    let (new_cert, new_key) = leaf(&["localhost"], &new_ca);
+    let tls = app_tls(&app);
+    let before = tls.reloads();
+    std::fs::write(&key_path, &new_key).unwrap();
+    std::fs::write(&cert_path, &new_cert).unwrap();
+    support::eventually(
+        Duration::from_secs(15),
+        "the certificate is reloaded",
+        || {
+            let tls = tls.clone();
+            async move { tls.reloads() > before }
+        },
+    )
+    .await;
+    works(good)
+        .await
+        .expect("the connection made before the reload keeps working");
+    let fresh = tls_channel(&addr, &new_ca.0.pem(), Some((&good_cert, &good_key)))
+        .await
+        .expect("new handshakes use the new certificate");
+    works(fresh).await.unwrap();
+    let stale = match tls_channel(&addr, &server_ca_pem, Some((&good_cert, &good_key))).await {
+        Ok(ch) => works(ch).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(stale, "the old certificate is no longer presented");
+    app.stop().await;
+}
+
+fn app_tls(app: &support::TestApp) -> std::sync::Arc<volume_reconciler::tls::Reloadable> {
+    app.tls.clone().expect("TLS is on")
+}
+
+fn bearer<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut r = with_timeout(msg, Duration::from_secs(10));
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}
+
+fn tokens_flag() -> String {
+    format!(
+        "ci:orchestrator:{},alice:operator:{}",
+        sha256_hex("orch-token-1"),
+        sha256_hex("oper-token-1")
+    )
+}
+
+#[tokio::test]
+async fn every_role_can_do_exactly_what_it_may() {
+    let app = spawn_app(AppOptions::default().arg("--auth-tokens", &tokens_flag())).await;
+    let mut c = app.raw();
+    let id = {
+        let op = c
+            .attach_volume(bearer(
+                pb::AttachVolumeRequest {
+                    idempotency_key: "seed".into(),
+                    server_id: Uuid::new_v4().to_string(),
+                    volume_id: Uuid::new_v4().to_string(),
+                    ..Default::default()
+                },
+                Some("orch-token-1"),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        op.id
+    };
+    let row = app
+        .store
+        .operation_get(id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.caller.as_deref(),
+        Some("ci"),
+        "the caller is recorded on the operation"
+    );
+    let recorded = app
+        .store
+        .operation_events(row.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.kind == "recorded")
+        .unwrap();
+    assert_eq!(
+        recorded.metadata["caller"], "ci",
+        "and in the reconcile log"
+    );
+
+    #[derive(Debug, Clone, Copy)]
+    enum Rpc {
+        Attach,
+        Detach,
+        Get,
+        List,
+        Events,
+        Watch,
+        Reconcile,
+        Resolve,
+    }
+    let all = [
+        Rpc::Attach,
+        Rpc::Detach,
+        Rpc::Get,
+        Rpc::List,
+        Rpc::Events,
+        Rpc::Watch,
+        Rpc::Reconcile,
+        Rpc::Resolve,
+    ];
+    let mut table = Vec::new();
+    for rpc in all {
+        for (who, token) in [
+            ("none", None),
+            ("bogus", Some("not-a-token")),
+            ("orchestrator", Some("orch-token-1")),
+            ("operator", Some("oper-token-1")),
+        ] {
+            let t = token;
+            let code = match rpc {
+                Rpc::Attach => c
+                    .attach_volume(bearer(
+                        pb::AttachVolumeRequest {
+                            idempotency_key: format!("a-{who}"),
+                            server_id: Uuid::new_v4().to_string(),
+                            volume_id: Uuid::new_v4().to_string(),
+                            ..Default::default()
+                        },
+                        t,
+                    ))
+                    .await
+                    .map(drop),
+                Rpc::Detach => c
+                    .detach_volume(bearer(
+                        pb::DetachVolumeRequest {
+                            idempotency_key: format!("d-{who}"),
+                            server_id: Uuid::new_v4().to_string(),
+                            volume_id: Uuid::new_v4().to_string(),
+                        },
+                        t,
+                    ))
+                    .await
+                    .map(drop),
+                Rpc::Get => c
+                    .get_operation(bearer(
+                        pb::GetOperationRequest {
+                            operation_id: id.clone(),
+                            idempotency_key: String::new(),
+                        },
+                        t,
+                    ))
+                    .await
+                    .map(drop),
+                Rpc::List => c
+                    .list_operations(bearer(pb::ListOperationsRequest::default(), t))
+                    .await
+                    .map(drop),
+                Rpc::Events => c
+                    .list_operation_events(bearer(
+                        pb::ListOperationEventsRequest {
+                            operation_id: id.clone(),
+                        },
+                        t,
+                    ))
+                    .await
+                    .map(drop),
+                Rpc::Watch => c
+                    .watch_operation(bearer(
+                        pb::WatchOperationRequest {
+                            operation_id: id.clone(),
+                        },
+                        t,
+                    ))
+                    .await
+                    .map(drop),
+                Rpc::Reconcile => c
+                    .reconcile_operation(bearer(
+                        pb::ReconcileOperationRequest {
+                            operation_id: id.clone(),
+                        },
+                        t,
+                    ))
+                    .await
+                    .map(drop),
+                Rpc::Resolve => c
+                    .resolve_operation(bearer(
+                        pb::ResolveOperationRequest {
+                            operation_id: id.clone(),
+                            state: pb::State::Failed as i32,
+                            reason: "audit".into(),
+                        },
+                        t,
+                    ))
+                    .await
+                    .map(drop),
+            }
+            .map(|_| Code::Ok)
+            .unwrap_or_else(|s| s.code());
+            table.push((rpc, who, code));
+        }
+    }
+    for (rpc, who, code) in &table {
+        let expected = match (*rpc, *who) {
+            (_, "none") | (_, "bogus") => Code::Unauthenticated,
+            (Rpc::Reconcile | Rpc::Resolve, "orchestrator") => Code::PermissionDenied,
+            // The operator resolving an already-decided operation: allowed in, refused by the ledger.
+            (Rpc::Resolve, "operator") => Code::FailedPrecondition,
+            _ => Code::Ok,
+        };
+        assert_eq!(*code, expected, "{rpc:?} as {who}: {table:?}");
+    }
+    // Health stays open for probes.
+    let channel = Endpoint::from_shared(app.grpc_url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let st = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await;
+    assert!(st.is_ok());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_flooding_caller_is_shed_while_a_well_behaved_one_is_unharmed() {
+    let app = spawn_app(
+        AppOptions::default()
+            .arg("--auth-tokens", &tokens_flag())
+            .arg("--caller-rate-limit", "100")
+            .arg("--caller-burst", "20"),
+    )
+    .await;
+    let attach = |key: String| pb::AttachVolumeRequest {
+        idempotency_key: key,
+        server_id: Uuid::new_v4().to_string(),
+        volume_id: Uuid::new_v4().to_string(),
+        ..Default::default()
+    };
+    // The well-behaved caller: 20 calls per second, sequentially.
+    let steady = |app_client: VolumeReconcilerClient<Channel>, label: &'static str, secs: f64| async move {
+        let mut c = app_client;
+        let mut lat = Vec::new();
+        let mut errors = 0;
+        let end = Instant::now() + Duration::from_secs_f64(secs);
+        let mut i = 0;
+        while Instant::now() < end {
+            let t = Instant::now();
+            match c
+                .attach_volume(bearer(attach(format!("{label}-{i}")), Some("oper-token-1")))
+                .await
+            {
+                Ok(_) => lat.push(t.elapsed()),
+                Err(_) => errors += 1,
+            }
+            i += 1;
+            tokio::time::sleep_until(t + Duration::from_millis(50)).await; // pacing: the caller's own rate
+        }
+        lat.sort();
+        let p = |q: f64| lat[((lat.len() - 1) as f64 * q) as usize];
+        (lat.len(), errors, p(0.5), p(0.99))
+    };
+    let baseline = steady(app.raw(), "calm", 1.5).await;
+    // The flood: 32 loops as fast as they can, about 10× what the caller may.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for w in 0..32 {
+        let (mut c, stop) = (app.raw(), stop.clone());
+        flood.push(tokio::spawn(async move {
+            let (mut ok, mut shed, mut retry_info) = (0u64, 0u64, 0u64);
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match c
+                    .attach_volume(bearer(
+                        attach(format!("flood-{w}-{i}")),
+                        Some("orch-token-1"),
+                    ))
+                    .await
+                {
+                    Ok(_) => ok += 1,
+                    Err(s) => {
+                        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+                        shed += 1;
+                        use tonic_types::StatusExt;
+                        if s.get_error_details().retry_info().is_some() {
+                            retry_info += 1;
+                        }
+                    }
+                }
+                i += 1;
+            }
+            (ok, shed, retry_info)
+        }));
+    }
+    let under_flood = steady(app.raw(), "during", 3.0).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut shed, mut with_retry) = (0, 0, 0);
+    for f in flood {
+        let (o, s, r) = f.await.unwrap();
+        ok += o;
+        shed += s;
+        with_retry += r;
+    }
+    eprintln!(
+        "flood figures: flooding caller {ok} ok, {shed} shed (RESOURCE_EXHAUSTED, {with_retry} with RetryInfo); \
+         well-behaved caller alone: {} calls, {} errors, p50 {:?}, p99 {:?}; under the flood: {} calls, {} errors, p50 {:?}, p99 {:?}",
+        baseline.0,
+        baseline.1,
+        baseline.2,
+        baseline.3,
+        under_flood.0,
+        under_flood.1,
+        under_flood.2,
+        under_flood.3
+    );
+    assert!(shed > ok, "most of the flood is shed");
+    assert_eq!(with_retry, shed, "every shed answer suggests a delay");
+    assert!(
+        (ok as f64) <= 100.0 * 3.5 + 20.0 + 50.0,
+        "the flooding caller stays near its rate: {ok}"
+    );
+    assert_eq!(under_flood.1, 0, "the well-behaved caller sees no errors");
+    assert!(
+        under_flood.3 < Duration::from_secs(1).max(baseline.3 * 10),
+        "its latency stays in range"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_messages_and_metadata_are_refused_without_the_service_growing() {
+    let app = spawn_app(AppOptions::default()).await;
+    let mut c = app.raw();
+    let rss = || -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("VmRSS"))
+            .unwrap()
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let big = pb::AttachVolumeRequest {
+        idempotency_key: "big".into(),
+        server_id: Uuid::new_v4().to_string(),
+        volume_id: Uuid::new_v4().to_string(),
+        tag: "t".repeat(1 << 20),
+        ..Default::default()
+    };
+    let err = c
+        .attach_volume(with_timeout(big.clone(), Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(
+        (reason.as_str(), meta["limit_bytes"].as_str()),
+        ("MESSAGE_TOO_LARGE", "65536")
+    );
+    let before = rss();
+    for _ in 0..100 {
+        c.attach_volume(with_timeout(big.clone(), Duration::from_secs(10)))
+            .await
+            .unwrap_err();
+    }
+    let grown_kib = rss().saturating_sub(before);
+    assert!(
+        grown_kib < 40 * 1024,
+        "memory grew by {grown_kib} KiB over 100 refused 1 MiB messages"
+    );
+    // Metadata over the limit is refused by HTTP/2 before any handler runs.
+    let mut r = with_timeout(
+        pb::ListOperationsRequest::default(),
+        Duration::from_secs(10),
+    );
+    r.metadata_mut()
+        .insert("x-padding", "p".repeat(64 * 1024).parse().unwrap());
+    assert!(
+        c.list_operations(r).await.is_err(),
+        "64 KiB of metadata is refused"
+    );
+    // Strings over their field limits name the limit.
+    let err = c
+        .attach_volume(with_timeout(
+            pb::AttachVolumeRequest {
+                idempotency_key: "k".repeat(300),
+                server_id: Uuid::new_v4().to_string(),
+                volume_id: Uuid::new_v4().to_string(),
+                ..Default::default()
+            },
+            Duration::from_secs(5),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("255"), "{}", err.message());
+    // And the service still serves.
+    let mut c = VolumeReconcilerClient::new(
+        Endpoint::from_shared(app.grpc_url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    c.list_operations(pb::ListOperationsRequest::default())
+        .await
+        .unwrap();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn secrets_never_appear_in_logs_metrics_errors_or_config_show() {
+    support::init_logs();
+    let os_password = "os-pass-Zq81xK";
+    let db_password = "db-pass-Wm44tR";
+    let bearer_token = "bearer-Hj20pL";
+    let sim = volume_reconciler::sim::start(
+        "127.0.0.1:0".parse().unwrap(),
+        volume_reconciler::sim::SimConfig {
+            require_auth: true,
+            password: os_password.into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let db = support::pg::fresh_database().await.replacen(
+        "postgres@",
+        &format!("postgres:{db_password}@"),
+        1,
+    );
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let (grpc, admin) = (free(), free());
+    let log = std::env::temp_dir().join(format!("vr-secrets-{}.log", Uuid::new_v4().simple()));
+    let envs: Vec<(&str, String)> = vec![
+        ("DATABASE_URL", db.clone()),
+        ("OS_AUTH_URL", sim.auth_url.clone()),
+        ("OS_USERNAME", "demo".into()),
+        ("OS_PASSWORD", os_password.into()),
+        ("OS_PROJECT_NAME", "demo".into()),
+        ("OS_REGION_NAME", "RegionOne".into()),
+        (
+            "VOLUME_RECONCILER_AUTH_TOKENS",
+            format!("ci:operator:{}", sha256_hex(bearer_token)),
+        ),
+        ("VOLUME_RECONCILER_LOG", "trace".into()),
+        ("VOLUME_RECONCILER_LOG_FORMAT", "json".into()),
+    ];
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &grpc.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--replica-id",
+            "secret-scan",
+            "--shutdown-delay",
+            "0s",
+        ])
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::OpenOptions::new().append(true).open(&log).unwrap())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = format!("http://{admin}/readyz");
+    support::eventually(Duration::from_secs(30), "the service is ready", || {
+        let ready = ready.clone();
+        async move { matches!(reqwest::get(&ready).await, Ok(r) if r.status() == 200) }
+    })
+    .await;
+    let mut c = VolumeReconcilerClient::new(
+        Endpoint::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let mut outputs = Vec::new();
+    let attach = |k: &str| pb::AttachVolumeRequest {
+        idempotency_key: k.into(),
+        server_id: Uuid::new_v4().to_string(),
+        volume_id: Uuid::new_v4().to_string(),
+        ..Default::default()
+    };
+    // A scripted session: Keystone auth, a success, an expired token (401,
+    // renewal, replay), a 500, a bad bearer token, bad input.
+    let op = c
+        .attach_volume(bearer(attach("s-1"), Some(bearer_token)))
+        .await
+        .unwrap()
+        .into_inner();
+    outputs.push(format!("{op:?}"));
+    sim.sim.expire_tokens();
+    outputs.push(format!(
+        "{:?}",
+        c.attach_volume(bearer(attach("s-2"), Some(bearer_token)))
+            .await
+    ));
+    sim.sim.add_fault(
+        volume_reconciler::sim::FaultRule::new(
+            volume_reconciler::sim::FaultOp::Attach,
+            volume_reconciler::sim::Fault::Status {
+                code: 500,
+                effect: false,
+            },
+        )
+        .always(),
+    );
+    outputs.push(format!(
+        "{:?}",
+        c.attach_volume(bearer(attach("s-3"), Some(bearer_token)))
+            .await
+    ));
+    outputs.push(format!(
+        "{:?}",
+        c.attach_volume(bearer(attach("s-4"), Some("wrong-token")))
+            .await
+    ));
+    outputs.push(format!(
+        "{:?}",
+        c.attach_volume(bearer(
+            pb::AttachVolumeRequest::default(),
+            Some(bearer_token)
+        ))
+        .await
+    ));
+    for id in [&op.id] {
+        outputs.push(format!(
+            "{:?}",
+            c.list_operation_events(bearer(
+                pb::ListOperationEventsRequest {
+                    operation_id: id.clone()
+                },
+                Some(bearer_token)
+            ))
+            .await
+        ));
+    }
+    outputs.push(
+        reqwest::get(format!("http://{admin}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
+    let show = Command::new(BIN)
+        .args(["config", "show"])
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    outputs.push(String::from_utf8_lossy(&show.stdout).to_string());
+    outputs.push(String::from_utf8_lossy(&show.stderr).to_string());
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().unwrap();
+    outputs.push(std::fs::read_to_string(&log).unwrap());
+    let issued = sim.sim.issued_tokens();
+    assert!(
+        issued.len() >= 2,
+        "Keystone issued tokens (and one was renewed): {issued:?}"
+    );
+    let log_lines = outputs.last().unwrap().lines().count();
+    assert!(
+        log_lines > 100,
+        "the scan read real trace output ({log_lines} lines)"
+    );
+    let mut secrets: BTreeMap<String, String> = BTreeMap::new();
+    secrets.insert("OS_PASSWORD".into(), os_password.into());
+    secrets.insert("database password".into(), db_password.into());
+    secrets.insert("bearer token".into(), bearer_token.into());
+    for (i, t) in issued.iter().enumerate() {
+        secrets.insert(format!("keystone token #{i}"), t.clone());
+    }
+    for (name, secret) in &secrets {
+        for (i, out) in outputs.iter().enumerate() {
+            if let Some(pos) = out.find(secret.as_str()) {
+                let from = pos.saturating_sub(200);
+                panic!(
+                    "{name} leaked in output #{i}: ...{}...",
+                    &out[from..(pos + secret.len() + 50).min(out.len())]
+                );
+            }
+        }
+    }
+    sim.stop().await;
+}
