@@ -277,7 +277,14 @@ impl Executor {
                 request_sent_event(req.action, 1, outbound, now),
             ],
         };
-        match self.store.operation_create(new, budget.answer_by).await? {
+        let write_started = Instant::now();
+        let created = self.store.operation_create(new, budget.answer_by).await;
+        self.metrics.ledger(
+            "intent",
+            if created.is_ok() { "ok" } else { "error" },
+            write_started.elapsed().as_secs_f64(),
+        );
+        match created? {
             CreateOutcome::Created(op) => {
                 tracing::Span::current().record("operation_id", tracing::field::display(op.id));
                 let (tx, rx) = watch::channel(None);
@@ -422,7 +429,14 @@ impl Executor {
             .budget
             .answer_by
             .max(Instant::now() + self.settings.record_grace);
-        match self.store.operation_transition(t, write_by).await {
+        let write_started = Instant::now();
+        let written = self.store.operation_transition(t, write_by).await;
+        self.metrics.ledger(
+            "decision",
+            if written.is_ok() { "ok" } else { "error" },
+            write_started.elapsed().as_secs_f64(),
+        );
+        match written {
             Ok(Some(op)) => {
                 tracing::info!(operation_id = %op.id, state = op.state.as_str(),
                     resolution = op.resolution.map(|r| r.as_str()).unwrap_or(""), "operation decided");

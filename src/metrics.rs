@@ -47,6 +47,7 @@ pub struct Metrics {
     pub reconciler_decisions: Family<DecisionLabels, Counter>,
     pub nova_slot_wait: Histogram,
     pub drift_detected: Counter,
+    pub ledger_write: Family<NovaLabels, Histogram>,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -78,6 +79,7 @@ impl Metrics {
             reconciler_decisions: Family::default(),
             nova_slot_wait: Histogram::new(seconds_buckets()),
             drift_detected: Counter::default(),
+            ledger_write: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|p| p.into_inner());
@@ -141,6 +143,11 @@ impl Metrics {
                 "Terminal operations whose later observation disagreed",
                 m.drift_detected.clone(),
             );
+            r.register(
+                "ledger_write_duration_seconds",
+                "Durable ledger writes on the request path (intent, decision), queueing included",
+                m.ledger_write.clone(),
+            );
         }
         m
     }
@@ -156,6 +163,15 @@ impl Metrics {
 
     pub fn nova(&self, operation: &str, outcome: &str, secs: f64) {
         self.nova_latency
+            .get_or_create(&NovaLabels {
+                operation: operation.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .observe(secs);
+    }
+
+    pub fn ledger(&self, operation: &str, outcome: &str, secs: f64) {
+        self.ledger_write
             .get_or_create(&NovaLabels {
                 operation: operation.to_string(),
                 outcome: outcome.to_string(),

@@ -37,6 +37,9 @@ pub(super) struct Job {
 #[derive(Clone)]
 pub(super) struct Writer {
     tx: mpsc::Sender<Job>,
+    pool: PgPool,
+    /// Writes submitted and not yet answered, on any path.
+    pending: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Largest batch: bounds a transaction's length and the NOTIFY payload.
@@ -55,26 +58,53 @@ impl Writer {
         for _ in 0..writers.max(1) {
             tokio::spawn(writer_loop(pool.clone(), rx.clone(), stop.clone()));
         }
-        Self { tx }
+        Self {
+            tx,
+            pool,
+            pending: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        }
     }
 
-    /// Queues a write and waits for its committed result.
+    /// Writes and returns the committed result: inline when no other write
+    /// is in flight (nothing to group with; saves two task hops), else
+    /// through the bounded queue, grouped with whatever else is waiting.
     pub async fn submit(
         &self,
         payload: Payload,
         deadline: Instant,
     ) -> Result<Option<Operation>, StoreError> {
+        use std::sync::atomic::Ordering;
+        struct Pending<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Pending<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let alone = self.pending.fetch_add(1, Ordering::SeqCst) == 0;
+        let _pending = Pending(&self.pending);
+        if alone {
+            let one = [payload];
+            return match try_batch(&self.pool, &one).await {
+                Ok(mut v) => v.pop().unwrap_or(Ok(None)),
+                Err(e) => Err(StoreError::Database {
+                    what: "writing to the ledger",
+                    source: e,
+                }),
+            };
+        }
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Job {
+            .try_send(Job {
                 payload,
                 deadline,
                 reply,
             })
-            .await
-            .map_err(|_| StoreError::Database {
-                what: "queueing a write",
-                source: sqlx::Error::PoolClosed,
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => StoreError::Overloaded { queued: QUEUE },
+                mpsc::error::TrySendError::Closed(_) => StoreError::Database {
+                    what: "queueing a write",
+                    source: sqlx::Error::PoolClosed,
+                },
             })?;
         rx.await.map_err(|_| StoreError::Database {
             what: "awaiting a write",

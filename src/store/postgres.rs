@@ -53,7 +53,10 @@ impl PgStore {
     pub async fn connect(settings: &PgSettings) -> anyhow::Result<Self> {
         let options = PgConnectOptions::from_str(&settings.url)
             .map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?
-            .application_name("volume-reconciler");
+            .application_name("volume-reconciler")
+            // The hot statements are prepared once per connection and their
+            // shape never changes: plan them once, not at every execution.
+            .options([("plan_cache_mode", "force_generic_plan")]);
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             // Not a request bound (those use the request's deadline); only a
