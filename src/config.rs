@@ -489,20 +489,19 @@ fn clouds_yaml_paths() -> Vec<std::path::PathBuf> {
 impl OpenStackArgs {
     /// Fills what the OS_* settings leave open from `OS_CLOUD`'s entry.
     pub fn resolved(&self) -> anyhow::Result<OpenStackArgs> {
+        self.resolved_from(&clouds_yaml_paths())
+    }
+
+    /// As `resolved`, looking for clouds.yaml in `paths` (in order).
+    pub fn resolved_from(&self, paths: &[std::path::PathBuf]) -> anyhow::Result<OpenStackArgs> {
         let mut o = self.clone();
         let Some(cloud) = &self.os_cloud else {
             return Ok(o);
         };
-        let path = clouds_yaml_paths()
-            .into_iter()
-            .find(|p| p.exists())
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "OS_CLOUD={cloud}, but no clouds.yaml was found (looked in {:?})",
-                    clouds_yaml_paths()
-                )
-            })?;
-        let text = std::fs::read_to_string(&path)
+        let path = paths.iter().find(|p| p.exists()).ok_or_else(|| {
+            anyhow::anyhow!("OS_CLOUD={cloud}, but no clouds.yaml was found (looked in {paths:?})")
+        })?;
+        let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
         let file: CloudsFile =
             serde_yaml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -537,5 +536,50 @@ impl OpenStackArgs {
             o.os_interface = i.clone();
         }
         Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_cloud_fills_what_the_os_variables_leave_open() {
+        let dir = std::env::temp_dir().join(format!("vr-clouds-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("clouds.yaml");
+        std::fs::write(
+            &file,
+            "clouds:\n  prod:\n    auth:\n      auth_url: https://keystone.example/v3\n      username: svc\n      password: from-file\n      project_name: storage\n      user_domain_name: Corp\n      project_domain_name: Corp\n    region_name: RegionTwo\n    interface: internal\n",
+        )
+        .unwrap();
+        let args =
+            ServeArgs::from_args(["--os-cloud", "prod", "--os-password", "from-flag"]).unwrap();
+        let o = args
+            .openstack
+            .resolved_from(std::slice::from_ref(&file))
+            .unwrap();
+        assert_eq!(
+            o.os_auth_url.as_deref(),
+            Some("https://keystone.example/v3")
+        );
+        assert_eq!(o.os_username.as_deref(), Some("svc"));
+        assert_eq!(
+            o.os_password.as_deref(),
+            Some("from-flag"),
+            "an explicit setting wins over the file"
+        );
+        assert_eq!(
+            (o.os_user_domain_name.as_str(), o.os_interface.as_str()),
+            ("Corp", "internal")
+        );
+        assert_eq!(o.os_region_name.as_deref(), Some("RegionTwo"));
+        let missing = ServeArgs::from_args(["--os-cloud", "staging"]).unwrap();
+        let err = missing
+            .openstack
+            .resolved_from(std::slice::from_ref(&file))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("staging") && err.contains("prod"), "{err}");
     }
 }

@@ -22,7 +22,7 @@ use crate::domain::{
     RequestParams, Resolution, State, event, request_fingerprint,
 };
 use crate::metrics::Metrics;
-use crate::nova::{AttachAnswer, NovaClient, NovaError, NovaErrorKind, Rejection, Stage};
+use crate::nova::{AttachAnswer, NovaClient, NovaError, NovaErrorKind, Rejection};
 use crate::store::{CreateOutcome, NewOperation, Store, StoreError, Transition};
 
 /// A validated request.
@@ -501,9 +501,6 @@ impl Executor {
             .nova(op_name, e.kind.as_str(), e.elapsed.as_secs_f64());
         if e.outcome_unknown() {
             self.metrics.responses_lost.inc();
-        }
-        if matches!(e.stage, Stage::AcquireSlot) {
-            self.metrics.nova_slot_wait.observe(e.elapsed.as_secs_f64());
         }
         tracing::warn!(operation_id = %run.op.id, error = %e, "Nova request failed");
         run.events.push(

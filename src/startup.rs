@@ -65,7 +65,10 @@ impl Application {
         let store: Arc<dyn Store> =
             crate::store::open(&cfg.database_url, cfg.db_max_connections).await?;
         let metrics = Arc::new(Metrics::new());
-        let nova = Arc::new(NovaClient::new(nova_cfg));
+        let slot_metrics = metrics.clone();
+        let nova = Arc::new(NovaClient::new(nova_cfg).with_slot_wait_observer(Arc::new(
+            move |waited| slot_metrics.nova_slot_wait.observe(waited.as_secs_f64()),
+        )));
         let exec = Executor::new(
             store.clone(),
             nova,

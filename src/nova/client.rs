@@ -69,7 +69,11 @@ struct RawResponse {
     body: Bytes,
 }
 
+/// Told how long each request waited for a connection slot.
+pub type SlotWaitObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
 pub struct NovaClient {
+    slot_wait: Option<SlotWaitObserver>,
     http: reqwest::Client,
     cfg: NovaConfig,
     auth: Option<Arc<KeystoneAuth>>,
@@ -121,12 +125,19 @@ impl NovaClient {
             NovaEndpoint::Direct(_) => None,
         };
         Self {
+            slot_wait: None,
             slots: Arc::new(Semaphore::new(cfg.max_concurrent_per_host.max(1))),
             microversion: parse_microversion(&cfg.microversion),
             http,
             auth,
             cfg,
         }
+    }
+
+    /// Reports every slot wait (the per-host cap's queue) to `observer`.
+    pub fn with_slot_wait_observer(mut self, observer: SlotWaitObserver) -> Self {
+        self.slot_wait = Some(observer);
+        self
     }
 
     pub fn config(&self) -> &NovaConfig {
@@ -368,6 +379,9 @@ impl NovaClient {
                     ));
                 }
             };
+        if let Some(observe) = &self.slot_wait {
+            observe(started.elapsed());
+        }
         // Only the slot wait is inline: a request queued behind the cap keeps
         // a small future; the send's state is allocated once it may run.
         Box::pin(self.send_loop(method, method_str, path, body, deadline, started, budget)).await
