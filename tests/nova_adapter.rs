@@ -237,6 +237,52 @@ async fn a_deadline_while_reading_the_body_is_a_deadline_at_the_body_stage() {
 }
 
 #[tokio::test]
+async fn a_body_cut_off_midway_is_a_lost_response_at_the_body_stage() {
+    let (h, client) = sim_and_client(SimConfig::default(), "2.89").await;
+    let (s, v) = ids();
+    h.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::TruncateBody { effect: true }).volume(v));
+    let e = client
+        .attach(s, v, &RequestParams::default(), in_secs(5.0))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.kind.clone(), e.stage),
+        (NovaErrorKind::ResponseLost, Stage::ReadBody),
+        "{e}"
+    );
+    assert_eq!(e.status, Some(200), "the headers had arrived");
+    assert!(
+        e.outcome_unknown() && e.cause.contains("cut off"),
+        "{}",
+        e.cause
+    );
+    assert!(h.sim.is_attached(s, v));
+}
+
+#[tokio::test]
+async fn a_success_whose_body_breaks_the_contract_is_undecodable_and_unknown() {
+    let (h, client) = sim_and_client(SimConfig::default(), "2.89").await;
+    let (s, v) = ids();
+    h.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::GarbageBody).volume(v));
+    let e = client
+        .attach(s, v, &RequestParams::default(), in_secs(5.0))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.kind.clone(), e.stage),
+        (NovaErrorKind::Undecodable, Stage::Decode),
+        "{e}"
+    );
+    assert!(
+        e.outcome_unknown(),
+        "a 200 we cannot read may still mean it happened"
+    );
+    assert!(e.metadata()["cause"].contains("contract"));
+}
+
+#[tokio::test]
 async fn a_connection_closed_after_the_effect_is_a_lost_response() {
     let (h, client) = sim_and_client(SimConfig::default(), "2.89").await;
     let (s, v) = ids();

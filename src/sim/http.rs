@@ -269,6 +269,12 @@ async fn after_effect(fault: Option<Fault>, ok: Response<Body>, mv: (u32, u32)) 
         }
         Some(Fault::CloseAfterEffect) => abort(),
         Some(Fault::StallBody { ms, .. }) => stalled(ok, Duration::from_millis(ms)).await,
+        Some(Fault::TruncateBody { .. }) => truncated(ok).await,
+        Some(Fault::GarbageBody) => Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(Body::from("<html><body>Service temporarily rewritten by a proxy</body></html>"))
+            .unwrap_or_else(|_| Response::new(Body::empty())),
         Some(Fault::Status { code, .. }) => render(
             Answer::Fault {
                 status: code,
@@ -317,6 +323,40 @@ async fn stalled(ok: Response<Body>, stall: Duration) -> Response<Body> {
     Response::from_parts(parts, Body::from_stream(stream))
 }
 
+/// Sends the headers and half the body, then fails the stream: the
+/// connection is cut mid-body.
+async fn truncated(ok: Response<Body>) -> Response<Body> {
+    let (mut parts, body) = ok.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let bytes = if bytes.is_empty() {
+        bytes::Bytes::from_static(b"{\"volumeAttachments\": []}")
+    } else {
+        bytes
+    };
+    let half = bytes.slice(..bytes.len() / 2);
+    // The headers and the first half go out; then the connection is cut.
+    let stream = futures_util::stream::unfold(0u8, move |step| {
+        let half = half.clone();
+        async move {
+            match step {
+                0 => Some((Ok::<_, std::io::Error>(half), 1)),
+                1 => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Some((
+                        Err(std::io::Error::other("simulated connection cut mid-body")),
+                        2,
+                    ))
+                }
+                _ => None,
+            }
+        }
+    });
+    parts.headers.remove("content-length");
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
 /// Whether a fault takes the effect away.
 fn blocks_effect(f: &Option<Fault>) -> bool {
     matches!(
@@ -325,6 +365,7 @@ fn blocks_effect(f: &Option<Fault>) -> bool {
             | Some(Fault::Status { effect: false, .. })
             | Some(Fault::ProxyError { effect: false, .. })
             | Some(Fault::StallBody { effect: false, .. })
+            | Some(Fault::TruncateBody { effect: false })
     )
 }
 

@@ -46,6 +46,10 @@ pub enum Fault {
     CloseBeforeEffect,
     /// Send the headers and part of the body, then stall for `ms`.
     StallBody { ms: u64, effect: bool },
+    /// Send the headers and part of the body, then close the connection.
+    TruncateBody { effect: bool },
+    /// Answer 200 with a body that is not the contract's JSON.
+    GarbageBody,
     /// Answer a Nova fault with this status (500 computeFault, 503 ...).
     Status { code: u16, effect: bool },
     /// Answer a proxy's non-JSON page (502/504).
