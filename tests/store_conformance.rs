@@ -465,6 +465,38 @@ async fn changes_are_notified(store: Arc<dyn Store>) {
     store.ping().await.unwrap();
 }
 
+async fn every_change_of_a_concurrent_burst_is_notified(store: Arc<dyn Store>) {
+    let mut rx = store.subscribe();
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            create(
+                store.as_ref(),
+                new_op(&format!("burst-{i}"), Uuid::new_v4(), State::InProgress),
+            )
+            .await
+            .id
+        }));
+    }
+    let mut want = std::collections::HashSet::new();
+    for t in tasks {
+        want.insert(t.await.unwrap());
+    }
+    // Group commit notifies once per batch with every id in it.
+    let all = tokio::time::timeout(Duration::from_secs(10), async {
+        while !want.is_empty() {
+            let id = rx.recv().await.unwrap();
+            want.remove(&id);
+        }
+    })
+    .await;
+    assert!(
+        all.is_ok(),
+        "every operation of the burst is notified by id"
+    );
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -485,6 +517,7 @@ conformance!(
     an_operator_decision_fences_out_workers,
     pages_are_newest_first_and_filtered,
     changes_are_notified,
+    every_change_of_a_concurrent_burst_is_notified,
 );
 
 #[tokio::test]

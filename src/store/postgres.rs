@@ -169,13 +169,19 @@ async fn spawn_listener(
                 n = listener.try_recv() => n,
             };
             match next {
-                Ok(Some(n)) => match Uuid::parse_str(n.payload()) {
-                    // A send error only means nobody listens right now.
-                    Ok(id) => drop(changes.send(id)),
-                    Err(e) => {
-                        tracing::warn!(payload = n.payload(), error = %e, "unexpected notification payload")
+                Ok(Some(n)) => {
+                    // One notification per committed batch: the ids of
+                    // every operation it changed, comma separated.
+                    for part in n.payload().split(',').filter(|p| !p.is_empty()) {
+                        match Uuid::parse_str(part) {
+                            // A send error only means nobody listens now.
+                            Ok(id) => drop(changes.send(id)),
+                            Err(e) => {
+                                tracing::warn!(payload = part, error = %e, "unexpected notification payload")
+                            }
+                        }
                     }
-                },
+                }
                 // The connection was lost and re-established: notifications
                 // may have been missed, so every watcher re-reads.
                 Ok(None) => drop(changes.send(Uuid::nil())),
