@@ -84,7 +84,9 @@ impl Writer {
         let _pending = Pending(&self.pending);
         if alone {
             let one = [payload];
-            return match try_batch(&self.pool, &one).await {
+            // Boxed: the batch state machine is large, and every write waiting
+            // in the queue would otherwise carry room for it.
+            return match Box::pin(try_batch(&self.pool, &one)).await {
                 Ok(mut v) => v.pop().unwrap_or(Ok(None)),
                 Err(e) => Err(StoreError::Database {
                     what: "writing to the ledger",
