@@ -157,6 +157,9 @@ pub struct ServeArgs {
         default_value = "sqlite://volume-reconciler.db"
     )]
     pub database_url: String,
+    /// PostgreSQL connections of this replica, at most (5 at least): the
+    /// ledger writers' own (a quarter of them, 1 to 4, plus one for a lone
+    /// write) and a pool for the rest (reads, the reconciler, the listener).
     #[arg(
         long,
         env = "VOLUME_RECONCILER_DB_MAX_CONNECTIONS",

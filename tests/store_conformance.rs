@@ -465,18 +465,28 @@ async fn changes_are_notified(store: Arc<dyn Store>) {
     store.ping().await.unwrap();
 }
 
-async fn every_change_of_a_concurrent_burst_is_notified(store: Arc<dyn Store>) {
-    let mut rx = store.subscribe();
-    let mut tasks = Vec::new();
+async fn every_decision_of_a_concurrent_burst_is_notified(store: Arc<dyn Store>) {
+    let mut ops = Vec::new();
     for i in 0..40 {
-        let store = store.clone();
-        tasks.push(tokio::spawn(async move {
+        ops.push(
             create(
                 store.as_ref(),
                 new_op(&format!("burst-{i}"), Uuid::new_v4(), State::InProgress),
             )
-            .await
-            .id
+            .await,
+        );
+    }
+    let mut rx = store.subscribe();
+    let mut tasks = Vec::new();
+    for op in ops {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .operation_transition(finish(&op, State::Succeeded), soon())
+                .await
+                .unwrap()
+                .unwrap()
+                .id
         }));
     }
     let mut want = std::collections::HashSet::new();
@@ -495,6 +505,64 @@ async fn every_change_of_a_concurrent_burst_is_notified(store: Arc<dyn Store>) {
         all.is_ok(),
         "every operation of the burst is notified by id"
     );
+}
+
+async fn appended_events_land_in_order_even_when_batched(store: Arc<dyn Store>) {
+    let mut ops = Vec::new();
+    for i in 0..20 {
+        ops.push(
+            create(
+                store.as_ref(),
+                new_op(&format!("append-{i}"), Uuid::new_v4(), State::InProgress),
+            )
+            .await,
+        );
+    }
+    // Concurrent appends (as a verification round makes them) share the
+    // group commit; each operation's events keep their order.
+    let mut tasks = Vec::new();
+    for op in &ops {
+        let (store, id) = (store.clone(), op.id);
+        tasks.push(tokio::spawn(async move {
+            let events = vec![
+                NewEvent::new("verified", "first").with("n", 1),
+                NewEvent::new("verified", "second").with("n", 2),
+            ];
+            store.operation_append_events(id, "r9", events).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    for op in &ops {
+        let events = store.operation_events(op.id).await.unwrap();
+        let appended: Vec<_> = events
+            .iter()
+            .filter(|e| e.kind == "verified")
+            .map(|e| {
+                (
+                    e.detail.as_str(),
+                    e.replica.as_str(),
+                    e.metadata.get("n").cloned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            appended,
+            vec![
+                ("first", "r9", Some("1".to_string())),
+                ("second", "r9", Some("2".to_string()))
+            ],
+            "operation {}",
+            op.id
+        );
+    }
+    // An append to an operation that does not exist is refused, not lost
+    // silently and not taking the batch down with it.
+    let missing = store
+        .operation_append_events(Uuid::new_v4(), "r9", vec![NewEvent::new("verified", "x")])
+        .await;
+    assert!(missing.is_err(), "appending to a missing operation fails");
 }
 
 macro_rules! conformance {
@@ -517,7 +585,8 @@ conformance!(
     an_operator_decision_fences_out_workers,
     pages_are_newest_first_and_filtered,
     changes_are_notified,
-    every_change_of_a_concurrent_burst_is_notified,
+    every_decision_of_a_concurrent_burst_is_notified,
+    appended_events_land_in_order_even_when_batched,
 );
 
 #[tokio::test]
@@ -538,4 +607,58 @@ async fn a_second_process_on_the_same_embedded_file_is_refused_clearly() {
         .await
         .expect("free again once the first closed");
     again.close().await;
+}
+
+/// PostgreSQL only: the ledger writers keep connections of their own. When
+/// the database drops them (restart, failover, a proxy's idle timeout), the
+/// next writes still land, once each, and nobody sees an error.
+#[tokio::test]
+async fn postgres_writes_survive_their_connections_being_killed() {
+    use sqlx::Connection as _;
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let store = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let a = create(
+        store.as_ref(),
+        new_op("killed-a", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND application_name = 'volume-reconciler') k",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(killed >= 1, "the store's connections were found and killed");
+
+    let decided = store
+        .operation_transition(finish(&a, State::Succeeded), soon())
+        .await
+        .expect("a decision is written despite the dead connection")
+        .expect("and it applies");
+    assert_eq!(decided.state, State::Succeeded);
+    let b = create(
+        store.as_ref(),
+        new_op("killed-b", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    assert_eq!(b.idempotency_key, "killed-b");
+
+    let resolved = store
+        .operation_events(a.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "resolved")
+        .count();
+    assert_eq!(resolved, 1, "the decision's events are written once");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM operations")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2, "each intent written once");
 }

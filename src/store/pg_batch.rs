@@ -8,10 +8,17 @@
 //! holds: a caller gets its row only after the batch that wrote it has
 //! committed. A statement error aborts its batch; the batch is then re-run
 //! one job per transaction, so one bad job never fails the others.
+//!
+//! The writers use connections of their own, not the pool's: sqlx's pool
+//! pings every connection it takes back (one more round trip per write, and
+//! a task to run it). A writer's connection is pinged only after it sat idle
+//! long enough to have gone stale, and one whose write was cut short (the
+//! caller's deadline fired mid-statement) is dropped, never reused.
 
 use std::sync::Arc;
 
-use sqlx::postgres::{PgPool, PgRow};
+use sqlx::Connection as _;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,11 +26,90 @@ use uuid::Uuid;
 
 use super::postgres::{COLUMNS, NOTIFY_CHANNEL, row_to_operation, to_json};
 use super::{NewOperation, StoreError, Transition};
-use crate::domain::Operation;
+use crate::domain::{NewEvent, Operation};
 
 pub(super) enum Payload {
     Create(Box<NewOperation>),
     Transition(Box<Transition>),
+    /// Events appended to an operation's log, changing nothing else
+    /// (verifications): batched like the rest, not notified.
+    Append(Box<Append>),
+}
+
+pub(super) struct Append {
+    pub id: Uuid,
+    pub replica: String,
+    pub events: Vec<NewEvent>,
+}
+
+/// A writer connection idle this long is pinged before it is used again.
+const PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Opening a writer connection, at most: connection setup stays short.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The writers' connections.
+struct Conns {
+    options: PgConnectOptions,
+    idle: std::sync::Mutex<Vec<(PgConnection, Instant)>>,
+    /// Idle connections kept, at most (one per writer, one inline).
+    keep: usize,
+}
+
+impl Conns {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(PgConnection, Instant)>> {
+        // A panic while holding this lock leaves a plain Vec behind: usable.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle connection (`true`: reused) or a new one.
+    async fn take(&self) -> Result<(PgConnection, bool), sqlx::Error> {
+        loop {
+            let popped = self.idle().pop();
+            let Some((mut conn, since)) = popped else {
+                return self.open().await.map(|c| (c, false));
+            };
+            if since.elapsed() < PING_IF_IDLE_FOR {
+                return Ok((conn, true));
+            }
+            match conn.ping().await {
+                Ok(()) => return Ok((conn, true)),
+                // Gone stale (database restarted, proxy timed it out):
+                // dropped; the next one is tried, or a fresh one opened.
+                Err(e) => tracing::info!(error = %e, "dropping a stale ledger connection"),
+            }
+        }
+    }
+
+    async fn open(&self) -> Result<PgConnection, sqlx::Error> {
+        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&self.options)).await
+        {
+            Ok(r) => r,
+            Err(_) => Err(sqlx::Error::PoolTimedOut),
+        }
+    }
+
+    /// Takes a connection back after a write that ran to its end. One whose
+    /// connection failed (I/O, protocol) is dropped instead.
+    fn put<T>(&self, conn: PgConnection, outcome: &Result<T, sqlx::Error>) {
+        let healthy = match outcome {
+            Ok(_) => true,
+            Err(e) => !is_connection_error(e),
+        };
+        let mut idle = self.idle();
+        if healthy && idle.len() < self.keep {
+            idle.push((conn, Instant::now()));
+        }
+    }
+
+    async fn close(&self) {
+        let conns: Vec<_> = self.idle().drain(..).collect();
+        for (conn, _) in conns {
+            if let Err(e) = conn.close().await {
+                tracing::debug!(error = %e, "closing a ledger connection");
+            }
+        }
+    }
 }
 
 type Reply = oneshot::Sender<Result<Option<Operation>, StoreError>>;
@@ -37,7 +123,7 @@ pub(super) struct Job {
 #[derive(Clone)]
 pub(super) struct Writer {
     tx: mpsc::Sender<Job>,
-    pool: PgPool,
+    conns: Arc<Conns>,
     /// Writes submitted and not yet answered, on any path.
     pending: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -49,20 +135,38 @@ const MAX_BATCH: usize = 128;
 const QUEUE: usize = 32_768;
 
 impl Writer {
-    pub fn start(pool: PgPool, writers: usize, stop: CancellationToken) -> Self {
+    pub async fn start(
+        options: PgConnectOptions,
+        writers: usize,
+        stop: CancellationToken,
+    ) -> Result<Self, sqlx::Error> {
+        let writers = writers.max(1);
+        let conns = Arc::new(Conns {
+            options,
+            idle: std::sync::Mutex::new(Vec::new()),
+            keep: writers + 1,
+        });
+        // One connection now: the first write should not pay for it.
+        let first = conns.open().await?;
+        conns.put::<()>(first, &Ok(()));
         // Bounded, and larger than the cap on mutations in flight: a full
         // queue means the database has fallen far behind, and the caller
         // is told so at once instead of waiting out its deadline.
         let (tx, rx) = mpsc::channel(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
-        for _ in 0..writers.max(1) {
-            tokio::spawn(writer_loop(pool.clone(), rx.clone(), stop.clone()));
+        for _ in 0..writers {
+            tokio::spawn(writer_loop(conns.clone(), rx.clone(), stop.clone()));
         }
-        Self {
+        Ok(Self {
             tx,
-            pool,
+            conns,
             pending: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        }
+        })
+    }
+
+    /// Closes the idle writer connections (at shutdown, after the drain).
+    pub async fn close(&self) {
+        self.conns.close().await;
     }
 
     /// Writes and returns the committed result: inline when no other write
@@ -86,7 +190,7 @@ impl Writer {
             let one = [payload];
             // Boxed: the batch state machine is large, and every write waiting
             // in the queue would otherwise carry room for it.
-            return match Box::pin(try_batch(&self.pool, &one)).await {
+            return match Box::pin(try_batch(&self.conns, &one)).await {
                 Ok(mut v) => v.pop().unwrap_or(Ok(None)),
                 Err(e) => Err(StoreError::Database {
                     what: "writing to the ledger",
@@ -115,7 +219,11 @@ impl Writer {
     }
 }
 
-async fn writer_loop(pool: PgPool, rx: Arc<Mutex<mpsc::Receiver<Job>>>, stop: CancellationToken) {
+async fn writer_loop(
+    conns: Arc<Conns>,
+    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    stop: CancellationToken,
+) {
     loop {
         let jobs = {
             let mut rx = rx.lock().await;
@@ -132,11 +240,11 @@ async fn writer_loop(pool: PgPool, rx: Arc<Mutex<mpsc::Receiver<Job>>>, stop: Ca
             }
             jobs
         };
-        run_batch(&pool, jobs).await;
+        run_batch(&conns, jobs).await;
     }
 }
 
-async fn run_batch(pool: &PgPool, jobs: Vec<Job>) {
+async fn run_batch(conns: &Conns, jobs: Vec<Job>) {
     // A write whose caller's deadline already passed is not made: the
     // caller is told so, and nothing is recorded behind its back.
     let now = Instant::now();
@@ -152,7 +260,7 @@ async fn run_batch(pool: &PgPool, jobs: Vec<Job>) {
     }
     let (payloads, replies): (Vec<Payload>, Vec<Reply>) =
         live.into_iter().map(|j| (j.payload, j.reply)).unzip();
-    match try_batch(pool, &payloads).await {
+    match try_batch(conns, &payloads).await {
         Ok(results) => {
             for (reply, r) in replies.into_iter().zip(results) {
                 drop(reply.send(r));
@@ -170,7 +278,7 @@ async fn run_batch(pool: &PgPool, jobs: Vec<Job>) {
             tracing::debug!(error = %e, jobs = payloads.len(), "batch failed; writing its jobs one by one");
             for (payload, reply) in payloads.into_iter().zip(replies) {
                 let one = [payload];
-                let r = match try_batch(pool, &one).await {
+                let r = match try_batch(conns, &one).await {
                     Ok(mut v) => v.pop().unwrap_or(Ok(None)),
                     Err(e) => Err(StoreError::Database {
                         what: "writing to the ledger",
@@ -185,7 +293,9 @@ async fn run_batch(pool: &PgPool, jobs: Vec<Job>) {
 
 /// Intent rows of a batch, inserted by one statement; a row that hits a
 /// unique constraint (key replayed, volume busy) is skipped and reported as
-/// `None` (its caller looks up why). Events keep their order.
+/// `None` (its caller looks up why). Events keep their order. Not notified:
+/// nobody can be waiting on an operation whose id has not been handed out
+/// yet (watchers and replays look for decisions, which are).
 const CREATE_MANY: &str = "WITH ins AS (
         INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller)
@@ -204,10 +314,16 @@ const CREATE_MANY: &str = "WITH ins AS (
              WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, ord)
         JOIN ins ON ins.id = e.operation_id
         ORDER BY e.ord
-     ), n AS (
-        SELECT pg_notify('__CHANNEL__', string_agg(id::text, ',')) FROM ins HAVING count(*) > 0
      )
-     SELECT __COLUMNS__ FROM ins LEFT JOIN n ON true";
+     SELECT __COLUMNS__ FROM ins";
+
+/// Events appended to existing operations, by one statement.
+const APPEND_MANY: &str =
+    "INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
+     SELECT e.operation_id, e.kind, e.detail, e.metadata, e.replica
+     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::text[])
+          WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, ord)
+     ORDER BY e.ord";
 
 /// Decisions of a batch, by one statement, each fenced by its epoch.
 const TRANSITION_MANY: &str = "WITH u AS (
@@ -254,7 +370,7 @@ struct EventCols {
 }
 
 impl EventCols {
-    fn push(&mut self, id: Uuid, replica: &str, events: &[crate::domain::NewEvent]) {
+    fn push(&mut self, id: Uuid, replica: &str, events: &[NewEvent]) {
         for e in events {
             self.op.push(id);
             self.kind.push(e.kind.to_string());
@@ -266,7 +382,7 @@ impl EventCols {
 }
 
 async fn create_many(
-    conn: &mut sqlx::PgConnection,
+    conn: &mut PgConnection,
     news: &[&NewOperation],
 ) -> Result<Vec<PgRow>, sqlx::Error> {
     let mut ev = EventCols::default();
@@ -274,9 +390,7 @@ async fn create_many(
         ev.push(n.id, &n.replica, &n.events);
     }
     sqlx::query(sqlx::AssertSqlSafe(
-        CREATE_MANY
-            .replace("__COLUMNS__", COLUMNS)
-            .replace("__CHANNEL__", NOTIFY_CHANNEL),
+        CREATE_MANY.replace("__COLUMNS__", COLUMNS),
     ))
     .bind(news.iter().map(|n| n.id).collect::<Vec<_>>())
     .bind(
@@ -320,8 +434,24 @@ async fn create_many(
     .await
 }
 
+async fn append_many(conn: &mut PgConnection, appends: &[&Append]) -> Result<(), sqlx::Error> {
+    let mut ev = EventCols::default();
+    for a in appends {
+        ev.push(a.id, &a.replica, &a.events);
+    }
+    sqlx::query(APPEND_MANY)
+        .bind(ev.op)
+        .bind(ev.kind)
+        .bind(ev.detail)
+        .bind(ev.metadata)
+        .bind(ev.replica)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 async fn transition_many(
-    conn: &mut sqlx::PgConnection,
+    conn: &mut PgConnection,
     ts: &[&Transition],
 ) -> Result<Vec<PgRow>, sqlx::Error> {
     let mut ev = EventCols::default();
@@ -378,29 +508,77 @@ async fn transition_many(
     .await
 }
 
-/// Runs the payloads atomically: one autocommit statement when they are all
-/// of one kind (the common case: one round trip), else one transaction.
-/// `Err` when it failed as a whole (then nothing of it was written). Each
-/// statement carries its own NOTIFY (one per statement, not per row).
+/// Runs the payloads atomically on a writer connection: one autocommit
+/// statement when they are all of one kind (the common case: one round
+/// trip), else one transaction. `Err` when it failed as a whole (then
+/// nothing of it was written). Decisions carry their own NOTIFY (one per
+/// statement, not per row).
 async fn try_batch(
-    pool: &PgPool,
+    conns: &Conns,
     payloads: &[Payload],
 ) -> Result<Vec<Result<Option<Operation>, StoreError>>, sqlx::Error> {
-    let creates = payloads
-        .iter()
-        .filter(|p| matches!(p, Payload::Create(_)))
-        .count();
+    // Owned by this future: if it is dropped mid-statement, so is the
+    // connection, whose state is then unknown.
+    let (mut conn, reused) = conns.take().await?;
+    let result = batch_on(&mut conn, payloads).await;
+    conns.put(conn, &result);
+    match result {
+        // A reused connection found dead (the database restarted, a proxy
+        // dropped it): the batch runs once more on a new one. Safe because
+        // intents and decisions are idempotent when re-run: an intent that
+        // did commit conflicts on its own id and is found by its caller
+        // (`operation_create`), a decision that did commit is fenced out
+        // and re-read. Appends are not re-run (they would duplicate).
+        Err(e)
+            if reused
+                && is_connection_error(&e)
+                && !payloads.iter().any(|p| matches!(p, Payload::Append(_))) =>
+        {
+            tracing::info!(error = %e, "ledger connection lost; writing the batch on a new one");
+            let mut conn = conns.open().await?;
+            let result = batch_on(&mut conn, payloads).await;
+            conns.put(conn, &result);
+            result
+        }
+        other => other,
+    }
+}
+
+/// The connection is gone or unusable (as opposed to a statement refused):
+/// I/O and protocol failures, and the server's own notice that it ended the
+/// session (SQLSTATE class 08, connection exception; 57P01–57P03, shutdown).
+fn is_connection_error(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        _ => false,
+    }
+}
+
+async fn batch_on(
+    conn: &mut PgConnection,
+    payloads: &[Payload],
+) -> Result<Vec<Result<Option<Operation>, StoreError>>, sqlx::Error> {
+    let (mut creates, mut transitions, mut appends) = (false, false, false);
     let mut ids = std::collections::HashSet::new();
-    let single_round = payloads.iter().all(|p| match p {
-        Payload::Transition(t) => ids.insert(t.id),
-        Payload::Create(_) => true,
-    });
-    let one_statement = single_round && (creates == 0 || creates == payloads.len());
-    if one_statement {
-        let mut conn = pool.acquire().await?;
-        run_statements(&mut conn, payloads).await
+    let mut single_round = true;
+    for p in payloads {
+        match p {
+            Payload::Create(_) => creates = true,
+            Payload::Append(_) => appends = true,
+            Payload::Transition(t) => {
+                transitions = true;
+                single_round &= ids.insert(t.id);
+            }
+        }
+    }
+    let kinds = usize::from(creates) + usize::from(transitions) + usize::from(appends);
+    if single_round && kinds == 1 {
+        run_statements(conn, payloads).await
     } else {
-        let mut tx = pool.begin().await?;
+        let mut tx = conn.begin().await?;
         let results = run_statements(&mut tx, payloads).await?;
         tx.commit().await?;
         Ok(results)
@@ -408,7 +586,7 @@ async fn try_batch(
 }
 
 async fn run_statements(
-    conn: &mut sqlx::PgConnection,
+    conn: &mut PgConnection,
     payloads: &[Payload],
 ) -> Result<Vec<Result<Option<Operation>, StoreError>>, sqlx::Error> {
     let mut by_id: std::collections::HashMap<Uuid, Result<Operation, StoreError>> =
@@ -417,7 +595,7 @@ async fn run_statements(
         .iter()
         .filter_map(|p| match p {
             Payload::Create(n) => Some(n.as_ref()),
-            Payload::Transition(_) => None,
+            Payload::Transition(_) | Payload::Append(_) => None,
         })
         .collect();
     if !creates.is_empty() {
@@ -434,10 +612,20 @@ async fn run_statements(
         .iter()
         .filter_map(|p| match p {
             Payload::Transition(t) => Some(t.as_ref()),
-            Payload::Create(_) => None,
+            Payload::Create(_) | Payload::Append(_) => None,
         })
         .enumerate()
         .collect();
+    let appends: Vec<&Append> = payloads
+        .iter()
+        .filter_map(|p| match p {
+            Payload::Append(a) => Some(a.as_ref()),
+            Payload::Create(_) | Payload::Transition(_) => None,
+        })
+        .collect();
+    if !appends.is_empty() {
+        append_many(conn, &appends).await?;
+    }
     let mut transition_results: Vec<(usize, Result<Option<Operation>, StoreError>)> = Vec::new();
     while !pending.is_empty() {
         let mut seen = std::collections::HashSet::new();
@@ -466,6 +654,7 @@ async fn run_statements(
         .map(|p| match p {
             Payload::Create(n) => by_id.remove(&n.id).transpose(),
             Payload::Transition(_) => transition_results.next().unwrap_or(Ok(None)),
+            Payload::Append(_) => Ok(None),
         })
         .collect())
 }

@@ -28,6 +28,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/pg")
 
 pub(super) const NOTIFY_CHANNEL: &str = "volume_reconciler_operations";
 
+/// Appending events has no caller's deadline (background work); a write
+/// that waits this long for the group commit is given up and reported.
+const APPEND_DEADLINE: Duration = Duration::from_secs(60);
+
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
     request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
     completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes";
@@ -57,8 +61,13 @@ impl PgStore {
             // The hot statements are prepared once per connection and their
             // shape never changes: plan them once, not at every execution.
             .options([("plan_cache_mode", "force_generic_plan")]);
+        let writer_options = options.clone();
+        // A few writers, so one batch forms while another commits; they hold
+        // connections of their own (writers + 1), the pool the rest.
+        let writers = (settings.max_connections / 4).clamp(1, 4);
+        let pool_size = settings.max_connections.saturating_sub(writers + 1).max(3);
         let pool = PgPoolOptions::new()
-            .max_connections(settings.max_connections)
+            .max_connections(pool_size)
             // Not a request bound (those use the request's deadline); only a
             // backstop for background work if the database is gone.
             .acquire_timeout(Duration::from_secs(3600))
@@ -72,9 +81,9 @@ impl PgStore {
         let (changes, _) = broadcast::channel(4096);
         let stop = CancellationToken::new();
         spawn_listener(pool.clone(), changes.clone(), stop.clone()).await?;
-        // A few writers, so one batch forms while another commits.
-        let writers = (settings.max_connections / 4).clamp(1, 4) as usize;
-        let writer = super::pg_batch::Writer::start(pool.clone(), writers, stop.clone());
+        let writer = super::pg_batch::Writer::start(writer_options, writers as usize, stop.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL (ledger writer): {e}"))?;
         Ok(Self {
             pool,
             changes,
@@ -304,6 +313,13 @@ impl Store for PgStore {
                 // Nothing inserted: the key exists, or the volume is busy.
                 // (A cold path, boxed so the common future stays small.)
                 if let Some(found) = Box::pin(self.why_not_inserted(&new)).await? {
+                    // Our own row: a write re-run after a lost connection
+                    // whose first run had committed.
+                    if let Ok(CreateOutcome::Existing(op)) = &found
+                        && op.id == new.id
+                    {
+                        return Ok(CreateOutcome::Created(op.clone()));
+                    }
                     return found;
                 }
             }
@@ -434,17 +450,26 @@ impl Store for PgStore {
         replica: &str,
         events: Vec<NewEvent>,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
-             SELECT $1, e.kind, e.detail, e.metadata, $2
-             FROM jsonb_to_recordset($3::jsonb) AS e(kind text, detail text, metadata jsonb)",
-        )
-        .bind(id)
-        .bind(replica)
-        .bind(events_json(&events))
-        .execute(&self.pool)
-        .await
-        .map_err(StoreError::db("appending to the reconcile log"))?;
+        // Through the group commit: a verification round appends to many
+        // operations at once, and those share one statement and one flush.
+        let append = super::pg_batch::Append {
+            id,
+            replica: replica.to_string(),
+            events,
+        };
+        self.writer
+            .submit(
+                super::pg_batch::Payload::Append(Box::new(append)),
+                Instant::now() + APPEND_DEADLINE,
+            )
+            .await
+            .map_err(|e| match e {
+                StoreError::Database { source, .. } => StoreError::Database {
+                    what: "appending to the reconcile log",
+                    source,
+                },
+                other => other,
+            })?;
         Ok(())
     }
 
@@ -694,6 +719,7 @@ impl Store for PgStore {
 
     async fn close(&self) {
         self.stop.cancel();
+        self.writer.close().await;
         self.pool.close().await;
     }
 }
