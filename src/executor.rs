@@ -173,6 +173,20 @@ impl Run {
     }
 }
 
+/// How a submitted operation started.
+enum Started {
+    /// New, running in its own task; its result arrives on `rx`.
+    Running {
+        id: Uuid,
+        rx: watch::Receiver<Option<Operation>>,
+        until: Instant,
+    },
+    /// A replayed key whose operation is already decided.
+    Settled(Box<Operation>),
+    /// A replayed key whose operation is still running (here or elsewhere).
+    Joined { id: Uuid, until: Instant },
+}
+
 pub struct Executor {
     pub store: Arc<dyn Store>,
     pub nova: Arc<NovaClient>,
@@ -233,13 +247,36 @@ impl Executor {
 
     /// Runs (or joins) an operation and answers by the caller's deadline
     /// minus the safety margin.
-    #[tracing::instrument(name = "submit operation", skip_all, fields(
-        action = req.action.as_str(), server_id = %req.server_id, volume_id = %req.volume_id, operation_id))]
-    pub async fn submit(
+    ///
+    /// Not an `async fn`: the start (intent write, spawning the work) is
+    /// boxed here and freed once done, and the request moves into it, so
+    /// the returned future (thousands of them can wait at once) holds only
+    /// what it waits on.
+    pub fn submit(
         self: &Arc<Self>,
         req: OpRequest,
         deadline: Deadline,
-    ) -> Result<Operation, ExecError> {
+    ) -> impl std::future::Future<Output = Result<Operation, ExecError>> + Send + '_ {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!("submit operation",
+            action = req.action.as_str(), server_id = %req.server_id, volume_id = %req.volume_id,
+            operation_id = tracing::field::Empty);
+        let start = Box::pin(self.start(req, deadline));
+        async move {
+            match start.await? {
+                Started::Running { id, rx, until } => self.await_result(id, rx, until).await,
+                Started::Settled(op) => Ok(*op),
+                Started::Joined { id, until } => Box::pin(self.wait_settled(id, until)).await,
+            }
+        }
+        .instrument(span)
+    }
+
+    async fn start(
+        self: &Arc<Self>,
+        req: OpRequest,
+        deadline: Deadline,
+    ) -> Result<Started, ExecError> {
         let now = Instant::now();
         let budget = self
             .policy
@@ -304,15 +341,22 @@ impl Executor {
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(&op_id);
                 });
-                self.await_result(op_id, rx, budget.answer_by).await
+                Ok(Started::Running {
+                    id: op_id,
+                    rx,
+                    until: budget.answer_by,
+                })
             }
             CreateOutcome::Existing(op) => {
                 tracing::Span::current().record("operation_id", tracing::field::display(op.id));
                 tracing::info!(operation_id = %op.id, state = op.state.as_str(), "idempotency key replayed; joining the operation");
                 if op.state.is_terminal() || op.state == State::Unknown {
-                    return Ok(op);
+                    return Ok(Started::Settled(Box::new(op)));
                 }
-                Box::pin(self.wait_settled(op.id, budget.answer_by)).await
+                Ok(Started::Joined {
+                    id: op.id,
+                    until: budget.answer_by,
+                })
             }
         }
     }
@@ -1100,8 +1144,9 @@ mod size_probe {
             caller: None,
         };
         let f = exec.submit(req.clone(), Deadline::none());
+        // The start is boxed: what stays is the wait for the result.
         assert!(
-            std::mem::size_of_val(&f) <= 2560,
+            std::mem::size_of_val(&f) <= 768,
             "submit: {}",
             std::mem::size_of_val(&f)
         );
@@ -1147,10 +1192,17 @@ mod size_probe {
             watch_idle: Duration::from_secs(1),
         };
         use crate::grpc::pb::volume_reconciler_server::VolumeReconciler;
-        let f = api.attach_volume(tonic::Request::new(Default::default()));
-        eprintln!(
-            "attach_volume handler future: {} bytes",
-            std::mem::size_of_val(&f)
+        let f = api.attach_volume(tonic::Request::new(crate::grpc::pb::AttachVolumeRequest {
+            idempotency_key: "k".into(),
+            server_id: Uuid::from_u128(1).to_string(),
+            volume_id: Uuid::from_u128(2).to_string(),
+            ..Default::default()
+        }));
+        // The handler parses the request before making its future.
+        assert!(
+            std::mem::size_of_val(&*f) <= 1280,
+            "attach_volume handler: {}",
+            std::mem::size_of_val(&*f)
         );
         drop(f);
     }

@@ -92,13 +92,29 @@ impl Api {
         }
     }
 
-    async fn mutate(&self, req: OpRequest, deadline: Deadline) -> Result<pb::Operation, Status> {
-        let op = self
-            .exec
-            .submit(req, deadline)
-            .await
-            .map_err(status::from_exec)?;
-        status::from_operation(op).map(|op| convert::operation_to_pb(&op))
+    /// Runs a parsed AttachVolume/DetachVolume. The submit future is made
+    /// here (the request moves into it), so the returned future holds only
+    /// that and the method name.
+    fn mutate<'a>(
+        &'a self,
+        method: &'static str,
+        parsed: Result<OpRequest, Status>,
+        deadline: Deadline,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<pb::Operation>, Status>> + Send + 'a>> {
+        match parsed {
+            Err(s) => Box::pin(std::future::ready(self.done(method, Err(s)))),
+            Ok(req) => {
+                let submitted = self.exec.submit(req, deadline);
+                Box::pin(async move {
+                    let result = submitted
+                        .await
+                        .map_err(status::from_exec)
+                        .and_then(status::from_operation)
+                        .map(|op| convert::operation_to_pb(&op));
+                    self.done(method, result)
+                })
+            }
+        }
     }
 }
 
@@ -106,10 +122,18 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::Operation, Status>> + Se
 
 #[tonic::async_trait]
 impl VolumeReconciler for Api {
-    async fn attach_volume(
-        &self,
+    // AttachVolume and DetachVolume are written out (not `async fn`): the
+    // request is parsed before the future is made, so each of the thousands
+    // of calls that can wait at once holds only the operation it waits on,
+    // not the request it came with.
+    fn attach_volume<'life0, 'async_trait>(
+        &'life0 self,
         request: Request<pb::AttachVolumeRequest>,
-    ) -> Result<Response<pb::Operation>, Status> {
+    ) -> Pin<Box<dyn Future<Output = Result<Response<pb::Operation>, Status>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
         let deadline = deadline_of(&request);
         let caller = caller_of(&request);
         let r = request.into_inner();
@@ -129,20 +153,20 @@ impl VolumeReconciler for Api {
                     tag: tag.map(|t| t.as_str().to_string()),
                     delete_on_termination: r.delete_on_termination,
                 },
-                caller: caller.clone(),
+                caller,
             })
         })();
-        let result = match parsed {
-            Ok(req) => self.mutate(req, deadline).await,
-            Err(s) => Err(s),
-        };
-        self.done("AttachVolume", result)
+        self.mutate("AttachVolume", parsed, deadline)
     }
 
-    async fn detach_volume(
-        &self,
+    fn detach_volume<'life0, 'async_trait>(
+        &'life0 self,
         request: Request<pb::DetachVolumeRequest>,
-    ) -> Result<Response<pb::Operation>, Status> {
+    ) -> Pin<Box<dyn Future<Output = Result<Response<pb::Operation>, Status>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
         let deadline = deadline_of(&request);
         let caller = caller_of(&request);
         let r = request.into_inner();
@@ -154,14 +178,10 @@ impl VolumeReconciler for Api {
                 server_id: op_id("server_id", &r.server_id)?,
                 volume_id: op_id("volume_id", &r.volume_id)?,
                 params: RequestParams::default(),
-                caller: caller.clone(),
+                caller,
             })
         })();
-        let result = match parsed {
-            Ok(req) => self.mutate(req, deadline).await,
-            Err(s) => Err(s),
-        };
-        self.done("DetachVolume", result)
+        self.mutate("DetachVolume", parsed, deadline)
     }
 
     async fn get_operation(
