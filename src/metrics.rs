@@ -47,6 +47,7 @@ pub struct Metrics {
     pub reconciler_decisions: Family<DecisionLabels, Counter>,
     pub nova_slot_wait: Histogram,
     pub drift_detected: Counter,
+    pub verification_missed: Counter,
     pub ledger_write: Family<NovaLabels, Histogram>,
 }
 
@@ -79,6 +80,7 @@ impl Metrics {
             reconciler_decisions: Family::default(),
             nova_slot_wait: Histogram::new(seconds_buckets()),
             drift_detected: Counter::default(),
+            verification_missed: Counter::default(),
             ledger_write: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
         };
         {
@@ -142,6 +144,11 @@ impl Metrics {
                 "drift_detected",
                 "Terminal operations whose later observation disagreed",
                 m.drift_detected.clone(),
+            );
+            r.register(
+                "verification_missed",
+                "Terminal operations whose late-effect verification came after its window (the verifier fell behind, e.g. at its Nova rate limit)",
+                m.verification_missed.clone(),
             );
             r.register(
                 "ledger_write_duration_seconds",

@@ -462,6 +462,8 @@ impl Reconciler {
     async fn verify_with(&self, op: Operation, listed: &Observation) -> bool {
         let window = chrono::Duration::from_std(self.settings.verify_window).unwrap_or_default();
         if op.completed_at.is_some_and(|c| c + window < Utc::now()) {
+            // Counted, so an operator sees the verifier falling behind.
+            self.exec.metrics.verification_missed.inc();
             return false;
         }
         let present = match listed {

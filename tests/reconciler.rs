@@ -363,6 +363,52 @@ async fn an_operator_resolution_is_audited_and_final() {
 }
 
 #[tokio::test]
+async fn a_verification_that_comes_after_its_window_is_counted_not_recorded() {
+    // The verifier fell behind (say, at its Nova rate limit): by the time
+    // it gets to an operation, the window has passed. It does not pretend
+    // to have verified it; it counts the miss for the operator.
+    let app = spawn_app(
+        AppOptions::default()
+            .arg("--settle-window", "0s")
+            .arg("--verify-after", "300ms")
+            .arg("--verify-window", "200ms"),
+    )
+    .await;
+    let (s, v) = (Uuid::new_v4(), Uuid::new_v4());
+    let id = unknown_op(app.store.as_ref(), s, v, chrono::Duration::seconds(-1)).await;
+    let counts = app.reconciler.run_once().await.unwrap();
+    assert_eq!(counts.failed, 1, "{counts:?}");
+    let r = app.reconciler.clone();
+    support::eventually(
+        Duration::from_secs(10),
+        "the verification round reaches the operation",
+        || {
+            let r = r.clone();
+            async move { r.run_once().await.unwrap().verified > 0 }
+        },
+    )
+    .await;
+    let events = app.store.operation_events(id).await.unwrap();
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.kind == "verified" || e.kind == "drift_detected"),
+        "{events:?}"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", app.admin_url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("volume_reconciler_verification_missed_total 1"),
+        "{metrics}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_late_effect_after_the_decision_is_reported_as_drift() {
     let app = spawn_app(
         AppOptions::default()
@@ -569,6 +615,7 @@ async fn metrics_and_health_are_exposed_after_a_scripted_run() {
         ("volume_reconciler_reconciler_decisions", "counter"),
         ("volume_reconciler_nova_slot_wait_seconds", "histogram"),
         ("volume_reconciler_drift_detected", "counter"),
+        ("volume_reconciler_verification_missed", "counter"),
     ];
     for (name, kind) in want {
         let (k, samples) = m

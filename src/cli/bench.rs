@@ -78,9 +78,11 @@ pub struct LoadArgs {
     /// Each call's deadline.
     #[arg(long, value_parser = duration, default_value = "30s")]
     pub deadline: Duration,
-    /// Distinct servers the volumes are spread over.
-    #[arg(long, default_value_t = 64)]
-    pub servers: usize,
+    /// Volumes attached to each server before the next server is used (a
+    /// Nova server holds a handful of volumes, not thousands: this keeps
+    /// each server's attachment list, which re-observations read, realistic).
+    #[arg(long, default_value_t = 8)]
+    pub volumes_per_server: u32,
     /// Stop after this many calls (in addition to --duration).
     #[arg(long)]
     pub max_calls: Option<u64>,
@@ -157,7 +159,6 @@ async fn load(args: LoadArgs) -> anyhow::Result<()> {
     crate::nova::client::install_crypto_provider();
     let attach_share = parse_mix(&args.mix)?;
     let run_id = Uuid::new_v4().simple().to_string()[..8].to_string();
-    let servers: Vec<Uuid> = (0..args.servers.max(1)).map(|_| Uuid::new_v4()).collect();
     let conns = args
         .connections
         .unwrap_or(args.concurrency.div_ceil(200))
@@ -182,17 +183,22 @@ async fn load(args: LoadArgs) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
     for w in 0..args.concurrency {
         let client = clients[w % clients.len()].clone();
-        let (stats, stop, servers, run_id, http) = (
-            stats.clone(),
-            stop.clone(),
-            servers.clone(),
-            run_id.clone(),
-            http.clone(),
-        );
+        let (stats, stop, run_id, http) =
+            (stats.clone(), stop.clone(), run_id.clone(), http.clone());
+        let per_server = args.volumes_per_server.max(1);
         let (direct, deadline, max_calls) =
             (args.direct_nova.clone(), args.deadline, args.max_calls);
         tasks.push(tokio::spawn(async move {
             let mut attached: Vec<(Uuid, Uuid)> = Vec::new();
+            // This worker's current server and how many volumes it was given.
+            let (mut server, mut on_server) = (Uuid::new_v4(), 0u32);
+            let mut next_target = move || {
+                if on_server == per_server {
+                    (server, on_server) = (Uuid::new_v4(), 0);
+                }
+                on_server += 1;
+                (server, Uuid::new_v4())
+            };
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) && Instant::now() < end {
                 if let Some(m) = max_calls
@@ -205,7 +211,7 @@ async fn load(args: LoadArgs) -> anyhow::Result<()> {
                 let detach = !attached.is_empty() && rand::random::<f64>() >= attach_share;
                 let t = Instant::now();
                 let result: Result<(), String> = if let Some(nova) = &direct {
-                    let (s, v) = (servers[(i as usize + w) % servers.len()], Uuid::new_v4());
+                    let (s, v) = next_target();
                     let body = serde_json::json!({"volumeAttachment": {"volumeId": v.to_string()}});
                     match http
                         .post(format!("{nova}/servers/{s}/os-volume_attachments"))
@@ -232,7 +238,7 @@ async fn load(args: LoadArgs) -> anyhow::Result<()> {
                         .map(drop)
                         .map_err(|e| format!("{:?}", e.code))
                 } else {
-                    let (s, v) = (servers[(i as usize + w) % servers.len()], Uuid::new_v4());
+                    let (s, v) = next_target();
                     let r = client
                         .attach_counted(
                             &key,
