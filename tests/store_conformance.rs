@@ -662,3 +662,40 @@ async fn postgres_writes_survive_their_connections_being_killed() {
         .unwrap();
     assert_eq!(rows, 2, "each intent written once");
 }
+
+/// PostgreSQL only: the pgbench script `scripts/bench` uses as the
+/// database's ceiling is the service's own statements, and they work: one
+/// run records an operation, decides it, and logs its four events.
+#[tokio::test]
+async fn postgres_pgbench_script_is_the_services_write_pattern_and_runs() {
+    use sqlx::Connection as _;
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let store = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let script = volume_reconciler::store::pgbench_script();
+    let statements: Vec<String> = script
+        .lines()
+        .filter(|l| !l.starts_with('\\'))
+        .map(|l| {
+            l.trim_end_matches(';')
+                .replace(":n ||", "42 ||")
+                .replace(":hi::", "12345::")
+                .replace(":lo::", "67890::")
+        })
+        .collect();
+    assert_eq!(statements.len(), 2, "{script}");
+    assert!(statements[0].contains("INSERT INTO operations"));
+    assert!(statements[1].contains("UPDATE operations"));
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    for s in &statements {
+        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(s.clone()))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {s}"));
+        assert_eq!(rows.len(), 1, "one row each: {s}");
+    }
+    let id = Uuid::parse_str("00000000000030390000000000010932").unwrap();
+    let op = store.operation_get(id).await.unwrap().expect("recorded");
+    assert_eq!(op.state, State::Succeeded);
+    assert_eq!(store.operation_events(id).await.unwrap().len(), 4);
+}

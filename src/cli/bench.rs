@@ -45,6 +45,9 @@ pub enum BenchCommand {
     /// The Nova adapter's own cost per call: adapter vs a bare HTTP call to
     /// the same simulator, alternating rounds.
     Adapter(AdapterBenchArgs),
+    /// Print the service's per-operation ledger writes (its very statements)
+    /// as a pgbench script: the database's ceiling for this write pattern.
+    PgbenchScript,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -151,6 +154,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         Some(BenchCommand::Reconcile(r)) => reconcile_bench(r).await,
         Some(BenchCommand::Adapter(a)) => adapter_bench(a).await,
+        Some(BenchCommand::PgbenchScript) => {
+            print!("{}", crate::store::pgbench_script());
+            Ok(())
+        }
         None => load(args.load).await,
     }
 }

@@ -658,3 +658,74 @@ async fn run_statements(
         })
         .collect())
 }
+
+/// The service's per-operation write pattern as a pgbench script: the very
+/// statements above (intent, then decision, each its own durable
+/// autocommit statement), with one operation's values in place of the
+/// parameters. `scripts/bench` runs it as the database's ceiling.
+pub fn pgbench_script() -> String {
+    fn substitute(sql: &str, values: &[&str]) -> String {
+        // Highest first, so $1 does not eat the start of $12.
+        let mut out = sql
+            .replace("__COLUMNS__", COLUMNS)
+            .replace("__CHANNEL__", NOTIFY_CHANNEL);
+        for (i, v) in values.iter().enumerate().rev() {
+            out = out.replace(&format!("${}", i + 1), v);
+        }
+        // The operation's id, the same in both statements, made from two
+        // pgbench random numbers (pgbench variables are numbers only).
+        out = out.replace(
+            "__OPID__",
+            "(lpad(to_hex(:hi::int8), 16, '0') || lpad(to_hex(:lo::int8), 16, '0'))::uuid",
+        );
+        out.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+    let create = substitute(
+        CREATE_MANY,
+        &[
+            "ARRAY[__OPID__]",
+            "ARRAY['pgbench-' || :n || '-' || random()]",
+            "ARRAY['fingerprint']",
+            "ARRAY['attach']",
+            "ARRAY['in_progress']",
+            "ARRAY[gen_random_uuid()]",
+            "ARRAY[gen_random_uuid()]",
+            "ARRAY['{}'::jsonb]",
+            "ARRAY[1]",
+            "ARRAY[now() + interval '30 seconds']",
+            "ARRAY['pgbench']",
+            "ARRAY[now() + interval '90 seconds']",
+            "ARRAY[NULL::text]",
+            "ARRAY[__OPID__, __OPID__]",
+            "ARRAY['recorded', 'request_sent']",
+            "ARRAY['attach recorded', 'attach request sent (attempt 1)']",
+            "ARRAY['{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\"}'::jsonb, '{\"attempt\":\"1\",\"outbound_deadline_ms\":\"23500\"}'::jsonb]",
+            "ARRAY['pgbench', 'pgbench']",
+        ],
+    );
+    let decide = substitute(
+        TRANSITION_MANY,
+        &[
+            "ARRAY[__OPID__]",
+            "ARRAY[1::int8]",
+            "ARRAY['succeeded']",
+            "ARRAY['response']",
+            "ARRAY['{\"id\": \"a\", \"device\": \"/dev/vdb\", \"tag\": null, \"delete_on_termination\": false}'::jsonb]",
+            "ARRAY[0]",
+            "ARRAY[true]",
+            "ARRAY[NULL::jsonb]",
+            "ARRAY[false]",
+            "ARRAY[true]",
+            "ARRAY[NULL::timestamptz]",
+            "ARRAY[now() + interval '1 minute']",
+            "ARRAY[__OPID__, __OPID__]",
+            "ARRAY['response', 'resolved']",
+            "ARRAY['Nova answered 200: attachment created', 'attached']",
+            "ARRAY['{\"status\":\"200\"}'::jsonb, '{\"state\":\"succeeded\"}'::jsonb]",
+            "ARRAY['pgbench', 'pgbench']",
+        ],
+    );
+    format!(
+        "\\set n random(1, 2000000000)\n\\set hi random(1, 9000000000000000000)\n\\set lo random(1, 9000000000000000000)\n{create};\n{decide};\n"
+    )
+}
