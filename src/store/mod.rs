@@ -8,7 +8,7 @@
 //! purpose by the caller.
 
 mod pg_batch;
-pub use pg_batch::pgbench_script;
+pub use pg_batch::{DECISION_PARAMETER_TYPES, decision_statement, pgbench_script};
 pub mod postgres;
 pub mod sqlite;
 

@@ -530,7 +530,8 @@ impl Store for PgStore {
                     lease_epoch = lease_epoch + 1,
                     passes = passes + 1,
                     updated_at = now()
-                WHERE id = $1 AND state NOT IN ('succeeded', 'failed')
+                WHERE id = $1 AND completed_at IS NULL
+                -- open = completed_at IS NULL, not a state test: see TRANSITION_MANY
                   AND (lease_expires_at IS NULL OR lease_expires_at < now() OR lease_owner = $2)
                 RETURNING *
              ), ev AS (
@@ -630,7 +631,8 @@ impl Store for PgStore {
                         THEN jsonb_build_object('reason', 'OPERATOR_RESOLVED', 'message', $3::text,
                                                 'metadata', jsonb_build_object('caller', COALESCE($5, '')))
                         ELSE last_error END
-                WHERE id = $1 AND state NOT IN ('succeeded', 'failed')
+                WHERE id = $1 AND completed_at IS NULL
+                -- open = completed_at IS NULL, not a state test: see TRANSITION_MANY
                 RETURNING *
              ), ev AS (
                 INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
