@@ -603,10 +603,28 @@ async fn a_second_process_on_the_same_embedded_file_is_refused_clearly() {
         "{err}"
     );
     first.close().await;
-    let again = volume_reconciler::store::open(&url, 1)
-        .await
-        .expect("free again once the first closed");
-    again.close().await;
+    // Free again once the first closed. Bounded retries, not one try: this
+    // test binary also spawns PostgreSQL processes, and a child forked at
+    // the wrong moment holds a copy of the lock's descriptor until it execs
+    // (flock belongs to the open file, and every copy keeps it).
+    support::eventually(
+        Duration::from_secs(10),
+        "the embedded store opens again once the first closed",
+        || {
+            let u = url.clone();
+            async move {
+                match volume_reconciler::store::open(&u, 1).await {
+                    Ok(again) => {
+                        again.close().await;
+                        true
+                    }
+                    // Still held (by a forked child, see above): try again.
+                    Err(_) => false,
+                }
+            }
+        },
+    )
+    .await;
 }
 
 /// PostgreSQL only: the ledger writers keep connections of their own. When
