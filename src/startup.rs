@@ -227,7 +227,7 @@ impl Application {
                 })
             }
             None => {
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
+                let incoming = plain_incoming(grpc_listener);
                 tokio::spawn(async move {
                     router
                         .serve_with_incoming_shutdown(incoming, shutdown_signal)
@@ -362,6 +362,24 @@ async fn metrics_text(
         )],
         st.metrics.render(),
     )
+}
+
+/// Accepted plaintext gRPC connections, each with Nagle's algorithm off.
+/// tonic's `tcp_nodelay(true)` applies only to listeners tonic binds itself;
+/// on a socket accepted here with Nagle on, a client that does not piggyback
+/// its ACKs waits out the peer's delayed ACK (~40 ms) on every call.
+fn plain_incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt as _;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                // The connection still works, only slower for some clients.
+                tracing::warn!(error = %e, "could not turn Nagle's algorithm off on a gRPC connection");
+            }
+        })
+    })
 }
 
 /// Resolves on SIGTERM or SIGINT.

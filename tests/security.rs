@@ -738,3 +738,99 @@ async fn secrets_never_appear_in_logs_metrics_errors_or_config_show() {
     }
     sim.stop().await;
 }
+
+/// The server's accepted sockets in this process whose local port is `port`
+/// and that have a peer: for each, whether TCP_NODELAY is set.
+fn accepted_sockets_nodelay(port: u16) -> Vec<bool> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+        let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // SAFETY: plain getsockname/getpeername/getsockopt on an fd of this
+        // process with correctly sized out-buffers; a non-socket fails.
+        unsafe {
+            let mut addr: libc::sockaddr_storage = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            if libc::getsockname(fd, &mut addr as *mut _ as *mut libc::sockaddr, &mut len) != 0
+                || addr.ss_family as i32 != libc::AF_INET
+            {
+                continue;
+            }
+            let local = &*(&addr as *const _ as *const libc::sockaddr_in);
+            if u16::from_be(local.sin_port) != port {
+                continue;
+            }
+            let mut peer: libc::sockaddr_storage = std::mem::zeroed();
+            let mut plen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            if libc::getpeername(fd, &mut peer as *mut _ as *mut libc::sockaddr, &mut plen) != 0 {
+                continue; // the listener itself
+            }
+            let mut on: libc::c_int = 0;
+            let mut olen = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            assert_eq!(
+                libc::getsockopt(
+                    fd,
+                    libc::IPPROTO_TCP,
+                    libc::TCP_NODELAY,
+                    &mut on as *mut _ as *mut libc::c_void,
+                    &mut olen
+                ),
+                0
+            );
+            found.push(on != 0);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn accepted_grpc_connections_have_nagle_off_with_and_without_tls() {
+    // Plaintext.
+    let app = spawn_app(AppOptions::default()).await;
+    let port: u16 = app.grpc_url.rsplit(':').next().unwrap().parse().unwrap();
+    let channel = Endpoint::from_shared(app.grpc_url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    works(channel.clone()).await.unwrap();
+    let seen = accepted_sockets_nodelay(port);
+    assert!(
+        !seen.is_empty(),
+        "no accepted connection found on port {port}"
+    );
+    assert!(
+        seen.iter().all(|on| *on),
+        "plaintext: accepted sockets with Nagle on: {seen:?}"
+    );
+    drop(channel);
+    app.stop().await;
+
+    // TLS.
+    let pki = Pki::new();
+    let root = ca("nodelay-ca");
+    let (cert, key) = leaf(&["localhost"], &root);
+    let ca_pem = root.0.pem();
+    let app = spawn_app(
+        AppOptions::default()
+            .arg("--tls-cert", &pki.write("server.pem", &cert))
+            .arg("--tls-key", &pki.write("server.key", &key)),
+    )
+    .await;
+    let addr = app.grpc_url.trim_start_matches("http://").to_string();
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let channel = tls_channel(&addr, &ca_pem, None).await.unwrap();
+    works(channel.clone()).await.unwrap();
+    let seen = accepted_sockets_nodelay(port);
+    assert!(
+        !seen.is_empty(),
+        "no accepted TLS connection found on port {port}"
+    );
+    assert!(
+        seen.iter().all(|on| *on),
+        "TLS: accepted sockets with Nagle on: {seen:?}"
+    );
+    drop(channel);
+    app.stop().await;
+}
