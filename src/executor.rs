@@ -52,15 +52,21 @@ pub struct ExecSettings {
     pub verify_after: Duration,
 }
 
+impl ExecSettings {
+    /// The built-in defaults: the one source of the flags' defaults too
+    /// (`config.rs` refers to these; a test checks they agree).
+    pub const DEFAULT: Self = Self {
+        lease_grace: Duration::from_secs(30),
+        record_grace: Duration::from_secs(10),
+        observe_interval: Duration::from_millis(50),
+        observe_interval_max: Duration::from_secs(1),
+        verify_after: Duration::from_secs(60),
+    };
+}
+
 impl Default for ExecSettings {
     fn default() -> Self {
-        Self {
-            lease_grace: Duration::from_secs(30),
-            record_grace: Duration::from_secs(10),
-            observe_interval: Duration::from_millis(50),
-            observe_interval_max: Duration::from_secs(1),
-            verify_after: Duration::from_secs(60),
-        }
+        Self::DEFAULT
     }
 }
 

@@ -48,19 +48,25 @@ pub struct ReconcilerSettings {
     pub max_backoff: Duration,
 }
 
+impl ReconcilerSettings {
+    /// The built-in defaults: the one source of the flags' defaults too
+    /// (`config.rs` refers to these; a test checks they agree).
+    pub const DEFAULT: Self = Self {
+        interval: Duration::from_secs(1),
+        batch: 256,
+        lease: Duration::from_secs(60),
+        settle_window: Duration::from_secs(120),
+        rate_limit: 200.0,
+        parallelism: 32,
+        verify_window: Duration::from_secs(600),
+        observe_timeout: Duration::from_secs(10),
+        max_backoff: Duration::from_secs(60),
+    };
+}
+
 impl Default for ReconcilerSettings {
     fn default() -> Self {
-        Self {
-            interval: Duration::from_secs(1),
-            batch: 256,
-            lease: Duration::from_secs(60),
-            settle_window: Duration::from_secs(120),
-            rate_limit: 200.0,
-            parallelism: 32,
-            verify_window: Duration::from_secs(600),
-            observe_timeout: Duration::from_secs(10),
-            max_backoff: Duration::from_secs(60),
-        }
+        Self::DEFAULT
     }
 }
 

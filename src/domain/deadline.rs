@@ -60,17 +60,23 @@ pub struct BudgetPolicy {
     pub min_budget: Duration,
 }
 
+impl BudgetPolicy {
+    /// The built-in defaults: the one source of the flags' defaults too
+    /// (`config.rs` refers to these; a test checks they agree).
+    pub const DEFAULT: Self = Self {
+        margin_fraction: 0.05,
+        margin_min: Duration::from_millis(50),
+        margin_max: Duration::from_secs(2),
+        reserve_fraction: 0.20,
+        reserve_max: Duration::from_secs(5),
+        per_call_cap: Duration::from_secs(3600),
+        min_budget: Duration::from_millis(100),
+    };
+}
+
 impl Default for BudgetPolicy {
     fn default() -> Self {
-        Self {
-            margin_fraction: 0.05,
-            margin_min: Duration::from_millis(50),
-            margin_max: Duration::from_secs(2),
-            reserve_fraction: 0.20,
-            reserve_max: Duration::from_secs(5),
-            per_call_cap: Duration::from_secs(3600),
-            min_budget: Duration::from_millis(100),
-        }
+        Self::DEFAULT
     }
 }
 
