@@ -11,15 +11,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::Utc;
 use futures_util::StreamExt;
-use rand::Rng;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use backon::BackoffBuilder as _;
+
 use crate::domain::{
-    Action, Budget, NewEvent, Operation, OperationError, Resolution, State, event,
+    Action, Budget, NewEvent, Operation, OperationError, Reason, Resolution, State, event,
 };
 use crate::executor::{Decision, Executor, Run};
 use crate::store::{StoreError, Transition};
@@ -272,11 +272,20 @@ impl Reconciler {
         }
     }
 
+    /// The pause before an operation's next pass: exponential in its
+    /// passes so far, from 250 ms to half of `max_backoff`, each with up to
+    /// as much again of jitter.
     fn backoff(&self, op: &Operation) -> Duration {
-        let step = op.passes.clamp(1, 16) as u32 - 1;
-        let base = Duration::from_millis(500) * 2u32.saturating_pow(step.min(8));
-        base.min(self.settings.max_backoff)
-            .mul_f64(rand::rng().random_range(0.5..1.5))
+        let step = op.passes.clamp(1, 16) as usize - 1;
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(250))
+            .with_max_delay(self.settings.max_backoff / 2)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(step)
+            .unwrap_or(self.settings.max_backoff)
     }
 
     /// Leaves the operation for a later pass (lease released, backoff set).
@@ -284,7 +293,7 @@ impl Reconciler {
         &self,
         op: &Operation,
         state: State,
-        until: chrono::DateTime<Utc>,
+        until: chrono::DateTime<chrono::Utc>,
         events: Vec<NewEvent>,
     ) -> PassResult {
         let mut t = Transition::new(op, state, &self.exec.replica);
@@ -342,8 +351,8 @@ impl Reconciler {
                     .ok_or(())
             }
             Err(e) => {
-                let next =
-                    Utc::now() + chrono::Duration::from_std(self.backoff(&op)).unwrap_or_default();
+                let next = self.exec.clock.now()
+                    + chrono::Duration::from_std(self.backoff(&op)).unwrap_or_default();
                 let state = if op.state == State::Pending {
                     State::Pending
                 } else {
@@ -368,21 +377,13 @@ impl Reconciler {
             },
         )
         .with("present", present.is_ok());
-        let mut run = Run::new(
-            op.clone(),
-            Budget {
-                answer_by: until,
-                send_by: until,
-                margin: Duration::ZERO,
-                reserve: Duration::ZERO,
-            },
-            true,
-        );
+        let mut run = Run::new(op.clone(), Budget::observe_only(until), true);
         run.events.push(observed);
         match (op.action, present) {
             (Action::Attach, Ok(att)) => {
                 self.exec.metrics.decision("succeeded");
-                let d = Decision::succeeded_by_reconciler(
+                let d = Decision::succeeded(
+                    Resolution::Reconciler,
                     Some(att),
                     "attachment observed by the reconciler",
                 );
@@ -390,7 +391,8 @@ impl Reconciler {
             }
             (Action::Detach, Err(())) if op.state != State::Pending => {
                 self.exec.metrics.decision("succeeded");
-                let d = Decision::succeeded_by_reconciler(
+                let d = Decision::succeeded(
+                    Resolution::Reconciler,
                     None,
                     "volume observed detached by the reconciler",
                 );
@@ -404,7 +406,7 @@ impl Reconciler {
         {
             let settle =
                 sent + chrono::Duration::from_std(self.settings.settle_window).unwrap_or_default();
-            if settle > Utc::now() {
+            if settle > self.exec.clock.now() {
                 let ev = NewEvent::new(
                     event::RETRY_SCHEDULED,
                     "not observed yet; waiting for the settle window",
@@ -436,9 +438,9 @@ impl Reconciler {
             None => {
                 self.exec.metrics.decision("failed");
                 let reason = if op.state == State::Pending {
-                    "NOT_SENT"
+                    Reason::NotSent
                 } else {
-                    "NOT_OBSERVED"
+                    Reason::NotObserved
                 };
                 let err = OperationError::new(
                     reason,
@@ -453,7 +455,7 @@ impl Reconciler {
                 )
                 .with("operation_id", op.id)
                 .with("attempts", op.attempts);
-                let d = Decision::failed_by_reconciler(err);
+                let d = Decision::failed(Resolution::Reconciler, err);
                 PassResult::Decided(self.exec.record(&mut run, d).await.state)
             }
         }
@@ -467,7 +469,10 @@ impl Reconciler {
 
     async fn verify_with(&self, op: Operation, listed: &Observation) -> bool {
         let window = chrono::Duration::from_std(self.settings.verify_window).unwrap_or_default();
-        if op.completed_at.is_some_and(|c| c + window < Utc::now()) {
+        if op
+            .completed_at
+            .is_some_and(|c| c + window < self.exec.clock.now())
+        {
             // Counted, so an operator sees the verifier falling behind.
             self.exec.metrics.verification_missed.inc();
             return false;
@@ -519,17 +524,5 @@ impl Reconciler {
             tracing::warn!(operation_id = %op.id, error = %e, "could not record drift");
         }
         true
-    }
-}
-
-impl Decision {
-    pub(crate) fn succeeded_by_reconciler(
-        att: Option<crate::domain::AttachmentInfo>,
-        detail: &str,
-    ) -> Self {
-        Self::succeeded_with(Resolution::Reconciler, att, detail)
-    }
-    pub(crate) fn failed_by_reconciler(err: OperationError) -> Self {
-        Self::failed_with(Resolution::Reconciler, err)
     }
 }

@@ -134,7 +134,10 @@ async fn two_replicas_decide_a_thousand_unknown_operations_exactly_once_and_shar
         assert_eq!(op.state, want, "{id}");
         assert_eq!(op.resolution, Some(Resolution::Reconciler));
         if !attached {
-            assert_eq!(op.last_error.as_ref().unwrap().reason, "NOT_OBSERVED");
+            assert_eq!(
+                op.last_error.as_ref().unwrap().reason.as_str(),
+                "NOT_OBSERVED"
+            );
         }
         let decisions: Vec<_> = a
             .store

@@ -344,7 +344,7 @@ async fn an_operator_decision_fences_out_workers(store: Arc<dyn Store>) {
         (State::Failed, Some(Resolution::Operator))
     );
     assert_eq!(
-        decided.last_error.as_ref().unwrap().reason,
+        decided.last_error.as_ref().unwrap().reason.as_str(),
         "OPERATOR_RESOLVED"
     );
     assert!(

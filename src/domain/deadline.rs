@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 /// The instant by which a request must be finished, as the deadline layer
@@ -90,6 +91,94 @@ pub struct Budget {
     pub send_by: Instant,
     pub margin: Duration,
     pub reserve: Duration,
+}
+
+impl Budget {
+    /// A budget for work that only looks (a reconciler pass): nothing is
+    /// sent, the look ends by `until`.
+    pub fn observe_only(until: Instant) -> Self {
+        Self {
+            answer_by: until,
+            send_by: until,
+            margin: Duration::ZERO,
+            reserve: Duration::ZERO,
+        }
+    }
+
+    /// Observations stop a slice before `answer_by` (a tenth of the
+    /// reserve, at most 250 ms), so the decision can be written and
+    /// answered in time.
+    pub fn observe_by(&self) -> Instant {
+        let slice = (self.reserve / 10).min(Duration::from_millis(250));
+        self.answer_by.checked_sub(slice).unwrap_or(self.answer_by)
+    }
+
+    /// The budget of work resumed from a ledger row whose own deadline is
+    /// `deadline_at` (the answer-by instant, so no margin): the reserve
+    /// comes off the end. `None` when too little is left to send again.
+    pub fn from_row(
+        policy: &BudgetPolicy,
+        clock: &Clock,
+        deadline_at: DateTime<Utc>,
+    ) -> Option<Budget> {
+        let now = Instant::now();
+        let answer_by = clock.instant_of(deadline_at);
+        if answer_by <= now {
+            return None;
+        }
+        let reserve = policy.reserve_for(answer_by - now);
+        let send_by = answer_by.checked_sub(reserve).unwrap_or(now);
+        if send_by.saturating_duration_since(now) < policy.min_budget {
+            return None;
+        }
+        Some(Budget {
+            answer_by,
+            send_by,
+            margin: Duration::ZERO,
+            reserve,
+        })
+    }
+}
+
+/// This replica's wall clock: `Utc::now()` plus a configured offset (zero
+/// in production; tests move one replica's clock to check that nothing
+/// depends on replicas agreeing), and the conversions between wall-clock
+/// timestamps (the ledger's) and monotonic instants (the process's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Clock {
+    offset_ms: i64,
+}
+
+impl Clock {
+    /// The real clock.
+    pub const SYSTEM: Clock = Clock { offset_ms: 0 };
+
+    /// A clock `offset` ahead of the system's (behind when negative).
+    pub fn skewed(offset: chrono::Duration) -> Self {
+        Self {
+            offset_ms: offset.num_milliseconds(),
+        }
+    }
+
+    pub fn offset(&self) -> chrono::Duration {
+        chrono::Duration::milliseconds(self.offset_ms)
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        Utc::now() + self.offset()
+    }
+
+    /// The wall-clock time of a monotonic instant (in the future or now).
+    pub fn wall_of(&self, at: Instant) -> DateTime<Utc> {
+        let d = at.saturating_duration_since(Instant::now());
+        self.now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::days(3650))
+    }
+
+    /// The monotonic instant of a wall-clock time (now, if it is past).
+    pub fn instant_of(&self, at: DateTime<Utc>) -> Instant {
+        let d = (at - self.now()).to_std().unwrap_or(Duration::ZERO);
+        Instant::now() + d
+    }
 }
 
 /// The caller's time is too short to call Nova at all.
@@ -187,6 +276,37 @@ mod tests {
         let b = p.plan(now, now + Duration::from_secs(3600)).unwrap();
         // 1 h − 2 s margin − 5 s reserve, then capped at the 1 h per-call cap.
         assert_eq!(p.outbound(&b, now) - now, Duration::from_secs(3593));
+    }
+
+    #[test]
+    fn a_row_budget_keeps_the_reserve_and_refuses_what_is_too_short() {
+        let p = BudgetPolicy::default();
+        let clock = Clock::SYSTEM;
+        let b = Budget::from_row(&p, &clock, clock.now() + chrono::Duration::seconds(10)).unwrap();
+        let left = b.answer_by - Instant::now();
+        assert!(left <= Duration::from_secs(10) && left > Duration::from_secs(9));
+        assert_eq!(b.answer_by - b.send_by, b.reserve);
+        assert!(Budget::from_row(&p, &clock, clock.now()).is_none());
+        assert!(
+            Budget::from_row(&p, &clock, clock.now() + chrono::Duration::milliseconds(50))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_skewed_clock_converts_both_ways_consistently() {
+        let clock = Clock::skewed(chrono::Duration::minutes(5));
+        let real = Utc::now();
+        assert!(
+            (clock.now() - real - chrono::Duration::minutes(5))
+                .num_milliseconds()
+                .abs()
+                < 1000
+        );
+        let at = Instant::now() + Duration::from_secs(30);
+        let back = clock.instant_of(clock.wall_of(at));
+        let diff = if back > at { back - at } else { at - back };
+        assert!(diff < Duration::from_millis(50), "{diff:?}");
     }
 
     #[test]

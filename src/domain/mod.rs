@@ -3,6 +3,7 @@
 //! the edge). Nothing here knows SQL, HTTP or protobuf.
 
 pub mod deadline;
+pub mod reason;
 pub mod validate;
 
 use std::collections::BTreeMap;
@@ -11,7 +12,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use deadline::{Budget, BudgetPolicy, Deadline};
+pub use deadline::{Budget, BudgetPolicy, Clock, Deadline};
+pub use reason::{ErrorCode, Reason};
 pub use validate::{DevicePath, IdempotencyKey, InvalidField, Tag};
 
 /// What the operation asks Nova to do.
@@ -148,18 +150,18 @@ pub struct AttachmentInfo {
 
 /// Why an operation failed or is not yet known, with every piece of context
 /// (method, url, status, the clock that fired, ...).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationError {
-    pub reason: String,
+    pub reason: Reason,
     pub message: String,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
 }
 
 impl OperationError {
-    pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
         Self {
-            reason: reason.into(),
+            reason,
             message: message.into(),
             metadata: BTreeMap::new(),
         }

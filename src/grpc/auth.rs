@@ -10,6 +10,8 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+
+use crate::domain::Reason;
 use std::task::{Context, Poll};
 
 use sha2::{Digest, Sha256};
@@ -199,15 +201,10 @@ pub struct AuthService<S> {
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
-fn refuse<R: Default>(
-    code: tonic::Code,
-    message: &str,
-    reason: &str,
-    method: &str,
-) -> http::Response<R> {
+fn refuse<R: Default>(reason: Reason, message: &str, method: &str) -> http::Response<R> {
     let mut meta = std::collections::BTreeMap::new();
     meta.insert("method".to_string(), method.to_string());
-    super::status::status(code, message, reason, meta).into_http()
+    super::status::status(reason, message, meta).into_http()
 }
 
 impl<S, B, R> Service<http::Request<B>> for AuthService<S>
@@ -245,9 +242,8 @@ where
             None => {
                 return Box::pin(async move {
                     Ok(refuse(
-                        tonic::Code::Unauthenticated,
+                        Reason::Unauthenticated,
                         "credentials required: authorization: Bearer <token>",
-                        "UNAUTHENTICATED",
                         &path,
                     ))
                 });
@@ -257,9 +253,8 @@ where
                 None => {
                     return Box::pin(async move {
                         Ok(refuse(
-                            tonic::Code::Unauthenticated,
+                            Reason::Unauthenticated,
                             "the bearer token is not valid",
-                            "UNAUTHENTICATED",
                             &path,
                         ))
                     });
@@ -273,14 +268,7 @@ where
                 caller.role.as_str(),
                 need.as_str()
             );
-            return Box::pin(async move {
-                Ok(refuse(
-                    tonic::Code::PermissionDenied,
-                    &msg,
-                    "PERMISSION_DENIED",
-                    &path,
-                ))
-            });
+            return Box::pin(async move { Ok(refuse(Reason::PermissionDenied, &msg, &path)) });
         }
         req.extensions_mut().insert(caller);
         Box::pin(self.inner.call(req))

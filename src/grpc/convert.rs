@@ -63,7 +63,7 @@ pub fn operation_to_pb(op: &Operation) -> pb::Operation {
         }),
         attempts: op.attempts.max(0) as u32,
         last_error: op.last_error.as_ref().map(|e| pb::OperationError {
-            reason: e.reason.clone(),
+            reason: e.reason.to_string(),
             message: e.message.clone(),
             metadata: e.metadata.clone().into_iter().collect(),
         }),

@@ -139,9 +139,8 @@ where
             match tokio::time::timeout_at(fire_at, fut).await {
                 Ok(r) => r,
                 Err(_) => {
-                    let mut details = tonic_types::ErrorDetails::with_error_info(
-                        "DEADLINE_EXCEEDED",
-                        super::status::DOMAIN,
+                    let mut details = super::status::details(
+                        crate::domain::Reason::DeadlineExceeded,
                         [
                             (
                                 "deadline_from_caller".to_string(),
@@ -156,11 +155,13 @@ where
                                 }
                                 .to_string(),
                             ),
-                        ],
+                        ]
+                        .into_iter()
+                        .collect(),
                     );
                     details.set_retry_info(None::<Duration>);
                     let status = <tonic::Status as tonic_types::StatusExt>::with_error_details(
-                        tonic::Code::DeadlineExceeded,
+                        super::status::code_of(crate::domain::Reason::DeadlineExceeded.code()),
                         if deadline.from_caller {
                             "the caller's deadline expired before the request finished"
                         } else {

@@ -145,7 +145,7 @@ impl VolumeReconciler for Api {
             let tag = optional(&r.tag, Tag::parse)?;
             Ok::<_, Status>(OpRequest {
                 action: Action::Attach,
-                idempotency_key: key.as_str().to_string(),
+                idempotency_key: key,
                 server_id,
                 volume_id,
                 params: RequestParams {
@@ -174,7 +174,7 @@ impl VolumeReconciler for Api {
             let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
             Ok::<_, Status>(OpRequest {
                 action: Action::Detach,
-                idempotency_key: key.as_str().to_string(),
+                idempotency_key: key,
                 server_id: op_id("server_id", &r.server_id)?,
                 volume_id: op_id("volume_id", &r.volume_id)?,
                 params: RequestParams::default(),
@@ -215,9 +215,8 @@ impl VolumeReconciler for Api {
                 m.insert("operation_id".to_string(), r.operation_id.clone());
                 m.insert("idempotency_key".to_string(), r.idempotency_key.clone());
                 status::status(
-                    tonic::Code::NotFound,
+                    crate::domain::Reason::OperationNotFound,
                     "no such operation",
-                    "OPERATION_NOT_FOUND",
                     m,
                 )
             })?;
@@ -360,12 +359,11 @@ impl VolumeReconciler for Api {
                             // Lagged or closed channel: re-read the row.
                             Ok(Err(_)) => break,
                             Err(_) if Instant::now() >= next_by => {
-                                let code = tonic::Code::DeadlineExceeded;
                                 let msg = if deadline.at <= next_by { "the caller's deadline expired while watching" } else { "no change within the watch idle bound" };
                                 let mut m = std::collections::BTreeMap::new();
                                 m.insert("operation_id".to_string(), id.to_string());
                                 // A send error means the client went away.
-                                drop(tx.send(Err(status::status(code, msg, "WATCH_IDLE", m))).await);
+                                drop(tx.send(Err(status::status(crate::domain::Reason::WatchIdle, msg, m))).await);
                                 return;
                             }
                             Err(_) => { recheck = Instant::now() + Duration::from_secs(2); break; }
@@ -464,5 +462,53 @@ impl VolumeReconciler for Api {
         }
         .await;
         self.done("ResolveOperation", result)
+    }
+}
+
+#[cfg(test)]
+mod size_probe {
+    //! Thousands of AttachVolume calls can wait at once: the handler parses
+    //! the request before making its future, so each holds only the
+    //! operation it waits on (see also the executor's size probe).
+    use super::*;
+    use crate::domain::BudgetPolicy;
+    use crate::executor::ExecSettings;
+    use pb::volume_reconciler_server::VolumeReconciler;
+
+    #[tokio::test]
+    async fn a_waiting_attach_handler_stays_small() {
+        let store: Arc<dyn crate::store::Store> = Arc::new(
+            crate::store::SqliteStore::connect("sqlite::memory:")
+                .await
+                .unwrap(),
+        );
+        let nova = Arc::new(crate::nova::NovaClient::new(
+            crate::nova::NovaConfig::default(),
+        ));
+        let exec = Executor::new(
+            store,
+            nova,
+            BudgetPolicy::default(),
+            "r".into(),
+            ExecSettings::default(),
+            Arc::new(Metrics::new()),
+        );
+        let api = Api {
+            exec: exec.clone(),
+            reconciler: Reconciler::new(exec.clone(), Default::default()),
+            metrics: Arc::new(Metrics::new()),
+            watch_idle: Duration::from_secs(1),
+        };
+        let f = api.attach_volume(tonic::Request::new(pb::AttachVolumeRequest {
+            idempotency_key: "k".into(),
+            server_id: Uuid::from_u128(1).to_string(),
+            volume_id: Uuid::from_u128(2).to_string(),
+            ..Default::default()
+        }));
+        assert!(
+            std::mem::size_of_val(&*f) <= 1280,
+            "attach_volume handler: {}",
+            std::mem::size_of_val(&*f)
+        );
     }
 }

@@ -1,46 +1,63 @@
 //! The one mapping from errors and decided operations to `tonic::Status`.
 //! Every status carries `google.rpc.ErrorInfo` (domain `volume-reconciler`)
-//! with all the metadata that explains it, merged from every layer.
+//! with all the metadata that explains it, merged from every layer. The
+//! code of each status is its reason's ([`Reason::code`]).
 
 use std::collections::BTreeMap;
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::domain::{InvalidField, Operation, State};
+use crate::domain::{ErrorCode, InvalidField, Operation, Reason, State};
 use crate::executor::ExecError;
 use crate::store::StoreError;
 
 pub const DOMAIN: &str = "volume-reconciler";
 
-pub fn status(
-    code: Code,
-    message: impl Into<String>,
-    reason: &str,
-    metadata: BTreeMap<String, String>,
-) -> Status {
-    let details = ErrorDetails::with_error_info(
-        reason,
+/// The tonic code of a canonical error code.
+pub fn code_of(code: ErrorCode) -> Code {
+    match code {
+        ErrorCode::Cancelled => Code::Cancelled,
+        ErrorCode::InvalidArgument => Code::InvalidArgument,
+        ErrorCode::DeadlineExceeded => Code::DeadlineExceeded,
+        ErrorCode::NotFound => Code::NotFound,
+        ErrorCode::PermissionDenied => Code::PermissionDenied,
+        ErrorCode::ResourceExhausted => Code::ResourceExhausted,
+        ErrorCode::FailedPrecondition => Code::FailedPrecondition,
+        ErrorCode::Aborted => Code::Aborted,
+        ErrorCode::Internal => Code::Internal,
+        ErrorCode::Unavailable => Code::Unavailable,
+        ErrorCode::Unauthenticated => Code::Unauthenticated,
+    }
+}
+
+/// The `ErrorInfo` of a reason with its metadata.
+pub fn details(reason: Reason, metadata: BTreeMap<String, String>) -> ErrorDetails {
+    ErrorDetails::with_error_info(
+        reason.as_str(),
         DOMAIN,
         metadata
             .into_iter()
             .collect::<std::collections::HashMap<_, _>>(),
-    );
-    Status::with_error_details(code, message, details)
+    )
+}
+
+/// A status for `reason`, with its code and `ErrorInfo`.
+pub fn status(
+    reason: Reason,
+    message: impl Into<String>,
+    metadata: BTreeMap<String, String>,
+) -> Status {
+    Status::with_error_details(code_of(reason.code()), message, details(reason, metadata))
 }
 
 pub fn invalid(e: InvalidField) -> Status {
     let mut meta = BTreeMap::new();
     meta.insert("field".to_string(), e.field.to_string());
     meta.insert("problem".to_string(), e.reason.clone());
-    let mut details = ErrorDetails::with_error_info(
-        "INVALID_FIELD",
-        DOMAIN,
-        meta.into_iter()
-            .collect::<std::collections::HashMap<_, _>>(),
-    );
+    let mut details = details(Reason::InvalidField, meta);
     details.add_bad_request_violation(e.field, e.reason.clone());
-    Status::with_error_details(Code::InvalidArgument, e.to_string(), details)
+    Status::with_error_details(code_of(Reason::InvalidField.code()), e.to_string(), details)
 }
 
 pub fn from_store(e: StoreError) -> Status {
@@ -52,12 +69,7 @@ pub fn from_store(e: StoreError) -> Status {
             m.insert("existing_action".into(), existing.action.as_str().into());
             m.insert("existing_server_id".into(), existing.server_id.to_string());
             m.insert("existing_volume_id".into(), existing.volume_id.to_string());
-            status(
-                Code::FailedPrecondition,
-                e.to_string(),
-                "IDEMPOTENCY_KEY_REUSED",
-                m,
-            )
+            status(Reason::IdempotencyKeyReused, e.to_string(), m)
         }
         StoreError::VolumeBusy {
             volume_id,
@@ -65,53 +77,43 @@ pub fn from_store(e: StoreError) -> Status {
         } => {
             m.insert("volume_id".into(), volume_id.to_string());
             m.insert("operation_id".into(), operation_id.to_string());
-            status(Code::Aborted, e.to_string(), "VOLUME_BUSY", m)
+            status(Reason::VolumeBusy, e.to_string(), m)
         }
         StoreError::NotFound(id) => {
             m.insert("operation_id".into(), id.to_string());
-            status(Code::NotFound, e.to_string(), "OPERATION_NOT_FOUND", m)
+            status(Reason::OperationNotFound, e.to_string(), m)
         }
         StoreError::AlreadyTerminal { id, state } => {
             m.insert("operation_id".into(), id.to_string());
             m.insert("state".into(), state.to_string());
-            status(
-                Code::FailedPrecondition,
-                e.to_string(),
-                "OPERATION_ALREADY_DECIDED",
-                m,
-            )
+            status(Reason::OperationAlreadyDecided, e.to_string(), m)
         }
         StoreError::Overloaded { queued } => {
             m.insert("queued_writes".into(), queued.to_string());
-            let mut details = ErrorDetails::with_error_info(
-                "LEDGER_OVERLOADED",
-                DOMAIN,
-                m.into_iter().collect::<std::collections::HashMap<_, _>>(),
-            );
+            let mut details = details(Reason::LedgerOverloaded, m);
             details.set_retry_info(Some(std::time::Duration::from_secs(1)));
-            Status::with_error_details(Code::ResourceExhausted, e.to_string(), details)
+            Status::with_error_details(
+                code_of(Reason::LedgerOverloaded.code()),
+                e.to_string(),
+                details,
+            )
         }
         StoreError::DeadlineExceeded { what } => {
             m.insert("stage".into(), what.to_string());
             m.insert("clock".into(), "caller deadline".into());
-            status(
-                Code::DeadlineExceeded,
-                e.to_string(),
-                "DATABASE_DEADLINE",
-                m,
-            )
+            status(Reason::DatabaseDeadline, e.to_string(), m)
         }
         StoreError::Database { what, source } => {
             m.insert("stage".into(), what.to_string());
             m.insert("cause".into(), source.to_string());
             tracing::error!(error = %e, "database failure");
-            status(Code::Unavailable, e.to_string(), "DATABASE_UNAVAILABLE", m)
+            status(Reason::DatabaseUnavailable, e.to_string(), m)
         }
         StoreError::Corrupt { id, reason } => {
             m.insert("row".into(), id.clone());
             m.insert("cause".into(), reason.clone());
             tracing::error!(error = %e, "unreadable ledger row");
-            status(Code::Internal, e.to_string(), "LEDGER_ROW_UNREADABLE", m)
+            status(Reason::LedgerRowUnreadable, e.to_string(), m)
         }
     }
 }
@@ -124,9 +126,8 @@ pub fn from_exec(e: ExecError) -> Status {
             m.insert("minimum_ms".into(), b.minimum.as_millis().to_string());
             m.insert("clock".into(), "caller deadline".into());
             status(
-                Code::DeadlineExceeded,
+                Reason::BudgetTooSmall,
                 format!("{}; Nova was not called", ExecError::BudgetTooSmall(b)),
-                "BUDGET_TOO_SMALL",
                 m,
             )
         }
@@ -136,26 +137,13 @@ pub fn from_exec(e: ExecError) -> Status {
             m.insert("operation_id".into(), id.to_string());
             m.insert("clock".into(), "caller deadline".into());
             status(
-                Code::DeadlineExceeded,
+                Reason::OperationInProgress,
                 format!(
                     "operation {id} is still in progress at the deadline; it continues and is recorded — ask again with the same key or GetOperation"
                 ),
-                "OPERATION_IN_PROGRESS",
                 m,
             )
         }
-    }
-}
-
-/// The gRPC code a failed operation's reason maps to.
-fn code_for_reason(reason: &str) -> Code {
-    match reason {
-        "NOVA_SERVER_NOT_FOUND" | "NOVA_VOLUME_NOT_FOUND" => Code::NotFound,
-        "NOVA_FORBIDDEN" => Code::PermissionDenied,
-        "NOVA_CONFLICT" | "NOVA_THROTTLED" | "NOT_OBSERVED" => Code::Aborted,
-        "NOVA_UNREACHABLE" | "KEYSTONE_AUTH_FAILED" | "NOVA_UNAUTHORIZED" => Code::Unavailable,
-        "NOVA_TIMEOUT" | "BUDGET_EXHAUSTED" | "NOT_SENT" => Code::DeadlineExceeded,
-        _ => Code::FailedPrecondition,
     }
 }
 
@@ -176,12 +164,11 @@ pub fn from_operation(op: Operation) -> Result<Operation, Status> {
             let (reason, message) = op
                 .last_error
                 .as_ref()
-                .map(|e| (e.reason.clone(), e.message.clone()))
-                .unwrap_or_else(|| ("FAILED".into(), "the operation failed".into()));
+                .map(|e| (e.reason, e.message.clone()))
+                .unwrap_or_else(|| (Reason::Failed, "the operation failed".into()));
             Err(status(
-                code_for_reason(&reason),
+                reason,
                 format!("operation {} failed: {message}", op.id),
-                &reason,
                 m,
             ))
         }
@@ -193,12 +180,11 @@ pub fn from_operation(op: Operation) -> Result<Operation, Status> {
                 .map(|e| e.message.clone())
                 .unwrap_or_else(|| "the outcome is not known yet".into());
             Err(status(
-                Code::DeadlineExceeded,
+                Reason::OutcomeUnknown,
                 format!(
                     "operation {}: outcome unknown ({message}); the reconciler resolves it — ask again with the same key or GetOperation",
                     op.id
                 ),
-                "OUTCOME_UNKNOWN",
                 m,
             ))
         }

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::domain::Reason;
+
 /// Where in a request's life the failure happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -150,27 +152,27 @@ impl NovaError {
         }
     }
 
-    /// A short reason code for ledgers and `ErrorInfo`.
-    pub fn reason(&self) -> &'static str {
+    /// The reason code for ledgers and `ErrorInfo`.
+    pub fn reason(&self) -> Reason {
         match &self.kind {
-            NovaErrorKind::DeadlineExceeded => "NOVA_TIMEOUT",
-            NovaErrorKind::ConnectFailed => "NOVA_UNREACHABLE",
-            NovaErrorKind::ResponseLost => "NOVA_RESPONSE_LOST",
-            NovaErrorKind::Undecodable => "NOVA_BAD_RESPONSE",
-            NovaErrorKind::AuthFailed => "KEYSTONE_AUTH_FAILED",
+            NovaErrorKind::DeadlineExceeded => Reason::NovaTimeout,
+            NovaErrorKind::ConnectFailed => Reason::NovaUnreachable,
+            NovaErrorKind::ResponseLost => Reason::NovaResponseLost,
+            NovaErrorKind::Undecodable => Reason::NovaBadResponse,
+            NovaErrorKind::AuthFailed => Reason::KeystoneAuthFailed,
             NovaErrorKind::Rejected(r) => match r {
-                Rejection::AlreadyAttached { .. } => "NOVA_ALREADY_ATTACHED",
-                Rejection::Detaching => "NOVA_DETACHING",
-                Rejection::NotAttached => "NOVA_NOT_ATTACHED",
-                Rejection::ServerNotFound => "NOVA_SERVER_NOT_FOUND",
-                Rejection::VolumeNotFound => "NOVA_VOLUME_NOT_FOUND",
-                Rejection::Forbidden => "NOVA_FORBIDDEN",
-                Rejection::Conflict => "NOVA_CONFLICT",
-                Rejection::Throttled => "NOVA_THROTTLED",
-                Rejection::BadRequest => "NOVA_BAD_REQUEST",
-                Rejection::Unauthorized => "NOVA_UNAUTHORIZED",
-                Rejection::ServerError => "NOVA_SERVER_ERROR",
-                Rejection::Other => "NOVA_UNEXPECTED_STATUS",
+                Rejection::AlreadyAttached { .. } => Reason::NovaAlreadyAttached,
+                Rejection::Detaching => Reason::NovaDetaching,
+                Rejection::NotAttached => Reason::NovaNotAttached,
+                Rejection::ServerNotFound => Reason::NovaServerNotFound,
+                Rejection::VolumeNotFound => Reason::NovaVolumeNotFound,
+                Rejection::Forbidden => Reason::NovaForbidden,
+                Rejection::Conflict => Reason::NovaConflict,
+                Rejection::Throttled => Reason::NovaThrottled,
+                Rejection::BadRequest => Reason::NovaBadRequest,
+                Rejection::Unauthorized => Reason::NovaUnauthorized,
+                Rejection::ServerError => Reason::NovaServerError,
+                Rejection::Other => Reason::NovaUnexpectedStatus,
             },
         }
     }

@@ -640,7 +640,7 @@ impl Store for SqliteStore {
         let now = now_us();
         let last_error = (state == State::Failed).then(|| {
             to_json(
-                &OperationError::new("OPERATOR_RESOLVED", reason)
+                &OperationError::new(crate::domain::Reason::OperatorResolved, reason)
                     .with("caller", caller.unwrap_or("")),
             )
         });

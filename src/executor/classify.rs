@@ -1,0 +1,398 @@
+//! What each of Nova's answers means, as one pure table: (action, the
+//! answer, which attempts may have reached Nova) → the next step. No I/O:
+//! the send loop (`flow.rs`) carries the steps out.
+//!
+//! README's "How an outcome is decided" is the specification: the test at
+//! the bottom reads its table and checks every row against [`classify`],
+//! [`refuse`] and [`out_of_time`]. Adding a Nova behaviour is one arm here
+//! and one row there.
+
+use std::fmt;
+
+use uuid::Uuid;
+
+use crate::domain::{Action, Reason, Resolution};
+use crate::nova::{NovaError, NovaErrorKind, Rejection};
+
+/// What came back from one request.
+#[derive(Debug)]
+pub(crate) enum Answer<'a> {
+    /// 200 with the attachment (attach at microversion ≤ 2.100).
+    Done,
+    /// 202: accepted; the effect follows (attach ≥ 2.101, every detach).
+    Accepted,
+    Failed(&'a NovaError),
+}
+
+/// Which requests so far may have reached Nova.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct History {
+    /// An attempt before this one may have reached Nova.
+    pub earlier: bool,
+    /// This attempt may have reached Nova.
+    pub this: bool,
+}
+
+impl History {
+    pub fn any(self) -> bool {
+        self.earlier || self.this
+    }
+}
+
+/// The state of the volume a watch waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Presence {
+    Attached,
+    Detached,
+}
+
+/// Where a look or a watch must end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// A slice before the answer-by instant (`Budget::observe_by`).
+    ObserveBy,
+    /// The send-by instant, and at most 2 s from now: a short watch before
+    /// sending again.
+    SendByAtMost2s,
+    /// The answer-by instant, and at least 1 s from now: a last look that
+    /// must happen even at the end of the budget.
+    AnswerByAtLeast1s,
+}
+
+/// A decision, before the data it carries (attachment, error context) is
+/// filled in from the answer and the observations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Succeeded {
+        resolution: Resolution,
+        detail: &'static str,
+        /// A lost or ambiguous answer was recovered by looking (counted).
+        recovered: bool,
+    },
+    /// Nova's refusal decided it, or the fixed reason does.
+    Failed { reason: Reason },
+    /// Attached to another server, which Nova named.
+    FailedElsewhere,
+    /// Not known: the reconciler resolves it.
+    Unknown { message: &'static str },
+}
+
+/// The next step after an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Next {
+    Decide(Verdict),
+    /// Look at the server's attachments once, then follow the branch.
+    Observe {
+        until: Until,
+        attached: Box<Next>,
+        absent: Box<Next>,
+        error: Box<Next>,
+    },
+    /// Look until the volume shows `want`, or `until`.
+    Watch {
+        want: Presence,
+        until: Until,
+        found: Verdict,
+        otherwise: Box<Next>,
+    },
+    /// Send again after a backoff, if another request still fits.
+    Retry {
+        why: &'static str,
+        otherwise: Box<Next>,
+    },
+    /// A refusal that decides FAILED, unless an earlier attempt may have
+    /// taken effect (see [`refuse`]).
+    Refuse(Reason),
+    /// No time to send again: decide from what can still be seen (see
+    /// [`out_of_time`]).
+    OutOfTime,
+}
+
+fn succeeded(resolution: Resolution, detail: &'static str, recovered: bool) -> Verdict {
+    Verdict::Succeeded {
+        resolution,
+        detail,
+        recovered,
+    }
+}
+
+fn decide(v: Verdict) -> Box<Next> {
+    Box::new(Next::Decide(v))
+}
+
+fn unknown(message: &'static str) -> Box<Next> {
+    decide(Verdict::Unknown { message })
+}
+
+/// The watch after an accepted (202) request or a detach already running.
+fn watch(action: Action) -> Next {
+    match action {
+        Action::Attach => Next::Watch {
+            want: Presence::Attached,
+            until: Until::ObserveBy,
+            found: succeeded(
+                Resolution::Reobserved,
+                "attached (observed after 202)",
+                false,
+            ),
+            otherwise: unknown(
+                "Nova accepted the attach (202) but it did not appear before the deadline",
+            ),
+        },
+        Action::Detach => Next::Watch {
+            want: Presence::Detached,
+            until: Until::ObserveBy,
+            found: succeeded(Resolution::Reobserved, "detached (observed gone)", false),
+            otherwise: unknown(
+                "the detach was accepted but the volume was still listed at the deadline",
+            ),
+        },
+    }
+}
+
+/// The answer was lost or ambiguous: look before deciding anything.
+fn lost(action: Action) -> Next {
+    const LOOK_FAILED: &str = "the response was lost and the observation failed";
+    match action {
+        Action::Attach => Next::Observe {
+            until: Until::ObserveBy,
+            attached: decide(succeeded(
+                Resolution::Reobserved,
+                "response lost; the attachment was observed",
+                true,
+            )),
+            // It may still be in flight inside Nova: a retry's duplicate is
+            // caught as "already attached" and re-observed.
+            absent: Box::new(Next::Retry {
+                why: "outcome unknown and not observed",
+                otherwise: unknown(
+                    "the response was lost and the attachment was not observed in time",
+                ),
+            }),
+            error: unknown(LOOK_FAILED),
+        },
+        Action::Detach => {
+            let gone = succeeded(
+                Resolution::Reobserved,
+                "response lost; the volume was observed detached",
+                true,
+            );
+            Next::Observe {
+                until: Until::ObserveBy,
+                // Nova may be detaching it right now: watch a while before
+                // sending again (a duplicate is harmless, 400 "detaching",
+                // but needless).
+                attached: Box::new(Next::Watch {
+                    want: Presence::Detached,
+                    until: Until::SendByAtMost2s,
+                    found: gone.clone(),
+                    otherwise: Box::new(Next::Retry {
+                        why: "outcome unknown and still attached",
+                        otherwise: unknown("the response was lost and the volume is still listed"),
+                    }),
+                }),
+                absent: decide(gone),
+                error: unknown(LOOK_FAILED),
+            }
+        }
+    }
+}
+
+/// The next step after `answer` to a request for `action` on `server`.
+pub(crate) fn classify(action: Action, server: Uuid, answer: &Answer<'_>) -> Next {
+    match (action, answer) {
+        (Action::Attach, Answer::Done) => Next::Decide(succeeded(
+            Resolution::Response,
+            "attached (Nova's response)",
+            false,
+        )),
+        (_, Answer::Done | Answer::Accepted) => watch(action),
+        (_, Answer::Failed(e)) => classify_failure(action, server, e),
+    }
+}
+
+fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
+    match &e.kind {
+        // Maybe ours (a retry of an attach that took effect): look.
+        NovaErrorKind::Rejected(Rejection::AlreadyAttached { servers })
+            if action == Action::Attach =>
+        {
+            let ours = server.to_string();
+            let elsewhere = servers.iter().any(|s| *s != ours);
+            Next::Observe {
+                until: Until::ObserveBy,
+                attached: decide(succeeded(
+                    Resolution::Reobserved,
+                    "already attached to this server (observed)",
+                    true,
+                )),
+                absent: if elsewhere {
+                    decide(Verdict::FailedElsewhere)
+                } else {
+                    // Not listed anywhere we can see: a rollback raced us.
+                    Box::new(Next::Retry {
+                        why: "already-attached but not listed",
+                        otherwise: Box::new(Next::OutOfTime),
+                    })
+                },
+                error: unknown("volume reported attached, observation failed"),
+            }
+        }
+        NovaErrorKind::Rejected(Rejection::NotAttached) if action == Action::Detach => {
+            Next::Decide(succeeded(
+                Resolution::Reobserved,
+                "Nova reports the volume is not attached",
+                false,
+            ))
+        }
+        NovaErrorKind::Rejected(Rejection::Detaching) if action == Action::Detach => watch(action),
+        NovaErrorKind::Rejected(Rejection::Conflict | Rejection::Throttled) => Next::Retry {
+            why: "Nova reported a transient conflict",
+            otherwise: Box::new(Next::Refuse(Reason::NovaConflict)),
+        },
+        NovaErrorKind::ConnectFailed | NovaErrorKind::AuthFailed => Next::Retry {
+            why: "the request was never sent",
+            otherwise: Box::new(Next::Refuse(e.reason())),
+        },
+        NovaErrorKind::DeadlineExceeded if !e.may_have_reached_nova => Next::Refuse(e.reason()),
+        NovaErrorKind::Rejected(_) if !e.outcome_unknown() => Next::Refuse(e.reason()),
+        _ => lost(action),
+    }
+}
+
+/// What a refusal becomes: FAILED, unless an earlier attempt may have
+/// reached Nova — that one may have worked, so look first.
+pub(crate) fn refuse(action: Action, history: History, reason: Reason) -> Next {
+    let failed = Next::Decide(Verdict::Failed { reason });
+    if !history.earlier {
+        return failed;
+    }
+    let took_effect = Next::Decide(succeeded(
+        Resolution::Reobserved,
+        "an earlier attempt took effect (observed)",
+        true,
+    ));
+    let (attached, absent) = match action {
+        Action::Attach => (took_effect, failed),
+        Action::Detach => (failed, took_effect),
+    };
+    Next::Observe {
+        until: Until::AnswerByAtLeast1s,
+        attached: Box::new(attached),
+        absent: Box::new(absent),
+        error: unknown(
+            "refused now, but an earlier attempt may have worked and the observation failed",
+        ),
+    }
+}
+
+/// No time left for another request: decide from one last look, if any
+/// request may have reached Nova.
+pub(crate) fn out_of_time(action: Action, history: History) -> Next {
+    if !history.any() {
+        return Next::Decide(Verdict::Failed {
+            reason: Reason::BudgetExhausted,
+        });
+    }
+    const NOT_SEEN: &str = "no time left to send again and the effect was not observed";
+    let (attached, absent) = match action {
+        Action::Attach => (
+            decide(succeeded(
+                Resolution::Reobserved,
+                "attached (observed)",
+                false,
+            )),
+            unknown(NOT_SEEN),
+        ),
+        Action::Detach => (
+            unknown(NOT_SEEN),
+            decide(succeeded(
+                Resolution::Reobserved,
+                "detached (observed)",
+                false,
+            )),
+        ),
+    };
+    Next::Observe {
+        until: Until::ObserveBy,
+        attached,
+        absent,
+        error: unknown(NOT_SEEN),
+    }
+}
+
+// The notation of README's table: a step that contains other steps is
+// written in parentheses when nested.
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Succeeded { resolution, .. } => {
+                write!(f, "SUCCEEDED/{}", resolution.as_str().to_uppercase())
+            }
+            Verdict::Failed { reason } => write!(f, "FAILED/RESPONSE {reason}"),
+            Verdict::FailedElsewhere => {
+                write!(f, "FAILED/RESPONSE {}", Reason::AlreadyAttachedElsewhere)
+            }
+            Verdict::Unknown { .. } => f.write_str("UNKNOWN"),
+        }
+    }
+}
+
+impl Next {
+    fn nested(&self) -> String {
+        match self {
+            Next::Observe { .. } | Next::Watch { .. } | Next::Retry { .. } => format!("({self})"),
+            _ => self.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for Until {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Until::ObserveBy => Ok(()),
+            Until::SendByAtMost2s => f.write_str(" (at most 2 s)"),
+            Until::AnswerByAtLeast1s => f.write_str(" (at least 1 s)"),
+        }
+    }
+}
+
+impl fmt::Display for Next {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Next::Decide(v) => v.fmt(f),
+            Next::Observe {
+                until,
+                attached,
+                absent,
+                error,
+            } => write!(
+                f,
+                "look{until}: attached → {}; absent → {}; error → {}",
+                attached.nested(),
+                absent.nested(),
+                error.nested()
+            ),
+            Next::Watch {
+                want,
+                until,
+                found,
+                otherwise,
+            } => write!(
+                f,
+                "watch until {}{until}: {found}, else {}",
+                match want {
+                    Presence::Attached => "attached",
+                    Presence::Detached => "detached",
+                },
+                otherwise.nested()
+            ),
+            Next::Retry { otherwise, .. } => write!(f, "retry, else {}", otherwise.nested()),
+            Next::Refuse(reason) => write!(f, "refuse {reason}"),
+            Next::OutOfTime => f.write_str("out of time"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

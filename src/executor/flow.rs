@@ -1,0 +1,324 @@
+//! One send loop for attach and detach: check the budget → record the
+//! attempt → send → classify the answer (`classify.rs`) → carry out the
+//! step it names (look, watch, retry, decide).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::domain::{Action, AttachmentInfo, NewEvent, OperationError, Reason, Resolution, event};
+use crate::nova::{AttachAnswer, NovaError};
+
+use super::Executor;
+use super::classify::{self, Answer, Next, Until, Verdict};
+use super::run::{Decision, Fenced, Run, Seen};
+
+/// What carrying out a step led to.
+enum Acted {
+    Decided(Decision),
+    SendAgain,
+}
+
+/// What a step may draw on: the answer's error and the attachment last
+/// seen (in Nova's 200 or a look).
+struct Context<'a> {
+    error: Option<&'a NovaError>,
+    attachment: Option<AttachmentInfo>,
+}
+
+type Step<'s> = Pin<Box<dyn Future<Output = Acted> + Send + 's>>;
+
+/// What one request returned, owned (the loop keeps it across steps).
+enum Sent {
+    Done(AttachmentInfo),
+    Accepted,
+    Failed(NovaError),
+}
+
+impl Executor {
+    /// Sends until a step decides. `first_sent`: the first request's intent
+    /// is already recorded (its attempt counted).
+    pub(crate) async fn send_loop(
+        self: &Arc<Self>,
+        run: &mut Run,
+        first_sent: bool,
+    ) -> Result<Decision, Fenced> {
+        let mut need_record = !first_sent;
+        loop {
+            let now = Instant::now();
+            if !self.policy.can_send_again(&run.budget, now) {
+                let history = run.history(false);
+                let mut ctx = Context {
+                    error: None,
+                    attachment: None,
+                };
+                return match self.step(run, Next::OutOfTime, &mut ctx, history).await {
+                    Acted::Decided(d) => Ok(d),
+                    // A look never asks to send; out of time it cannot.
+                    Acted::SendAgain => Ok(Decision::unknown(self.unknown_error(
+                        run,
+                        None,
+                        "no time left to send again",
+                    ))),
+                };
+            }
+            let outbound = self.policy.outbound(&run.budget, now);
+            if need_record {
+                Box::pin(self.record_attempt(run, outbound)).await?;
+            }
+            need_record = true;
+            self.metrics
+                .nova_outbound_deadline
+                .observe(outbound.saturating_duration_since(now).as_secs_f64());
+            let sent = Box::pin(self.send(run, outbound)).await;
+            let (answer, this_reached, attachment) = match &sent {
+                Sent::Done(a) => (Answer::Done, true, Some(a.clone())),
+                Sent::Accepted => (Answer::Accepted, true, None),
+                Sent::Failed(e) => (Answer::Failed(e), e.may_have_reached_nova, None),
+            };
+            let history = run.history(this_reached);
+            run.maybe_sent |= this_reached;
+            let next = classify::classify(run.op.action, run.op.server_id, &answer);
+            let mut ctx = Context {
+                error: match &sent {
+                    Sent::Failed(e) => Some(e),
+                    _ => None,
+                },
+                attachment,
+            };
+            match self.step(run, next, &mut ctx, history).await {
+                Acted::Decided(d) => return Ok(d),
+                Acted::SendAgain => continue,
+            }
+        }
+    }
+
+    /// Sends the run's request once and logs what came back.
+    async fn send(&self, run: &mut Run, outbound: Instant) -> Sent {
+        let started = Instant::now();
+        let op = &run.op;
+        let name = op.action.as_str();
+        let (sent, status) = match op.action {
+            Action::Attach => match self
+                .nova
+                .attach(op.server_id, op.volume_id, &op.params, outbound)
+                .await
+            {
+                Ok(AttachAnswer::Attached(a)) => (Sent::Done(a.to_info()), 200),
+                Ok(AttachAnswer::Accepted) => (Sent::Accepted, 202),
+                Err(e) => (Sent::Failed(e), 0),
+            },
+            Action::Detach => match self.nova.detach(op.server_id, op.volume_id, outbound).await {
+                Ok(()) => (Sent::Accepted, 202),
+                Err(e) => (Sent::Failed(e), 0),
+            },
+        };
+        let elapsed = started.elapsed();
+        match &sent {
+            Sent::Done(_) => {
+                self.metrics.nova(name, "ok", elapsed.as_secs_f64());
+                run.events.push(
+                    NewEvent::new(event::RESPONSE, "Nova answered 200: attachment created")
+                        .with("http_status", status)
+                        .with("elapsed_ms", elapsed.as_millis()),
+                );
+            }
+            Sent::Accepted => {
+                self.metrics.nova(name, "accepted", elapsed.as_secs_f64());
+                run.events.push(
+                    NewEvent::new(
+                        event::RESPONSE,
+                        format!("Nova answered 202: {name} accepted; watching the attachment list"),
+                    )
+                    .with("http_status", status),
+                );
+            }
+            Sent::Failed(e) => self.note_failure(run, e),
+        }
+        sent
+    }
+
+    /// Carries out one step, and the steps it leads to, until one decides
+    /// or asks to send again.
+    fn step<'s>(
+        self: &'s Arc<Self>,
+        run: &'s mut Run,
+        next: Next,
+        ctx: &'s mut Context<'_>,
+        history: classify::History,
+    ) -> Step<'s> {
+        // Boxed: steps nest (a look leads to a retry leads to a decision).
+        Box::pin(async move {
+            let then = match next {
+                Next::Decide(v) => return Acted::Decided(self.verdict(run, v, ctx)),
+                Next::Retry { why, otherwise } => {
+                    if self.backoff(run, why).await {
+                        return Acted::SendAgain;
+                    }
+                    *otherwise
+                }
+                Next::Observe {
+                    until,
+                    attached,
+                    absent,
+                    error,
+                } => {
+                    let until = self.until(run, until);
+                    match self.observe(run, until).await {
+                        Ok(Seen::Attached(a)) => {
+                            ctx.attachment = Some(a);
+                            *attached
+                        }
+                        Ok(Seen::Absent) => *absent,
+                        Err(_) => *error,
+                    }
+                }
+                Next::Watch {
+                    want,
+                    until,
+                    found,
+                    otherwise,
+                } => {
+                    let until = self.until(run, until);
+                    match self.observe_until(run, want, until).await {
+                        Some(seen) => {
+                            if let Seen::Attached(a) = seen {
+                                ctx.attachment = Some(a);
+                            }
+                            return Acted::Decided(self.verdict(run, found, ctx));
+                        }
+                        None => *otherwise,
+                    }
+                }
+                Next::Refuse(reason) => classify::refuse(run.op.action, history, reason),
+                Next::OutOfTime => classify::out_of_time(run.op.action, history),
+            };
+            self.step(run, then, ctx, history).await
+        })
+    }
+
+    /// The instant a look or watch named by `until` ends.
+    fn until(&self, run: &Run, until: Until) -> Instant {
+        let now = Instant::now();
+        match until {
+            Until::ObserveBy => run.budget.observe_by(),
+            Until::SendByAtMost2s => run.budget.send_by.min(now + Duration::from_secs(2)),
+            Until::AnswerByAtLeast1s => run.budget.answer_by.max(now + Duration::from_secs(1)),
+        }
+    }
+
+    /// A verdict with its data: the attachment, the error and its context.
+    fn verdict(&self, run: &Run, v: Verdict, ctx: &Context<'_>) -> Decision {
+        match v {
+            Verdict::Succeeded {
+                resolution,
+                detail,
+                recovered,
+            } => {
+                if recovered {
+                    self.metrics.responses_recovered.inc();
+                }
+                let attachment = match run.op.action {
+                    Action::Attach => ctx.attachment.clone(),
+                    Action::Detach => None,
+                };
+                Decision::succeeded(resolution, attachment, detail)
+            }
+            Verdict::Failed { reason } => {
+                let err = match ctx.error {
+                    Some(e) => {
+                        let mut err = OperationError::new(
+                            reason,
+                            format!(
+                                "{}: {}",
+                                e.clock(),
+                                e.nova_message.clone().unwrap_or_else(|| e.cause.clone())
+                            ),
+                        )
+                        .with("operation_id", run.op.id);
+                        err.metadata.extend(e.metadata());
+                        err
+                    }
+                    None => OperationError::new(
+                        reason,
+                        "the deadline came before any request could be sent",
+                    )
+                    .with("operation_id", run.op.id),
+                };
+                Decision::failed(Resolution::Response, err)
+            }
+            Verdict::FailedElsewhere => {
+                Decision::failed(Resolution::Response, self.elsewhere(run, ctx))
+            }
+            Verdict::Unknown { message } => {
+                Decision::unknown(self.unknown_error(run, ctx.error, message))
+            }
+        }
+    }
+
+    /// The error of an attach refused because another server holds the
+    /// volume, naming the servers Nova named.
+    fn elsewhere(&self, run: &Run, ctx: &Context<'_>) -> OperationError {
+        let ours = run.op.server_id.to_string();
+        let servers: Vec<String> = match ctx.error.map(|e| &e.kind) {
+            Some(crate::nova::NovaErrorKind::Rejected(
+                crate::nova::Rejection::AlreadyAttached { servers },
+            )) => servers.iter().filter(|s| **s != ours).cloned().collect(),
+            _ => Vec::new(),
+        };
+        let mut err = OperationError::new(
+            Reason::AlreadyAttachedElsewhere,
+            format!(
+                "volume {} is attached to another server: {}",
+                run.op.volume_id,
+                servers.join(" ")
+            ),
+        )
+        .with("attached_to", servers.join(" "))
+        .with("operation_id", run.op.id);
+        if let Some(e) = ctx.error {
+            err.metadata.extend(e.metadata());
+        }
+        err
+    }
+
+    pub(crate) fn unknown_error(
+        &self,
+        run: &Run,
+        e: Option<&NovaError>,
+        message: &str,
+    ) -> OperationError {
+        let mut err = OperationError::new(Reason::OutcomeUnknown, message)
+            .with("operation_id", run.op.id)
+            .with("attempts", run.op.attempts);
+        if let Some(e) = e {
+            err.metadata.extend(e.metadata());
+            err = err.with("last_failure", e.reason());
+        }
+        err
+    }
+
+    /// Sleeps the run's next backoff pause if another request still fits
+    /// before `send_by` after it; false (without sleeping) when none fits.
+    async fn backoff(&self, run: &mut Run, why: &str) -> bool {
+        let Some(pause) = run.backoff.next() else {
+            return false;
+        };
+        let resume = Instant::now() + pause;
+        if !self.policy.can_send_again(&run.budget, resume) {
+            return false;
+        }
+        run.events.push(
+            NewEvent::new(
+                event::RETRY_SCHEDULED,
+                format!("retrying after {} ms: {why}", pause.as_millis()),
+            )
+            .with("pause_ms", pause.as_millis()),
+        );
+        tokio::time::sleep_until(resume).await;
+        true
+    }
+}

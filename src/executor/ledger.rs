@@ -1,0 +1,166 @@
+//! The executor's writes to the ledger: the intent of each further
+//! attempt, the decision with the events that explain it, and the event
+//! vocabulary of requests and failures.
+
+use tokio::time::Instant;
+
+use crate::domain::{Action, NewEvent, Operation, Resolution, event};
+use crate::nova::NovaError;
+use crate::store::Transition;
+
+use super::Executor;
+use super::run::{Decision, Fenced, Run};
+
+impl Executor {
+    /// Writes a decision (terminal or unknown) with the pending events.
+    pub(crate) async fn record(&self, run: &mut Run, d: Decision) -> Operation {
+        let resolution = if run.by_reconciler && d.resolution.is_some() {
+            Some(Resolution::Reconciler)
+        } else {
+            d.resolution
+        };
+        let mut t = Transition::new(&run.op, d.state, &self.replica);
+        t.resolution = resolution;
+        t.attachment = d.attachment.clone();
+        t.last_error = Some(d.error.clone());
+        t.release_lease = true;
+        if d.state.is_terminal() {
+            t.verify_at = Some(
+                self.clock.now()
+                    + chrono::Duration::from_std(self.settings.verify_after).unwrap_or_default(),
+            );
+        }
+        let kind = if d.state.is_terminal() {
+            event::RESOLVED
+        } else {
+            event::UNRESOLVED
+        };
+        let mut ev = NewEvent::new(kind, d.detail.clone()).with("state", d.state.as_str());
+        if let Some(r) = resolution {
+            ev = ev.with("resolution", r.as_str());
+        }
+        if let Some(e) = &d.error {
+            ev = ev.with("reason", e.reason);
+        }
+        run.events.push(ev);
+        t.events = std::mem::take(&mut run.events);
+        let write_by = run
+            .budget
+            .answer_by
+            .max(Instant::now() + self.settings.record_grace);
+        let write_started = Instant::now();
+        let written = self.store.operation_transition(t, write_by).await;
+        self.metrics.ledger(
+            "decision",
+            if written.is_ok() { "ok" } else { "error" },
+            write_started.elapsed().as_secs_f64(),
+        );
+        match written {
+            Ok(Some(op)) => {
+                tracing::info!(operation_id = %op.id, state = op.state.as_str(),
+                    resolution = op.resolution.map(|r| r.as_str()).unwrap_or(""), "operation decided");
+                op
+            }
+            Ok(None) => self.reread(&run.op).await,
+            Err(e) => {
+                // The row stays in_progress with an expiring lease: another
+                // pass (this replica's reconciler or another's) finishes it.
+                tracing::error!(operation_id = %run.op.id, error = %e,
+                    "could not record the decision; the reconciler will re-observe");
+                let mut op = run.op.clone();
+                op.state = d.state;
+                op.resolution = resolution;
+                op.last_error = d.error;
+                op.attachment = d.attachment;
+                op
+            }
+        }
+    }
+
+    /// The row as it stands; `op` itself when it cannot be read (the
+    /// caller then answers with what it knew last).
+    pub(crate) async fn reread(&self, op: &Operation) -> Operation {
+        match self.store.operation_get(op.id).await {
+            Ok(Some(cur)) => cur,
+            Ok(None) => op.clone(),
+            Err(e) => {
+                tracing::warn!(operation_id = %op.id, error = %e, "could not re-read the operation");
+                op.clone()
+            }
+        }
+    }
+
+    /// Records the intent of another attempt (attempts + 1, request_sent),
+    /// flushing pending events with it. Without it no request may leave.
+    pub(crate) async fn record_attempt(
+        &self,
+        run: &mut Run,
+        outbound: Instant,
+    ) -> Result<(), Fenced> {
+        let mut t = Transition::new(&run.op, crate::domain::State::InProgress, &self.replica);
+        t.add_attempt = true;
+        t.request_sent = true;
+        run.events.push(request_sent_event(
+            run.op.action,
+            run.op.attempts + 1,
+            outbound,
+            Instant::now(),
+        ));
+        t.events = std::mem::take(&mut run.events);
+        match self
+            .store
+            .operation_transition(t, run.budget.answer_by)
+            .await
+        {
+            Ok(Some(op)) => {
+                run.op = op;
+                Ok(())
+            }
+            Ok(None) => Err(Fenced(self.reread(&run.op).await)),
+            Err(e) => {
+                tracing::warn!(operation_id = %run.op.id, error = %e, "could not record a retry; not sending it");
+                Err(Fenced(self.reread(&run.op).await))
+            }
+        }
+    }
+
+    /// Counts a failed request and logs it in the run's events.
+    pub(crate) fn note_failure(&self, run: &mut Run, e: &NovaError) {
+        self.metrics.nova(
+            run.op.action.as_str(),
+            e.kind.as_str(),
+            e.elapsed.as_secs_f64(),
+        );
+        if e.outcome_unknown() {
+            self.metrics.responses_lost.inc();
+        }
+        tracing::warn!(operation_id = %run.op.id, error = %e, "Nova request failed");
+        run.events.push(
+            NewEvent::new(event::REQUEST_FAILED, e.clock())
+                .with("reason", e.reason())
+                .with("outcome_unknown", e.outcome_unknown())
+                .with_all(&e.metadata()),
+        );
+    }
+}
+
+pub(crate) fn request_sent_event(
+    action: Action,
+    attempt: i32,
+    outbound: Instant,
+    now: Instant,
+) -> NewEvent {
+    let budget_ms = outbound.saturating_duration_since(now).as_millis();
+    NewEvent::new(
+        event::REQUEST_SENT,
+        format!(
+            "{} request #{attempt} with an outbound deadline of {budget_ms} ms",
+            match action {
+                Action::Attach => "POST attach",
+                Action::Detach => "DELETE detach",
+            },
+        ),
+    )
+    .with("attempt", attempt)
+    .with("outbound_deadline_ms", budget_ms)
+}

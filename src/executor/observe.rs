@@ -1,0 +1,80 @@
+//! Looking at Nova: the server's attachment list, once or until it shows
+//! the wanted state. I/O only; what a look means is decided in
+//! `classify.rs`.
+
+use tokio::time::Instant;
+
+use crate::domain::{NewEvent, event};
+use crate::nova::NovaError;
+
+use super::Executor;
+use super::classify::Presence;
+use super::run::{Run, Seen};
+
+impl Executor {
+    /// Lists the server's attachments (bounded by `until`) and reports
+    /// whether the volume is there.
+    pub(crate) async fn observe(&self, run: &mut Run, until: Instant) -> Result<Seen, NovaError> {
+        let started = Instant::now();
+        match self.nova.list(run.op.server_id, until).await {
+            Ok(items) => {
+                self.metrics
+                    .nova("list", "ok", started.elapsed().as_secs_f64());
+                let vol = run.op.volume_id.to_string();
+                let seen = match items.iter().find(|a| a.volume_id == vol) {
+                    Some(a) => Seen::Attached(a.to_info()),
+                    None => Seen::Absent,
+                };
+                run.events.push(
+                    NewEvent::new(
+                        event::OBSERVED,
+                        match &seen {
+                            Seen::Attached(_) => "the volume is in the server's attachment list",
+                            Seen::Absent => "the volume is not in the server's attachment list",
+                        },
+                    )
+                    .with("attachments_listed", items.len())
+                    .with("present", matches!(seen, Seen::Attached(_))),
+                );
+                Ok(seen)
+            }
+            Err(e) => {
+                self.metrics
+                    .nova("list", e.kind.as_str(), e.elapsed.as_secs_f64());
+                run.events.push(
+                    NewEvent::new(
+                        event::OBSERVED,
+                        format!("observation failed: {}", e.clock()),
+                    )
+                    .with("reason", e.reason())
+                    .with_all(&e.metadata()),
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// Observes until the volume shows `want`, or `until`; pauses grow
+    /// from `observe_interval` to `observe_interval_max`.
+    pub(crate) async fn observe_until(
+        &self,
+        run: &mut Run,
+        want: Presence,
+        until: Instant,
+    ) -> Option<Seen> {
+        let mut pause = self.settings.observe_interval;
+        loop {
+            match (want, self.observe(run, until).await) {
+                (Presence::Attached, Ok(seen @ Seen::Attached(_)))
+                | (Presence::Detached, Ok(seen @ Seen::Absent)) => return Some(seen),
+                _ => {}
+            }
+            let next = Instant::now() + pause;
+            if next >= until {
+                return None;
+            }
+            tokio::time::sleep_until(next).await;
+            pause = (pause * 2).min(self.settings.observe_interval_max);
+        }
+    }
+}

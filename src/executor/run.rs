@@ -1,0 +1,116 @@
+//! The state of one run over an operation (the executor's, or a reconciler
+//! pass's) and the decision it ends with.
+
+use std::time::Duration;
+
+use backon::BackoffBuilder as _;
+
+use crate::domain::{
+    AttachmentInfo, Budget, NewEvent, Operation, OperationError, Resolution, State,
+};
+
+use super::classify::History;
+
+/// The decision of a run: terminal, or unknown (the reconciler goes on).
+#[derive(Debug, Clone)]
+pub(crate) struct Decision {
+    pub state: State,
+    pub resolution: Option<Resolution>,
+    pub attachment: Option<AttachmentInfo>,
+    pub error: Option<OperationError>,
+    pub detail: String,
+}
+
+impl Decision {
+    pub fn succeeded(
+        resolution: Resolution,
+        attachment: Option<AttachmentInfo>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            state: State::Succeeded,
+            resolution: Some(resolution),
+            attachment,
+            error: None,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn failed(resolution: Resolution, error: OperationError) -> Self {
+        Self {
+            state: State::Failed,
+            resolution: Some(resolution),
+            attachment: None,
+            detail: error.message.clone(),
+            error: Some(error),
+        }
+    }
+
+    pub fn unknown(error: OperationError) -> Self {
+        Self {
+            state: State::Unknown,
+            resolution: None,
+            attachment: None,
+            detail: error.message.clone(),
+            error: Some(error),
+        }
+    }
+}
+
+/// What an observation of the server's attachments found.
+#[derive(Debug)]
+pub(crate) enum Seen {
+    Attached(AttachmentInfo),
+    Absent,
+}
+
+/// Another writer decided first (the lease epoch moved on): here is the
+/// row as it stands.
+pub(crate) struct Fenced(pub Operation);
+
+/// The pauses between sends within one run: exponential from 40 ms to
+/// 1.5 s, each with up to as much again of jitter.
+fn send_backoff() -> backon::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(40))
+        .with_max_delay(Duration::from_millis(1500))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// Per-run context: the operation as last written, the plan, the events
+/// not yet written (flushed with the next state write).
+pub(crate) struct Run {
+    pub op: Operation,
+    pub budget: Budget,
+    pub events: Vec<NewEvent>,
+    /// Whether any request so far may have reached Nova.
+    pub maybe_sent: bool,
+    /// Decisions of a reconciler pass are attributed to the reconciler.
+    pub by_reconciler: bool,
+    pub backoff: backon::ExponentialBackoff,
+}
+
+impl Run {
+    pub fn new(op: Operation, budget: Budget, by_reconciler: bool) -> Self {
+        Self {
+            maybe_sent: op.attempts > 0,
+            op,
+            budget,
+            events: Vec::new(),
+            by_reconciler,
+            backoff: send_backoff(),
+        }
+    }
+
+    /// The history an answer is classified with, before `maybe_sent`
+    /// takes that answer in.
+    pub fn history(&self, this_may_have_arrived: bool) -> History {
+        History {
+            earlier: self.maybe_sent,
+            this: this_may_have_arrived,
+        }
+    }
+}
