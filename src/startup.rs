@@ -125,118 +125,42 @@ impl Application {
             tls,
             ready,
         } = self;
-        let replica = exec.replica.clone();
         let (health, health_svc) = tonic_health::server::health_reporter();
         health.set_serving::<VolumeReconcilerServer<Api>>().await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
+        let admin_stop = CancellationToken::new();
+        let admin_task = serve_admin(
+            admin_listener,
+            AdminState {
+                store: store.clone(),
+                metrics: metrics.clone(),
+                ready: ready.clone(),
+            },
+            admin_stop.clone(),
+        );
+        let reconciler_stop = CancellationToken::new();
+        let reconciler_task = (!cfg.no_reconciler)
+            .then(|| tokio::spawn(reconciler.clone().run(reconciler_stop.clone())));
         let api = Api {
             exec: exec.clone(),
             reconciler: reconciler.clone(),
             metrics: metrics.clone(),
             watch_idle: cfg.watch_idle_timeout,
         };
-        let service =
-            VolumeReconcilerServer::new(api).max_decoding_message_size(cfg.max_message_bytes);
-
-        // Admin listener.
-        let admin_stop = CancellationToken::new();
-        let admin = Router::new()
-            .route("/healthz", get(|| async { "ok\n" }))
-            .route("/readyz", get(readyz))
-            .route("/metrics", get(metrics_text))
-            .with_state(AdminState {
-                store: store.clone(),
-                metrics: metrics.clone(),
-                ready: ready.clone(),
-            });
-        let admin_task = {
-            let stop = admin_stop.clone();
-            tokio::spawn(async move {
-                let r = axum::serve(admin_listener, admin)
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
-                    .await;
-                if let Err(e) = r {
-                    tracing::error!(error = %e, "admin listener failed");
-                }
-            })
-        };
-
-        // Background reconciler.
-        let reconciler_stop = CancellationToken::new();
-        let reconciler_task = if cfg.no_reconciler {
-            None
-        } else {
-            Some(tokio::spawn(
-                reconciler.clone().run(reconciler_stop.clone()),
-            ))
-        };
-
-        // gRPC, with the deadline layer outermost of our layers.
         let drain = CancellationToken::new();
-        let mut builder = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(cfg.http2_keepalive_interval))
-            .http2_keepalive_timeout(Some(cfg.http2_keepalive_timeout))
-            .max_concurrent_streams(Some(cfg.max_concurrent_streams))
-            .tcp_nodelay(true);
-        if let Some(age) = cfg.max_connection_age {
-            // Only the age, never `max_connection_age_grace`: in tonic
-            // 0.14.9 the grace drops connections without a GOAWAY.
-            builder = builder.max_connection_age(age);
+        if let Some(tls) = &tls {
+            tls.watch(admin_stop.clone());
         }
-        let tokens = crate::grpc::auth::TokenSet::parse(cfg.auth_tokens.as_deref().unwrap_or(""))
-            .map_err(|e| anyhow::anyhow!("--auth-tokens: {e}"))?;
-        if tokens.is_empty() && cfg.tls_client_ca.is_none() {
-            tracing::warn!(
-                "no caller authentication configured (--auth-tokens, --tls-client-ca): anyone who reaches the gRPC port can attach volumes"
-            );
-        }
-        builder = builder.http2_max_header_list_size(Some(cfg.max_metadata_bytes));
-        let router = builder
-            .layer(DeadlineLayer::new(
-                cfg.default_deadline,
-                cfg.budget_policy(),
-                metrics.clone(),
-            ))
-            .layer(crate::grpc::auth::AuthLayer::new(tokens))
-            .layer(crate::grpc::overload::OverloadLayer::new(
-                cfg.max_inflight_mutations,
-                cfg.caller_rate_limit,
-                cfg.caller_burst,
-            ))
-            .layer(crate::grpc::overload::MessageLimitLayer {
-                limit: cfg.max_message_bytes,
-            })
-            .add_service(health_svc)
-            .add_service(reflection)
-            .add_service(service);
-        let drain_signal = drain.clone();
-        let shutdown_signal = async move { drain_signal.cancelled().await };
-        let mut server = match &tls {
-            Some(tls) => {
-                tls.watch(admin_stop.clone());
-                let incoming =
-                    crate::tls::incoming(grpc_listener, tls.clone(), cfg.tls_handshake_timeout);
-                tokio::spawn(async move {
-                    router
-                        .serve_with_incoming_shutdown(incoming, shutdown_signal)
-                        .await
-                })
-            }
-            None => {
-                let incoming = plain_incoming(grpc_listener);
-                tokio::spawn(async move {
-                    router
-                        .serve_with_incoming_shutdown(incoming, shutdown_signal)
-                        .await
-                })
-            }
-        };
+        let mut server = spawn_grpc(
+            &cfg,
+            api,
+            health_svc,
+            &metrics,
+            grpc_listener,
+            tls.as_ref(),
+            drain.clone(),
+        )?;
         ready.store(true, Ordering::SeqCst);
-        tracing::info!(replica = %replica, "serving");
+        tracing::info!(replica = %exec.replica, "serving");
 
         let server_ended_early = tokio::select! {
             _ = shutdown => false,
@@ -245,81 +169,29 @@ impl Application {
                 true
             }
         };
-
-        // Phase 1: not ready.
-        ready.store(false, Ordering::SeqCst);
-        health
-            .set_not_serving::<VolumeReconcilerServer<Api>>()
-            .await;
-        health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
-        tracing::info!(
-            phase = "not_ready",
-            running_operations = exec.running(),
-            delay_ms = cfg.shutdown_delay.as_millis() as u64,
-            "shutdown: reporting NOT_SERVING; still serving while load balancers notice"
-        );
-        if !server_ended_early {
-            tokio::time::sleep(cfg.shutdown_delay).await;
-        }
-
-        // Phase 2: stop accepting; GOAWAY; wait for in-flight RPCs.
         let drain_deadline = Instant::now() + cfg.drain_timeout;
-        tracing::info!(
-            phase = "drain",
-            running_operations = exec.running(),
-            timeout_ms = cfg.drain_timeout.as_millis() as u64,
-            "shutdown: closing the listener and draining connections (GOAWAY)"
-        );
-        drain.cancel();
-        if !server_ended_early {
-            match tokio::time::timeout_at(drain_deadline, &mut server).await {
-                Ok(Ok(Ok(()))) => {
-                    tracing::info!(phase = "drained", "shutdown: all connections closed")
-                }
-                Ok(Ok(Err(e))) => {
-                    tracing::warn!(error = %e, "shutdown: the gRPC server ended with an error")
-                }
-                Ok(Err(e)) => tracing::warn!(error = %e, "shutdown: the gRPC server task failed"),
-                Err(_) => {
-                    tracing::warn!(
-                        phase = "drain_timeout",
-                        running_operations = exec.running(),
-                        "shutdown: drain timeout; closing the remaining connections"
-                    );
-                    server.abort();
-                }
-            }
-        }
+        let stages = Stages {
+            cfg: &cfg,
+            exec: &exec,
+            ready: &ready,
+            health: &health,
+        };
+        stages.not_ready(server_ended_early).await;
+        stages
+            .drain(drain, server, drain_deadline, server_ended_early)
+            .await;
 
-        // Phase 3: the reconciler stops; operation tasks get what is left
-        // of the drain budget, then their leases go to other replicas.
+        // The reconciler stops; operation tasks get what is left of the
+        // drain budget, then their leases go to other replicas.
         reconciler_stop.cancel();
         if let Some(t) = reconciler_task
             && let Err(e) = t.await
         {
             tracing::warn!(error = %e, "reconciler task ended abnormally");
         }
-        let idle = exec
-            .wait_idle(drain_deadline.max(Instant::now() + Duration::from_millis(10)))
-            .await;
-        let handed = match store.operation_release_leases(&replica).await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(error = %e, "shutdown: could not release leases; they expire by themselves");
-                0
-            }
-        };
-        tracing::info!(
-            phase = "handover",
-            operations_unfinished = exec.running(),
-            leases_released = handed,
-            all_tasks_done = idle,
-            "shutdown: unfinished operations handed to the other replicas' reconcilers"
-        );
+        stages.hand_over(&store, drain_deadline).await;
 
-        // Phase 4: admin listener, then the database pool last.
+        // The admin listener, then the database pool last.
         admin_stop.cancel();
         if let Err(e) = admin_task.await {
             tracing::warn!(error = %e, "admin task ended abnormally");
@@ -328,6 +200,184 @@ impl Application {
         tracing::info!(phase = "stopped", "shutdown complete");
         Ok(())
     }
+}
+
+type GrpcServer = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// The staged shutdown's steps (see the module's comment).
+struct Stages<'a> {
+    cfg: &'a ServeArgs,
+    exec: &'a Arc<Executor>,
+    ready: &'a AtomicBool,
+    health: &'a tonic_health::server::HealthReporter,
+}
+
+impl Stages<'_> {
+    /// Phase 1: not ready, but still serving while load balancers notice.
+    async fn not_ready(&self, server_ended_early: bool) {
+        self.ready.store(false, Ordering::SeqCst);
+        self.health
+            .set_not_serving::<VolumeReconcilerServer<Api>>()
+            .await;
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        tracing::info!(
+            phase = "not_ready",
+            running_operations = self.exec.running(),
+            delay_ms = self.cfg.shutdown_delay.as_millis() as u64,
+            "shutdown: reporting NOT_SERVING; still serving while load balancers notice"
+        );
+        if !server_ended_early {
+            tokio::time::sleep(self.cfg.shutdown_delay).await;
+        }
+    }
+
+    /// Phase 2: stop accepting; GOAWAY; wait for in-flight RPCs.
+    async fn drain(
+        &self,
+        drain: CancellationToken,
+        mut server: GrpcServer,
+        drain_deadline: Instant,
+        server_ended_early: bool,
+    ) {
+        tracing::info!(
+            phase = "drain",
+            running_operations = self.exec.running(),
+            timeout_ms = self.cfg.drain_timeout.as_millis() as u64,
+            "shutdown: closing the listener and draining connections (GOAWAY)"
+        );
+        drain.cancel();
+        if server_ended_early {
+            return;
+        }
+        match tokio::time::timeout_at(drain_deadline, &mut server).await {
+            Ok(Ok(Ok(()))) => tracing::info!(phase = "drained", "shutdown: all connections closed"),
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(error = %e, "shutdown: the gRPC server ended with an error")
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "shutdown: the gRPC server task failed"),
+            Err(_) => {
+                tracing::warn!(
+                    phase = "drain_timeout",
+                    running_operations = self.exec.running(),
+                    "shutdown: drain timeout; closing the remaining connections"
+                );
+                server.abort();
+            }
+        }
+    }
+
+    /// Phase 3: operation tasks get what is left of the drain budget; the
+    /// leases of those still running go to the other replicas.
+    async fn hand_over(&self, store: &Arc<dyn Store>, drain_deadline: Instant) {
+        let idle = self
+            .exec
+            .wait_idle(drain_deadline.max(Instant::now() + Duration::from_millis(10)))
+            .await;
+        let handed = match store.operation_release_leases(&self.exec.replica).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "shutdown: could not release leases; they expire by themselves");
+                0
+            }
+        };
+        tracing::info!(
+            phase = "handover",
+            operations_unfinished = self.exec.running(),
+            leases_released = handed,
+            all_tasks_done = idle,
+            "shutdown: unfinished operations handed to the other replicas' reconcilers"
+        );
+    }
+}
+
+/// The admin listener: /healthz, /readyz, /metrics, until `stop`.
+fn serve_admin(
+    listener: TcpListener,
+    state: AdminState,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let admin = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(state);
+    tokio::spawn(async move {
+        let r = axum::serve(listener, admin)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "admin listener failed");
+        }
+    })
+}
+
+/// The gRPC server chain, with the deadline layer outermost of ours,
+/// serving `listener` (through TLS when on) until `drain`.
+fn spawn_grpc(
+    cfg: &ServeArgs,
+    api: Api,
+    health_svc: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    metrics: &Arc<Metrics>,
+    listener: TcpListener,
+    tls: Option<&Arc<crate::tls::Reloadable>>,
+    drain: CancellationToken,
+) -> anyhow::Result<GrpcServer> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
+    let service = VolumeReconcilerServer::new(api).max_decoding_message_size(cfg.max_message_bytes);
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(cfg.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(cfg.http2_keepalive_timeout))
+        .max_concurrent_streams(Some(cfg.max_concurrent_streams))
+        .http2_max_header_list_size(Some(cfg.max_metadata_bytes))
+        .tcp_nodelay(true);
+    if let Some(age) = cfg.max_connection_age {
+        // Only the age, never `max_connection_age_grace`: in tonic
+        // 0.14.9 the grace drops connections without a GOAWAY.
+        builder = builder.max_connection_age(age);
+    }
+    let tokens = crate::grpc::auth::TokenSet::parse(cfg.auth_tokens.as_deref().unwrap_or(""))
+        .map_err(|e| anyhow::anyhow!("--auth-tokens: {e}"))?;
+    if tokens.is_empty() && cfg.tls_client_ca.is_none() {
+        tracing::warn!(
+            "no caller authentication configured (--auth-tokens, --tls-client-ca): anyone who reaches the gRPC port can attach volumes"
+        );
+    }
+    let router = builder
+        .layer(DeadlineLayer::new(
+            cfg.default_deadline,
+            cfg.budget_policy(),
+            metrics.clone(),
+        ))
+        .layer(crate::grpc::auth::AuthLayer::new(tokens))
+        .layer(crate::grpc::overload::OverloadLayer::new(
+            cfg.max_inflight_mutations,
+            cfg.caller_rate_limit,
+            cfg.caller_burst,
+        ))
+        .layer(crate::grpc::overload::MessageLimitLayer {
+            limit: cfg.max_message_bytes,
+        })
+        .add_service(health_svc)
+        .add_service(reflection)
+        .add_service(service);
+    let shutdown = async move { drain.cancelled().await };
+    Ok(match tls {
+        Some(tls) => {
+            let incoming = crate::tls::incoming(listener, tls.clone(), cfg.tls_handshake_timeout);
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
+        }
+        None => {
+            tokio::spawn(router.serve_with_incoming_shutdown(plain_incoming(listener), shutdown))
+        }
+    })
 }
 
 async fn readyz(State(st): State<AdminState>) -> (StatusCode, &'static str) {

@@ -196,11 +196,74 @@ impl Executor {
             .policy
             .plan(now, deadline.at)
             .map_err(ExecError::BudgetTooSmall)?;
-        let outbound = self.policy.outbound(&budget, now);
+        let new = self.intent(&req, deadline, &budget, now);
+        let write_started = Instant::now();
+        let created = self.store.operation_create(new, budget.answer_by).await;
+        self.metrics.ledger(
+            "intent",
+            if created.is_ok() { "ok" } else { "error" },
+            write_started.elapsed().as_secs_f64(),
+        );
+        let op = match created? {
+            CreateOutcome::Created(op) => op,
+            CreateOutcome::Existing(op) => {
+                tracing::Span::current().record("operation_id", tracing::field::display(op.id));
+                tracing::info!(operation_id = %op.id, state = op.state.as_str(), "idempotency key replayed; joining the operation");
+                if op.state.is_terminal() || op.state == State::Unknown {
+                    return Ok(Started::Settled(Box::new(op)));
+                }
+                return Ok(Started::Joined {
+                    id: op.id,
+                    until: budget.answer_by,
+                });
+            }
+        };
+        tracing::Span::current().record("operation_id", tracing::field::display(op.id));
+        let (tx, rx) = watch::channel(None);
+        let op_id = op.id;
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(op_id, rx.clone());
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            let done = this.drive(Run::new(op, budget, false), true).await;
+            // Nobody waiting is fine: the caller may have gone.
+            drop(tx.send(Some(done)));
+            this.inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&op_id);
+        });
+        Ok(Started::Running {
+            id: op_id,
+            rx,
+            until: budget.answer_by,
+        })
+    }
+
+    /// The intent row of a new operation: in progress, its first request
+    /// counted, leased to this replica.
+    fn intent(
+        &self,
+        req: &OpRequest,
+        deadline: Deadline,
+        budget: &Budget,
+        now: Instant,
+    ) -> NewOperation {
+        let outbound = self.policy.outbound(budget, now);
         let deadline_at = self.clock.wall_of(budget.answer_by);
-        let id = Uuid::now_v7();
-        let new = NewOperation {
-            id,
+        let recorded = NewEvent::new(event::RECORDED, format!("{} recorded", req.action.as_str()))
+            .with("idempotency_key", req.idempotency_key.as_str())
+            .with("caller_deadline_ms", deadline.remaining().as_millis())
+            .with("deadline_from_caller", deadline.from_caller)
+            .with("caller", req.caller.as_deref().unwrap_or("-"))
+            .with(
+                "answer_by_ms",
+                budget.answer_by.saturating_duration_since(now).as_millis(),
+            );
+        NewOperation {
+            id: Uuid::now_v7(),
             fingerprint: request_fingerprint(req.action, req.server_id, req.volume_id, &req.params),
             idempotency_key: req.idempotency_key.as_str().to_string(),
             action: req.action,
@@ -216,62 +279,9 @@ impl Executor {
             caller: req.caller.clone(),
             replica: self.replica.clone(),
             events: vec![
-                NewEvent::new(event::RECORDED, format!("{} recorded", req.action.as_str()))
-                    .with("idempotency_key", req.idempotency_key.as_str())
-                    .with("caller_deadline_ms", deadline.remaining().as_millis())
-                    .with("deadline_from_caller", deadline.from_caller)
-                    .with("caller", req.caller.as_deref().unwrap_or("-"))
-                    .with(
-                        "answer_by_ms",
-                        budget.answer_by.saturating_duration_since(now).as_millis(),
-                    ),
+                recorded,
                 ledger::request_sent_event(req.action, 1, outbound, now),
             ],
-        };
-        let write_started = Instant::now();
-        let created = self.store.operation_create(new, budget.answer_by).await;
-        self.metrics.ledger(
-            "intent",
-            if created.is_ok() { "ok" } else { "error" },
-            write_started.elapsed().as_secs_f64(),
-        );
-        match created? {
-            CreateOutcome::Created(op) => {
-                tracing::Span::current().record("operation_id", tracing::field::display(op.id));
-                let (tx, rx) = watch::channel(None);
-                self.inflight
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(op.id, rx.clone());
-                let this = self.clone();
-                let op_id = op.id;
-                self.tasks.spawn(async move {
-                    let run = Run::new(op, budget, false);
-                    let done = this.drive(run, true).await;
-                    // Nobody waiting is fine: the caller may have gone.
-                    drop(tx.send(Some(done)));
-                    this.inflight
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&op_id);
-                });
-                Ok(Started::Running {
-                    id: op_id,
-                    rx,
-                    until: budget.answer_by,
-                })
-            }
-            CreateOutcome::Existing(op) => {
-                tracing::Span::current().record("operation_id", tracing::field::display(op.id));
-                tracing::info!(operation_id = %op.id, state = op.state.as_str(), "idempotency key replayed; joining the operation");
-                if op.state.is_terminal() || op.state == State::Unknown {
-                    return Ok(Started::Settled(Box::new(op)));
-                }
-                Ok(Started::Joined {
-                    id: op.id,
-                    until: budget.answer_by,
-                })
-            }
         }
     }
 
@@ -363,56 +373,57 @@ mod size_probe {
     //! Tens of thousands of these futures wait at once (10k attaches in
     //! flight behind the per-host cap): keep them small. Cold paths are
     //! boxed so a waiting future holds only what it is waiting on.
-    #[tokio::test]
-    async fn futures_that_wait_in_large_numbers_stay_small() {
-        use super::*;
-        let nova = Arc::new(crate::nova::NovaClient::new(
-            crate::nova::NovaConfig::default(),
-        ));
-        let params = RequestParams::default();
-        let f = nova.attach(Uuid::nil(), Uuid::nil(), &params, Instant::now());
-        assert!(
-            std::mem::size_of_val(&f) <= 1024,
-            "nova.attach: {}",
-            std::mem::size_of_val(&f)
-        );
-        drop(f);
-        let f = nova.list(Uuid::nil(), Instant::now());
-        assert!(
-            std::mem::size_of_val(&f) <= 1024,
-            "nova.list: {}",
-            std::mem::size_of_val(&f)
-        );
-        drop(f);
+    use super::*;
+
+    fn assert_small<T>(what: &str, f: &T, limit: usize) {
+        let size = std::mem::size_of_val(f);
+        assert!(size <= limit, "{what}: {size} bytes, more than {limit}");
+    }
+
+    async fn executor() -> Arc<Executor> {
+        let nova = Arc::new(NovaClient::new(crate::nova::NovaConfig::default()));
         let store: Arc<dyn Store> = Arc::new(
             crate::store::SqliteStore::connect("sqlite::memory:")
                 .await
                 .unwrap(),
         );
-        let exec = Executor::new(
+        Executor::new(
             store,
             nova,
             BudgetPolicy::default(),
             "r".into(),
             ExecSettings::default(),
             Arc::new(Metrics::new()),
+        )
+    }
+
+    #[tokio::test]
+    async fn nova_calls_that_wait_stay_small() {
+        let exec = executor().await;
+        let params = RequestParams::default();
+        let now = Instant::now();
+        assert_small(
+            "nova.attach",
+            &exec.nova.attach(Uuid::nil(), Uuid::nil(), &params, now),
+            1024,
         );
+        assert_small("nova.list", &exec.nova.list(Uuid::nil(), now), 1024);
+    }
+
+    #[tokio::test]
+    async fn submitted_and_driven_operations_stay_small() {
+        let exec = executor().await;
         let req = OpRequest {
             action: Action::Attach,
             idempotency_key: IdempotencyKey::parse("k").unwrap(),
             server_id: Uuid::nil(),
             volume_id: Uuid::nil(),
-            params,
+            params: RequestParams::default(),
             caller: None,
         };
-        let f = exec.submit(req.clone(), Deadline::none());
         // The start is boxed: what stays is the wait for the result.
-        assert!(
-            std::mem::size_of_val(&f) <= 768,
-            "submit: {}",
-            std::mem::size_of_val(&f)
-        );
-        drop(f);
+        assert_small("submit", &exec.submit(req, Deadline::none()), 768);
+        let now = chrono::Utc::now();
         let op = Operation {
             id: Uuid::nil(),
             idempotency_key: "k".into(),
@@ -425,10 +436,10 @@ mod size_probe {
             attachment: None,
             attempts: 1,
             last_error: None,
-            deadline_at: chrono::Utc::now(),
+            deadline_at: now,
             last_request_at: None,
-            created_at: chrono::Utc::now(),
-            updated_at: chrono::Utc::now(),
+            created_at: now,
+            updated_at: now,
             completed_at: None,
             lease_owner: None,
             lease_expires_at: None,
@@ -440,12 +451,10 @@ mod size_probe {
         let budget = BudgetPolicy::default()
             .plan(Instant::now(), Instant::now() + Duration::from_secs(10))
             .unwrap();
-        let f = exec.drive(Run::new(op, budget, false), true);
-        assert!(
-            std::mem::size_of_val(&f) <= 2048,
-            "drive: {}",
-            std::mem::size_of_val(&f)
+        assert_small(
+            "drive",
+            &exec.drive(Run::new(op, budget, false), true),
+            2048,
         );
-        drop(f);
     }
 }

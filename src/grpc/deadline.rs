@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::domain::{BudgetPolicy, Deadline};
+use crate::domain::{BudgetPolicy, Deadline, Reason};
 use crate::metrics::Metrics;
 
 /// Methods whose life is not bounded like a unary call: no server default.
@@ -138,42 +138,40 @@ where
         Box::pin(async move {
             match tokio::time::timeout_at(fire_at, fut).await {
                 Ok(r) => r,
-                Err(_) => {
-                    let mut details = super::status::details(
-                        crate::domain::Reason::DeadlineExceeded,
-                        [
-                            (
-                                "deadline_from_caller".to_string(),
-                                deadline.from_caller.to_string(),
-                            ),
-                            (
-                                "clock".to_string(),
-                                if deadline.from_caller {
-                                    "caller deadline"
-                                } else {
-                                    "server default deadline"
-                                }
-                                .to_string(),
-                            ),
-                        ]
-                        .into_iter()
-                        .collect(),
-                    );
-                    details.set_retry_info(None::<Duration>);
-                    let status = <tonic::Status as tonic_types::StatusExt>::with_error_details(
-                        super::status::code_of(crate::domain::Reason::DeadlineExceeded.code()),
-                        if deadline.from_caller {
-                            "the caller's deadline expired before the request finished"
-                        } else {
-                            "the server's default deadline (the caller sent none) expired before the request finished"
-                        },
-                        details,
-                    );
-                    Ok(status.into_http())
-                }
+                Err(_) => Ok(expired(deadline)),
             }
         })
     }
+}
+
+/// The answer for a request whose handler ran past its deadline.
+fn expired<R: Default>(deadline: Deadline) -> http::Response<R> {
+    let (clock, message) = if deadline.from_caller {
+        (
+            "caller deadline",
+            "the caller's deadline expired before the request finished",
+        )
+    } else {
+        (
+            "server default deadline",
+            "the server's default deadline (the caller sent none) expired before the request finished",
+        )
+    };
+    let meta = [
+        ("deadline_from_caller", deadline.from_caller.to_string()),
+        ("clock", clock.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let mut details = super::status::details(Reason::DeadlineExceeded, meta);
+    details.set_retry_info(None::<Duration>);
+    <tonic::Status as tonic_types::StatusExt>::with_error_details(
+        super::status::code_of(Reason::DeadlineExceeded.code()),
+        message,
+        details,
+    )
+    .into_http()
 }
 
 #[cfg(test)]

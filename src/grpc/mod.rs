@@ -7,12 +7,12 @@ pub mod convert;
 pub mod deadline;
 pub mod overload;
 pub mod status;
+mod watch;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
@@ -309,7 +309,7 @@ impl VolumeReconciler for Api {
         };
         let store = self.exec.store.clone();
         // Subscribe before the first read so no change falls in between.
-        let mut changes = store.subscribe();
+        let changes = store.subscribe();
         let first = match store.operation_get(id).await {
             Ok(Some(op)) => op,
             Ok(None) => {
@@ -320,66 +320,15 @@ impl VolumeReconciler for Api {
             }
             Err(e) => return self.done("WatchOperation", Err(status::from_store(e))),
         };
-        let idle = self.watch_idle;
         let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(async move {
-            let mut last = None;
-            let mut current = first;
-            loop {
-                let key = (
-                    current.state,
-                    current.attempts,
-                    current.updated_at,
-                    current.drifted,
-                );
-                if last != Some(key) {
-                    last = Some(key);
-                    if tx
-                        .send(Ok(convert::operation_to_pb(&current)))
-                        .await
-                        .is_err()
-                    {
-                        return; // the client went away
-                    }
-                    if current.state.is_terminal() {
-                        return;
-                    }
-                }
-                // Each next message is awaited at most `idle`, and never
-                // past the caller's deadline, if it sent one.
-                let next_by = (Instant::now() + idle).min(deadline.at);
-                let mut recheck = Instant::now() + Duration::from_secs(2);
-                loop {
-                    let wake = recheck.min(next_by);
-                    tokio::select! {
-                        _ = tx.closed() => return,
-                        m = tokio::time::timeout_at(wake, changes.recv()) => match m {
-                            Ok(Ok(changed)) if changed == id || changed.is_nil() => break,
-                            Ok(Ok(_)) => continue,
-                            // Lagged or closed channel: re-read the row.
-                            Ok(Err(_)) => break,
-                            Err(_) if Instant::now() >= next_by => {
-                                let msg = if deadline.at <= next_by { "the caller's deadline expired while watching" } else { "no change within the watch idle bound" };
-                                let mut m = std::collections::BTreeMap::new();
-                                m.insert("operation_id".to_string(), id.to_string());
-                                // A send error means the client went away.
-                                drop(tx.send(Err(status::status(crate::domain::Reason::WatchIdle, msg, m))).await);
-                                return;
-                            }
-                            Err(_) => { recheck = Instant::now() + Duration::from_secs(2); break; }
-                        }
-                    }
-                }
-                match store.operation_get(id).await {
-                    Ok(Some(op)) => current = op,
-                    Ok(None) => return,
-                    Err(e) => {
-                        drop(tx.send(Err(status::from_store(e))).await);
-                        return;
-                    }
-                }
-            }
-        });
+        tokio::spawn(watch::follow(
+            store,
+            first,
+            changes,
+            tx,
+            self.watch_idle,
+            deadline,
+        ));
         self.metrics.grpc("WatchOperation", tonic::Code::Ok);
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),

@@ -331,34 +331,17 @@ impl NovaClient {
         body: Option<&B>,
         deadline: Instant,
     ) -> Result<(String, RawResponse), NovaError> {
-        let started = Instant::now();
-        let method_str: &'static str = match method {
-            Method::POST => "POST",
-            Method::GET => "GET",
-            Method::DELETE => "DELETE",
-            Method::PUT => "PUT",
-            _ => "OTHER",
-        };
-        let budget = deadline.saturating_duration_since(started);
-        let err = |kind, stage, url: &str, may: bool, cause: String| NovaError {
-            kind,
-            stage,
-            method: method_str,
-            url: url.to_string(),
-            status: None,
-            nova_fault: None,
-            nova_message: None,
-            elapsed: started.elapsed(),
-            budget,
-            may_have_reached_nova: may,
-            cause,
+        let call = Call {
+            method: method_name(&method),
+            started: Instant::now(),
+            deadline,
         };
         // The wait for a slot counts against the request's deadline.
         let _permit =
             match tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await {
                 Ok(Ok(p)) => p,
                 Ok(Err(_)) => {
-                    return Err(err(
+                    return Err(call.error(
                         NovaErrorKind::ConnectFailed,
                         Stage::AcquireSlot,
                         path,
@@ -367,7 +350,7 @@ impl NovaClient {
                     ));
                 }
                 Err(_) => {
-                    return Err(err(
+                    return Err(call.error(
                         NovaErrorKind::DeadlineExceeded,
                         Stage::AcquireSlot,
                         path,
@@ -380,48 +363,31 @@ impl NovaClient {
                 }
             };
         if let Some(observe) = &self.slot_wait {
-            observe(started.elapsed());
+            observe(call.started.elapsed());
         }
         // Only the slot wait is inline: a request queued behind the cap keeps
         // a small future; the send's state is allocated once it may run.
-        Box::pin(self.send_loop(method, method_str, path, body, deadline, started, budget)).await
+        Box::pin(self.send_with_replay(&call, method, path, body)).await
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn send_loop<B: serde::Serialize>(
+    async fn send_with_replay<B: serde::Serialize>(
         &self,
+        call: &Call,
         method: Method,
-        method_str: &'static str,
         path: &str,
         body: Option<&B>,
-        deadline: Instant,
-        started: Instant,
-        budget: Duration,
     ) -> Result<(String, RawResponse), NovaError> {
-        let err = |kind, stage, url: &str, may: bool, cause: String| NovaError {
-            kind,
-            stage,
-            method: method_str,
-            url: url.to_string(),
-            status: None,
-            nova_fault: None,
-            nova_message: None,
-            elapsed: started.elapsed(),
-            budget,
-            may_have_reached_nova: may,
-            cause,
-        };
         let mut replayed = false;
         loop {
-            let (base, token) = match self.base_and_token(deadline).await {
+            let (base, token) = match self.base_and_token(call.deadline).await {
                 Ok(x) => x,
                 Err(cause) => {
-                    let kind = if Instant::now() >= deadline {
+                    let kind = if Instant::now() >= call.deadline {
                         NovaErrorKind::DeadlineExceeded
                     } else {
                         NovaErrorKind::AuthFailed
                     };
-                    return Err(err(kind, Stage::Authenticate, path, false, cause));
+                    return Err(call.error(kind, Stage::Authenticate, path, false, cause));
                 }
             };
             let url = format!("{base}{path}");
@@ -440,63 +406,8 @@ impl NovaClient {
             if let Some(b) = body {
                 req = req.json(b);
             }
-            let resp = match tokio::time::timeout_at(deadline, req.send()).await {
-                Err(_) => {
-                    return Err(err(
-                        NovaErrorKind::DeadlineExceeded,
-                        Stage::AwaitHeaders,
-                        &url,
-                        true,
-                        "no response headers before the outbound deadline".into(),
-                    ));
-                }
-                Ok(Err(e)) if e.is_connect() => {
-                    return Err(err(
-                        NovaErrorKind::ConnectFailed,
-                        Stage::Connect,
-                        &url,
-                        false,
-                        error_chain(&e),
-                    ));
-                }
-                Ok(Err(e)) => {
-                    return Err(err(
-                        NovaErrorKind::ResponseLost,
-                        Stage::AwaitHeaders,
-                        &url,
-                        true,
-                        error_chain(&e),
-                    ));
-                }
-                Ok(Ok(r)) => r,
-            };
-            let status = resp.status().as_u16();
-            let body = match read_body(resp, deadline).await {
-                Ok(b) => b,
-                Err(BodyError::Deadline(got)) => {
-                    let mut e = err(
-                        NovaErrorKind::DeadlineExceeded,
-                        Stage::ReadBody,
-                        &url,
-                        true,
-                        format!("body still incomplete after {got} bytes at the outbound deadline"),
-                    );
-                    e.status = Some(status);
-                    return Err(e);
-                }
-                Err(BodyError::Lost(got, cause)) => {
-                    let mut e = err(
-                        NovaErrorKind::ResponseLost,
-                        Stage::ReadBody,
-                        &url,
-                        true,
-                        format!("body cut off after {got} bytes: {cause}"),
-                    );
-                    e.status = Some(status);
-                    return Err(e);
-                }
-            };
-            if status == 401
+            let raw = call.send(req, &url).await?;
+            if raw.status == 401
                 && !replayed
                 && let (Some(auth), Some(t)) = (&self.auth, &token)
             {
@@ -507,8 +418,104 @@ impl NovaClient {
                 replayed = true;
                 continue;
             }
-            return Ok((url, RawResponse { status, body }));
+            return Ok((url, raw));
         }
+    }
+}
+
+fn method_name(method: &Method) -> &'static str {
+    match *method {
+        Method::POST => "POST",
+        Method::GET => "GET",
+        Method::DELETE => "DELETE",
+        Method::PUT => "PUT",
+        _ => "OTHER",
+    }
+}
+
+/// One request's clocks: every error it ends with says how long it ran of
+/// the budget it had.
+struct Call {
+    method: &'static str,
+    started: Instant,
+    deadline: Instant,
+}
+
+impl Call {
+    fn error(
+        &self,
+        kind: NovaErrorKind,
+        stage: Stage,
+        url: &str,
+        may_have_reached_nova: bool,
+        cause: String,
+    ) -> NovaError {
+        NovaError {
+            kind,
+            stage,
+            method: self.method,
+            url: url.to_string(),
+            status: None,
+            nova_fault: None,
+            nova_message: None,
+            elapsed: self.started.elapsed(),
+            budget: self.deadline.saturating_duration_since(self.started),
+            may_have_reached_nova,
+            cause,
+        }
+    }
+
+    /// Sends and reads the whole answer, both under the deadline.
+    async fn send(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<RawResponse, NovaError> {
+        let resp = match tokio::time::timeout_at(self.deadline, req.send()).await {
+            Err(_) => {
+                return Err(self.error(
+                    NovaErrorKind::DeadlineExceeded,
+                    Stage::AwaitHeaders,
+                    url,
+                    true,
+                    "no response headers before the outbound deadline".into(),
+                ));
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                return Err(self.error(
+                    NovaErrorKind::ConnectFailed,
+                    Stage::Connect,
+                    url,
+                    false,
+                    error_chain(&e),
+                ));
+            }
+            Ok(Err(e)) => {
+                return Err(self.error(
+                    NovaErrorKind::ResponseLost,
+                    Stage::AwaitHeaders,
+                    url,
+                    true,
+                    error_chain(&e),
+                ));
+            }
+            Ok(Ok(r)) => r,
+        };
+        let status = resp.status().as_u16();
+        let (kind, cause) = match read_body(resp, self.deadline).await {
+            Ok(body) => return Ok(RawResponse { status, body }),
+            Err(BodyError::Deadline(got)) => (
+                NovaErrorKind::DeadlineExceeded,
+                format!("body still incomplete after {got} bytes at the outbound deadline"),
+            ),
+            Err(BodyError::Lost(got, cause)) => (
+                NovaErrorKind::ResponseLost,
+                format!("body cut off after {got} bytes: {cause}"),
+            ),
+        };
+        let mut e = self.error(kind, Stage::ReadBody, url, true, cause);
+        e.status = Some(status);
+        Err(e)
     }
 }
 

@@ -39,88 +39,108 @@ fn rejected(r: Rejection, status: u16) -> NovaError {
 /// A sample of each answer README's table names, by its cell text.
 fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
     use NovaErrorKind::*;
-    let mut m = BTreeMap::new();
-    m.insert("200", None);
-    m.insert("202", None);
-    m.insert(
-        "400 already attached to another server",
-        Some(rejected(
-            Rejection::AlreadyAttached {
-                servers: vec![OTHER.into()],
-            },
+    let already = |server: String| Rejection::AlreadyAttached {
+        servers: vec![server],
+    };
+    let rejections = [
+        (
+            "400 already attached to another server",
+            already(OTHER.into()),
             400,
-        )),
-    );
-    m.insert(
-        "400 already attached, to no other server",
-        Some(rejected(
-            Rejection::AlreadyAttached {
-                servers: vec![SERVER.to_string()],
-            },
+        ),
+        (
+            "400 already attached, to no other server",
+            already(SERVER.to_string()),
             400,
-        )),
-    );
-    m.insert("400 detaching", Some(rejected(Rejection::Detaching, 400)));
-    m.insert(
-        "404 not attached",
-        Some(rejected(Rejection::NotAttached, 404)),
-    );
-    m.insert(
-        "404 server not found",
-        Some(rejected(Rejection::ServerNotFound, 404)),
-    );
-    m.insert(
-        "404 volume not found",
-        Some(rejected(Rejection::VolumeNotFound, 404)),
-    );
-    m.insert("403 forbidden", Some(rejected(Rejection::Forbidden, 403)));
-    m.insert("400 other", Some(rejected(Rejection::BadRequest, 400)));
-    m.insert(
-        "401 after re-authenticating",
-        Some(rejected(Rejection::Unauthorized, 401)),
-    );
-    m.insert(
-        "409 locked or task_state",
-        Some(rejected(Rejection::Conflict, 409)),
-    );
-    m.insert(
-        "413/429 over limit",
-        Some(rejected(Rejection::Throttled, 429)),
-    );
-    m.insert(
-        "connect failure",
-        Some(err(ConnectFailed, Stage::Connect, None, false)),
-    );
-    m.insert(
-        "Keystone failure",
-        Some(err(AuthFailed, Stage::Authenticate, None, false)),
-    );
-    m.insert(
-        "deadline before sending",
-        Some(err(DeadlineExceeded, Stage::AcquireSlot, None, false)),
-    );
-    m.insert(
-        "deadline awaiting headers",
-        Some(err(DeadlineExceeded, Stage::AwaitHeaders, None, true)),
-    );
-    m.insert(
-        "deadline reading the body",
-        Some(err(DeadlineExceeded, Stage::ReadBody, Some(200), true)),
-    );
-    m.insert(
-        "connection reset",
-        Some(err(ResponseLost, Stage::AwaitHeaders, None, true)),
-    );
-    m.insert(
-        "truncated body",
-        Some(err(ResponseLost, Stage::ReadBody, Some(200), true)),
-    );
-    m.insert("5xx", Some(rejected(Rejection::ServerError, 500)));
-    m.insert("other status", Some(rejected(Rejection::Other, 418)));
-    m.insert(
-        "2xx that does not decode",
-        Some(err(Undecodable, Stage::Decode, Some(200), true)),
-    );
+        ),
+        ("400 detaching", Rejection::Detaching, 400),
+        ("404 not attached", Rejection::NotAttached, 404),
+        ("404 server not found", Rejection::ServerNotFound, 404),
+        ("404 volume not found", Rejection::VolumeNotFound, 404),
+        ("403 forbidden", Rejection::Forbidden, 403),
+        ("400 other", Rejection::BadRequest, 400),
+        ("401 after re-authenticating", Rejection::Unauthorized, 401),
+        ("409 locked or task_state", Rejection::Conflict, 409),
+        ("413/429 over limit", Rejection::Throttled, 429),
+        ("5xx", Rejection::ServerError, 500),
+        ("other status", Rejection::Other, 418),
+    ];
+    // (cell, kind, stage, HTTP status, may have reached Nova)
+    let failures = [
+        (
+            "connect failure",
+            ConnectFailed,
+            Stage::Connect,
+            None,
+            false,
+        ),
+        (
+            "Keystone failure",
+            AuthFailed,
+            Stage::Authenticate,
+            None,
+            false,
+        ),
+        (
+            "deadline before sending",
+            DeadlineExceeded,
+            Stage::AcquireSlot,
+            None,
+            false,
+        ),
+        (
+            "deadline awaiting headers",
+            DeadlineExceeded,
+            Stage::AwaitHeaders,
+            None,
+            true,
+        ),
+        (
+            "deadline reading the body",
+            DeadlineExceeded,
+            Stage::ReadBody,
+            Some(200),
+            true,
+        ),
+        (
+            "connection reset",
+            ResponseLost,
+            Stage::AwaitHeaders,
+            None,
+            true,
+        ),
+        (
+            "truncated body",
+            ResponseLost,
+            Stage::ReadBody,
+            Some(200),
+            true,
+        ),
+        (
+            "2xx that does not decode",
+            Undecodable,
+            Stage::Decode,
+            Some(200),
+            true,
+        ),
+    ];
+    sample_map(rejections, failures)
+}
+
+type FailureSample = (&'static str, NovaErrorKind, Stage, Option<u16>, bool);
+
+fn sample_map(
+    rejections: [(&'static str, Rejection, u16); 13],
+    failures: [FailureSample; 8],
+) -> BTreeMap<&'static str, Option<NovaError>> {
+    let mut m: BTreeMap<&'static str, Option<NovaError>> =
+        [("200", None), ("202", None)].into_iter().collect();
+    for (cell, r, status) in rejections {
+        m.insert(cell, Some(rejected(r, status)));
+    }
+    for (cell, kind, stage, status, reached) in failures {
+        m.insert(cell, Some(err(kind, stage, status, reached)));
+    }
     m
 }
 
