@@ -101,9 +101,18 @@ pub fn from_store(e: StoreError) -> Status {
                 m,
             )
         }
-        StoreError::Database { what, source } => {
+        StoreError::Database {
+            what,
+            kind,
+            sqlstate,
+            cause,
+        } => {
             m.insert("stage".into(), what.to_string());
-            m.insert("cause".into(), source.to_string());
+            m.insert("cause".into(), cause.clone());
+            m.insert("database_failure".into(), kind.as_str().into());
+            if let Some(code) = sqlstate {
+                m.insert("sqlstate".into(), code.clone());
+            }
             tracing::error!(error = %e, "database failure");
             status(Code::Unavailable, e.to_string(), "DATABASE_UNAVAILABLE", m)
         }
