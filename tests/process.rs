@@ -17,7 +17,7 @@ use volume_reconciler::client::{Client, RetryStats};
 use volume_reconciler::domain::State;
 use volume_reconciler::grpc::pb;
 use volume_reconciler::sim::{self, Fault, FaultOp, FaultRule, SimConfig, SimHandle};
-use volume_reconciler::store::{PgStore, Store, postgres::PgSettings};
+use volume_reconciler::store::{PgSettings, PgStore, Store};
 
 const BIN: &str = env!("CARGO_BIN_EXE_volume-reconciler");
 

@@ -103,9 +103,18 @@ pub fn from_store(e: StoreError) -> Status {
             m.insert("clock".into(), "caller deadline".into());
             status(Reason::DatabaseDeadline, e.to_string(), m)
         }
-        StoreError::Database { what, source } => {
+        StoreError::Database {
+            what,
+            kind,
+            sqlstate,
+            cause,
+        } => {
             m.insert("stage".into(), what.to_string());
-            m.insert("cause".into(), source.to_string());
+            m.insert("cause".into(), cause.clone());
+            m.insert("database_failure".into(), kind.as_str().into());
+            if let Some(code) = sqlstate {
+                m.insert("sqlstate".into(), code.clone());
+            }
             tracing::error!(error = %e, "database failure");
             status(Reason::DatabaseUnavailable, e.to_string(), m)
         }

@@ -1,16 +1,22 @@
 //! The only place with SQL. `Store` is the ledger's interface; the
-//! PostgreSQL implementation is the production one. No PostgreSQL type
-//! crosses this trait, so an embedded implementation can stand beside it.
+//! PostgreSQL implementation (`pg`) is the production one, the embedded
+//! SQLite one (`sqlite`) serves a single process. No driver type crosses
+//! this trait or `StoreError`; what both stores read is read in one place
+//! (`rows`).
 //!
 //! Names are entity first (`operation_create`, `operation_transition`,
 //! `operation_claim`). Every write of a decision is fenced by the lease
 //! epoch it was taken under: a zero-row update is a lost race, handled on
 //! purpose by the caller.
 
-mod pg_batch;
-pub use pg_batch::{DECISION_PARAMETER_TYPES, decision_statement, pgbench_script};
-pub mod postgres;
+mod error;
+pub mod pg;
+mod rows;
 pub mod sqlite;
+
+pub use error::{DbFailure, StoreError};
+pub use pg::{DECISION_PARAMETER_TYPES, PgSettings, PgStore, decision_statement, pgbench_script};
+pub use sqlite::SqliteStore;
 
 use std::time::Duration;
 
@@ -25,15 +31,12 @@ use crate::domain::{
     Resolution, State,
 };
 
-pub use postgres::PgStore;
-pub use sqlite::SqliteStore;
-
 /// Opens the store a URL names: `postgres://...` (production, several
 /// replicas) or `sqlite://FILE` (embedded, one process). Applies migrations.
 pub async fn open(url: &str, max_connections: u32) -> anyhow::Result<std::sync::Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(std::sync::Arc::new(
-            PgStore::connect(&postgres::PgSettings {
+            PgStore::connect(&PgSettings {
                 url: url.to_string(),
                 max_connections,
             })
@@ -139,39 +142,6 @@ pub struct StateCount {
     pub state: String,
     pub resolution: Option<String>,
     pub count: i64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("idempotency key {key:?} was used before for a different request (operation {})", existing.id)]
-    KeyReused {
-        key: String,
-        existing: Box<Operation>,
-    },
-    #[error("volume {volume_id} already has an operation in flight: {operation_id}")]
-    VolumeBusy { volume_id: Uuid, operation_id: Uuid },
-    #[error("operation {0} not found")]
-    NotFound(Uuid),
-    #[error("operation {id} is already {state}")]
-    AlreadyTerminal { id: Uuid, state: &'static str },
-    #[error("the ledger's write queue is full ({queued} writes waiting)")]
-    Overloaded { queued: usize },
-    #[error("the database did not answer within the request's deadline ({what})")]
-    DeadlineExceeded { what: &'static str },
-    #[error("database error during {what}: {source}")]
-    Database {
-        what: &'static str,
-        #[source]
-        source: sqlx::Error,
-    },
-    #[error("ledger row {id} is not readable: {reason}")]
-    Corrupt { id: String, reason: String },
-}
-
-impl StoreError {
-    pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-        move |source| StoreError::Database { what, source }
-    }
 }
 
 /// Runs a store future under a deadline: every wait in the store is bounded

@@ -222,3 +222,52 @@ pub async fn fresh_database() -> String {
     let (base, _) = admin.rsplit_once('/').expect("URL has a database");
     format!("{base}/{name}")
 }
+
+/// A session on a test database beside the service's own, acting as an
+/// administrator (or an outage) would: tests say what they do in SQL
+/// without naming the driver.
+pub struct Admin(sqlx::PgConnection);
+
+impl Admin {
+    pub async fn connect(url: &str) -> Admin {
+        match sqlx::PgConnection::connect(url).await {
+            Ok(c) => Admin(c),
+            Err(e) => panic!("connecting to {url}: {e}"),
+        }
+    }
+
+    /// Runs statements (several, `;`-separated, without parameters) and
+    /// counts the rows they return.
+    pub async fn run(&mut self, sql: &str) -> usize {
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+            .fetch_all(&mut self.0)
+            .await
+        {
+            Ok(rows) => rows.len(),
+            Err(e) => panic!("{e}: {sql}"),
+        }
+    }
+
+    /// The first column of every row a query returns, as text (cast it in
+    /// the query when it is not).
+    pub async fn texts(&mut self, sql: &str) -> Vec<String> {
+        match sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+            .fetch_all(&mut self.0)
+            .await
+        {
+            Ok(v) => v,
+            Err(e) => panic!("{e}: {sql}"),
+        }
+    }
+
+    /// The number a query returns (a `count(*)` and the like).
+    pub async fn number(&mut self, sql: &str) -> i64 {
+        match sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+            .fetch_one(&mut self.0)
+            .await
+        {
+            Ok(n) => n,
+            Err(e) => panic!("{e}: {sql}"),
+        }
+    }
+}

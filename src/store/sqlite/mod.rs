@@ -5,12 +5,13 @@
 //! state change, fenced decisions — with in-process change notifications.
 //!
 //! One connection serializes every statement (SQLite has one writer anyway).
-//! A second process on the same file is refused at start by an exclusive
-//! lock on `<file>.lock`, with a clear error, instead of sharing the file.
+//! A second process on the same file is refused at start (`lock`).
+//! Rows are read as the PostgreSQL store reads them (`rows`); only the
+//! storage of ids (text), timestamps (microseconds) and JSON (text) differs.
 
-use std::collections::BTreeMap;
+mod lock;
+
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -18,30 +19,31 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Sqlite, Transaction};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::rows::{self, COLUMNS, Id, Json, OPEN, Time, column};
 use super::{
-    CreateOutcome, NewOperation, OperationFilter, OperationPage, StateCount, Store, StoreError,
-    Transition, within,
+    CreateOutcome, DbFailure, NewOperation, OperationFilter, OperationPage, StateCount, Store,
+    StoreError, Transition, within,
 };
-use crate::domain::{
-    Action, AttachmentInfo, NewEvent, Operation, OperationError, OperationEvent, RequestParams,
-    Resolution, State, event,
-};
+use crate::domain::{NewEvent, Operation, OperationError, OperationEvent, State, event};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
-const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
-    request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
-    completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes";
-
-const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
+column!(Sqlite, Id, String, |s: String| Uuid::parse_str(&s)
+    .map(Id)
+    .map_err(Into::into));
+column!(Sqlite, Time, i64, |us: i64| {
+    DateTime::from_timestamp_micros(us)
+        .map(Time)
+        .ok_or_else(|| format!("timestamp {us} µs is out of range").into())
+});
+column!(Sqlite, Json, String, |t| Ok(Json::Text(t)));
 
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -57,10 +59,6 @@ fn now_us() -> i64 {
     micros(Utc::now())
 }
 
-fn from_micros(v: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(v).unwrap_or_default()
-}
-
 fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     StoreError::db(what)
 }
@@ -70,48 +68,11 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
 }
 
-/// The file behind a `sqlite:` URL, if it is a file.
-fn file_of(url: &str) -> Option<String> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))?;
-    let path = rest.split('?').next().unwrap_or(rest);
-    if path.is_empty() || path == ":memory:" || url.contains("mode=memory") {
-        None
-    } else {
-        Some(path.to_string())
-    }
-}
-
-fn take_lock(path: &str) -> anyhow::Result<File> {
-    let lock_path = format!("{path}.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| anyhow::anyhow!("cannot open the lock file {lock_path}: {e}"))?;
-    // SAFETY: flock on a descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            anyhow::bail!(
-                "the embedded database {path} is in use by another process (it holds {lock_path}); \
-                 an embedded store serves one process only — run several replicas on PostgreSQL (--database-url postgres://...)"
-            );
-        }
-        anyhow::bail!("cannot lock {lock_path}: {err}");
-    }
-    Ok(file)
-}
-
 impl SqliteStore {
     /// Opens (creating it on first start) and migrates the database.
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let lock = match file_of(url) {
-            Some(path) => Some(take_lock(&path)?),
+        let lock = match lock::file_of(url) {
+            Some(path) => Some(lock::take_lock(&path)?),
             None => None,
         };
         let options = SqliteConnectOptions::from_str(url)
@@ -178,17 +139,66 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Inserts an intent row; `false` when a unique key (its key, its
+    /// volume's one open operation, its id) stood in the way.
+    async fn insert_intent(
+        tx: &mut Transaction<'static, Sqlite>,
+        new: &NewOperation,
+    ) -> Result<bool, StoreError> {
+        let now = now_us();
+        let inserted = sqlx::query(
+            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
+                request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
+                lease_expires_at, caller)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(new.id.to_string())
+        .bind(&new.idempotency_key)
+        .bind(&new.fingerprint)
+        .bind(new.action.as_str())
+        .bind(new.state.as_str())
+        .bind(new.server_id.to_string())
+        .bind(new.volume_id.to_string())
+        .bind(to_json(&new.params))
+        .bind(new.attempts)
+        .bind(micros(new.deadline_at))
+        .bind(if new.attempts > 0 { Some(now) } else { None })
+        .bind(now)
+        .bind(now)
+        .bind(&new.lease_owner)
+        .bind(micros(new.lease_expires_at))
+        .bind(&new.caller)
+        .execute(&mut **tx)
+        .await
+        .map_err(db("recording the operation"))?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    async fn fetch_one_operation(
+        &self,
+        sql: String,
+        key: String,
+        what: &'static str,
+    ) -> Result<Option<Operation>, StoreError> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db(what))?;
+        row.as_ref().map(rows::operation).transpose()
+    }
+
     async fn get_in(
         tx: &mut Transaction<'static, Sqlite>,
         id: Uuid,
     ) -> Result<Option<Operation>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM operations WHERE id = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let row = sqlx::query(sqlx::AssertSqlSafe(rows::by_id_sql()))
             .bind(id.to_string())
             .fetch_optional(&mut **tx)
             .await
             .map_err(db("reading an operation"))?;
-        row.as_ref().map(row_to_operation).transpose()
+        row.as_ref().map(rows::operation).transpose()
     }
 }
 
@@ -196,69 +206,6 @@ fn corrupt(id: &str, reason: impl Into<String>) -> StoreError {
     StoreError::Corrupt {
         id: id.to_string(),
         reason: reason.into(),
-    }
-}
-
-fn row_to_operation(row: &SqliteRow) -> Result<Operation, StoreError> {
-    let g = |e: sqlx::Error| corrupt("?", e.to_string());
-    let id: String = row.try_get("id").map_err(g)?;
-    let c = |r: String| corrupt(&id, r);
-    let uuid =
-        |s: String| Uuid::parse_str(&s).map_err(|e| corrupt(&id, format!("uuid {s:?}: {e}")));
-    let action: String = row.try_get("action").map_err(g)?;
-    let state: String = row.try_get("state").map_err(g)?;
-    let resolution: Option<String> = row.try_get("resolution").map_err(g)?;
-    let request: String = row.try_get("request").map_err(g)?;
-    let attachment: Option<String> = row.try_get("attachment").map_err(g)?;
-    let last_error: Option<String> = row.try_get("last_error").map_err(g)?;
-    let opt_time = |col: &str| -> Result<Option<DateTime<Utc>>, StoreError> {
-        Ok(row
-            .try_get::<Option<i64>, _>(col)
-            .map_err(|e| corrupt("?", e.to_string()))?
-            .map(from_micros))
-    };
-    Ok(Operation {
-        id: uuid(id.clone())?,
-        idempotency_key: row.try_get("idempotency_key").map_err(g)?,
-        action: Action::parse(&action).ok_or_else(|| c(format!("action {action:?}")))?,
-        state: State::parse(&state).ok_or_else(|| c(format!("state {state:?}")))?,
-        resolution: match resolution {
-            None => None,
-            Some(r) => Some(Resolution::parse(&r).ok_or_else(|| c(format!("resolution {r:?}")))?),
-        },
-        server_id: uuid(row.try_get("server_id").map_err(g)?)?,
-        volume_id: uuid(row.try_get("volume_id").map_err(g)?)?,
-        params: serde_json::from_str::<RequestParams>(&request)
-            .map_err(|e| c(format!("request: {e}")))?,
-        attachment: attachment
-            .map(|a| serde_json::from_str::<AttachmentInfo>(&a))
-            .transpose()
-            .map_err(|e| c(format!("attachment: {e}")))?,
-        attempts: row.try_get("attempts").map_err(g)?,
-        last_error: last_error
-            .map(|a| serde_json::from_str::<OperationError>(&a))
-            .transpose()
-            .map_err(|e| c(format!("last_error: {e}")))?,
-        deadline_at: from_micros(row.try_get("deadline_at").map_err(g)?),
-        last_request_at: opt_time("last_request_at")?,
-        created_at: from_micros(row.try_get("created_at").map_err(g)?),
-        updated_at: from_micros(row.try_get("updated_at").map_err(g)?),
-        completed_at: opt_time("completed_at")?,
-        lease_owner: row.try_get("lease_owner").map_err(g)?,
-        lease_expires_at: opt_time("lease_expires_at")?,
-        lease_epoch: row.try_get("lease_epoch").map_err(g)?,
-        caller: row.try_get("caller").map_err(g)?,
-        drifted: row.try_get::<i64, _>("drifted").map_err(g)? != 0,
-        passes: row.try_get("passes").map_err(g)?,
-    })
-}
-
-fn is_unique_violation_on(e: &sqlx::Error, column: &str) -> bool {
-    match e {
-        sqlx::Error::Database(d) => {
-            d.message().contains("UNIQUE constraint failed") && d.message().contains(column)
-        }
-        _ => false,
     }
 }
 
@@ -271,104 +218,49 @@ impl Store for SqliteStore {
     ) -> Result<CreateOutcome, StoreError> {
         within(deadline, "recording the operation", async {
             let mut tx = self.begin().await?;
-            // The key first, as PostgreSQL's ON CONFLICT does: a replay joins
-            // even while its volume is busy (with itself).
-            let sql = format!("SELECT {COLUMNS}, fingerprint FROM operations WHERE idempotency_key = ?");
-            let existing = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(&new.idempotency_key)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db("reading an operation by key"))?;
-            if let Some(row) = existing {
-                let fingerprint: String = row.try_get("fingerprint").map_err(db("reading a key's fingerprint"))?;
-                let existing = row_to_operation(&row)?;
-                tx.rollback().await.map_err(db("recording the operation"))?;
-                return if fingerprint == new.fingerprint {
-                    Ok(CreateOutcome::Existing(existing))
-                } else {
-                    Err(StoreError::KeyReused {
-                        key: new.idempotency_key.clone(),
-                        existing: Box::new(existing),
-                    })
-                };
-            }
-            let now = now_us();
-            let inserted = sqlx::query(
-                "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
-                    request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
-                    lease_expires_at, caller)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(new.id.to_string())
-            .bind(&new.idempotency_key)
-            .bind(&new.fingerprint)
-            .bind(new.action.as_str())
-            .bind(new.state.as_str())
-            .bind(new.server_id.to_string())
-            .bind(new.volume_id.to_string())
-            .bind(to_json(&new.params))
-            .bind(new.attempts)
-            .bind(micros(new.deadline_at))
-            .bind(if new.attempts > 0 { Some(now) } else { None })
-            .bind(now)
-            .bind(now)
-            .bind(&new.lease_owner)
-            .bind(micros(new.lease_expires_at))
-            .bind(&new.caller)
-            .execute(&mut *tx)
-            .await;
-            match inserted {
-                Ok(_) => {
-                    Self::insert_events(&mut tx, new.id, &new.replica, &new.events).await?;
-                    let op = Self::get_in(&mut tx, new.id).await?.ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;
-                    tx.commit().await.map_err(db("recording the operation"))?;
-                    self.notify(op.id);
-                    Ok(CreateOutcome::Created(op))
-                }
-                Err(e) if is_unique_violation_on(&e, "volume_id") => {
-                    let busy: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                        "SELECT id FROM operations WHERE volume_id = ? AND {OPEN}"
-                    )))
+            if !Self::insert_intent(&mut tx, &new).await? {
+                // The key exists (a replay joins even while its volume is
+                // busy with itself), or the volume is busy.
+                let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
+                    .bind(&new.idempotency_key)
                     .bind(new.volume_id.to_string())
                     .fetch_optional(&mut *tx)
                     .await
-                    .map_err(db("looking up the open operation of a volume"))?;
-                    tx.rollback().await.map_err(db("recording the operation"))?;
-                    let operation_id = busy
-                        .and_then(|b| Uuid::parse_str(&b).ok())
-                        .ok_or_else(|| corrupt(&new.volume_id.to_string(), "volume busy but no open operation"))?;
-                    Err(StoreError::VolumeBusy {
-                        volume_id: new.volume_id,
-                        operation_id,
-                    })
-                }
-                Err(e) => Err(StoreError::Database {
-                    what: "recording the operation",
-                    source: e,
-                }),
+                    .map_err(db("looking up why an intent was not recorded"))?;
+                tx.rollback().await.map_err(db("recording the operation"))?;
+                // Neither, in the same transaction: the only other unique
+                // column, the id, is another key's.
+                return rows::not_inserted(&new, found.as_ref()).unwrap_or_else(|| {
+                    Err(StoreError::database(
+                        "recording the operation",
+                        DbFailure::Constraint,
+                        format!("operation id {} belongs to another key", new.id),
+                    ))
+                });
             }
+            Self::insert_events(&mut tx, new.id, &new.replica, &new.events).await?;
+            let op = Self::get_in(&mut tx, new.id)
+                .await?
+                .ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;
+            tx.commit().await.map_err(db("recording the operation"))?;
+            self.notify(op.id);
+            Ok(CreateOutcome::Created(op))
         })
         .await
     }
 
     async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM operations WHERE id = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
+        self.fetch_one_operation(rows::by_id_sql(), id.to_string(), "reading an operation")
             .await
-            .map_err(db("reading an operation"))?;
-        row.as_ref().map(row_to_operation).transpose()
     }
 
     async fn operation_get_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM operations WHERE idempotency_key = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db("reading an operation by key"))?;
-        row.as_ref().map(row_to_operation).transpose()
+        self.fetch_one_operation(
+            rows::by_key_sql(),
+            key.to_string(),
+            "reading an operation by key",
+        )
+        .await
     }
 
     async fn operation_list(
@@ -397,39 +289,16 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(db("listing operations"))?;
-        let more = rows.len() > limit as usize;
-        let rows = &rows[..rows.len().min(limit as usize)];
-        let mut operations = Vec::with_capacity(rows.len());
-        let mut last = None;
-        for row in rows {
-            operations.push(row_to_operation(row)?);
-            last = Some(row.try_get::<i64, _>("seq").map_err(db("reading seq"))?);
-        }
-        Ok(OperationPage {
-            operations,
-            next_cursor: if more { last } else { None },
-        })
+        rows::page(&rows, limit)
     }
 
     async fn operation_events(&self, id: Uuid) -> Result<Vec<OperationEvent>, StoreError> {
-        let rows = sqlx::query("SELECT at, kind, detail, metadata, replica FROM operation_events WHERE operation_id = ? ORDER BY id")
+        let rows = sqlx::query(rows::EVENTS)
             .bind(id.to_string())
             .fetch_all(&self.pool)
             .await
             .map_err(db("reading the reconcile log"))?;
-        rows.iter()
-            .map(|r| {
-                let metadata: String = r.try_get("metadata").map_err(db("reading an event"))?;
-                Ok(OperationEvent {
-                    at: from_micros(r.try_get("at").map_err(db("reading an event"))?),
-                    kind: r.try_get("kind").map_err(db("reading an event"))?,
-                    detail: r.try_get("detail").map_err(db("reading an event"))?,
-                    metadata: serde_json::from_str::<BTreeMap<String, String>>(&metadata)
-                        .map_err(|e| corrupt(&id.to_string(), format!("event metadata: {e}")))?,
-                    replica: r.try_get("replica").map_err(db("reading an event"))?,
-                })
-            })
-            .collect()
+        rows::events(id, &rows)
     }
 
     async fn operation_transition(
@@ -660,13 +529,7 @@ impl Store for SqliteStore {
         if r.rows_affected() == 0 {
             let current = Self::get_in(&mut tx, id).await?;
             tx.rollback().await.map_err(db("resolving by operator"))?;
-            return match current {
-                None => Err(StoreError::NotFound(id)),
-                Some(op) => Err(StoreError::AlreadyTerminal {
-                    id,
-                    state: op.state.as_str(),
-                }),
-            };
+            return Err(rows::not_resolvable(id, current));
         }
         let ev = NewEvent::new(event::OPERATOR_RESOLVED, reason)
             .with("state", state.as_str())
@@ -708,19 +571,11 @@ impl Store for SqliteStore {
     }
 
     async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
-        let rows = sqlx::query("SELECT state, resolution, count(*) AS n FROM operations GROUP BY state, resolution ORDER BY state, resolution")
+        let rows = sqlx::query(rows::COUNT_BY_STATE)
             .fetch_all(&self.pool)
             .await
             .map_err(db("counting operations"))?;
-        rows.iter()
-            .map(|r| {
-                Ok(StateCount {
-                    state: r.try_get("state").map_err(db("counting operations"))?,
-                    resolution: r.try_get("resolution").map_err(db("counting operations"))?,
-                    count: r.try_get("n").map_err(db("counting operations"))?,
-                })
-            })
-            .collect()
+        rows::counts(&rows)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Uuid> {

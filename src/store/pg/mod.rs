@@ -1,0 +1,490 @@
+//! PostgreSQL implementation of `Store`, the production one: one round trip
+//! per write on the hot path (data-modifying CTEs write the row and its
+//! events together), durable writes group-committed by a few writers on
+//! connections of their own (`batch`, `conns`, `statements`), runtime
+//! checked queries tested against a real database, LISTEN/NOTIFY as the
+//! wake-up hint for watchers (`listen`).
+
+mod batch;
+mod conns;
+mod listen;
+mod statements;
+
+pub use statements::{DECISION_PARAMETER_TYPES, decision_statement, pgbench_script};
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgPoolOptions, Postgres};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use self::batch::{Payload, Writer};
+use self::statements::{Append, NOTIFY_CHANNEL};
+use super::rows::{self, COLUMNS, Id, Json, OPEN, Time, column};
+use super::{
+    CreateOutcome, DbFailure, NewOperation, OperationFilter, OperationPage, StateCount, Store,
+    StoreError, Transition, within,
+};
+use crate::domain::{NewEvent, Operation, OperationEvent, State, event};
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/pg");
+
+column!(Postgres, Id, Uuid, |v| Ok(Id(v)));
+column!(Postgres, Time, DateTime<Utc>, |v| Ok(Time(v)));
+column!(Postgres, Json, serde_json::Value, |v| Ok(Json::Value(v)));
+
+type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
+
+/// Appending events has no caller's deadline (background work); a write
+/// that waits this long for the group commit is given up and reported.
+const APPEND_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Pool settings. The acquire timeout is a liveness backstop only: every
+/// request-path wait is bounded by its own deadline through `within`.
+#[derive(Debug, Clone)]
+pub struct PgSettings {
+    pub url: String,
+    pub max_connections: u32,
+}
+
+pub struct PgStore {
+    pool: PgPool,
+    changes: broadcast::Sender<Uuid>,
+    stop: CancellationToken,
+    writer: Writer,
+}
+
+impl PgStore {
+    /// Connects, applies pending migrations (serialized across replicas by
+    /// sqlx's advisory lock) and starts the change listener.
+    pub async fn connect(settings: &PgSettings) -> anyhow::Result<Self> {
+        let options = PgConnectOptions::from_str(&settings.url)
+            .map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?
+            .application_name("volume-reconciler")
+            // The hot statements are prepared once per connection and their
+            // shape never changes: plan them once, not at every execution.
+            .options([("plan_cache_mode", "force_generic_plan")]);
+        let writer_options = options.clone();
+        // A few writers, so one batch forms while another commits; they hold
+        // connections of their own (writers + 1), the pool the rest.
+        let writers = (settings.max_connections / 4).clamp(1, 4);
+        let pool_size = settings.max_connections.saturating_sub(writers + 1).max(3);
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size)
+            // Not a request bound (those use the request's deadline); only a
+            // backstop for background work if the database is gone.
+            .acquire_timeout(Duration::from_secs(3600))
+            .connect_with(options)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"))?;
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("applying migrations: {e}"))?;
+        let (changes, _) = broadcast::channel(4096);
+        let stop = CancellationToken::new();
+        listen::spawn_listener(pool.clone(), changes.clone(), stop.clone()).await?;
+        let writer = Writer::start(writer_options, writers as usize, stop.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL (ledger writer): {e}"))?;
+        Ok(Self {
+            pool,
+            changes,
+            stop,
+            writer,
+        })
+    }
+
+    /// Why an intent row was not inserted (see `rows::not_inserted`).
+    async fn why_not_inserted(
+        &self,
+        new: &NewOperation,
+    ) -> Result<Option<Result<CreateOutcome, StoreError>>, StoreError> {
+        let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
+            .bind(&new.idempotency_key)
+            .bind(new.volume_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(StoreError::db("looking up why an intent was not recorded"))?;
+        Ok(rows::not_inserted(new, found.as_ref()))
+    }
+
+    /// The operations a query returns (by id or by key: at most one).
+    async fn fetch_operations(
+        &self,
+        q: Query<'_>,
+        what: &'static str,
+    ) -> Result<Vec<Operation>, StoreError> {
+        let rows = q
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::db(what))?;
+        rows::operations(&rows)
+    }
+}
+
+/// Leases the rows `target` (a query of ids) selects to replica `$1` for
+/// `$2` milliseconds, each under a new epoch, where `also` holds, and logs
+/// each claim; returns the claimed rows.
+fn claim_sql(target: &str, also: &str, detail: &str) -> String {
+    format!(
+        "WITH target AS ({target}), claimed AS (
+            UPDATE operations o SET
+                lease_owner = $1,
+                lease_expires_at = now() + $2 * interval '1 millisecond',
+                lease_epoch = o.lease_epoch + 1,
+                passes = o.passes + 1,
+                updated_at = now()
+            FROM target WHERE o.id = target.id {also}
+            RETURNING o.*
+         ), ev AS (
+            INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
+            SELECT claimed.id, '{claimed}', '{detail}',
+                   jsonb_build_object('lease_epoch', claimed.lease_epoch::text), $1
+            FROM claimed
+         )
+         SELECT {COLUMNS} FROM claimed",
+        claimed = event::CLAIMED
+    )
+}
+
+/// An operator's decision: ends the operation whatever its lease (the epoch
+/// moves on), with its audit event, notified.
+fn resolve_sql() -> String {
+    format!(
+        "WITH upd AS (
+            UPDATE operations SET
+                state = $2, resolution = 'operator', completed_at = now(), updated_at = now(),
+                lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1,
+                next_attempt_at = NULL,
+                last_error = CASE WHEN $2 = 'failed'
+                    THEN jsonb_build_object('reason', 'OPERATOR_RESOLVED', 'message', $3::text,
+                                            'metadata', jsonb_build_object('caller', COALESCE($5, '')))
+                    ELSE last_error END
+            WHERE id = $1 AND completed_at IS NULL
+            -- open = completed_at IS NULL, not a state test: see TRANSITION_MANY
+            RETURNING *
+         ), ev AS (
+            INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
+            SELECT upd.id, '{kind}', $3,
+                   jsonb_build_object('state', $2::text, 'caller', COALESCE($5, '')), $4
+            FROM upd
+         )
+         SELECT {COLUMNS}, pg_notify('{NOTIFY_CHANNEL}', id::text) FROM upd",
+        kind = event::OPERATOR_RESOLVED,
+    )
+}
+
+fn events_json(events: &[NewEvent]) -> serde_json::Value {
+    serde_json::Value::Array(
+        events
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "kind": e.kind,
+                    "detail": e.detail,
+                    "metadata": e.metadata_json(),
+                })
+            })
+            .collect(),
+    )
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn operation_create(
+        &self,
+        new: NewOperation,
+        deadline: Instant,
+    ) -> Result<CreateOutcome, StoreError> {
+        within(deadline, "recording the operation", async {
+            // A volume-busy conflict can race with the busy operation
+            // finishing; a few tries settle it either way.
+            for _ in 0..3 {
+                let written = self
+                    .writer
+                    .submit(Payload::Create(Box::new(new.clone())), deadline)
+                    .await?;
+                if let Some(op) = written {
+                    return Ok(CreateOutcome::Created(op));
+                }
+                // Nothing inserted: the key exists (perhaps our own row, if
+                // the write was re-run after a lost connection), or the
+                // volume is busy. (A cold path, boxed so the common future
+                // stays small.)
+                if let Some(found) = Box::pin(self.why_not_inserted(&new)).await? {
+                    return found;
+                }
+            }
+            Err(StoreError::database(
+                "recording the operation",
+                DbFailure::Contention,
+                "the volume was busy and free in turns; giving up after 3 tries",
+            ))
+        })
+        .await
+    }
+
+    async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError> {
+        let q = sqlx::query(sqlx::AssertSqlSafe(rows::by_id_sql())).bind(id);
+        Ok(self
+            .fetch_operations(q, "reading an operation")
+            .await?
+            .pop())
+    }
+
+    async fn operation_get_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError> {
+        let q = sqlx::query(sqlx::AssertSqlSafe(rows::by_key_sql())).bind(key);
+        Ok(self
+            .fetch_operations(q, "reading an operation by key")
+            .await?
+            .pop())
+    }
+
+    async fn operation_list(
+        &self,
+        filter: &OperationFilter,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<OperationPage, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS}, seq FROM operations
+             WHERE ($1::text IS NULL OR state = $1)
+               AND ($2::uuid IS NULL OR server_id = $2)
+               AND ($3::uuid IS NULL OR volume_id = $3)
+               AND ($4::bigint IS NULL OR seq < $4)
+               AND (NOT $5 OR drifted)
+             ORDER BY seq DESC
+             LIMIT $6"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(filter.state.map(|s| s.as_str()))
+            .bind(filter.server_id)
+            .bind(filter.volume_id)
+            .bind(after)
+            .bind(filter.drifted_only)
+            .bind(i64::from(limit) + 1)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::db("listing operations"))?;
+        rows::page(&rows, limit)
+    }
+
+    async fn operation_events(&self, id: Uuid) -> Result<Vec<OperationEvent>, StoreError> {
+        let rows = sqlx::query(rows::EVENTS)
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::db("reading the reconcile log"))?;
+        rows::events(id, &rows)
+    }
+
+    async fn operation_transition(
+        &self,
+        t: Transition,
+        deadline: Instant,
+    ) -> Result<Option<Operation>, StoreError> {
+        within(
+            deadline,
+            "recording a state change",
+            self.writer
+                .submit(Payload::Transition(Box::new(t)), deadline),
+        )
+        .await
+    }
+
+    async fn operation_append_events(
+        &self,
+        id: Uuid,
+        replica: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<(), StoreError> {
+        // Through the group commit: a verification round appends to many
+        // operations at once, and those share one statement and one flush.
+        let append = Append {
+            id,
+            replica: replica.to_string(),
+            events,
+        };
+        self.writer
+            .submit(
+                Payload::Append(Box::new(append)),
+                Instant::now() + APPEND_DEADLINE,
+            )
+            .await
+            .map_err(|e| e.during("appending to the reconcile log"))?;
+        Ok(())
+    }
+
+    async fn operation_claim(
+        &self,
+        replica: &str,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        let target = format!(
+            "SELECT id FROM operations
+             WHERE {OPEN}
+               AND (lease_expires_at IS NULL OR lease_expires_at < now())
+               AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+             ORDER BY next_attempt_at NULLS FIRST, seq
+             LIMIT $3
+             FOR UPDATE SKIP LOCKED"
+        );
+        let sql = claim_sql(&target, "", "leased by the reconciler");
+        let q = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(replica)
+            .bind(lease.as_millis() as f64)
+            .bind(i64::from(limit));
+        self.fetch_operations(q, "claiming operations").await
+    }
+
+    async fn operation_claim_one(
+        &self,
+        id: Uuid,
+        replica: &str,
+        lease: Duration,
+    ) -> Result<Option<Operation>, StoreError> {
+        // Open = completed_at IS NULL, not a state test: see TRANSITION_MANY.
+        let sql = claim_sql(
+            "SELECT $3::uuid AS id",
+            "AND o.completed_at IS NULL
+             AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now() OR o.lease_owner = $1)",
+            "leased for a requested reconcile pass",
+        );
+        let q = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(replica)
+            .bind(lease.as_millis() as f64)
+            .bind(id);
+        Ok(self
+            .fetch_operations(q, "claiming an operation")
+            .await?
+            .pop())
+    }
+
+    async fn operation_claim_verification(&self, limit: u32) -> Result<Vec<Operation>, StoreError> {
+        let sql = format!(
+            "WITH due AS (
+                SELECT id FROM operations
+                WHERE verify_at IS NOT NULL AND verify_at <= now()
+                ORDER BY verify_at LIMIT $1
+                FOR UPDATE SKIP LOCKED
+             )
+             UPDATE operations o SET verify_at = NULL FROM due WHERE o.id = due.id
+             RETURNING {}",
+            COLUMNS
+                .split(", ")
+                .map(|c| format!("o.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(i64::from(limit));
+        self.fetch_operations(q, "claiming verifications").await
+    }
+
+    async fn operation_mark_drift(
+        &self,
+        id: Uuid,
+        replica: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<(), StoreError> {
+        const WHAT: &str = "marking drift";
+        let mut tx = self.pool.begin().await.map_err(StoreError::db(WHAT))?;
+        sqlx::query("UPDATE operations SET drifted = true, updated_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::db(WHAT))?;
+        sqlx::query(
+            "INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
+             SELECT $1, e.kind, e.detail, e.metadata, $2
+             FROM jsonb_to_recordset($3::jsonb) AS e(kind text, detail text, metadata jsonb)",
+        )
+        .bind(id)
+        .bind(replica)
+        .bind(events_json(&events))
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::db(WHAT))?;
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(NOTIFY_CHANNEL)
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::db(WHAT))?;
+        tx.commit().await.map_err(StoreError::db(WHAT))
+    }
+
+    async fn operation_resolve_by_operator(
+        &self,
+        id: Uuid,
+        state: State,
+        reason: &str,
+        replica: &str,
+        caller: Option<&str>,
+    ) -> Result<Operation, StoreError> {
+        let q = sqlx::query(sqlx::AssertSqlSafe(resolve_sql()))
+            .bind(id)
+            .bind(state.as_str())
+            .bind(reason)
+            .bind(replica)
+            .bind(caller);
+        match self
+            .fetch_operations(q, "resolving by operator")
+            .await?
+            .pop()
+        {
+            Some(op) => Ok(op),
+            None => Err(rows::not_resolvable(id, self.operation_get(id).await?)),
+        }
+    }
+
+    async fn operation_release_leases(&self, replica: &str) -> Result<u64, StoreError> {
+        let result = sqlx::query(
+            "WITH rel AS (
+                UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+                WHERE lease_owner = $1 AND state NOT IN ('succeeded', 'failed')
+                RETURNING id
+             )
+             INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
+             SELECT rel.id, 'handed_over', 'replica shut down; lease released for another reconciler', '{}'::jsonb, $1
+             FROM rel",
+        )
+        .bind(replica)
+        .execute(&self.pool)
+        .await
+        .map_err(StoreError::db("releasing leases"))?;
+        Ok(result.rows_affected())
+    }
+
+    async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
+        let rows = sqlx::query(rows::COUNT_BY_STATE)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::db("counting operations"))?;
+        rows::counts(&rows)
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Uuid> {
+        self.changes.subscribe()
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(StoreError::db("checking the database"))?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.stop.cancel();
+        self.writer.close().await;
+        self.pool.close().await;
+    }
+}

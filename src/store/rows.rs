@@ -1,0 +1,373 @@
+//! What both stores read, in one place: the columns of an operation and of
+//! an event, read by one generic `FromRow` into plain structs, and the one
+//! way those become `domain` values; the idempotency-key check and the
+//! volume-busy detection of a new intent; the statements both dialects
+//! accept as they are (`$n` parameters work in SQLite too).
+//!
+//! The stores differ only in how a few column types are stored (ids,
+//! timestamps, JSON): each implements `Type`/`Decode` for the column
+//! newtypes below on its own database (`column!`), so the reading itself
+//! is written once.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{CreateOutcome, NewOperation, OperationPage, StateCount, StoreError};
+use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
+
+/// Every column of `operations` that makes an `Operation` (plus the
+/// fingerprint of its key), in the order the stores select them.
+pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
+    request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
+    completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes";
+
+/// "Not decided yet", as the partial indexes of open operations say it.
+pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
+
+/// The operation a key names.
+pub(super) fn by_key_sql() -> String {
+    format!("SELECT {COLUMNS} FROM operations WHERE idempotency_key = $1")
+}
+
+/// An operation by id.
+pub(super) fn by_id_sql() -> String {
+    format!("SELECT {COLUMNS} FROM operations WHERE id = $1")
+}
+
+/// What stands in the way of a new intent (`$1` its key, `$2` its volume):
+/// the operation its key names, else the open operation of its volume (at
+/// most one, by a unique index); `by_key` says which.
+pub(super) fn conflict_sql() -> String {
+    format!(
+        "SELECT {COLUMNS}, idempotency_key = $1 AS by_key FROM operations
+         WHERE idempotency_key = $1 OR (volume_id = $2 AND {OPEN})
+         ORDER BY by_key DESC LIMIT 1"
+    )
+}
+
+/// An operation's reconcile log, oldest first.
+pub(super) const EVENTS: &str = "SELECT at, kind, detail, metadata, replica FROM operation_events
+     WHERE operation_id = $1 ORDER BY id";
+
+pub(super) const COUNT_BY_STATE: &str = "SELECT state, resolution, count(*) AS n FROM operations
+     GROUP BY state, resolution ORDER BY state, resolution";
+
+/// An id column (PostgreSQL `uuid`, SQLite canonical text).
+pub(super) struct Id(pub Uuid);
+
+/// A timestamp column (PostgreSQL `timestamptz`, SQLite microseconds since
+/// the Unix epoch).
+pub(super) struct Time(pub DateTime<Utc>);
+
+/// A JSON column (PostgreSQL `jsonb`, SQLite text).
+pub(super) enum Json {
+    Value(serde_json::Value),
+    Text(String),
+}
+
+impl Json {
+    fn parse<T: serde::de::DeserializeOwned>(self) -> serde_json::Result<T> {
+        match self {
+            Json::Value(v) => serde_json::from_value(v),
+            Json::Text(t) => serde_json::from_str(&t),
+        }
+    }
+}
+
+/// Implements `sqlx::Type` and `sqlx::Decode` for a column newtype on one
+/// database: the value is decoded as `$via` and converted by `$conv`
+/// (`Fn($via) -> Result<$ty, BoxDynError>`).
+macro_rules! column {
+    ($db:ty, $ty:ty, $via:ty, $conv:expr) => {
+        impl sqlx::Type<$db> for $ty {
+            fn type_info() -> <$db as sqlx::Database>::TypeInfo {
+                <$via as sqlx::Type<$db>>::type_info()
+            }
+            fn compatible(ty: &<$db as sqlx::Database>::TypeInfo) -> bool {
+                <$via as sqlx::Type<$db>>::compatible(ty)
+            }
+        }
+        impl<'r> sqlx::Decode<'r, $db> for $ty {
+            fn decode(
+                value: <$db as sqlx::Database>::ValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                let via = <$via as sqlx::Decode<'r, $db>>::decode(value)?;
+                $conv(via)
+            }
+        }
+    };
+}
+pub(super) use column;
+
+/// One `operations` row as read, before it is checked.
+#[derive(sqlx::FromRow)]
+pub(super) struct OperationRow {
+    id: Id,
+    idempotency_key: String,
+    fingerprint: String,
+    action: String,
+    state: String,
+    resolution: Option<String>,
+    server_id: Id,
+    volume_id: Id,
+    request: Json,
+    attachment: Option<Json>,
+    attempts: i32,
+    last_error: Option<Json>,
+    deadline_at: Time,
+    last_request_at: Option<Time>,
+    created_at: Time,
+    updated_at: Time,
+    completed_at: Option<Time>,
+    lease_owner: Option<String>,
+    lease_expires_at: Option<Time>,
+    lease_epoch: i64,
+    caller: Option<String>,
+    drifted: bool,
+    passes: i32,
+}
+
+/// One `operation_events` row as read.
+#[derive(sqlx::FromRow)]
+pub(super) struct EventRow {
+    at: Time,
+    kind: String,
+    detail: String,
+    metadata: Json,
+    replica: String,
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct CountRow {
+    state: String,
+    resolution: Option<String>,
+    n: i64,
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct SeqRow {
+    seq: i64,
+}
+
+/// A column that could not be read at all: the row is named when its id
+/// could be.
+fn unreadable(id: Option<Uuid>, e: sqlx::Error) -> StoreError {
+    StoreError::Corrupt {
+        id: id.map_or_else(|| "?".to_string(), |id| id.to_string()),
+        reason: e.to_string(),
+    }
+}
+
+/// Reads and checks an operation; `Corrupt` when a column is unreadable.
+pub(super) fn operation<'r, R>(row: &'r R) -> Result<Operation, StoreError>
+where
+    R: sqlx::Row,
+    OperationRow: sqlx::FromRow<'r, R>,
+{
+    <OperationRow as sqlx::FromRow<'r, R>>::from_row(row)
+        .map_err(|e| unreadable(None, e))?
+        .into_operation()
+}
+
+/// Reads and checks every operation of a result.
+pub(super) fn operations<'r, R>(rows: &'r [R]) -> Result<Vec<Operation>, StoreError>
+where
+    R: sqlx::Row,
+    OperationRow: sqlx::FromRow<'r, R>,
+{
+    read_all(rows, None, OperationRow::into_operation)
+}
+
+/// Reads every row of a result as `T` and makes each into a `U`; `id`
+/// names the operation they belong to, if one.
+fn read_all<'r, R, T, U>(
+    rows: &'r [R],
+    id: Option<Uuid>,
+    make: impl Fn(T) -> Result<U, StoreError>,
+) -> Result<Vec<U>, StoreError>
+where
+    R: sqlx::Row,
+    T: sqlx::FromRow<'r, R>,
+{
+    rows.iter()
+        .map(|row| make(T::from_row(row).map_err(|e| unreadable(id, e))?))
+        .collect()
+}
+
+impl OperationRow {
+    fn into_operation(self) -> Result<Operation, StoreError> {
+        let id = self.id.0;
+        let corrupt = |reason: String| StoreError::Corrupt {
+            id: id.to_string(),
+            reason,
+        };
+        let json = |what: &str, e: serde_json::Error| corrupt(format!("{what}: {e}"));
+        let action = &self.action;
+        let state = &self.state;
+        Ok(Operation {
+            id,
+            action: Action::parse(action).ok_or_else(|| corrupt(format!("action {action:?}")))?,
+            state: State::parse(state).ok_or_else(|| corrupt(format!("state {state:?}")))?,
+            resolution: match &self.resolution {
+                None => None,
+                Some(r) => {
+                    Some(Resolution::parse(r).ok_or_else(|| corrupt(format!("resolution {r:?}")))?)
+                }
+            },
+            idempotency_key: self.idempotency_key,
+            server_id: self.server_id.0,
+            volume_id: self.volume_id.0,
+            params: self.request.parse().map_err(|e| json("request", e))?,
+            attachment: self
+                .attachment
+                .map(Json::parse)
+                .transpose()
+                .map_err(|e| json("attachment", e))?,
+            attempts: self.attempts,
+            last_error: self
+                .last_error
+                .map(Json::parse)
+                .transpose()
+                .map_err(|e| json("last_error", e))?,
+            deadline_at: self.deadline_at.0,
+            last_request_at: self.last_request_at.map(|t| t.0),
+            created_at: self.created_at.0,
+            updated_at: self.updated_at.0,
+            completed_at: self.completed_at.map(|t| t.0),
+            lease_owner: self.lease_owner,
+            lease_expires_at: self.lease_expires_at.map(|t| t.0),
+            lease_epoch: self.lease_epoch,
+            caller: self.caller,
+            drifted: self.drifted,
+            passes: self.passes,
+        })
+    }
+}
+
+/// A page of `operation_list`: the rows carry `seq` besides the columns,
+/// and one more row than `limit` was asked for (it says more follow).
+pub(super) fn page<'r, R>(rows: &'r [R], limit: u32) -> Result<OperationPage, StoreError>
+where
+    R: sqlx::Row,
+    OperationRow: sqlx::FromRow<'r, R>,
+    SeqRow: sqlx::FromRow<'r, R>,
+{
+    let more = rows.len() > limit as usize;
+    let rows = &rows[..rows.len().min(limit as usize)];
+    let last_seq = match rows.last() {
+        Some(row) => Some(
+            <SeqRow as sqlx::FromRow<'r, R>>::from_row(row)
+                .map_err(|e| unreadable(None, e))?
+                .seq,
+        ),
+        None => None,
+    };
+    Ok(OperationPage {
+        operations: operations(rows)?,
+        next_cursor: if more { last_seq } else { None },
+    })
+}
+
+/// An operation's reconcile log.
+pub(super) fn events<'r, R>(id: Uuid, rows: &'r [R]) -> Result<Vec<OperationEvent>, StoreError>
+where
+    R: sqlx::Row,
+    EventRow: sqlx::FromRow<'r, R>,
+{
+    read_all(rows, Some(id), |e: EventRow| {
+        Ok(OperationEvent {
+            at: e.at.0,
+            kind: e.kind,
+            detail: e.detail,
+            metadata: e
+                .metadata
+                .parse::<BTreeMap<String, String>>()
+                .map_err(|err| StoreError::Corrupt {
+                    id: id.to_string(),
+                    reason: format!("event metadata: {err}"),
+                })?,
+            replica: e.replica,
+        })
+    })
+}
+
+/// Counts of operations by state and resolution.
+pub(super) fn counts<'r, R>(rows: &'r [R]) -> Result<Vec<StateCount>, StoreError>
+where
+    R: sqlx::Row,
+    CountRow: sqlx::FromRow<'r, R>,
+{
+    read_all(rows, None, |c: CountRow| {
+        Ok(StateCount {
+            state: c.state,
+            resolution: c.resolution,
+            count: c.n,
+        })
+    })
+}
+
+/// A row of `conflict_sql`.
+#[derive(sqlx::FromRow)]
+pub(super) struct ConflictRow {
+    #[sqlx(flatten)]
+    op: OperationRow,
+    by_key: bool,
+}
+
+/// Why an intent row was not inserted, from the row `conflict_sql` found:
+/// the key exists (our own row, written by an earlier run of the same
+/// write: it is ours; the same request: join it; another request:
+/// refused), or the volume has an open operation (busy). `None`: neither
+/// (for PostgreSQL, the busy operation finished meanwhile: try again).
+pub(super) fn not_inserted<'r, R>(
+    new: &NewOperation,
+    found: Option<&'r R>,
+) -> Option<Result<CreateOutcome, StoreError>>
+where
+    R: sqlx::Row,
+    ConflictRow: sqlx::FromRow<'r, R>,
+{
+    let row = match <ConflictRow as sqlx::FromRow<'r, R>>::from_row(found?) {
+        Ok(row) => row,
+        Err(e) => return Some(Err(unreadable(None, e))),
+    };
+    let same_request = row.op.fingerprint == new.fingerprint;
+    let existing = match row.op.into_operation() {
+        Ok(op) => op,
+        Err(e) => return Some(Err(e)),
+    };
+    Some(if !row.by_key {
+        Err(StoreError::VolumeBusy {
+            volume_id: new.volume_id,
+            operation_id: existing.id,
+        })
+    } else if existing.id == new.id {
+        Ok(CreateOutcome::Created(existing))
+    } else if same_request {
+        Ok(CreateOutcome::Existing(existing))
+    } else {
+        Err(StoreError::KeyReused {
+            key: new.idempotency_key.clone(),
+            existing: Box::new(existing),
+        })
+    })
+}
+
+/// JSON of our own plain structs, which cannot fail to serialize (no maps
+/// with non-string keys, no custom serializers).
+pub(super) fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+/// Why an operator's decision found no open operation to end.
+pub(super) fn not_resolvable(id: Uuid, current: Option<Operation>) -> StoreError {
+    match current {
+        None => StoreError::NotFound(id),
+        Some(op) => StoreError::AlreadyTerminal {
+            id,
+            state: op.state.as_str(),
+        },
+    }
+}
