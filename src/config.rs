@@ -38,6 +38,16 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 5m)"))
 }
 
+/// Parses a rate per second: a finite number, at least 0.
+pub fn rate(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err("must be a finite number of at least 0".into())
+    }
+}
+
 /// Parses a share: at least 0 and below 1.
 pub fn fraction(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
@@ -227,12 +237,13 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "VOLUME_RECONCILER_CALLER_RATE_LIMIT",
-        default_value_t = 0.0
+        default_value_t = 0.0,
+        value_parser = rate
     )]
     pub caller_rate_limit: f64,
-    /// Burst of the per-caller token bucket.
-    #[arg(long, env = "VOLUME_RECONCILER_CALLER_BURST", default_value_t = 100.0)]
-    pub caller_burst: f64,
+    /// Burst of the per-caller token bucket (calls, at least 1).
+    #[arg(long, env = "VOLUME_RECONCILER_CALLER_BURST", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub caller_burst: u32,
     /// Largest request metadata (HTTP/2 header list) accepted.
     #[arg(long, env = "VOLUME_RECONCILER_MAX_METADATA_BYTES", default_value_t = 16 * 1024)]
     pub max_metadata_bytes: u32,
