@@ -12,13 +12,14 @@
 //! retried.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use rand::Rng;
+use backon::{ExponentialBuilder, Retryable};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
-use tonic_types::StatusExt;
+use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::grpc::pb;
 use crate::grpc::pb::volume_reconciler_client::VolumeReconcilerClient;
@@ -91,6 +92,32 @@ pub fn is_transport_failure(s: &Status, deadline: Instant) -> bool {
         }
         _ => false,
     }
+}
+
+/// Pauses between keyed retries: from 20 ms, doubling, at most 500 ms,
+/// each stretched by a random 0–100 % so that callers cut off together
+/// (a replica draining) do not come back together. No count limit: the
+/// caller's deadline bounds them (see `with_retries`).
+fn retry_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(20))
+        .with_max_delay(Duration::from_millis(500))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+}
+
+/// A deadline the client itself saw pass (reason `CLIENT_DEADLINE`).
+fn client_deadline(message: &str) -> Status {
+    Status::with_error_details(
+        Code::DeadlineExceeded,
+        message,
+        ErrorDetails::with_error_info(
+            "CLIENT_DEADLINE",
+            crate::grpc::status::DOMAIN,
+            HashMap::new(),
+        ),
+    )
 }
 
 /// Counts of what the retries absorbed (for tests and the bench tool).
@@ -215,61 +242,47 @@ impl Client {
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
         let deadline = Instant::now() + timeout;
-        let mut retries = 0u32;
-        let mut pause = Duration::from_millis(20);
-        loop {
+        let retries = AtomicU32::new(0);
+        let attempt = || async {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(CallError {
-                    code: Code::DeadlineExceeded,
-                    message: "the deadline passed before the call could be (re)sent".into(),
-                    reason: Some("CLIENT_DEADLINE".into()),
-                    metadata: HashMap::new(),
-                    retries,
-                });
+                return Err(client_deadline(
+                    "the deadline passed before the call could be (re)sent",
+                ));
             }
             // Bound the whole call (tonic's timer covers only the headers).
-            let result = match tokio::time::timeout_at(
-                deadline,
-                call(self.inner.clone(), remaining),
-            )
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(Status::deadline_exceeded(
-                    "the caller's deadline expired (client side)",
-                )),
-            };
-            match result {
-                Ok(v) => return Ok(v),
-                Err(s) if is_transport_failure(&s, deadline) => {
-                    retries += 1;
-                    if let Some(st) = stats {
-                        let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
-                        st.retries += 1;
-                        *st.by_code.entry(format!("{:?}", s.code())).or_default() += 1;
-                    }
-                    tracing::debug!(code = ?s.code(), message = s.message(), retries, "transport failure; retrying with the same key");
-                    let jitter = rand::rng().random_range(0.5..1.5);
-                    let sleep = pause.mul_f64(jitter);
-                    if Instant::now() + sleep >= deadline {
-                        return Err(CallError::from_status(&s, retries));
-                    }
-                    tokio::time::sleep(sleep).await;
-                    pause = (pause * 2).min(Duration::from_millis(500));
+            tokio::time::timeout_at(deadline, call(self.inner.clone(), remaining))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(client_deadline(
+                        "the caller's deadline expired (client side)",
+                    ))
+                })
+        };
+        let result = attempt
+            .retry(retry_backoff())
+            .sleep(tokio::time::sleep)
+            .when(|s| is_transport_failure(s, deadline))
+            // No pause that would end past the deadline: answer instead.
+            .adjust(|_, pause| pause.filter(|p| Instant::now() + *p < deadline))
+            .notify(|s, pause| {
+                let n = retries.fetch_add(1, Ordering::Relaxed) + 1;
+                if let Some(st) = stats {
+                    let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
+                    st.retries += 1;
+                    *st.by_code.entry(format!("{:?}", s.code())).or_default() += 1;
                 }
-                Err(s) => {
-                    let code = if s.code() == Code::Cancelled && Instant::now() >= deadline {
-                        // tonic's own timer: call it what it is.
-                        Code::DeadlineExceeded
-                    } else {
-                        s.code()
-                    };
-                    let mut e = CallError::from_status(&s, retries);
-                    e.code = code;
-                    return Err(e);
-                }
+                tracing::debug!(code = ?s.code(), message = s.message(), retries = n, pause_ms = pause.as_millis() as u64, "transport failure; retrying with the same key");
+            })
+            .await;
+        let retries = retries.load(Ordering::Relaxed);
+        result.map_err(|s| {
+            let mut e = CallError::from_status(&s, retries);
+            if s.code() == Code::Cancelled && Instant::now() >= deadline {
+                // tonic's own timer: call it what it is.
+                e.code = Code::DeadlineExceeded;
             }
-        }
+            e
+        })
     }
 }

@@ -1,21 +1,55 @@
-//! Every setting in one place: its flag, its environment variable and its
-//! default. Durations are written like `500ms`, `30s`, `5m`.
+//! What `serve` is configured by: every setting's flag, environment
+//! variable and default, and their conversions into the settings structs
+//! (`BudgetPolicy`, `ExecSettings`, `ReconcilerSettings`, `NovaConfig`).
+//! The command line around it (`Cli`, the other subcommands) lives in
+//! `cli/`; nothing here knows it.
+//!
+//! Every default has one source: a flag that sets a field of a settings
+//! struct takes its default from that struct's `DEFAULT` (or `Default`),
+//! rendered the way the flag's parser reads it; a test checks that the
+//! conversions of an empty command line equal the structs' defaults.
+//! Durations are written like `500ms`, `30s`, `5m`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
 
 use crate::domain::BudgetPolicy;
 use crate::executor::ExecSettings;
 use crate::nova::{KeystoneConfig, NovaConfig, NovaEndpoint, Secret};
 use crate::reconciler::ReconcilerSettings;
 
-fn duration(s: &str) -> Result<Duration, String> {
+/// The gRPC listen address by default; also where the clients look first.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// The admin listener by default; also where `healthcheck` looks.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+/// The embedded ledger by default (`serve` and `migrate`).
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://volume-reconciler.db";
+
+/// A duration as `duration` reads it back (`humantime`: `2m`, `50ms`): how
+/// a settings struct's default becomes a flag's default.
+pub fn render_duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// Parses a duration flag (`500ms`, `30s`, `5m`).
+pub fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 5m)"))
 }
 
-fn fraction(s: &str) -> Result<f64, String> {
+/// Parses a rate per second: a finite number, at least 0.
+pub fn rate(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err("must be a finite number of at least 0".into())
+    }
+}
+
+/// Parses a share: at least 0 and below 1.
+pub fn fraction(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
     if (0.0..1.0).contains(&v) {
         Ok(v)
@@ -32,120 +66,20 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "volume-reconciler",
-    version,
-    about = "Attach and detach OpenStack volumes exactly once per idempotency key, and record the true outcome"
-)]
-pub struct Cli {
-    #[arg(
-        long,
-        global = true,
-        env = "VOLUME_RECONCILER_LOG_FORMAT",
-        value_enum,
-        default_value = "auto"
-    )]
-    pub log_format: LogFormat,
-    /// A tracing filter, e.g. `info` or `volume_reconciler=debug`.
-    #[arg(
-        long,
-        global = true,
-        env = "VOLUME_RECONCILER_LOG",
-        default_value = "info"
-    )]
-    pub log: String,
-    /// A TOML file of `serve` settings (keys are flag names); flags and
-    /// environment variables override it.
-    #[arg(long, global = true, env = "VOLUME_RECONCILER_CONFIG")]
-    pub config: Option<std::path::PathBuf>,
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the gRPC service (applies pending migrations first).
-    Serve(Box<ServeArgs>),
-    /// Apply pending database migrations and exit.
-    Migrate(MigrateArgs),
-    /// Run the Nova and Keystone simulator.
-    NovaSim(SimArgs),
-    /// Operator commands against a running server.
-    Ops(crate::cli::ops::OpsArgs),
-    /// Simulator + service + a faulty workload; ends with a truth table.
-    Demo(crate::cli::demo::DemoArgs),
-    /// Load generator (point it at any deployment) and reconciler benchmark.
-    Bench(crate::cli::bench::BenchArgs),
-    /// The effective configuration.
-    #[command(subcommand)]
-    Config(ConfigCommand),
-    /// Exit 0 when the admin endpoint answers ready (container health checks).
-    Healthcheck(HealthcheckArgs),
-}
-
-#[derive(Debug, Subcommand)]
-pub enum ConfigCommand {
-    /// Print every `serve` setting with its value and source (flag, env,
-    /// file, default), secrets masked. Takes the same flags as `serve`.
-    Show(Box<ServeArgs>),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct HealthcheckArgs {
-    #[arg(long, default_value = "http://127.0.0.1:9090/readyz")]
-    pub url: String,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct MigrateArgs {
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        hide_env_values = true,
-        default_value = "sqlite://volume-reconciler.db"
-    )]
-    pub database_url: String,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct SimArgs {
-    #[arg(long, env = "NOVA_SIM_LISTEN", default_value = "127.0.0.1:8774")]
-    pub listen: SocketAddr,
-    /// Require Keystone tokens on Nova requests.
-    #[arg(long, env = "NOVA_SIM_REQUIRE_AUTH")]
-    pub require_auth: bool,
-    /// How long a detach takes after its 202.
-    #[arg(long, env = "NOVA_SIM_DETACH_DELAY", value_parser = duration, default_value = "0s")]
-    pub detach_delay: Duration,
-    /// Share of attaches the "hypervisor" rolls back later.
-    #[arg(long, env = "NOVA_SIM_ROLLBACK_SHARE", value_parser = fraction, default_value = "0")]
-    pub rollback_share: f64,
-    #[arg(long, env = "NOVA_SIM_USERNAME", default_value = "demo")]
-    pub username: String,
-    #[arg(
-        long,
-        env = "NOVA_SIM_PASSWORD",
-        default_value = "secret",
-        hide_env_values = true
-    )]
-    pub password: String,
-}
-
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// gRPC listen address.
     #[arg(
         long,
         env = "VOLUME_RECONCILER_LISTEN",
-        default_value = "127.0.0.1:50051"
+        default_value = DEFAULT_LISTEN
     )]
     pub listen: SocketAddr,
     /// Admin listener: /healthz, /readyz, /metrics (plain HTTP; keep it on loopback unless needed).
     #[arg(
         long,
         env = "VOLUME_RECONCILER_ADMIN_LISTEN",
-        default_value = "127.0.0.1:9090"
+        default_value = DEFAULT_ADMIN_LISTEN
     )]
     pub admin_listen: SocketAddr,
     /// postgres://user@host/db (production, several replicas) or
@@ -154,7 +88,7 @@ pub struct ServeArgs {
         long,
         env = "DATABASE_URL",
         hide_env_values = true,
-        default_value = "sqlite://volume-reconciler.db"
+        default_value = DEFAULT_DATABASE_URL
     )]
     pub database_url: String,
     /// PostgreSQL connections of this replica, at most (5 at least): the
@@ -176,75 +110,75 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "VOLUME_RECONCILER_NOVA_MICROVERSION",
-        default_value = "2.89"
+        default_value_t = NovaConfig::default().microversion
     )]
     pub nova_microversion: String,
     /// Concurrent Nova requests per host; waiting for a slot counts against the deadline.
     #[arg(
         long,
         env = "VOLUME_RECONCILER_NOVA_MAX_CONCURRENCY",
-        default_value_t = 128
+        default_value_t = NovaConfig::default().max_concurrent_per_host
     )]
     pub nova_max_concurrency: usize,
     /// Bound of a TCP connect to Nova/Keystone (connection setup only).
-    #[arg(long, env = "VOLUME_RECONCILER_NOVA_CONNECT_TIMEOUT", value_parser = duration, default_value = "3s")]
+    #[arg(long, env = "VOLUME_RECONCILER_NOVA_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(NovaConfig::default().connect_timeout))]
     pub nova_connect_timeout: Duration,
     /// Bound of a TLS handshake with Nova/Keystone (connection setup only).
-    #[arg(long, env = "VOLUME_RECONCILER_NOVA_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = "5s")]
+    #[arg(long, env = "VOLUME_RECONCILER_NOVA_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = render_duration(NovaConfig::default().tls_handshake_timeout))]
     pub nova_tls_handshake_timeout: Duration,
 
     /// Deadline applied only when a caller sends none.
     #[arg(long, env = "VOLUME_RECONCILER_DEFAULT_DEADLINE", value_parser = duration, default_value = "5m")]
     pub default_deadline: Duration,
     /// Share of the remaining time kept to answer before the caller gives up.
-    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_FRACTION", value_parser = fraction, default_value = "0.05")]
+    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_FRACTION", value_parser = fraction, default_value_t = BudgetPolicy::DEFAULT.margin_fraction)]
     pub safety_margin_fraction: f64,
-    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MIN", value_parser = duration, default_value = "50ms")]
+    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MIN", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.margin_min))]
     pub safety_margin_min: Duration,
-    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MAX", value_parser = duration, default_value = "2s")]
+    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MAX", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.margin_max))]
     pub safety_margin_max: Duration,
     /// Share of the remaining time kept back to re-observe after a lost response.
-    #[arg(long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_FRACTION", value_parser = fraction, default_value = "0.2")]
+    #[arg(long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_FRACTION", value_parser = fraction, default_value_t = BudgetPolicy::DEFAULT.reserve_fraction)]
     pub reobserve_reserve_fraction: f64,
-    #[arg(long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_MAX", value_parser = duration, default_value = "5s")]
+    #[arg(long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_MAX", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.reserve_max))]
     pub reobserve_reserve_max: Duration,
     /// The longest one Nova request may take (policy, visible and configurable).
-    #[arg(long, env = "VOLUME_RECONCILER_PER_CALL_CAP", value_parser = duration, default_value = "1h")]
+    #[arg(long, env = "VOLUME_RECONCILER_PER_CALL_CAP", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.per_call_cap))]
     pub per_call_cap: Duration,
     /// Below this much time for the Nova request, Nova is not called (BUDGET_TOO_SMALL).
-    #[arg(long, env = "VOLUME_RECONCILER_MIN_BUDGET", value_parser = duration, default_value = "100ms")]
+    #[arg(long, env = "VOLUME_RECONCILER_MIN_BUDGET", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.min_budget))]
     pub min_budget: Duration,
     /// How long past its deadline an operation's lease outlives a crash.
-    #[arg(long, env = "VOLUME_RECONCILER_LEASE_GRACE", value_parser = duration, default_value = "30s")]
+    #[arg(long, env = "VOLUME_RECONCILER_LEASE_GRACE", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.lease_grace))]
     pub lease_grace: Duration,
 
     /// Nova may still process a request this long after it was sent.
-    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW", value_parser = duration, default_value = "2m")]
+    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.settle_window))]
     pub settle_window: Duration,
-    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_INTERVAL", value_parser = duration, default_value = "1s")]
+    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_INTERVAL", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.interval))]
     pub reconcile_interval: Duration,
-    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_BATCH", default_value_t = 256)]
+    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_BATCH", default_value_t = ReconcilerSettings::DEFAULT.batch)]
     pub reconcile_batch: u32,
-    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_LEASE", value_parser = duration, default_value = "60s")]
+    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_LEASE", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.lease))]
     pub reconcile_lease: Duration,
     /// The reconciler's Nova requests per second, at most (all passes of this replica).
     #[arg(
         long,
         env = "VOLUME_RECONCILER_RECONCILE_RATE_LIMIT",
-        default_value_t = 200.0
+        default_value_t = ReconcilerSettings::DEFAULT.rate_limit
     )]
     pub reconcile_rate_limit: f64,
     #[arg(
         long,
         env = "VOLUME_RECONCILER_RECONCILE_PARALLELISM",
-        default_value_t = 32
+        default_value_t = ReconcilerSettings::DEFAULT.parallelism
     )]
     pub reconcile_parallelism: usize,
     /// Decided operations are re-observed once this long after the decision...
-    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_AFTER", value_parser = duration, default_value = "1m")]
+    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_AFTER", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.verify_after))]
     pub verify_after: Duration,
     /// ...and only within this window.
-    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_WINDOW", value_parser = duration, default_value = "10m")]
+    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_WINDOW", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.verify_window))]
     pub verify_window: Duration,
     /// Run no background reconciler in this process.
     #[arg(long, env = "VOLUME_RECONCILER_NO_RECONCILER")]
@@ -303,12 +237,13 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "VOLUME_RECONCILER_CALLER_RATE_LIMIT",
-        default_value_t = 0.0
+        default_value_t = 0.0,
+        value_parser = rate
     )]
     pub caller_rate_limit: f64,
-    /// Burst of the per-caller token bucket.
-    #[arg(long, env = "VOLUME_RECONCILER_CALLER_BURST", default_value_t = 100.0)]
-    pub caller_burst: f64,
+    /// Burst of the per-caller token bucket (calls, at least 1).
+    #[arg(long, env = "VOLUME_RECONCILER_CALLER_BURST", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub caller_burst: u32,
     /// Largest request metadata (HTTP/2 header list) accepted.
     #[arg(long, env = "VOLUME_RECONCILER_MAX_METADATA_BYTES", default_value_t = 16 * 1024)]
     pub max_metadata_bytes: u32,
@@ -316,6 +251,15 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub openstack: OpenStackArgs,
 }
+
+/// Bound of one Keystone token renewal by default.
+const KEYSTONE_RENEWAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Renew a token this long before it expires (keystoneauth uses 120 s).
+const KEYSTONE_RENEW_BEFORE: Duration = Duration::from_secs(120);
+/// Keystone's default domain name (OS_USER_DOMAIN_NAME, OS_PROJECT_DOMAIN_NAME).
+const DEFAULT_DOMAIN: &str = "Default";
+/// The catalog interface by default (OS_INTERFACE).
+const DEFAULT_INTERFACE: &str = "public";
 
 /// The standard OpenStack variables, for Keystone mode.
 #[derive(Debug, Clone, Args)]
@@ -333,34 +277,37 @@ pub struct OpenStackArgs {
     pub os_password: Option<String>,
     #[arg(long, env = "OS_PROJECT_NAME")]
     pub os_project_name: Option<String>,
-    #[arg(long, env = "OS_USER_DOMAIN_NAME", default_value = "Default")]
+    #[arg(long, env = "OS_USER_DOMAIN_NAME", default_value = DEFAULT_DOMAIN)]
     pub os_user_domain_name: String,
-    #[arg(long, env = "OS_PROJECT_DOMAIN_NAME", default_value = "Default")]
+    #[arg(long, env = "OS_PROJECT_DOMAIN_NAME", default_value = DEFAULT_DOMAIN)]
     pub os_project_domain_name: String,
     #[arg(long, env = "OS_REGION_NAME")]
     pub os_region_name: Option<String>,
-    #[arg(long, env = "OS_INTERFACE", default_value = "public")]
+    #[arg(long, env = "OS_INTERFACE", default_value = DEFAULT_INTERFACE)]
     pub os_interface: String,
     /// Bound of one Keystone token renewal (its own clock, shared by all callers).
-    #[arg(long, env = "VOLUME_RECONCILER_KEYSTONE_TIMEOUT", value_parser = duration, default_value = "30s")]
+    #[arg(long, env = "VOLUME_RECONCILER_KEYSTONE_TIMEOUT", value_parser = duration, default_value = render_duration(KEYSTONE_RENEWAL_TIMEOUT))]
     pub keystone_timeout: Duration,
 }
 
 impl ServeArgs {
-    /// Parses `serve` flags (tests use the very parser `main` uses).
+    /// Parses `serve` flags with the very definitions `main` uses (the
+    /// global flags of the command line aside).
     pub fn from_args<I, T>(args: I) -> Result<Self, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let argv = std::iter::once(std::ffi::OsString::from("volume-reconciler"))
-            .chain(std::iter::once(std::ffi::OsString::from("serve")))
-            .chain(args.into_iter().map(Into::into));
-        let cli = Cli::try_parse_from(argv)?;
-        match cli.command {
-            Command::Serve(s) => Ok(*s),
-            _ => unreachable!("the subcommand is fixed above"),
+        /// `serve`'s flags alone, as a command of their own.
+        #[derive(Parser)]
+        #[command(name = "serve")]
+        struct Serve {
+            #[command(flatten)]
+            args: ServeArgs,
         }
+        let argv = std::iter::once(std::ffi::OsString::from("serve"))
+            .chain(args.into_iter().map(Into::into));
+        Ok(Serve::try_parse_from(argv)?.args)
     }
 
     pub fn replica(&self) -> String {
@@ -437,7 +384,7 @@ impl ServeArgs {
                     region: o.os_region_name.clone(),
                     interface: o.os_interface.clone(),
                     renewal_timeout: o.keystone_timeout,
-                    renew_before: Duration::from_secs(120),
+                    renew_before: KEYSTONE_RENEW_BEFORE,
                 })
             }
         };
@@ -523,17 +470,17 @@ impl OpenStackArgs {
         o.os_region_name = o.os_region_name.or_else(|| entry.region_name.clone());
         // The two domains and the interface have defaults; the file only
         // replaces a default, never an explicit setting.
-        if o.os_user_domain_name == "Default"
+        if o.os_user_domain_name == DEFAULT_DOMAIN
             && let Some(d) = &a.user_domain_name
         {
             o.os_user_domain_name = d.clone();
         }
-        if o.os_project_domain_name == "Default"
+        if o.os_project_domain_name == DEFAULT_DOMAIN
             && let Some(d) = &a.project_domain_name
         {
             o.os_project_domain_name = d.clone();
         }
-        if o.os_interface == "public"
+        if o.os_interface == DEFAULT_INTERFACE
             && let Some(i) = &entry.interface
         {
             o.os_interface = i.clone();
@@ -545,6 +492,61 @@ impl OpenStackArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The flags' defaults and the settings structs' defaults are one:
+    /// what an empty command line converts into equals each struct's
+    /// `Default`, compared whole (Debug, so the structs need no PartialEq;
+    /// fields without a flag come from the same `DEFAULT`).
+    #[test]
+    fn an_empty_command_line_converts_into_every_settings_default() {
+        let url = "http://127.0.0.1:8774/v2.1";
+        let args = ServeArgs::from_args(["--nova-url", url]).unwrap();
+        let same = |what: &str, from_flags: String, default: String| {
+            assert_eq!(
+                from_flags, default,
+                "{what}: the flags' defaults differ from the struct's"
+            )
+        };
+        same(
+            "BudgetPolicy",
+            format!("{:?}", args.budget_policy()),
+            format!("{:?}", BudgetPolicy::default()),
+        );
+        same(
+            "ExecSettings",
+            format!("{:?}", args.exec_settings()),
+            format!("{:?}", ExecSettings::default()),
+        );
+        same(
+            "ReconcilerSettings",
+            format!("{:?}", args.reconciler_settings()),
+            format!("{:?}", ReconcilerSettings::default()),
+        );
+        same(
+            "NovaConfig",
+            format!("{:?}", args.nova_config().unwrap()),
+            format!(
+                "{:?}",
+                NovaConfig {
+                    endpoint: NovaEndpoint::Direct(url.into()),
+                    ..NovaConfig::default()
+                }
+            ),
+        );
+    }
+
+    #[test]
+    fn durations_render_the_way_the_flags_read_them() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_millis(50),
+            Duration::from_millis(1500),
+            Duration::from_secs(120),
+            Duration::from_secs(3600),
+        ] {
+            assert_eq!(duration(&render_duration(d)), Ok(d));
+        }
+    }
 
     #[test]
     fn os_cloud_fills_what_the_os_variables_leave_open() {

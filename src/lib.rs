@@ -3,7 +3,8 @@
 //! outcome in a ledger, re-observing Nova whenever a response was lost.
 //!
 //! Module map (each boundary knows one foreign thing):
-//! - [`config`]: every flag, its environment variable and default.
+//! - [`config`]: what `serve` is configured by: each setting's flag,
+//!   environment variable and default (one source: the settings structs).
 //! - [`telemetry`]: logs (human or JSON).
 //! - [`startup`]: `Application::build` → `run_until`, used by main and tests;
 //!   the staged shutdown.
@@ -18,7 +19,8 @@
 //! - [`nova`]: the Nova/Keystone HTTP adapter (all HTTP to OpenStack).
 //! - [`sim`]: the Nova/Keystone simulator used by tests and the demo.
 //! - [`client`]: the Rust client with keyed, safe retries.
-//! - [`cli`]: operator commands.
+//! - [`cli`]: the command line (`Cli`, every subcommand), operator
+//!   commands, the demo and the load generator.
 //! - [`metrics`]: Prometheus metrics.
 
 pub mod cli;

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use clap::CommandFactory;
-use volume_reconciler::config::{Cli, ServeArgs};
+use volume_reconciler::cli::Cli;
+use volume_reconciler::config::ServeArgs;
 
 const BIN: &str = env!("CARGO_BIN_EXE_volume-reconciler");
 

@@ -5,7 +5,6 @@
 //! exits non-zero if any ledger row disagrees with what Nova really did.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,13 +16,19 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::output::{Progress, align_right, bare_table, plain_table, quantile};
 use crate::client::Client;
-use crate::config::ServeArgs;
+use crate::config::{ServeArgs, duration};
 use crate::domain::{Action, Resolution, State};
 use crate::metrics::Metrics;
 use crate::sim::{self, Fault, FaultOp, FaultRule, SimConfig};
 use crate::startup::Application;
 use crate::store::Store;
+
+/// How long the reconciler may take to decide what the calls left open.
+const SETTLE_LIMIT: Duration = Duration::from_secs(120);
+/// Nova servers the volumes are spread over.
+const SERVERS: usize = 10;
 
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
@@ -34,7 +39,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
     /// Each call's deadline.
-    #[arg(long, value_parser = |s: &str| humantime::parse_duration(s).map_err(|e| e.to_string()), default_value = "8s")]
+    #[arg(long, value_parser = duration, default_value = "8s")]
     pub deadline: Duration,
     /// The embedded ledger file (default: a new temporary file).
     #[arg(long)]
@@ -58,22 +63,18 @@ fn free_addr() -> anyhow::Result<SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-async fn start_service(
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    db: &str,
-    nova: &str,
-    replica: &str,
-) -> anyhow::Result<Running> {
+/// The service on the demo's ledger, tuned to settle fast (short settle
+/// window and lease grace, frequent reconciler rounds, no shutdown delay).
+async fn start_service(setup: &Setup, replica: &str) -> anyhow::Result<Running> {
     let args = ServeArgs::from_args([
         "--listen",
-        &grpc.to_string(),
+        &setup.grpc.to_string(),
         "--admin-listen",
-        &admin.to_string(),
+        &setup.admin.to_string(),
         "--database-url",
-        db,
+        &setup.db,
         "--nova-url",
-        nova,
+        &setup.sim.nova_url,
         "--replica-id",
         replica,
         "--settle-window",
@@ -112,19 +113,12 @@ impl Running {
     }
 }
 
+/// What the callers saw.
 #[derive(Default)]
 struct Tally {
     done: AtomicUsize,
     latencies: Mutex<Vec<Duration>>,
     codes: Mutex<BTreeMap<String, usize>>,
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 fn ms(d: Duration) -> String {
@@ -135,9 +129,95 @@ fn ms(d: Duration) -> String {
     }
 }
 
-pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    crate::nova::client::install_crypto_provider();
-    let total = args.volumes * 2;
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A worker that panicked mid-update leaves numbers still worth showing.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The volumes to attach and detach, and the faults injected for them.
+struct Plan {
+    volumes: Vec<(Uuid, Uuid)>,
+    injected: BTreeMap<&'static str, usize>,
+}
+
+/// Seeds the simulator's faults: the same seed, the same faults.
+fn plan_faults(sim: &sim::Sim, args: &DemoArgs) -> Plan {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let servers: Vec<Uuid> = (0..SERVERS).map(|_| Uuid::new_v4()).collect();
+    let mut plan = Plan {
+        volumes: Vec::new(),
+        injected: BTreeMap::new(),
+    };
+    let late = u64::try_from(args.deadline.as_millis()).unwrap_or(u64::MAX) + 2000;
+    for i in 0..args.volumes {
+        let (s, v) = (servers[i % servers.len()], Uuid::new_v4());
+        if let Some((name, f)) = attach_fault(rng.random(), late) {
+            sim.add_fault(FaultRule::new(FaultOp::Attach, f).volume(v));
+            *plan.injected.entry(name).or_default() += 1;
+        }
+        let roll: f64 = rng.random();
+        let detach_fault = if roll < 0.08 {
+            Some(("lost detach response", Fault::CloseAfterEffect))
+        } else if roll < 0.12 {
+            Some(("409 on detach", Fault::Conflict))
+        } else {
+            None
+        };
+        if let Some((name, f)) = detach_fault {
+            sim.add_fault(FaultRule::new(FaultOp::Detach, f).volume(v));
+            *plan.injected.entry(name).or_default() += 1;
+        }
+        plan.volumes.push((s, v));
+    }
+    plan
+}
+
+/// The attach fault for a roll in 0..1 (about half the attaches get one).
+fn attach_fault(roll: f64, late_ms: u64) -> Option<(&'static str, Fault)> {
+    Some(match roll {
+        r if r < 0.12 => (
+            "lost response (answer too late)",
+            Fault::DelayAfterEffect { ms: late_ms },
+        ),
+        r if r < 0.20 => ("lost response (connection closed)", Fault::CloseAfterEffect),
+        r if r < 0.30 => ("slow answer (1 s)", Fault::DelayAfterEffect { ms: 1000 }),
+        r if r < 0.36 => ("409 conflict, then clears", Fault::Conflict),
+        r if r < 0.42 => (
+            "503 without effect",
+            Fault::Status {
+                code: 503,
+                effect: false,
+            },
+        ),
+        r if r < 0.46 => (
+            "500 after taking effect",
+            Fault::Status {
+                code: 500,
+                effect: true,
+            },
+        ),
+        r if r < 0.49 => (
+            "502 proxy page",
+            Fault::ProxyError {
+                code: 502,
+                effect: false,
+            },
+        ),
+        _ => return None,
+    })
+}
+
+/// Where the demo runs.
+struct Setup {
+    sim: sim::SimHandle,
+    db_path: std::path::PathBuf,
+    db: String,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    url: String,
+}
+
+async fn setup(args: &DemoArgs) -> anyhow::Result<Setup> {
     let sim = sim::start(
         "127.0.0.1:0".parse()?,
         SimConfig {
@@ -153,188 +233,134 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             Uuid::new_v4().simple()
         )),
     };
-    let db = format!("sqlite://{}", db_path.display());
     let (grpc, admin) = (free_addr()?, free_addr()?);
-    let url = format!("http://{grpc}");
+    Ok(Setup {
+        db: format!("sqlite://{}", db_path.display()),
+        db_path,
+        sim,
+        grpc,
+        admin,
+        url: format!("http://{grpc}"),
+    })
+}
 
-    // The fault mix, seeded.
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let servers: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
-    let mut plan = Vec::new();
-    let mut injected: BTreeMap<&str, usize> = BTreeMap::new();
-    let late = args.deadline.as_millis() as u64 + 2000;
-    for i in 0..args.volumes {
-        let (s, v) = (servers[i % servers.len()], Uuid::new_v4());
-        let roll: f64 = rng.random();
-        let attach_fault = match roll {
-            r if r < 0.12 => Some((
-                "lost response (answer too late)",
-                Fault::DelayAfterEffect { ms: late },
-            )),
-            r if r < 0.20 => Some(("lost response (connection closed)", Fault::CloseAfterEffect)),
-            r if r < 0.30 => Some(("slow answer (1 s)", Fault::DelayAfterEffect { ms: 1000 })),
-            r if r < 0.36 => Some(("409 conflict, then clears", Fault::Conflict)),
-            r if r < 0.42 => Some((
-                "503 without effect",
-                Fault::Status {
-                    code: 503,
-                    effect: false,
-                },
-            )),
-            r if r < 0.46 => Some((
-                "500 after taking effect",
-                Fault::Status {
-                    code: 500,
-                    effect: true,
-                },
-            )),
-            r if r < 0.49 => Some((
-                "502 proxy page",
-                Fault::ProxyError {
-                    code: 502,
-                    effect: false,
-                },
-            )),
-            _ => None,
-        };
-        if let Some((name, f)) = attach_fault {
-            sim.sim
-                .add_fault(FaultRule::new(FaultOp::Attach, f).volume(v));
-            *injected.entry(name).or_default() += 1;
-        }
-        let roll: f64 = rng.random();
-        if roll < 0.08 {
-            sim.sim
-                .add_fault(FaultRule::new(FaultOp::Detach, Fault::CloseAfterEffect).volume(v));
-            *injected.entry("lost detach response").or_default() += 1;
-        } else if roll < 0.12 {
-            sim.sim
-                .add_fault(FaultRule::new(FaultOp::Detach, Fault::Conflict).volume(v));
-            *injected.entry("409 on detach").or_default() += 1;
-        }
-        plan.push((s, v));
-    }
-
+fn print_intro(args: &DemoArgs, setup: &Setup, plan: &Plan) {
     println!("volume-reconciler demo");
     println!(
-        "  {} volumes × (attach, then detach) = {total} operations, {} concurrent callers, {} deadlines",
+        "  {} volumes × (attach, then detach) = {} operations, {} concurrent callers, {} deadlines",
         args.volumes,
+        args.volumes * 2,
         args.concurrency,
         ms(args.deadline)
     );
-    println!("  Nova simulator  {}", sim.nova_url);
+    println!("  Nova simulator  {}", setup.sim.nova_url);
     println!(
-        "  service         {url}  (embedded ledger {})",
-        db_path.display()
+        "  service         {}  (embedded ledger {})",
+        setup.url,
+        setup.db_path.display()
     );
     println!("  injected faults:");
-    for (name, n) in &injected {
+    for (name, n) in &plan.injected {
         println!("    {n:>4}  {name}");
     }
     println!("  the service is restarted once, halfway through");
     println!();
+}
 
-    let mut metrics = Vec::new();
-    let first = start_service(grpc, admin, &db, &sim.nova_url, "demo-1").await?;
-    metrics.push(first.metrics.clone());
-    let client = Client::connect_lazy(&url)?;
-    let tally = Arc::new(Tally::default());
-    let queue = Arc::new(Mutex::new(plan.clone()));
-    let started = Instant::now();
-    let mut workers = Vec::new();
-    for _ in 0..args.concurrency.max(1) {
-        let (client, tally, queue, deadline) =
-            (client.clone(), tally.clone(), queue.clone(), args.deadline);
-        workers.push(tokio::spawn(async move {
-            loop {
-                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop();
-                let Some((s, v)) = next else { return };
-                for action in [Action::Attach, Action::Detach] {
-                    let key = format!("demo-{}-{v}", action.as_str());
-                    let t = Instant::now();
-                    let r = match action {
-                        Action::Attach => {
-                            client
-                                .attach(
-                                    &key,
-                                    &s.to_string(),
-                                    &v.to_string(),
-                                    Default::default(),
-                                    deadline,
-                                )
-                                .await
-                        }
-                        Action::Detach => {
-                            client
-                                .detach(&key, &s.to_string(), &v.to_string(), deadline)
-                                .await
-                        }
-                    };
-                    let code = match r {
-                        Ok(_) => "OK".to_string(),
-                        Err(e) => format!("{:?}", e.code),
-                    };
-                    tally
-                        .latencies
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(t.elapsed());
-                    *tally
-                        .codes
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .entry(code)
-                        .or_default() += 1;
-                    tally.done.fetch_add(1, Ordering::SeqCst);
+/// The callers: each takes the next volume, attaches, then detaches it.
+fn spawn_workers(
+    args: &DemoArgs,
+    client: &Client,
+    plan: &Plan,
+    tally: &Arc<Tally>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let queue = Arc::new(Mutex::new(plan.volumes.clone()));
+    (0..args.concurrency.max(1))
+        .map(|_| {
+            let (client, tally, queue, deadline) =
+                (client.clone(), tally.clone(), queue.clone(), args.deadline);
+            tokio::spawn(async move {
+                loop {
+                    let next = lock(&queue).pop();
+                    let Some((s, v)) = next else { return };
+                    for action in [Action::Attach, Action::Detach] {
+                        call(&client, action, s, v, deadline, &tally).await;
+                    }
                 }
-            }
-        }));
-    }
+            })
+        })
+        .collect()
+}
 
-    // Progress, and the restart halfway.
-    let mut current = Some(first);
+async fn call(
+    client: &Client,
+    action: Action,
+    s: Uuid,
+    v: Uuid,
+    deadline: Duration,
+    tally: &Tally,
+) {
+    let key = format!("demo-{}-{v}", action.as_str());
+    let (s, v) = (s.to_string(), v.to_string());
+    let t = Instant::now();
+    let r = match action {
+        Action::Attach => {
+            client
+                .attach(&key, &s, &v, Default::default(), deadline)
+                .await
+        }
+        Action::Detach => client.detach(&key, &s, &v, deadline).await,
+    };
+    let code = match r {
+        Ok(_) => "OK".to_string(),
+        Err(e) => format!("{:?}", e.code),
+    };
+    lock(&tally.latencies).push(t.elapsed());
+    *lock(&tally.codes).entry(code).or_default() += 1;
+    tally.done.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Follows the calls to their end, restarting the service halfway; returns
+/// the running service and every instance's metrics.
+async fn drive(
+    first: Running,
+    setup: &Setup,
+    tally: &Tally,
+    total: usize,
+) -> anyhow::Result<(Running, Vec<Arc<Metrics>>)> {
+    let mut metrics = vec![first.metrics.clone()];
+    let mut current = first;
+    let mut progress = Progress::new(total as u64, "calls answered");
     let mut restarted = false;
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
+        tick.tick().await;
         let done = tally.done.load(Ordering::SeqCst);
-        let bar = (done * 30) / total.max(1);
-        print!(
-            "\r  [{}{}] {done:>4}/{total} calls answered  {:>5.1} s{}",
-            "#".repeat(bar),
-            ".".repeat(30 - bar),
-            started.elapsed().as_secs_f64(),
-            if restarted { "  (restarted)" } else { "" }
-        );
-        // A progress line that cannot be flushed is only cosmetic.
-        drop(std::io::stdout().flush());
+        progress.set(done as u64);
         if done >= total {
             break;
         }
         if !restarted && done >= total / 2 {
             restarted = true;
-            print!("\n  restarting the service (graceful drain, same port, same ledger)...");
-            drop(std::io::stdout().flush());
-            if let Some(r) = current.take() {
-                r.stop().await?;
-            }
-            let next = start_service(grpc, admin, &db, &sim.nova_url, "demo-2").await?;
-            metrics.push(next.metrics.clone());
-            current = Some(next);
-            println!(" back");
+            progress
+                .println("  restarting the service (graceful drain, same port, same ledger)...");
+            current.stop().await?;
+            current = start_service(setup, "demo-2").await?;
+            metrics.push(current.metrics.clone());
+            progress.println("  ...back");
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    println!();
-    for w in workers {
-        w.await.map_err(|e| anyhow::anyhow!("worker: {e}"))?;
-    }
-    let running = current
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no service running"))?;
-    let store = running.store.clone();
+    progress.finish();
+    Ok((current, metrics))
+}
 
-    // Whatever could not be known in time, the reconciler resolves.
-    let settle_by = Instant::now() + Duration::from_secs(120);
+/// Waits until the reconciler has decided every operation.
+async fn settle(store: &dyn Store, started: Instant, total: usize) -> anyhow::Result<()> {
+    let settle_by = Instant::now() + SETTLE_LIMIT;
+    let mut said = false;
+    let mut tick = tokio::time::interval(Duration::from_millis(300));
     loop {
+        tick.tick().await;
         let counts = store.operation_count_by_state().await?;
         let open: i64 = counts
             .iter()
@@ -345,130 +371,185 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             break;
         }
         if Instant::now() > settle_by {
-            anyhow::bail!("{open} operations still open after 120 s");
+            anyhow::bail!("{open} operations still open after {}", ms(SETTLE_LIMIT));
         }
-        print!("\r  waiting for the reconciler: {open} operations not yet decided   ");
-        drop(std::io::stdout().flush());
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        if !said {
+            said = true;
+            println!("  waiting for the reconciler: {open} operations not yet decided");
+        }
     }
     println!(
-        "\r  all {total} operations decided in {:.1} s                              ",
+        "  all {total} operations decided in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    Ok(())
+}
 
-    // Compare the ledger with what Nova really did.
-    let mut by_outcome: BTreeMap<(String, String), usize> = BTreeMap::new();
-    let mut disagreements = Vec::new();
-    let mut twice = 0;
-    let mut story = None;
-    for (s, v) in &plan {
+/// The ledger against what Nova really did.
+#[derive(Default)]
+struct Verdict {
+    by_outcome: BTreeMap<(String, String), usize>,
+    disagreements: Vec<String>,
+    twice: usize,
+    /// An attach whose response was lost and whose outcome an observation decided.
+    story: Option<Uuid>,
+}
+
+async fn compare(store: &dyn Store, sim: &sim::Sim, plan: &Plan) -> anyhow::Result<Verdict> {
+    let mut verdict = Verdict::default();
+    for (s, v) in &plan.volumes {
         let att = store
             .operation_get_by_key(&format!("demo-attach-{v}"))
             .await?;
         let det = store
             .operation_get_by_key(&format!("demo-detach-{v}"))
             .await?;
-        let effects = sim.sim.attach_effects(*v);
+        let effects = sim.attach_effects(*v);
         if effects > 1 {
-            twice += 1;
+            verdict.twice += 1;
         }
-        let attached_now = sim.sim.is_attached(*s, *v);
+        let attached_now = sim.is_attached(*s, *v);
         let attach_ok = att.as_ref().is_some_and(|o| o.state == State::Succeeded);
         let detach_ok = det.as_ref().is_some_and(|o| o.state == State::Succeeded);
         if attach_ok != (effects >= 1) {
-            disagreements.push(format!(
+            verdict.disagreements.push(format!(
                 "attach of {v}: ledger says {}, Nova attached it {effects} times",
                 if attach_ok { "succeeded" } else { "failed" }
             ));
         }
         if attached_now != (attach_ok && !detach_ok) {
-            disagreements.push(format!(
+            verdict.disagreements.push(format!(
                 "detach of {v}: ledger says {}, Nova still lists it: {attached_now}",
                 if detach_ok { "succeeded" } else { "failed" }
             ));
         }
         for op in att.iter().chain(det.iter()) {
-            let res = op
-                .resolution
-                .map(Resolution::as_str)
-                .unwrap_or("-")
-                .to_string();
-            *by_outcome
-                .entry((op.state.as_str().to_string(), res))
+            let res = op.resolution.map(Resolution::as_str).unwrap_or("-");
+            *verdict
+                .by_outcome
+                .entry((op.state.as_str().to_string(), res.to_string()))
                 .or_default() += 1;
-            if story.is_none()
+            if verdict.story.is_none()
                 && op.action == Action::Attach
                 && op.resolution == Some(Resolution::Reobserved)
                 && op.attempts == 1
             {
-                story = Some(op.id);
+                verdict.story = Some(op.id);
             }
         }
     }
+    Ok(verdict)
+}
+
+fn print_report(verdict: &Verdict, metrics: &[Arc<Metrics>], tally: &Tally) {
     let lost: u64 = metrics.iter().map(|m| m.responses_lost.get()).sum();
     let recovered: u64 = metrics.iter().map(|m| m.responses_recovered.get()).sum();
-    let mut lat = tally
-        .latencies
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let mut lat = lock(&tally.latencies).clone();
     lat.sort();
-    let codes = tally
-        .codes
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-
-    println!();
-    println!(
-        "  {:<11} {:<11} {:>10}",
-        "OUTCOME", "DECIDED BY", "OPERATIONS"
-    );
-    for ((state, res), n) in &by_outcome {
-        println!("  {state:<11} {res:<11} {n:>10}");
+    let pct = |p: f64| ms(quantile(&lat, p).unwrap_or_default());
+    let codes = lock(&tally.codes).clone();
+    let mut table = plain_table(["OUTCOME", "DECIDED BY", "OPERATIONS"]);
+    for ((state, res), n) in &verdict.by_outcome {
+        table.add_row([state.clone(), res.clone(), n.to_string()]);
     }
+    align_right(&mut table, &[2]);
     println!();
-    println!("  responses lost (timeouts, resets, 5xx)       {lost:>5}");
-    println!(
-        "  ...outcome then established by observation    {recovered:>5}   (the rest went to retries or the reconciler)"
-    );
-    println!("  attaches that took effect twice               {twice:>5}   (must be 0)");
-    println!(
-        "  ledger rows that disagree with Nova's truth   {:>5}   (must be 0)",
-        disagreements.len()
-    );
+    println!("{}", table.trim_fmt());
+    println!();
+    let mut facts = bare_table();
+    facts.add_row([
+        "responses lost (timeouts, resets, 5xx)".to_string(),
+        lost.to_string(),
+        String::new(),
+    ]);
+    facts.add_row([
+        "...outcome then established by observation".to_string(),
+        recovered.to_string(),
+        "(the rest went to retries or the reconciler)".to_string(),
+    ]);
+    facts.add_row([
+        "attaches that took effect twice".to_string(),
+        verdict.twice.to_string(),
+        "(must be 0)".to_string(),
+    ]);
+    facts.add_row([
+        "ledger rows that disagree with Nova's truth".to_string(),
+        verdict.disagreements.len().to_string(),
+        "(must be 0)".to_string(),
+    ]);
+    align_right(&mut facts, &[1]);
+    println!("{}", facts.trim_fmt());
     println!(
         "  caller latency   p50 {}   p90 {}   p99 {}   max {}",
-        ms(pct(&lat, 0.5)),
-        ms(pct(&lat, 0.9)),
-        ms(pct(&lat, 0.99)),
-        ms(pct(&lat, 1.0))
+        pct(0.5),
+        pct(0.9),
+        pct(0.99),
+        pct(1.0)
     );
-    println!(
-        "  calls answered   {}",
-        codes
-            .iter()
-            .map(|(c, n)| format!("{c} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    for d in disagreements.iter().take(10) {
+    let answered: Vec<String> = codes.iter().map(|(c, n)| format!("{c} {n}")).collect();
+    println!("  calls answered   {}", answered.join(", "));
+    for d in verdict.disagreements.iter().take(10) {
         println!("  DISAGREES: {d}");
     }
+}
 
-    if let Some(id) = story {
-        println!();
-        println!("  the story of one lost response ({id}):");
-        for e in store.operation_events(id).await? {
-            println!(
-                "    {}  {:<15} {}",
-                e.at.format("%H:%M:%S%.3f"),
-                e.kind,
-                e.detail
-            );
-        }
+async fn print_story(store: &dyn Store, id: Uuid) -> anyhow::Result<()> {
+    println!();
+    println!("  the story of one lost response ({id}):");
+    let mut table = plain_table(["AT", "EVENT", "DETAIL"]);
+    for e in store.operation_events(id).await? {
+        table.add_row([
+            e.at.format("%H:%M:%S%.3f").to_string(),
+            e.kind.clone(),
+            e.detail.clone(),
+        ]);
+    }
+    for line in table.lines() {
+        println!("  {}", line.trim_end());
+    }
+    Ok(())
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    crate::nova::client::install_crypto_provider();
+    let total = args.volumes * 2;
+    let setup = setup(&args).await?;
+    let plan = plan_faults(&setup.sim.sim, &args);
+    print_intro(&args, &setup, &plan);
+    let first = start_service(&setup, "demo-1").await?;
+    let client = Client::connect_lazy(&setup.url)?;
+    let tally = Arc::new(Tally::default());
+    let started = Instant::now();
+    let workers = spawn_workers(&args, &client, &plan, &tally);
+    let (running, metrics) = drive(first, &setup, &tally, total).await?;
+    for w in workers {
+        w.await.map_err(|e| anyhow::anyhow!("worker: {e}"))?;
+    }
+    let store = running.store.clone();
+    // Whatever could not be known in time, the reconciler resolves.
+    settle(store.as_ref(), started, total).await?;
+    let verdict = compare(store.as_ref(), &setup.sim.sim, &plan).await?;
+    print_report(&verdict, &metrics, &tally);
+    if let Some(id) = verdict.story {
+        print_story(store.as_ref(), id).await?;
     }
     println!();
+    epilogue(&args, &setup, verdict.story).await;
+    running.stop().await?;
+    setup.sim.stop().await;
+    if verdict.twice > 0 || !verdict.disagreements.is_empty() {
+        anyhow::bail!(
+            "{} ledger rows disagree with the truth, {} volumes attached twice",
+            verdict.disagreements.len(),
+            verdict.twice
+        );
+    }
+    Ok(())
+}
+
+/// How to look closer; with `--keep-running`, serves until Ctrl-C.
+async fn epilogue(args: &DemoArgs, setup: &Setup, story: Option<Uuid>) {
+    let url = &setup.url;
     if args.keep_running {
         println!("  the service keeps running at {url}; in another terminal:");
         println!("    volume-reconciler ops list --server {url}");
@@ -482,15 +563,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         println!("  to look closer, run the demo with --keep-running and, in another terminal:");
         println!("    volume-reconciler ops list --server {url}");
         println!("    volume-reconciler ops show <operation id> --server {url}");
-        println!("  the ledger stays in {}", db_path.display());
+        println!("  the ledger stays in {}", setup.db_path.display());
     }
-    running.stop().await?;
-    sim.stop().await;
-    if twice > 0 || !disagreements.is_empty() {
-        anyhow::bail!(
-            "{} ledger rows disagree with the truth, {twice} volumes attached twice",
-            disagreements.len()
-        );
-    }
-    Ok(())
 }

@@ -1,6 +1,114 @@
-//! Operator commands (they talk gRPC to a running server) and the demo.
+//! The command line: `Cli`, its subcommands' arguments and their
+//! implementations. `main` parses (`parse`), sets up logging and hands the
+//! result to `run`. `serve`'s own settings live in `config.rs`, which knows
+//! nothing of this module; everything else about the command line is here.
+//!
+//! - [`settings`]: `--config FILE` layered under flags and environment, and
+//!   `config show`.
+//! - [`service`]: `serve`, `migrate`, `healthcheck`.
+//! - [`nova_sim`]: the Nova/Keystone simulator as a process.
+//! - [`ops`]: operator commands against a running server.
+//! - [`demo`], [`bench`]: a guided run, and the load generator.
+//! - [`output`]: tables and progress shared by the commands.
 
 pub mod bench;
 pub mod demo;
+pub mod nova_sim;
 pub mod ops;
+pub mod output;
+pub mod service;
 pub mod settings;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{LogFormat, ServeArgs};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "volume-reconciler",
+    version,
+    about = "Attach and detach OpenStack volumes exactly once per idempotency key, and record the true outcome"
+)]
+pub struct Cli {
+    #[arg(
+        long,
+        global = true,
+        env = "VOLUME_RECONCILER_LOG_FORMAT",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub log_format: LogFormat,
+    /// A tracing filter, e.g. `info` or `volume_reconciler=debug`.
+    #[arg(
+        long,
+        global = true,
+        env = "VOLUME_RECONCILER_LOG",
+        default_value = "info"
+    )]
+    pub log: String,
+    /// A TOML file of `serve` settings (keys are flag names); flags and
+    /// environment variables override it.
+    #[arg(long, global = true, env = settings::CONFIG_ENV)]
+    pub config: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gRPC service (applies pending migrations first).
+    Serve(Box<ServeArgs>),
+    /// Apply pending database migrations and exit.
+    Migrate(service::MigrateArgs),
+    /// Run the Nova and Keystone simulator.
+    NovaSim(nova_sim::SimArgs),
+    /// Operator commands against a running server.
+    Ops(ops::OpsArgs),
+    /// Simulator + service + a faulty workload; ends with a truth table.
+    Demo(demo::DemoArgs),
+    /// Load generator (point it at any deployment) and reconciler benchmark.
+    Bench(bench::BenchArgs),
+    /// The effective configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Exit 0 when the admin endpoint answers ready (container health checks).
+    Healthcheck(service::HealthcheckArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print every `serve` setting with its value and source (flag, env,
+    /// file, default), secrets masked. Takes the same flags as `serve`.
+    Show(Box<ServeArgs>),
+}
+
+/// A parsed command line: what to run, and where each setting came from
+/// (for `config show`).
+pub struct Invocation {
+    pub cli: Cli,
+    pub sources: settings::Sources,
+}
+
+/// Parses the process's command line with the config file layered in.
+/// Exits (like clap does) on `--help`, `--version` and usage errors.
+pub fn parse() -> Invocation {
+    settings::parse(std::env::args_os().collect())
+}
+
+/// Runs one command to its end.
+pub async fn run(invocation: Invocation) -> anyhow::Result<()> {
+    let Invocation { cli, sources } = invocation;
+    match cli.command {
+        Command::Serve(args) => service::serve(*args).await,
+        Command::Migrate(args) => service::migrate(args).await,
+        Command::Healthcheck(args) => service::healthcheck(args).await,
+        Command::NovaSim(args) => nova_sim::run(args).await,
+        Command::Ops(args) => ops::run(args).await,
+        Command::Demo(args) => demo::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
+        Command::Config(ConfigCommand::Show(_)) => {
+            print!("{}", settings::show(&sources));
+            Ok(())
+        }
+    }
+}

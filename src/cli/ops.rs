@@ -8,7 +8,9 @@ use chrono::{DateTime, TimeZone, Utc};
 use clap::{Args, Subcommand, ValueEnum};
 use tokio_stream::StreamExt;
 
+use super::output::{align_right, plain_table};
 use crate::client::{CallError, Client};
+use crate::config::duration;
 use crate::grpc::pb;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -23,14 +25,14 @@ pub struct OpsArgs {
     #[arg(
         long,
         env = "VOLUME_RECONCILER_SERVER",
-        default_value = "http://127.0.0.1:50051",
+        default_value = format!("http://{}", crate::config::DEFAULT_LISTEN),
         global = true
     )]
     pub server: String,
     #[arg(long, value_enum, default_value = "table", global = true)]
     pub output: Output,
     /// Deadline of each call.
-    #[arg(long, value_parser = |s: &str| humantime::parse_duration(s).map_err(|e| e.to_string()), default_value = "30s", global = true)]
+    #[arg(long, value_parser = duration, default_value = "30s", global = true)]
     pub timeout: Duration,
     #[command(subcommand)]
     pub command: OpsCommand,
@@ -193,21 +195,21 @@ const EVENT_KEYS: &[&str] = &[
 fn print_events(events: &[pb::OperationEvent]) {
     println!();
     println!("reconcile log:");
+    let mut table = plain_table(["AT", "REPLICA", "EVENT", "DETAIL"]);
     for e in events {
-        println!(
-            "  {}  {:<16} {:<18} {}",
-            ts(&e.at),
-            e.replica,
-            e.kind,
-            e.detail
-        );
         let extras: Vec<String> = EVENT_KEYS
             .iter()
             .filter_map(|k| e.metadata.get(*k).map(|v| format!("{k}={v}")))
             .collect();
-        if !extras.is_empty() {
-            println!("  {:>23}  {:<16} {:<18} {}", "", "", "", extras.join(" "));
-        }
+        let detail = if extras.is_empty() {
+            e.detail.clone()
+        } else {
+            format!("{}\n{}", e.detail, extras.join(" "))
+        };
+        table.add_row([ts(&e.at), e.replica.clone(), e.kind.clone(), detail]);
+    }
+    for line in table.lines() {
+        println!(" {}", line.trim_end());
     }
 }
 
@@ -221,11 +223,163 @@ fn req<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
     r
 }
 
+type Raw =
+    crate::grpc::pb::volume_reconciler_client::VolumeReconcilerClient<tonic::transport::Channel>;
+
+/// Prints `value` as pretty JSON.
+fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Filters of `ops list`.
+#[derive(Debug, Clone, Default)]
+struct ListFilter {
+    state: Option<StateArg>,
+    server_id: Option<String>,
+    volume_id: Option<String>,
+    drifted: bool,
+    limit: i32,
+}
+
+fn state_filter(state: Option<StateArg>) -> pb::State {
+    match state {
+        None => pb::State::Unspecified,
+        Some(StateArg::Pending) => pb::State::Pending,
+        Some(StateArg::InProgress) => pb::State::InProgress,
+        Some(StateArg::Unknown) => pb::State::Unknown,
+        Some(StateArg::Succeeded) => pb::State::Succeeded,
+        Some(StateArg::Failed) => pb::State::Failed,
+    }
+}
+
+async fn list(c: &mut Raw, f: ListFilter, args: &OpsArgs) -> anyhow::Result<()> {
+    let resp = c
+        .list_operations(req(
+            pb::ListOperationsRequest {
+                state: state_filter(f.state) as i32,
+                server_id: f.server_id.unwrap_or_default(),
+                volume_id: f.volume_id.unwrap_or_default(),
+                page_size: f.limit,
+                page_token: String::new(),
+                drifted_only: f.drifted,
+            },
+            args.timeout,
+        ))
+        .await
+        .map_err(fail)?
+        .into_inner();
+    if args.output == Output::Json {
+        let ops: Vec<_> = resp.operations.iter().map(op_json).collect();
+        return print_json(
+            &serde_json::json!({"operations": ops, "next_page_token": resp.next_page_token}),
+        );
+    }
+    let mut table = plain_table([
+        "ID",
+        "ACTION",
+        "STATE",
+        "RESOLUTION",
+        "TRY",
+        "VOLUME",
+        "CREATED",
+        "REASON",
+    ]);
+    for op in &resp.operations {
+        let reason = op
+            .last_error
+            .as_ref()
+            .map(|e| e.reason.as_str())
+            .unwrap_or("");
+        table.add_row([
+            op.id.clone(),
+            action_name(op.action),
+            state_name(op.state),
+            resolution_name(op.resolution),
+            op.attempts.to_string(),
+            op.volume_id.clone(),
+            ts(&op.created_at),
+            format!("{reason}{}", if op.drifted { " DRIFTED" } else { "" }),
+        ]);
+    }
+    align_right(&mut table, &[4]);
+    println!("{}", table.trim_fmt());
+    if !resp.next_page_token.is_empty() {
+        println!("(more: raise --limit or filter)");
+    }
+    Ok(())
+}
+
+async fn show(c: &mut Raw, id: String, args: &OpsArgs) -> anyhow::Result<()> {
+    let op = c
+        .get_operation(req(
+            pb::GetOperationRequest {
+                operation_id: id.clone(),
+                idempotency_key: String::new(),
+            },
+            args.timeout,
+        ))
+        .await
+        .map_err(fail)?
+        .into_inner();
+    let events = c
+        .list_operation_events(req(
+            pb::ListOperationEventsRequest { operation_id: id },
+            args.timeout,
+        ))
+        .await
+        .map_err(fail)?
+        .into_inner()
+        .events;
+    if args.output == Output::Json {
+        let evs: Vec<_> = events
+            .iter()
+            .map(|e| serde_json::json!({"at": ts(&e.at), "kind": e.kind, "detail": e.detail, "metadata": e.metadata, "replica": e.replica}))
+            .collect();
+        return print_json(&serde_json::json!({"operation": op_json(&op), "events": evs}));
+    }
+    print_op(&op);
+    print_events(&events);
+    Ok(())
+}
+
+async fn watch(c: &mut Raw, id: String, args: &OpsArgs) -> anyhow::Result<()> {
+    // A watch has no deadline of its own: it ends when decided.
+    let mut stream = c
+        .watch_operation(pb::WatchOperationRequest { operation_id: id })
+        .await
+        .map_err(fail)?
+        .into_inner();
+    while let Some(item) = stream.next().await {
+        let op = item.map_err(fail)?;
+        if args.output == Output::Json {
+            println!("{}", serde_json::to_string(&op_json(&op))?);
+        } else {
+            println!(
+                "{}  {} ({}) attempts={}",
+                ts(&op.updated_at),
+                state_name(op.state),
+                resolution_name(op.resolution),
+                op.attempts
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Prints one operation the way the output format asks.
+fn print_one(op: &pb::Operation, args: &OpsArgs) -> anyhow::Result<()> {
+    if args.output == Output::Json {
+        return print_json(&op_json(op));
+    }
+    print_op(op);
+    Ok(())
+}
+
 pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
     let client = Client::connect_lazy(&args.server)?;
     let mut c = client.raw();
-    let json = args.output == Output::Json;
-    match args.command {
+    match args.command.clone() {
         OpsCommand::List {
             state,
             server_id,
@@ -233,101 +387,17 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
             drifted,
             limit,
         } => {
-            let state = match state {
-                None => pb::State::Unspecified,
-                Some(StateArg::Pending) => pb::State::Pending,
-                Some(StateArg::InProgress) => pb::State::InProgress,
-                Some(StateArg::Unknown) => pb::State::Unknown,
-                Some(StateArg::Succeeded) => pb::State::Succeeded,
-                Some(StateArg::Failed) => pb::State::Failed,
+            let filter = ListFilter {
+                state,
+                server_id,
+                volume_id,
+                drifted,
+                limit,
             };
-            let resp = c
-                .list_operations(req(
-                    pb::ListOperationsRequest {
-                        state: state as i32,
-                        server_id: server_id.unwrap_or_default(),
-                        volume_id: volume_id.unwrap_or_default(),
-                        page_size: limit,
-                        page_token: String::new(),
-                        drifted_only: drifted,
-                    },
-                    args.timeout,
-                ))
-                .await
-                .map_err(fail)?
-                .into_inner();
-            if json {
-                let ops: Vec<_> = resp.operations.iter().map(op_json).collect();
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &serde_json::json!({"operations": ops, "next_page_token": resp.next_page_token})
-                    )?
-                );
-            } else {
-                println!(
-                    "{:<36}  {:<6}  {:<11}  {:<10}  {:>3}  {:<36}  {:<23}  REASON",
-                    "ID", "ACTION", "STATE", "RESOLUTION", "TRY", "VOLUME", "CREATED"
-                );
-                for op in &resp.operations {
-                    println!(
-                        "{:<36}  {:<6}  {:<11}  {:<10}  {:>3}  {:<36}  {:<23}  {}{}",
-                        op.id,
-                        action_name(op.action),
-                        state_name(op.state),
-                        resolution_name(op.resolution),
-                        op.attempts,
-                        op.volume_id,
-                        ts(&op.created_at),
-                        op.last_error
-                            .as_ref()
-                            .map(|e| e.reason.as_str())
-                            .unwrap_or(""),
-                        if op.drifted { " DRIFTED" } else { "" }
-                    );
-                }
-                if !resp.next_page_token.is_empty() {
-                    println!("(more: raise --limit or filter)");
-                }
-            }
+            list(&mut c, filter, &args).await
         }
-        OpsCommand::Show { id } => {
-            let op = c
-                .get_operation(req(
-                    pb::GetOperationRequest {
-                        operation_id: id.clone(),
-                        idempotency_key: String::new(),
-                    },
-                    args.timeout,
-                ))
-                .await
-                .map_err(fail)?
-                .into_inner();
-            let events = c
-                .list_operation_events(req(
-                    pb::ListOperationEventsRequest { operation_id: id },
-                    args.timeout,
-                ))
-                .await
-                .map_err(fail)?
-                .into_inner()
-                .events;
-            if json {
-                let evs: Vec<_> = events
-                    .iter()
-                    .map(|e| serde_json::json!({"at": ts(&e.at), "kind": e.kind, "detail": e.detail, "metadata": e.metadata, "replica": e.replica}))
-                    .collect();
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &serde_json::json!({"operation": op_json(&op), "events": evs})
-                    )?
-                );
-            } else {
-                print_op(&op);
-                print_events(&events);
-            }
-        }
+        OpsCommand::Show { id } => show(&mut c, id, &args).await,
+        OpsCommand::Watch { id } => watch(&mut c, id, &args).await,
         OpsCommand::Reconcile { id } => {
             let op = c
                 .reconcile_operation(req(
@@ -337,33 +407,7 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
                 .await
                 .map_err(fail)?
                 .into_inner();
-            if json {
-                println!("{}", serde_json::to_string_pretty(&op_json(&op))?)
-            } else {
-                print_op(&op)
-            }
-        }
-        OpsCommand::Watch { id } => {
-            // A watch has no deadline of its own: it ends when decided.
-            let mut stream = c
-                .watch_operation(pb::WatchOperationRequest { operation_id: id })
-                .await
-                .map_err(fail)?
-                .into_inner();
-            while let Some(item) = stream.next().await {
-                let op = item.map_err(fail)?;
-                if json {
-                    println!("{}", serde_json::to_string(&op_json(&op))?);
-                } else {
-                    println!(
-                        "{}  {} ({}) attempts={}",
-                        ts(&op.updated_at),
-                        state_name(op.state),
-                        resolution_name(op.resolution),
-                        op.attempts
-                    );
-                }
-            }
+            print_one(&op, &args)
         }
         OpsCommand::Resolve { id, state, reason } => {
             let state = match state {
@@ -382,12 +426,7 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
                 .await
                 .map_err(fail)?
                 .into_inner();
-            if json {
-                println!("{}", serde_json::to_string_pretty(&op_json(&op))?)
-            } else {
-                print_op(&op)
-            }
+            print_one(&op, &args)
         }
     }
-    Ok(())
 }

@@ -1,34 +1,98 @@
-//! `--config FILE` (TOML) and `config show`. The file's values become the
-//! defaults of `serve`, so the precedence is flags > environment > file >
-//! built-in defaults — clap resolves the first two, the file replaces the
-//! third. Keys are the flag names (`default-deadline = "30s"`); an unknown
-//! key is an error naming it, with the known ones.
+//! `--config FILE` (TOML) and `config show`, on clap's own layering.
+//!
+//! A first pass of the parser (`ignore_errors`) finds `--config` or its
+//! environment variable the way clap finds any flag; the file's values then
+//! become the defaults of `serve` (and `config show`), and the second,
+//! real pass resolves flags and environment over them. So the precedence
+//! is flags > environment > file > built-in defaults, and clap reports
+//! where each value came from. Keys are the flag names
+//! (`default-deadline = "30s"`, `_` works for `-`); an unknown key is an
+//! error naming it, with the known ones.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, Command, CommandFactory, FromArgMatches};
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
-use crate::config::Cli;
+use super::{Cli, Invocation};
+
+/// The environment variable naming the config file.
+pub const CONFIG_ENV: &str = "VOLUME_RECONCILER_CONFIG";
 
 /// Settings whose values never appear in output.
 const SECRET_IDS: &[&str] = &["os_password", "auth_tokens"];
 
-/// Finds `--config FILE` / `--config=FILE` or `VOLUME_RECONCILER_CONFIG`.
-fn config_path(args: &[OsString]) -> Option<PathBuf> {
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let s = a.to_string_lossy();
-        if s == "--config" {
-            return it.next().map(PathBuf::from);
-        }
-        if let Some(v) = s.strip_prefix("--config=") {
-            return Some(PathBuf::from(v));
+/// The subcommands whose defaults the file replaces (paths from the top).
+const TARGETS: &[&[&str]] = &[&["serve"], &["config", "show"]];
+
+/// Where the settings came from, for `config show`.
+pub struct Sources {
+    matches: ArgMatches,
+    /// Ids of the settings whose default the file replaced.
+    from_file: BTreeSet<String>,
+}
+
+/// Why the command line could not be parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    /// Usage errors, `--help`, `--version`: clap prints and exits.
+    #[error(transparent)]
+    Usage(#[from] clap::Error),
+    /// The config file is missing, not TOML, or names an unknown setting.
+    #[error("{0:#}")]
+    File(anyhow::Error),
+}
+
+/// Parses `args` (with the program name first), exiting on errors the way
+/// clap does: usage errors and help with clap's own output, file errors
+/// with one line naming the file or the key.
+pub fn parse(args: Vec<OsString>) -> Invocation {
+    match try_parse(args) {
+        Ok(invocation) => invocation,
+        Err(ParseError::Usage(e)) => e.exit(),
+        Err(e @ ParseError::File(_)) => {
+            eprintln!("error: {e}");
+            std::process::exit(2)
         }
     }
-    std::env::var_os("VOLUME_RECONCILER_CONFIG").map(PathBuf::from)
+}
+
+/// As `parse`, returning the error.
+pub fn try_parse(args: Vec<OsString>) -> Result<Invocation, ParseError> {
+    let mut cmd = Cli::command();
+    let mut from_file = BTreeSet::new();
+    if let Some(path) = config_path(&args) {
+        let table = read_file(&path).map_err(ParseError::File)?;
+        let (layered, ids) = apply_file(cmd, &table).map_err(ParseError::File)?;
+        cmd = layered;
+        from_file = ids;
+    }
+    let matches = cmd.try_get_matches_from(args)?;
+    let cli = Cli::from_arg_matches(&matches)?;
+    Ok(Invocation {
+        cli,
+        sources: Sources { matches, from_file },
+    })
+}
+
+/// The first pass: `--config` as clap resolves it (flag, then env). A
+/// command line that does not parse (or asks for help) names no file here;
+/// the second pass reports it.
+fn config_path(args: &[OsString]) -> Option<PathBuf> {
+    let matches = Cli::command()
+        .ignore_errors(true)
+        .try_get_matches_from(args)
+        .ok()?;
+    matches.get_one::<PathBuf>("config").cloned()
+}
+
+fn read_file(path: &Path) -> anyhow::Result<toml::Table> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the config file {}: {e}", path.display()))?;
+    text.parse::<toml::Table>()
+        .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
 }
 
 fn toml_to_string(key: &str, v: &toml::Value) -> anyhow::Result<String> {
@@ -44,80 +108,44 @@ fn toml_to_string(key: &str, v: &toml::Value) -> anyhow::Result<String> {
     })
 }
 
-/// The commands whose defaults the file replaces.
-const TARGETS: &[&[&str]] = &[&["serve"], &["config", "show"]];
-
+/// Makes the file's values the defaults of every target subcommand;
+/// returns the command and the ids of the settings the file set.
 fn apply_file(
-    mut cmd: Command,
+    mut cmd: clap::Command,
     table: &toml::Table,
-) -> anyhow::Result<(Command, BTreeSet<String>)> {
+) -> anyhow::Result<(clap::Command, BTreeSet<String>)> {
     let serve = cmd.find_subcommand("serve").expect("serve exists").clone();
-    let known: BTreeSet<String> = serve
-        .get_arguments()
-        .filter_map(|a| a.get_long().map(str::to_string))
-        .collect();
+    let id_of = |long: &str| {
+        serve
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long))
+            .map(|a| a.get_id().to_string())
+    };
     let mut from_file = BTreeSet::new();
     for (key, value) in table {
-        let long = key.replace('_', "-");
-        if !known.contains(&long) {
+        let Some(id) = id_of(&key.replace('_', "-")) else {
+            let known: BTreeSet<&str> =
+                serve.get_arguments().filter_map(|a| a.get_long()).collect();
             anyhow::bail!(
                 "unknown setting {key:?} in the config file; known settings: {}",
-                known.iter().cloned().collect::<Vec<_>>().join(", ")
+                known.into_iter().collect::<Vec<_>>().join(", ")
             );
-        }
-        let id = serve
-            .get_arguments()
-            .find(|a| a.get_long() == Some(long.as_str()))
-            .map(|a| a.get_id().to_string())
-            .unwrap_or_default();
-        // clap keeps defaults as 'static strings; a config file is read once
-        // at start, so leaking its few values is bounded.
-        let text: &'static str = Box::leak(toml_to_string(key, value)?.into_boxed_str());
+        };
+        let text = toml_to_string(key, value)?;
         for path in TARGETS {
-            cmd = match path {
-                [one] => cmd.mut_subcommand(*one, |sc| {
-                    sc.mut_arg(id.as_str(), |a| a.default_value(text))
-                }),
-                [one, two] => cmd.mut_subcommand(*one, |sc| {
-                    sc.mut_subcommand(*two, |sc2| {
-                        sc2.mut_arg(id.as_str(), |a| a.default_value(text))
-                    })
-                }),
-                _ => cmd,
-            };
+            cmd = with_default(cmd, path, &id, &text);
         }
         from_file.insert(id);
     }
     Ok((cmd, from_file))
 }
 
-/// Parses the command line with the config file applied.
-pub fn parse() -> (Cli, BTreeSet<String>, ArgMatches) {
-    let args: Vec<OsString> = std::env::args_os().collect();
-    let mut cmd = Cli::command();
-    let mut from_file = BTreeSet::new();
-    if let Some(path) = config_path(&args) {
-        let loaded = std::fs::read_to_string(&path)
-            .map_err(|e| anyhow::anyhow!("cannot read the config file {}: {e}", path.display()))
-            .and_then(|text| {
-                text.parse::<toml::Table>()
-                    .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
-            })
-            .and_then(|table| apply_file(cmd.clone(), &table));
-        match loaded {
-            Ok((c, f)) => {
-                cmd = c;
-                from_file = f;
-            }
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                std::process::exit(2);
-            }
-        }
+/// Sets the default of argument `id` of the subcommand at `path`.
+fn with_default(cmd: clap::Command, path: &[&str], id: &str, value: &str) -> clap::Command {
+    match path {
+        [] => cmd.mut_arg(id, |a| a.default_value(value.to_string())),
+        [first, rest @ ..] => cmd.mut_subcommand(*first, |sc| with_default(sc, rest, id, value)),
     }
-    let matches = cmd.get_matches_from(args);
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    (cli, from_file, matches)
 }
 
 /// Masks the password of a URL (`postgres://user:***@host/db`).
@@ -131,9 +159,10 @@ pub fn mask_url(url: &str) -> String {
     url.to_string()
 }
 
-/// `config show`: every `serve` setting, its value and where it came from.
-pub fn show(matches: &ArgMatches, from_file: &BTreeSet<String>) -> String {
-    let Some(("config", config)) = matches.subcommand() else {
+/// `config show`: every `serve` setting, its value, where it came from and
+/// its environment variable; secrets masked.
+pub fn show(sources: &Sources) -> String {
+    let Some(("config", config)) = sources.matches.subcommand() else {
         return String::new();
     };
     let Some(("show", show)) = config.subcommand() else {
@@ -141,7 +170,7 @@ pub fn show(matches: &ArgMatches, from_file: &BTreeSet<String>) -> String {
     };
     let cmd = Cli::command();
     let serve = cmd.find_subcommand("serve").expect("serve exists");
-    let mut out = String::new();
+    let mut table = super::output::plain_table(["SETTING", "VALUE", "SOURCE", "ENV"]);
     for arg in serve.get_arguments() {
         let id = arg.get_id().as_str();
         let Some(long) = arg.get_long() else { continue };
@@ -156,11 +185,13 @@ pub fn show(matches: &ArgMatches, from_file: &BTreeSet<String>) -> String {
         let source = match show.value_source(id) {
             Some(ValueSource::CommandLine) => "flag",
             Some(ValueSource::EnvVariable) => "env",
-            Some(ValueSource::DefaultValue) if from_file.contains(id) => "file",
+            Some(ValueSource::DefaultValue) if sources.from_file.contains(id) => "file",
             Some(ValueSource::DefaultValue) => "default",
             _ => "unset",
         };
-        let shown = if SECRET_IDS.contains(&id) && !value.is_empty() {
+        let shown = if value.is_empty() {
+            "-".to_string()
+        } else if SECRET_IDS.contains(&id) {
             "***".to_string()
         } else if id.contains("url") {
             mask_url(&value)
@@ -171,9 +202,9 @@ pub fn show(matches: &ArgMatches, from_file: &BTreeSet<String>) -> String {
             .get_env()
             .map(|e| e.to_string_lossy().to_string())
             .unwrap_or_default();
-        out.push_str(&format!("{long:<32} {shown:<48} {source:<8} {env}\n"));
+        table.add_row([long.to_string(), shown, source.to_string(), env]);
     }
-    out
+    format!("{}\n", table.trim_fmt())
 }
 
 #[cfg(test)]

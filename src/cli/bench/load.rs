@@ -1,0 +1,269 @@
+//! The load generator: `--concurrency` workers calling attach (and detach,
+//! per `--mix`) for `--duration`, over `--connections` HTTP/2 connections,
+//! or the same attach straight to Nova (`--direct-nova`) as a baseline.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::time::Instant;
+use tonic::transport::Endpoint;
+use uuid::Uuid;
+
+use super::{LoadArgs, Output, parse_mix};
+use crate::cli::output::{bare_table, quantile};
+use crate::client::{Client, RetryStats};
+
+/// What all workers record.
+#[derive(Default)]
+struct Stats {
+    /// Per call, in microseconds.
+    latencies: Mutex<Vec<u32>>,
+    errors: Mutex<BTreeMap<String, u64>>,
+    /// Calls started (for `--max-calls`).
+    started: AtomicU64,
+    retries: Mutex<RetryStats>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A worker that panicked mid-update leaves numbers still worth reporting.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One worker's fixed part.
+#[derive(Clone)]
+struct Worker {
+    client: Client,
+    http: reqwest::Client,
+    stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+    run_id: String,
+    direct_nova: Option<String>,
+    deadline: Duration,
+    max_calls: Option<u64>,
+    attach_share: f64,
+    volumes_per_server: u32,
+    end: Instant,
+}
+
+impl Worker {
+    async fn run(self, w: usize) {
+        let mut attached: Vec<(Uuid, Uuid)> = Vec::new();
+        // This worker's current server and how many volumes it was given.
+        let (mut server, mut on_server) = (Uuid::new_v4(), 0u32);
+        let mut i = 0u64;
+        while !self.stop.load(Ordering::Relaxed) && Instant::now() < self.end {
+            if self
+                .max_calls
+                .is_some_and(|m| self.stats.started.fetch_add(1, Ordering::Relaxed) >= m)
+            {
+                break;
+            }
+            i += 1;
+            let detach = !attached.is_empty() && rand::random::<f64>() >= self.attach_share;
+            let target = if detach {
+                attached.pop().unwrap_or_default()
+            } else {
+                if on_server == self.volumes_per_server {
+                    (server, on_server) = (Uuid::new_v4(), 0);
+                }
+                on_server += 1;
+                (server, Uuid::new_v4())
+            };
+            let key = format!("bench-{}-{w}-{i}", self.run_id);
+            let t = Instant::now();
+            let result = self.call(&key, target, detach).await;
+            let us = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
+            lock(&self.stats.latencies).push(us);
+            match result {
+                Ok(()) if !detach && self.direct_nova.is_none() => attached.push(target),
+                Ok(()) => {}
+                Err(code) => *lock(&self.stats.errors).entry(code).or_default() += 1,
+            }
+        }
+    }
+
+    /// One call; the error is a status code name.
+    async fn call(&self, key: &str, (s, v): (Uuid, Uuid), detach: bool) -> Result<(), String> {
+        if let Some(nova) = &self.direct_nova {
+            return self.direct_attach(nova, s, v).await;
+        }
+        let (s, v) = (s.to_string(), v.to_string());
+        let r = if detach {
+            self.client.detach(key, &s, &v, self.deadline).await
+        } else {
+            let retries = &self.stats.retries;
+            let client = &self.client;
+            client
+                .attach_counted(key, &s, &v, self.deadline, retries)
+                .await
+        };
+        r.map(drop).map_err(|e| format!("{:?}", e.code))
+    }
+
+    async fn direct_attach(&self, nova: &str, s: Uuid, v: Uuid) -> Result<(), String> {
+        let body = serde_json::json!({"volumeAttachment": {"volumeId": v.to_string()}});
+        match self
+            .http
+            .post(format!("{nova}/servers/{s}/os-volume_attachments"))
+            .header("X-OpenStack-Nova-API-Version", "2.89")
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => {
+                r.bytes().await.map(drop).map_err(|e| e.to_string())
+            }
+            Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
+            Err(e) if e.is_connect() => Err("CONNECT".into()),
+            Err(_) => Err("TRANSPORT".into()),
+        }
+    }
+}
+
+/// Runs the load and prints its summary.
+pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
+    crate::nova::client::install_crypto_provider();
+    let conns = args
+        .connections
+        .unwrap_or(args.concurrency.div_ceil(200))
+        .max(1);
+    let clients: Vec<Client> = (0..conns)
+        .map(|_| -> anyhow::Result<Client> {
+            let ep = Endpoint::from_shared(args.server.clone())?
+                .tcp_nodelay(true)
+                .connect_timeout(Duration::from_secs(3))
+                .http2_keep_alive_interval(Duration::from_secs(30));
+            Ok(Client::from_channel(ep.connect_lazy()))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let started = Instant::now();
+    let worker = Worker {
+        client: clients[0].clone(),
+        http: reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(args.concurrency)
+            .build()?,
+        stats: Arc::new(Stats::default()),
+        stop: Arc::new(AtomicBool::new(false)),
+        run_id: Uuid::new_v4().simple().to_string()[..8].to_string(),
+        direct_nova: args.direct_nova.clone(),
+        deadline: args.deadline,
+        max_calls: args.max_calls,
+        attach_share: parse_mix(&args.mix)?,
+        volumes_per_server: args.volumes_per_server.max(1),
+        end: started + args.duration,
+    };
+    let tasks: Vec<_> = (0..args.concurrency)
+        .map(|w| {
+            let mut worker = worker.clone();
+            worker.client = clients[w % clients.len()].clone();
+            tokio::spawn(worker.run(w))
+        })
+        .collect();
+    let progress = tokio::spawn(progress(worker.clone(), args.duration, args.quiet));
+    for t in tasks {
+        t.await?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    worker.stop.store(true, Ordering::Relaxed);
+    progress.await?;
+    report(&args, conns, elapsed, &worker.stats)
+}
+
+/// A bar over `--duration` on stderr, with calls, rate and errors (hidden
+/// off a terminal and with `--quiet`), until the workers stop.
+async fn progress(w: Worker, duration: Duration, quiet: bool) {
+    let bar = ProgressBar::with_draw_target(
+        Some(duration.as_secs().max(1)),
+        if quiet {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        },
+    );
+    bar.set_style(
+        ProgressStyle::with_template("  [{bar:30}] {elapsed:>4}/{duration}  {msg}")
+            .expect("the template is valid")
+            .progress_chars("#>."),
+    );
+    let mut last = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    while !w.stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let n = lock(&w.stats.latencies).len();
+        let errors: u64 = lock(&w.stats.errors).values().sum();
+        bar.inc(1);
+        bar.set_message(format!("{n} calls  {}/s now  {errors} errors", n - last));
+        last = n;
+    }
+    bar.finish_and_clear();
+}
+
+fn report(args: &LoadArgs, conns: usize, elapsed: f64, stats: &Stats) -> anyhow::Result<()> {
+    let mut lat = lock(&stats.latencies).clone();
+    lat.sort_unstable();
+    let errors = lock(&stats.errors).clone();
+    let retries = lock(&stats.retries).clone();
+    let ok = lat.len() as u64 - errors.values().sum::<u64>();
+    let ms = |p: f64| quantile(&lat, p).map_or(0.0, |us| f64::from(us) / 1000.0);
+    let target = match &args.direct_nova {
+        Some(n) => format!("direct:{n}"),
+        None => args.server.clone(),
+    };
+    if args.output == Output::Json {
+        let summary = serde_json::json!({
+            "target": target,
+            "concurrency": args.concurrency,
+            "connections": conns,
+            "mix": args.mix,
+            "seconds": elapsed,
+            "calls": lat.len(),
+            "ok": ok,
+            "ops_per_second": ok as f64 / elapsed,
+            "latency_ms": {"p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99), "max": ms(1.0)},
+            "errors": errors,
+            "transport_retries": retries.by_code,
+        });
+        println!("{summary}");
+        return Ok(());
+    }
+    let mut t = bare_table();
+    t.add_row(["target".to_string(), target]);
+    t.add_row([
+        "concurrency".to_string(),
+        format!(
+            "{} over {conns} connection(s), mix {}",
+            args.concurrency, args.mix
+        ),
+    ]);
+    t.add_row([
+        "calls".to_string(),
+        format!(
+            "{} in {elapsed:.1} s: {:.0} ok/s",
+            lat.len(),
+            ok as f64 / elapsed
+        ),
+    ]);
+    t.add_row([
+        "latency".to_string(),
+        format!(
+            "p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+            ms(0.5),
+            ms(0.9),
+            ms(0.99),
+            ms(1.0)
+        ),
+    ]);
+    let errors = if errors.is_empty() {
+        "none".to_string()
+    } else {
+        format!("{errors:?}")
+    };
+    t.add_row(["errors".to_string(), errors]);
+    println!("{}", t.trim_fmt());
+    Ok(())
+}

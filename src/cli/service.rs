@@ -1,0 +1,64 @@
+//! `serve`, `migrate` and `healthcheck`: the service and its two helpers
+//! for deployments.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::config::{DEFAULT_ADMIN_LISTEN, DEFAULT_DATABASE_URL, ServeArgs};
+use crate::{nova, startup, store};
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        default_value = DEFAULT_DATABASE_URL
+    )]
+    pub database_url: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HealthcheckArgs {
+    #[arg(long, default_value = format!("http://{DEFAULT_ADMIN_LISTEN}/readyz"))]
+    pub url: String,
+}
+
+/// Bound of the health check's one request (a container probe's own
+/// timeout is usually a few seconds more).
+const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Runs the service until SIGTERM/SIGINT, then drains in stages.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    nova::client::install_crypto_provider();
+    let app = startup::Application::build(args).await?;
+    tracing::info!(grpc = %app.grpc_addr(), admin = %app.admin_addr(), "listening");
+    app.run_until(startup::shutdown_signal()).await
+}
+
+/// Applies pending migrations (opening the store does) and exits.
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    let store = store::open(&args.database_url, 1).await?;
+    store.close().await;
+    tracing::info!("migrations applied");
+    Ok(())
+}
+
+/// Succeeds when the admin endpoint answers 2xx.
+pub async fn healthcheck(args: HealthcheckArgs) -> anyhow::Result<()> {
+    nova::client::install_crypto_provider();
+    let resp = reqwest::Client::new()
+        .get(&args.url)
+        .timeout(HEALTHCHECK_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("GET {}: {e}", args.url))?;
+    anyhow::ensure!(
+        resp.status().is_success(),
+        "GET {}: HTTP {}",
+        args.url,
+        resp.status()
+    );
+    Ok(())
+}
