@@ -8,7 +8,7 @@
 //! `run_once()` does one round and returns counts; `run()` is a thin loop
 //! around it on a shutdown token (rule 9).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -81,38 +81,30 @@ pub struct RoundCounts {
     pub drifted: usize,
 }
 
-/// A token bucket shared by every pass of this replica.
+/// The rate limit shared by every pass of this replica: `rate` Nova
+/// requests per second, in bursts of up to `rate` (at most 10 at start).
 pub struct RateLimiter {
-    rate: f64,
-    state: Mutex<(f64, Instant)>,
+    inner: governor::DefaultDirectRateLimiter,
 }
 
 impl RateLimiter {
     pub fn new(rate: f64) -> Self {
         let rate = rate.max(0.1);
+        // GCRA: one request per `1 / rate` seconds, bursts of `burst`.
+        let period = Duration::from_secs_f64(1.0 / rate);
+        let burst = std::num::NonZeroU32::new(rate.clamp(1.0, 10.0) as u32)
+            .unwrap_or(std::num::NonZeroU32::MIN);
+        let quota = governor::Quota::with_period(period)
+            .unwrap_or_else(|| governor::Quota::per_second(std::num::NonZeroU32::MIN))
+            .allow_burst(burst);
         Self {
-            rate,
-            state: Mutex::new((rate.min(10.0), Instant::now())),
+            inner: governor::RateLimiter::direct(quota),
         }
     }
 
     /// Waits for a token.
     pub async fn acquire(&self) {
-        loop {
-            let wait = {
-                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                let now = Instant::now();
-                let refill = now.saturating_duration_since(st.1).as_secs_f64() * self.rate;
-                st.0 = (st.0 + refill).min(self.rate.max(1.0));
-                st.1 = now;
-                if st.0 >= 1.0 {
-                    st.0 -= 1.0;
-                    return;
-                }
-                Duration::from_secs_f64((1.0 - st.0) / self.rate)
-            };
-            tokio::time::sleep(wait).await;
-        }
+        self.inner.until_ready().await;
     }
 }
 
