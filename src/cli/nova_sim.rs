@@ -34,6 +34,10 @@ pub struct SimArgs {
         default_value_t = SimConfig::default().rollback_share
     )]
     pub rollback_share: f64,
+    /// Keep every effect and request in `/sim/truth` (effects, requests);
+    /// memory grows with every request.
+    #[arg(long, env = "NOVA_SIM_RECORD_HISTORY")]
+    pub record_history: bool,
     #[arg(long, env = "NOVA_SIM_USERNAME", default_value_t = SimConfig::default().username)]
     pub username: String,
     #[arg(
@@ -53,6 +57,7 @@ impl SimArgs {
             require_auth: self.require_auth,
             detach_delay_ms: u64::try_from(self.detach_delay.as_millis()).unwrap_or(u64::MAX),
             rollback_share: self.rollback_share,
+            record_history: self.record_history,
             username: self.username.clone(),
             password: self.password.clone(),
             ..SimConfig::default()

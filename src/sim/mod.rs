@@ -2,104 +2,33 @@
 //! in-memory model of servers, volumes and attachments that answers with
 //! the contract's real bodies and messages, with fault injection per request
 //! pattern and count, and its ground truth exposed so tests can compare what
-//! the service recorded with what really happened.
+//! the service recorded with what really happened — down to every effect's
+//! instant and cause.
 //!
 //! Like a real Nova worker, it finishes processing a request whose client
 //! has gone away: the effect runs in its own task.
+//!
+//! - `faults.rs`: what can go wrong, per request.
+//! - `world.rs`: the state and the ground truth (effects, requests).
+//! - `compute.rs`: Nova's behaviour, call by call.
+//! - `http/`: the HTTP face (Nova, Keystone, the `/sim` admin API).
 
+mod compute;
+mod faults;
 mod http;
+mod world;
 
-use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use faults::{Fault, FaultOp, FaultRule};
 pub use http::{SimHandle, start};
+pub use world::{AttachState, Cause, Change, Effect, RequestRecord, SimAttachment, Truth};
 
-/// Which requests a fault rule applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultOp {
-    Attach,
-    Detach,
-    List,
-    Show,
-    /// Keystone token requests.
-    Auth,
-    Any,
-}
-
-/// What goes wrong.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Fault {
-    /// Wait before the request takes effect.
-    DelayBeforeEffect { ms: u64 },
-    /// Take effect, then wait before sending the headers (the lost-response
-    /// case when the client gives up first).
-    DelayAfterEffect { ms: u64 },
-    /// Take effect, then close the connection without answering.
-    CloseAfterEffect,
-    /// Close the connection without answering and without effect.
-    CloseBeforeEffect,
-    /// Send the headers and part of the body, then stall for `ms`.
-    StallBody { ms: u64, effect: bool },
-    /// Send the headers and part of the body, then close the connection.
-    TruncateBody { effect: bool },
-    /// Answer 200 with a body that is not the contract's JSON.
-    GarbageBody,
-    /// Answer a Nova fault with this status (500 computeFault, 503 ...).
-    Status { code: u16, effect: bool },
-    /// Answer a proxy's non-JSON page (502/504).
-    ProxyError { code: u16, effect: bool },
-    /// Answer 401 from the auth middleware (token expired).
-    Unauthorized,
-    /// Answer 409 "while it is in task_state ...".
-    Conflict,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FaultRule {
-    pub op: FaultOp,
-    #[serde(default)]
-    pub server_id: Option<Uuid>,
-    #[serde(default)]
-    pub volume_id: Option<Uuid>,
-    /// How many matching requests it hits; `None`: all of them.
-    #[serde(default)]
-    pub count: Option<u32>,
-    pub fault: Fault,
-}
-
-impl FaultRule {
-    pub fn new(op: FaultOp, fault: Fault) -> Self {
-        Self {
-            op,
-            server_id: None,
-            volume_id: None,
-            count: Some(1),
-            fault,
-        }
-    }
-    pub fn volume(mut self, v: Uuid) -> Self {
-        self.volume_id = Some(v);
-        self
-    }
-    pub fn server(mut self, s: Uuid) -> Self {
-        self.server_id = Some(s);
-        self
-    }
-    pub fn times(mut self, n: u32) -> Self {
-        self.count = Some(n);
-        self
-    }
-    pub fn always(mut self) -> Self {
-        self.count = None;
-        self
-    }
-}
+pub(crate) use compute::{AttachParams, DetachEnd};
+use world::World;
 
 /// Behaviour knobs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -109,10 +38,17 @@ pub struct SimConfig {
     pub detach_delay_ms: u64,
     /// At microversion >= 2.101, how long after the 202 the attach appears.
     pub async_attach_delay_ms: u64,
+    /// How long the hypervisor attach takes after the BDM exists (the
+    /// volume is `attaching` meanwhile: a detach is refused with 400).
+    pub attach_complete_ms: u64,
     /// Share (0..1) of attaches that fail later "in the hypervisor" and
     /// vanish from the list, as Nova rolls them back.
     pub rollback_share: f64,
     pub rollback_delay_ms: u64,
+    /// Keep every effect and request (`Truth::effects`, `requests`): for
+    /// tests that check histories; off by default so a long-running
+    /// simulator (benchmarks) stays bounded.
+    pub record_history: bool,
     /// Require a Keystone token on Nova requests.
     pub require_auth: bool,
     pub token_ttl_secs: u64,
@@ -126,8 +62,10 @@ impl Default for SimConfig {
         Self {
             detach_delay_ms: 0,
             async_attach_delay_ms: 50,
+            attach_complete_ms: 0,
             rollback_share: 0.0,
             rollback_delay_ms: 100,
+            record_history: false,
             require_auth: false,
             token_ttl_secs: 3600,
             username: "demo".into(),
@@ -137,133 +75,10 @@ impl Default for SimConfig {
     }
 }
 
-/// One attachment as the simulator holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SimAttachment {
-    pub server_id: Uuid,
-    pub volume_id: Uuid,
-    pub attachment_id: Uuid,
-    pub bdm_uuid: Uuid,
-    pub device: String,
-    pub tag: Option<String>,
-    pub delete_on_termination: bool,
-    #[serde(default)]
-    pub detaching: bool,
-}
-
-/// What really happened, for tests to compare the ledger with.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Truth {
-    pub attachments: Vec<SimAttachment>,
-    /// Attach requests that took effect (created an attachment), by volume.
-    pub attach_effects: HashMap<Uuid, u32>,
-    /// Attach requests received, by volume.
-    pub attach_requests: HashMap<Uuid, u32>,
-    /// Detach requests that took effect, by volume.
-    pub detach_effects: HashMap<Uuid, u32>,
-    pub detach_requests: HashMap<Uuid, u32>,
-    pub list_requests: u64,
-    pub token_requests: u64,
-    pub rolled_back: u64,
-}
-
-/// Attachments indexed by volume and by server, so a simulator holding
-/// hundreds of thousands (benchmarks) answers in constant time.
-#[derive(Default)]
-struct Attachments {
-    by_volume: HashMap<Uuid, Vec<SimAttachment>>,
-    by_server: HashMap<Uuid, Vec<Uuid>>,
-}
-
-impl Attachments {
-    fn push(&mut self, a: SimAttachment) {
-        self.by_server
-            .entry(a.server_id)
-            .or_default()
-            .push(a.volume_id);
-        self.by_volume.entry(a.volume_id).or_default().push(a);
-    }
-
-    fn holders(&self, volume: Uuid) -> Vec<Uuid> {
-        self.by_volume
-            .get(&volume)
-            .map(|v| v.iter().map(|a| a.server_id).collect())
-            .unwrap_or_default()
-    }
-
-    fn find(&self, server: Uuid, volume: Uuid) -> Option<&SimAttachment> {
-        self.by_volume
-            .get(&volume)?
-            .iter()
-            .find(|a| a.server_id == server)
-    }
-
-    fn find_mut(&mut self, server: Uuid, volume: Uuid) -> Option<&mut SimAttachment> {
-        self.by_volume
-            .get_mut(&volume)?
-            .iter_mut()
-            .find(|a| a.server_id == server)
-    }
-
-    /// Removes one attachment by its id; true when it was there.
-    fn remove(&mut self, volume: Uuid, attachment_id: Uuid) -> bool {
-        let Some(list) = self.by_volume.get_mut(&volume) else {
-            return false;
-        };
-        let Some(pos) = list.iter().position(|a| a.attachment_id == attachment_id) else {
-            return false;
-        };
-        let a = list.remove(pos);
-        if list.is_empty() {
-            self.by_volume.remove(&volume);
-        }
-        if let Some(vols) = self.by_server.get_mut(&a.server_id)
-            && let Some(i) = vols.iter().position(|v| *v == volume)
-        {
-            vols.remove(i);
-        }
-        true
-    }
-
-    fn of_server(&self, server: Uuid) -> Vec<&SimAttachment> {
-        self.by_server
-            .get(&server)
-            .map(|vols| vols.iter().filter_map(|v| self.find(server, *v)).collect())
-            .unwrap_or_default()
-    }
-
-    fn all(&self) -> Vec<SimAttachment> {
-        self.by_volume.values().flatten().cloned().collect()
-    }
-}
-
-#[derive(Default)]
-struct World {
-    attachments: Attachments,
-    removed_servers: HashSet<Uuid>,
-    removed_volumes: HashSet<Uuid>,
-    locked_servers: HashSet<Uuid>,
-    multiattach: HashSet<Uuid>,
-    faults: Vec<FaultRule>,
-    tokens: HashMap<String, chrono::DateTime<chrono::Utc>>,
-    expire_all_tokens: bool,
-    /// Every token ever issued (tests scan outputs for them).
-    issued: Vec<String>,
-    truth: Truth,
-    next_device: HashMap<Uuid, u32>,
-}
-
 /// The simulator's state, shared by its handlers and by tests.
 pub struct Sim {
     world: Mutex<World>,
     cfg: Mutex<SimConfig>,
-}
-
-/// What an attach request asked for.
-pub(crate) struct AttachParams {
-    pub device: Option<String>,
-    pub tag: Option<String>,
-    pub delete_on_termination: bool,
 }
 
 /// The outcome of processing an attach or detach, before faults on the way
@@ -279,7 +94,7 @@ pub(crate) enum Answer {
     },
 }
 
-fn fault(status: u16, message: String) -> Answer {
+pub(crate) fn fault(status: u16, message: String) -> Answer {
     let name = match status {
         400 => "badRequest",
         401 => "unauthorized",
@@ -299,8 +114,12 @@ fn fault(status: u16, message: String) -> Answer {
 
 impl Sim {
     pub fn new(cfg: SimConfig) -> Arc<Self> {
+        let world = World {
+            history: cfg.record_history,
+            ..World::default()
+        };
         Arc::new(Self {
-            world: Mutex::new(World::default()),
+            world: Mutex::new(world),
             cfg: Mutex::new(cfg),
         })
     }
@@ -316,13 +135,18 @@ impl Sim {
     }
 
     pub fn set_config(&self, cfg: SimConfig) {
+        self.world().history = cfg.record_history;
         *self.cfg.lock().unwrap_or_else(|p| p.into_inner()) = cfg;
     }
 
     /// Forgets every attachment, fault and count (benchmark rounds start
     /// from the same empty cloud). Removed/locked servers are forgotten too.
     pub fn reset(&self) {
-        *self.world() = World::default();
+        let history = self.config().record_history;
+        *self.world() = World {
+            history,
+            ..World::default()
+        };
     }
 
     pub fn add_fault(&self, rule: FaultRule) {
@@ -342,16 +166,62 @@ impl Sim {
         }
     }
 
+    /// Deletes a server: Nova detaches its volumes with it.
     pub fn remove_server(&self, server: Uuid) {
-        self.world().removed_servers.insert(server);
+        let mut w = self.world();
+        w.removed_servers.insert(server);
+        let volumes: Vec<Uuid> = w
+            .attachments
+            .of_server(server)
+            .iter()
+            .map(|a| a.volume_id)
+            .collect();
+        for v in volumes {
+            w.detach(server, v, Cause::ServerDeleted);
+        }
     }
 
+    /// Deletes a volume (force-detached from every server first).
     pub fn remove_volume(&self, volume: Uuid) {
-        self.world().removed_volumes.insert(volume);
+        let mut w = self.world();
+        for server in w.attachments.holders(volume) {
+            w.detach(server, volume, Cause::VolumeDeleted);
+        }
+        w.removed_volumes.insert(volume);
     }
 
     pub fn set_multiattach(&self, volume: Uuid) {
         self.world().multiattach.insert(volume);
+    }
+
+    /// Attaches a volume behind the service's back (another tool, an
+    /// admin); false when Nova would refuse it.
+    pub fn attach_out_of_band(&self, server: Uuid, volume: Uuid) -> bool {
+        let mut w = self.world();
+        let free = w.attachments.holders(volume).is_empty() || w.multiattach.contains(&volume);
+        if w.removed_servers.contains(&server) || w.removed_volumes.contains(&volume) || !free {
+            return false;
+        }
+        let device = w.next_device(server);
+        w.attach(
+            SimAttachment {
+                server_id: server,
+                volume_id: volume,
+                attachment_id: Uuid::new_v4(),
+                bdm_uuid: Uuid::new_v4(),
+                device,
+                tag: None,
+                delete_on_termination: false,
+                state: AttachState::InUse,
+            },
+            Cause::OutOfBand,
+        )
+    }
+
+    /// Detaches a volume behind the service's back; false when it was not
+    /// attached there.
+    pub fn detach_out_of_band(&self, server: Uuid, volume: Uuid) -> bool {
+        self.world().detach(server, volume, Cause::OutOfBand)
     }
 
     /// Makes every issued token invalid (401 on its next use).
@@ -361,10 +231,11 @@ impl Sim {
         w.expire_all_tokens = true;
     }
 
-    /// Puts an attachment in place as if it had been made long ago.
+    /// Puts an attachment in place as if it had been made long ago (not an
+    /// effect: no history is recorded for it).
     pub fn seed_attachment(&self, server: Uuid, volume: Uuid) {
         let mut w = self.world();
-        let device = next_device(&mut w, server);
+        let device = w.next_device(server);
         w.attachments.push(SimAttachment {
             server_id: server,
             volume_id: volume,
@@ -373,7 +244,7 @@ impl Sim {
             device,
             tag: None,
             delete_on_termination: false,
-            detaching: false,
+            state: AttachState::InUse,
         });
     }
 
@@ -394,30 +265,18 @@ impl Sim {
     }
 
     pub fn attach_effects(&self, volume: Uuid) -> u32 {
-        self.world()
-            .truth
-            .attach_effects
-            .get(&volume)
-            .copied()
-            .unwrap_or(0)
+        let w = self.world();
+        w.truth.attach_effects.get(&volume).copied().unwrap_or(0)
     }
 
     pub fn attach_requests(&self, volume: Uuid) -> u32 {
-        self.world()
-            .truth
-            .attach_requests
-            .get(&volume)
-            .copied()
-            .unwrap_or(0)
+        let w = self.world();
+        w.truth.attach_requests.get(&volume).copied().unwrap_or(0)
     }
 
     pub fn detach_requests(&self, volume: Uuid) -> u32 {
-        self.world()
-            .truth
-            .detach_requests
-            .get(&volume)
-            .copied()
-            .unwrap_or(0)
+        let w = self.world();
+        w.truth.detach_requests.get(&volume).copied().unwrap_or(0)
     }
 
     pub fn list_requests(&self) -> u64 {
@@ -432,12 +291,10 @@ impl Sim {
         volume: Option<Uuid>,
     ) -> Option<Fault> {
         let mut w = self.world();
-        let idx = w.faults.iter().position(|r| {
-            (r.op == op || r.op == FaultOp::Any)
-                && r.server_id.is_none_or(|s| Some(s) == server)
-                && r.volume_id.is_none_or(|v| Some(v) == volume)
-                && r.count != Some(0)
-        })?;
+        let idx = w
+            .faults
+            .iter()
+            .position(|r| r.matches(op, server, volume))?;
         let rule = &mut w.faults[idx];
         let fault = rule.fault.clone();
         if let Some(n) = rule.count.as_mut() {
@@ -478,247 +335,30 @@ impl Sim {
         }
     }
 
-    fn check_server(w: &World, server: Uuid) -> Option<Answer> {
-        if w.removed_servers.contains(&server) {
-            return Some(fault(404, format!("Instance {server} could not be found.")));
-        }
-        None
-    }
-
-    /// The synchronous checks of an attach, then (below 2.101) its effect.
-    pub(crate) fn attach(
-        self: &Arc<Self>,
-        server: Uuid,
-        volume: Uuid,
-        params: AttachParams,
-        mv: (u32, u32),
-        effect: bool,
-    ) -> Answer {
-        let AttachParams {
-            device,
-            tag,
-            delete_on_termination,
-        } = params;
-        let cfg = self.config();
+    /// Counts an attach or detach request and, when history is on, records
+    /// it; returns its index in the request log.
+    pub(crate) fn begin_request(&self, record: RequestRecord) -> Option<usize> {
+        let history = self.config().record_history;
         let mut w = self.world();
-        if let Some(a) = Self::check_server(&w, server) {
-            return a;
-        }
-        if w.locked_servers.contains(&server) {
-            return fault(409, format!("Instance {server} is locked"));
-        }
-        if w.removed_volumes.contains(&volume) {
-            return fault(404, format!("Volume {volume} could not be found."));
-        }
-        let holders: Vec<Uuid> = w.attachments.holders(volume);
-        if !holders.is_empty() {
-            if !w.multiattach.contains(&volume) {
-                let list = holders
-                    .iter()
-                    .map(Uuid::to_string)
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                return fault(
-                    400,
-                    format!(
-                        "Invalid volume: volume {volume} is already attached to instances: {list}"
-                    ),
-                );
-            }
-            if holders.contains(&server) {
-                return fault(
-                    400,
-                    format!("Invalid volume: volume {volume} already attached"),
-                );
-            }
-        }
-        if !effect {
-            return Answer::Accepted;
-        }
-        let device = device.unwrap_or_else(|| next_device(&mut w, server));
-        let att = SimAttachment {
-            server_id: server,
-            volume_id: volume,
-            attachment_id: Uuid::new_v4(),
-            bdm_uuid: Uuid::new_v4(),
-            device,
-            tag,
-            delete_on_termination,
-            detaching: false,
+        let counts = match record.op.as_str() {
+            "attach" => &mut w.truth.attach_requests,
+            _ => &mut w.truth.detach_requests,
         };
-        let asynchronous = mv >= (2, 101);
-        if asynchronous {
-            // 202 now; the BDM appears later, as conductor gets to it.
-            let sim = self.clone();
-            let delay = Duration::from_millis(cfg.async_attach_delay_ms);
-            drop(w);
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                sim.materialize(att);
-            });
-            return Answer::Accepted;
+        *counts.entry(record.volume_id).or_default() += 1;
+        if !history {
+            return None;
         }
-        let body = attach_view(&att, mv);
-        drop(w);
-        self.materialize(att);
-        Answer::Ok(body)
+        w.truth.requests.push(record);
+        Some(w.truth.requests.len() - 1)
     }
 
-    fn materialize(self: &Arc<Self>, att: SimAttachment) {
-        let cfg = self.config();
+    /// Marks a recorded request ended, with the status it was answered with
+    /// (0: the connection was closed or the client went away).
+    pub(crate) fn end_request(&self, index: usize, status: u16) {
         let mut w = self.world();
-        let volume = att.volume_id;
-        if w.attachments.find(att.server_id, volume).is_some() {
-            return;
-        }
-        w.attachments.push(att.clone());
-        *w.truth.attach_effects.entry(volume).or_default() += 1;
-        drop(w);
-        if cfg.rollback_share > 0.0 && rand::random::<f64>() < cfg.rollback_share {
-            let sim = self.clone();
-            let delay = Duration::from_millis(cfg.rollback_delay_ms);
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                let mut w = sim.world();
-                if w.attachments.remove(att.volume_id, att.attachment_id) {
-                    w.truth.rolled_back += 1;
-                }
-            });
+        if let Some(r) = w.truth.requests.get_mut(index) {
+            r.ended_at = Some(chrono::Utc::now());
+            r.status = status;
         }
     }
-
-    pub(crate) fn detach(self: &Arc<Self>, server: Uuid, volume: Uuid, effect: bool) -> Answer {
-        let cfg = self.config();
-        let mut w = self.world();
-        if let Some(a) = Self::check_server(&w, server) {
-            return a;
-        }
-        if w.removed_volumes.contains(&volume) {
-            return fault(404, format!("Volume {volume} could not be found."));
-        }
-        let Some((id, detaching)) = w
-            .attachments
-            .find(server, volume)
-            .map(|a| (a.attachment_id, a.detaching))
-        else {
-            return fault(
-                404,
-                format!("Instance {server} is not attached to volume {volume}"),
-            );
-        };
-        if w.locked_servers.contains(&server) {
-            return fault(409, format!("Instance {server} is locked"));
-        }
-        if detaching {
-            return fault(
-                400,
-                "Invalid volume: Invalid input received: Invalid volume: Unable to detach volume. Volume status must be 'in-use' and attach_status must be 'attached' to detach. (HTTP 400)".into(),
-            );
-        }
-        if !effect {
-            return Answer::Accepted;
-        }
-        *w.truth.detach_effects.entry(volume).or_default() += 1;
-        if cfg.detach_delay_ms == 0 {
-            w.attachments.remove(volume, id);
-        } else {
-            if let Some(a) = w.attachments.find_mut(server, volume) {
-                a.detaching = true;
-            }
-            let sim = self.clone();
-            let delay = Duration::from_millis(cfg.detach_delay_ms);
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                sim.world().attachments.remove(volume, id);
-            });
-        }
-        Answer::Accepted
-    }
-
-    pub(crate) fn list(&self, server: Uuid, mv: (u32, u32)) -> Answer {
-        let mut w = self.world();
-        w.truth.list_requests += 1;
-        if let Some(a) = Self::check_server(&w, server) {
-            return a;
-        }
-        let items: Vec<_> = w
-            .attachments
-            .of_server(server)
-            .into_iter()
-            .map(|a| list_view(a, mv))
-            .collect();
-        Answer::Ok(serde_json::json!({ "volumeAttachments": items }))
-    }
-
-    pub(crate) fn show(&self, server: Uuid, volume: Uuid, mv: (u32, u32)) -> Answer {
-        let w = self.world();
-        if let Some(a) = Self::check_server(&w, server) {
-            return a;
-        }
-        match w.attachments.find(server, volume) {
-            Some(a) => Answer::Ok(serde_json::json!({ "volumeAttachment": list_view(a, mv) })),
-            None => fault(
-                404,
-                format!("Instance {server} is not attached to volume {volume}"),
-            ),
-        }
-    }
-
-    pub(crate) fn count_request(&self, op: FaultOp, volume: Option<Uuid>) {
-        let mut w = self.world();
-        if let Some(v) = volume {
-            match op {
-                FaultOp::Attach => *w.truth.attach_requests.entry(v).or_default() += 1,
-                FaultOp::Detach => *w.truth.detach_requests.entry(v).or_default() += 1,
-                _ => {}
-            }
-        }
-    }
-}
-
-fn next_device(w: &mut World, server: Uuid) -> String {
-    let n = w.next_device.entry(server).or_insert(0);
-    *n += 1;
-    let letter = (b'b' + ((*n - 1) % 25) as u8) as char;
-    format!("/dev/vd{letter}")
-}
-
-/// The POST 200 body: `id` == volume id at every microversion (2.89 was
-/// never applied to POST).
-fn attach_view(a: &SimAttachment, mv: (u32, u32)) -> serde_json::Value {
-    let mut m = serde_json::json!({
-        "device": a.device,
-        "id": a.volume_id.to_string(),
-        "serverId": a.server_id.to_string(),
-        "volumeId": a.volume_id.to_string(),
-    });
-    if mv >= (2, 70) {
-        m["tag"] = serde_json::json!(a.tag);
-    }
-    if mv >= (2, 79) {
-        m["delete_on_termination"] = serde_json::json!(a.delete_on_termination);
-    }
-    serde_json::json!({ "volumeAttachment": m })
-}
-
-/// A list/show item, shaped by microversion.
-fn list_view(a: &SimAttachment, mv: (u32, u32)) -> serde_json::Value {
-    let mut m = serde_json::json!({
-        "device": a.device,
-        "serverId": a.server_id.to_string(),
-        "volumeId": a.volume_id.to_string(),
-    });
-    if mv < (2, 89) {
-        m["id"] = serde_json::json!(a.volume_id.to_string());
-    } else {
-        m["attachment_id"] = serde_json::json!(a.attachment_id.to_string());
-        m["bdm_uuid"] = serde_json::json!(a.bdm_uuid.to_string());
-    }
-    if mv >= (2, 70) {
-        m["tag"] = serde_json::json!(a.tag);
-    }
-    if mv >= (2, 79) {
-        m["delete_on_termination"] = serde_json::json!(a.delete_on_termination);
-    }
-    m
 }

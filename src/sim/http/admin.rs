@@ -1,0 +1,207 @@
+//! Version discovery, Keystone's token endpoint, and the `/sim` admin API
+//! (faults, truth, configuration, lifecycle of servers and volumes).
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{Response, StatusCode};
+use axum::routing::{get, post};
+use uuid::Uuid;
+
+use super::{AppState, json};
+use crate::sim::{Fault, FaultOp, FaultRule, SimConfig, Truth};
+
+pub(super) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/sim/faults", post(add_fault).delete(clear_faults))
+        .route("/sim/truth", get(truth))
+        .route("/sim/attachments", post(seed_attachments))
+        .route("/sim/reset", post(reset))
+        .route("/sim/config", get(get_config).put(put_config))
+        .route("/sim/servers/{server_id}/lock", post(lock).delete(unlock))
+        .route(
+            "/sim/servers/{server_id}",
+            axum::routing::delete(remove_server),
+        )
+        .route(
+            "/sim/volumes/{volume_id}",
+            axum::routing::delete(remove_volume),
+        )
+        .route("/sim/volumes/{volume_id}/multiattach", post(multiattach))
+        .route("/sim/tokens/expire", post(expire_tokens))
+}
+
+pub(super) async fn versions(State(st): State<AppState>) -> Response<Body> {
+    json(
+        200,
+        serde_json::json!({"versions": [{
+            "id": "v2.1", "status": "CURRENT", "version": "2.104", "min_version": "2.1",
+            "updated": "2013-07-23T11:33:21Z",
+            "links": [{"href": format!("{}/v2.1/", st.base_url), "rel": "self"}]
+        }]}),
+        (0, 0),
+    )
+}
+
+pub(super) async fn issue_token(
+    State(st): State<AppState>,
+    body: axum::body::Bytes,
+) -> Response<Body> {
+    match st.sim.take_fault(FaultOp::Auth, None, None) {
+        Some(Fault::DelayBeforeEffect { ms }) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await
+        }
+        Some(Fault::Status { code, .. }) => {
+            return json(
+                code,
+                serde_json::json!({"error": {"code": code, "title": "Service Unavailable", "message": "Keystone is unavailable"}}),
+                (0, 0),
+            );
+        }
+        _ => {}
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let user = &v["auth"]["identity"]["password"]["user"];
+    let name = user["name"].as_str().unwrap_or("");
+    let password = user["password"].as_str().unwrap_or("");
+    let Some((token, expires)) = st.sim.issue_token(name, password) else {
+        return json(
+            401,
+            serde_json::json!({"error": {"code": 401, "title": "Unauthorized",
+                "message": "The request you have made requires authentication."}}),
+            (0, 0),
+        );
+    };
+    let compute = format!("{}/v2.1", st.base_url);
+    let endpoint = |iface: &str| {
+        serde_json::json!({"id": Uuid::new_v4().simple().to_string(), "interface": iface,
+        "region": "RegionOne", "region_id": "RegionOne", "url": compute})
+    };
+    let body = serde_json::json!({"token": {
+        "methods": ["password"],
+        "expires_at": expires.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "issued_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "project": {"domain": {"id": "default", "name": "Default"}, "id": "a6944d763bf64ee6a275f1263fae0352", "name": st.sim.config().project_name},
+        "user": {"domain": {"id": "default", "name": "Default"}, "id": "ee4dfb6e5540447cb3741905149d9b6e", "name": name},
+        "audit_ids": ["3T2dc1CGQxyJsHdDu1xkcw"],
+        "catalog": [{"type": "compute", "name": "nova", "id": "a226b3eeb5594f50bf8b6df94636ed28",
+            "endpoints": [endpoint("public"), endpoint("internal"), endpoint("admin")]}],
+    }});
+    let mut r = json(201, body, (0, 0));
+    if let Ok(v) = token.parse() {
+        r.headers_mut().insert("x-subject-token", v);
+    }
+    r
+}
+
+async fn add_fault(
+    State(st): State<AppState>,
+    axum::Json(rule): axum::Json<FaultRule>,
+) -> StatusCode {
+    st.sim.add_fault(rule);
+    StatusCode::NO_CONTENT
+}
+
+#[derive(serde::Deserialize)]
+struct Seed {
+    server_id: Uuid,
+    volume_id: Uuid,
+}
+
+/// Puts attachments in place as if made long ago (benchmarks, set-ups).
+async fn seed_attachments(
+    State(st): State<AppState>,
+    axum::Json(seeds): axum::Json<Vec<Seed>>,
+) -> StatusCode {
+    for s in seeds {
+        st.sim.seed_attachment(s.server_id, s.volume_id);
+    }
+    StatusCode::NO_CONTENT
+}
+
+async fn reset(State(st): State<AppState>) -> StatusCode {
+    st.sim.reset();
+    StatusCode::NO_CONTENT
+}
+
+async fn clear_faults(State(st): State<AppState>) -> StatusCode {
+    st.sim.clear_faults();
+    StatusCode::NO_CONTENT
+}
+
+async fn truth(State(st): State<AppState>) -> axum::Json<Truth> {
+    axum::Json(st.sim.truth())
+}
+
+async fn get_config(State(st): State<AppState>) -> axum::Json<SimConfig> {
+    axum::Json(st.sim.config())
+}
+
+async fn put_config(
+    State(st): State<AppState>,
+    axum::Json(cfg): axum::Json<SimConfig>,
+) -> StatusCode {
+    st.sim.set_config(cfg);
+    StatusCode::NO_CONTENT
+}
+
+fn admin_id(s: &str) -> Result<Uuid, StatusCode> {
+    Uuid::parse_str(s).map_err(|_| StatusCode::BAD_REQUEST)
+}
+
+async fn lock(State(st): State<AppState>, Path(server): Path<String>) -> StatusCode {
+    match admin_id(&server) {
+        Ok(s) => {
+            st.sim.lock_server(s, true);
+            StatusCode::NO_CONTENT
+        }
+        Err(c) => c,
+    }
+}
+
+async fn unlock(State(st): State<AppState>, Path(server): Path<String>) -> StatusCode {
+    match admin_id(&server) {
+        Ok(s) => {
+            st.sim.lock_server(s, false);
+            StatusCode::NO_CONTENT
+        }
+        Err(c) => c,
+    }
+}
+
+async fn remove_server(State(st): State<AppState>, Path(server): Path<String>) -> StatusCode {
+    match admin_id(&server) {
+        Ok(s) => {
+            st.sim.remove_server(s);
+            StatusCode::NO_CONTENT
+        }
+        Err(c) => c,
+    }
+}
+
+async fn remove_volume(State(st): State<AppState>, Path(volume): Path<String>) -> StatusCode {
+    match admin_id(&volume) {
+        Ok(v) => {
+            st.sim.remove_volume(v);
+            StatusCode::NO_CONTENT
+        }
+        Err(c) => c,
+    }
+}
+
+async fn multiattach(State(st): State<AppState>, Path(volume): Path<String>) -> StatusCode {
+    match admin_id(&volume) {
+        Ok(v) => {
+            st.sim.set_multiattach(v);
+            StatusCode::NO_CONTENT
+        }
+        Err(c) => c,
+    }
+}
+
+async fn expire_tokens(State(st): State<AppState>) -> StatusCode {
+    st.sim.expire_tokens();
+    StatusCode::NO_CONTENT
+}
