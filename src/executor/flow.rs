@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::domain::{Action, AttachmentInfo, NewEvent, OperationError, Reason, Resolution, event};
-use crate::nova::{AttachAnswer, NovaError};
+use crate::nova::{AttachAnswer, NovaError, RequestId};
 
 use super::Executor;
 use super::classify::{self, Answer, Next, Until, Verdict};
@@ -96,45 +96,61 @@ impl Executor {
         }
     }
 
-    /// Sends the run's request once and logs what came back.
+    /// Sends the run's request once (under the operation's global request
+    /// id) and logs what came back, with Nova's own request id.
     async fn send(&self, run: &mut Run, outbound: Instant) -> Sent {
         let started = Instant::now();
         let op = &run.op;
         let name = op.action.as_str();
-        let (sent, status) = match op.action {
+        let rid = RequestId::for_operation(op.id);
+        let (sent, nova_id) = match op.action {
             Action::Attach => match self
                 .nova
-                .attach(op.server_id, op.volume_id, &op.params, outbound)
+                .attach_as(&rid, op.server_id, op.volume_id, &op.params, outbound)
                 .await
             {
-                Ok(AttachAnswer::Attached(a)) => (Sent::Done(a.to_info()), 200),
-                Ok(AttachAnswer::Accepted) => (Sent::Accepted, 202),
-                Err(e) => (Sent::Failed(e), 0),
+                Ok(a) => (
+                    match a.value {
+                        AttachAnswer::Attached(att) => Sent::Done(att.to_info()),
+                        AttachAnswer::Accepted => Sent::Accepted,
+                    },
+                    a.nova_request_id,
+                ),
+                Err(e) => (Sent::Failed(e), None),
             },
-            Action::Detach => match self.nova.detach(op.server_id, op.volume_id, outbound).await {
-                Ok(()) => (Sent::Accepted, 202),
-                Err(e) => (Sent::Failed(e), 0),
+            Action::Detach => match self
+                .nova
+                .detach_as(&rid, op.server_id, op.volume_id, outbound)
+                .await
+            {
+                Ok(a) => (Sent::Accepted, a.nova_request_id),
+                Err(e) => (Sent::Failed(e), None),
             },
         };
         let elapsed = started.elapsed();
+        let answered = |ev: NewEvent| match &nova_id {
+            Some(id) => ev.with("nova_request_id", id),
+            None => ev,
+        };
         match &sent {
             Sent::Done(_) => {
                 self.metrics.nova(name, "ok", elapsed.as_secs_f64());
-                run.events.push(
+                run.events.push(answered(
                     NewEvent::new(event::RESPONSE, "Nova answered 200: attachment created")
-                        .with("http_status", status)
+                        .with("http_status", 200)
                         .with("elapsed_ms", elapsed.as_millis()),
-                );
+                ));
             }
             Sent::Accepted => {
                 self.metrics.nova(name, "accepted", elapsed.as_secs_f64());
-                run.events.push(
+                run.events.push(answered(
                     NewEvent::new(
                         event::RESPONSE,
                         format!("Nova answered 202: {name} accepted; watching the attachment list"),
                     )
-                    .with("http_status", status),
-                );
+                    .with("http_status", 202)
+                    .with("elapsed_ms", elapsed.as_millis()),
+                ));
             }
             Sent::Failed(e) => self.note_failure(run, e),
         }

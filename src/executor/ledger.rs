@@ -101,6 +101,7 @@ impl Executor {
         t.add_attempt = true;
         t.request_sent = true;
         run.events.push(request_sent_event(
+            run.op.id,
             run.op.action,
             run.op.attempts + 1,
             outbound,
@@ -145,6 +146,7 @@ impl Executor {
 }
 
 pub(crate) fn request_sent_event(
+    op_id: uuid::Uuid,
     action: Action,
     attempt: i32,
     outbound: Instant,
@@ -163,4 +165,8 @@ pub(crate) fn request_sent_event(
     )
     .with("attempt", attempt)
     .with("outbound_deadline_ms", budget_ms)
+    .with(
+        "request_id",
+        crate::nova::RequestId::for_operation(op_id).as_str(),
+    )
 }

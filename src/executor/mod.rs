@@ -262,8 +262,9 @@ impl Executor {
                 "answer_by_ms",
                 budget.answer_by.saturating_duration_since(now).as_millis(),
             );
+        let id = Uuid::now_v7();
         NewOperation {
-            id: Uuid::now_v7(),
+            id,
             fingerprint: request_fingerprint(req.action, req.server_id, req.volume_id, &req.params),
             idempotency_key: req.idempotency_key.as_str().to_string(),
             action: req.action,
@@ -280,7 +281,7 @@ impl Executor {
             replica: self.replica.clone(),
             events: vec![
                 recorded,
-                ledger::request_sent_event(req.action, 1, outbound, now),
+                ledger::request_sent_event(id, req.action, 1, outbound, now),
             ],
         }
     }

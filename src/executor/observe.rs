@@ -5,7 +5,7 @@
 use tokio::time::Instant;
 
 use crate::domain::{NewEvent, event};
-use crate::nova::NovaError;
+use crate::nova::{NovaError, RequestId};
 
 use super::Executor;
 use super::classify::Presence;
@@ -16,8 +16,10 @@ impl Executor {
     /// whether the volume is there.
     pub(crate) async fn observe(&self, run: &mut Run, until: Instant) -> Result<Seen, NovaError> {
         let started = Instant::now();
-        match self.nova.list(run.op.server_id, until).await {
-            Ok(items) => {
+        let rid = RequestId::for_operation(run.op.id);
+        match self.nova.list_as(&rid, run.op.server_id, until).await {
+            Ok(answered) => {
+                let items = answered.value;
                 self.metrics
                     .nova("list", "ok", started.elapsed().as_secs_f64());
                 let vol = run.op.volume_id.to_string();
@@ -34,7 +36,11 @@ impl Executor {
                         },
                     )
                     .with("attachments_listed", items.len())
-                    .with("present", matches!(seen, Seen::Attached(_))),
+                    .with("present", matches!(seen, Seen::Attached(_)))
+                    .with(
+                        "nova_request_id",
+                        answered.nova_request_id.as_deref().unwrap_or("-"),
+                    ),
                 );
                 Ok(seen)
             }

@@ -67,6 +67,36 @@ pub enum AttachAnswer {
 struct RawResponse {
     status: u16,
     body: Bytes,
+    /// Nova's own (local) id of the request, from its answer.
+    nova_request_id: Option<String>,
+}
+
+/// A global request id (`X-OpenStack-Request-ID: req-<uuid>`, honoured by
+/// Nova from microversion 2.46): Nova logs it beside the local id it
+/// answers with, so an operator can find both sides of a call. Every
+/// request of one operation carries the operation's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(String);
+
+impl RequestId {
+    pub fn for_operation(id: Uuid) -> Self {
+        Self(format!("req-{id}"))
+    }
+
+    pub fn fresh() -> Self {
+        Self(format!("req-{}", Uuid::new_v4()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A value Nova answered with, and the local request id it answered under.
+#[derive(Debug, Clone)]
+pub struct Answered<T> {
+    pub value: T,
+    pub nova_request_id: Option<String>,
 }
 
 /// Told how long each request waited for a connection slot.
@@ -161,7 +191,7 @@ impl NovaClient {
         self.microversion >= (2, 101)
     }
 
-    /// `POST /servers/{id}/os-volume_attachments`.
+    /// `POST /servers/{id}/os-volume_attachments` under a fresh request id.
     pub async fn attach(
         &self,
         server_id: Uuid,
@@ -169,6 +199,20 @@ impl NovaClient {
         params: &RequestParams,
         deadline: Instant,
     ) -> Result<AttachAnswer, NovaError> {
+        self.attach_as(&RequestId::fresh(), server_id, volume_id, params, deadline)
+            .await
+            .map(|a| a.value)
+    }
+
+    /// `POST /servers/{id}/os-volume_attachments` under `rid`.
+    pub async fn attach_as(
+        &self,
+        rid: &RequestId,
+        server_id: Uuid,
+        volume_id: Uuid,
+        params: &RequestParams,
+        deadline: Instant,
+    ) -> Result<Answered<AttachAnswer>, NovaError> {
         let body = AttachBody {
             volume_attachment: AttachSpec {
                 volume_id: volume_id.to_string(),
@@ -188,15 +232,16 @@ impl NovaClient {
         let path = format!("/servers/{server_id}/os-volume_attachments");
         let started = Instant::now();
         let (url, raw) = self
-            .execute(Method::POST, &path, Some(&body), deadline)
+            .execute(rid, Method::POST, &path, Some(&body), deadline)
             .await?;
-        match raw.status {
+        let value = match raw.status {
             200 => serde_json::from_slice::<AttachmentEnvelope>(&raw.body)
                 .map(|e| AttachAnswer::Attached(e.volume_attachment))
-                .map_err(|e| self.decode_error("POST", url, 200, started, deadline, e)),
-            202 => Ok(AttachAnswer::Accepted),
-            status => Err(self.rejection("POST", url, status, &raw.body, started, deadline)),
-        }
+                .map_err(|e| self.decode_error("POST", url, &raw, started, deadline, e))?,
+            202 => AttachAnswer::Accepted,
+            _ => return Err(self.rejection("POST", url, &raw, started, deadline)),
+        };
+        Ok(raw.answered(value))
     }
 
     /// `GET /servers/{id}/os-volume_attachments`: one request, no `limit`
@@ -206,16 +251,27 @@ impl NovaClient {
         server_id: Uuid,
         deadline: Instant,
     ) -> Result<Vec<NovaAttachment>, NovaError> {
+        self.list_as(&RequestId::fresh(), server_id, deadline)
+            .await
+            .map(|a| a.value)
+    }
+
+    pub async fn list_as(
+        &self,
+        rid: &RequestId,
+        server_id: Uuid,
+        deadline: Instant,
+    ) -> Result<Answered<Vec<NovaAttachment>>, NovaError> {
         let path = format!("/servers/{server_id}/os-volume_attachments");
         let started = Instant::now();
         let (url, raw) = self
-            .execute::<()>(Method::GET, &path, None, deadline)
+            .execute::<()>(rid, Method::GET, &path, None, deadline)
             .await?;
         match raw.status {
             200 => serde_json::from_slice::<AttachmentList>(&raw.body)
-                .map(|l| l.volume_attachments)
-                .map_err(|e| self.decode_error("GET", url, 200, started, deadline, e)),
-            status => Err(self.rejection("GET", url, status, &raw.body, started, deadline)),
+                .map(|l| raw.answered(l.volume_attachments))
+                .map_err(|e| self.decode_error("GET", url, &raw, started, deadline, e)),
+            _ => Err(self.rejection("GET", url, &raw, started, deadline)),
         }
     }
 
@@ -229,13 +285,13 @@ impl NovaClient {
         let path = format!("/servers/{server_id}/os-volume_attachments/{volume_id}");
         let started = Instant::now();
         let (url, raw) = self
-            .execute::<()>(Method::GET, &path, None, deadline)
+            .execute::<()>(&RequestId::fresh(), Method::GET, &path, None, deadline)
             .await?;
         match raw.status {
             200 => serde_json::from_slice::<AttachmentEnvelope>(&raw.body)
                 .map(|e| e.volume_attachment)
-                .map_err(|e| self.decode_error("GET", url, 200, started, deadline, e)),
-            status => Err(self.rejection("GET", url, status, &raw.body, started, deadline)),
+                .map_err(|e| self.decode_error("GET", url, &raw, started, deadline, e)),
+            _ => Err(self.rejection("GET", url, &raw, started, deadline)),
         }
     }
 
@@ -247,14 +303,26 @@ impl NovaClient {
         volume_id: Uuid,
         deadline: Instant,
     ) -> Result<(), NovaError> {
+        self.detach_as(&RequestId::fresh(), server_id, volume_id, deadline)
+            .await
+            .map(|a| a.value)
+    }
+
+    pub async fn detach_as(
+        &self,
+        rid: &RequestId,
+        server_id: Uuid,
+        volume_id: Uuid,
+        deadline: Instant,
+    ) -> Result<Answered<()>, NovaError> {
         let path = format!("/servers/{server_id}/os-volume_attachments/{volume_id}");
         let started = Instant::now();
         let (url, raw) = self
-            .execute::<()>(Method::DELETE, &path, None, deadline)
+            .execute::<()>(rid, Method::DELETE, &path, None, deadline)
             .await?;
         match raw.status {
-            202 | 204 | 200 => Ok(()),
-            status => Err(self.rejection("DELETE", url, status, &raw.body, started, deadline)),
+            202 | 204 | 200 => Ok(raw.answered(())),
+            _ => Err(self.rejection("DELETE", url, &raw, started, deadline)),
         }
     }
 
@@ -262,7 +330,7 @@ impl NovaClient {
         &self,
         method: &'static str,
         url: String,
-        status: u16,
+        raw: &RawResponse,
         started: Instant,
         deadline: Instant,
         e: serde_json::Error,
@@ -272,7 +340,8 @@ impl NovaClient {
             stage: Stage::Decode,
             method,
             url,
-            status: Some(status),
+            status: Some(raw.status),
+            nova_request_id: raw.nova_request_id.clone(),
             nova_fault: None,
             nova_message: None,
             elapsed: started.elapsed(),
@@ -286,12 +355,12 @@ impl NovaClient {
         &self,
         method: &'static str,
         url: String,
-        status: u16,
-        body: &[u8],
+        raw: &RawResponse,
         started: Instant,
         deadline: Instant,
     ) -> NovaError {
-        let fault = parse_fault(body);
+        let status = raw.status;
+        let fault = parse_fault(&raw.body);
         let rejection = classify(status, &fault);
         NovaError {
             may_have_reached_nova: !matches!(rejection, Rejection::Unauthorized),
@@ -300,6 +369,7 @@ impl NovaClient {
             method,
             url,
             status: Some(status),
+            nova_request_id: raw.nova_request_id.clone(),
             cause: format!("HTTP {status}"),
             nova_fault: fault.name,
             nova_message: fault.message,
@@ -326,6 +396,7 @@ impl NovaClient {
     /// reached Nova) re-authenticates and replays once.
     async fn execute<B: serde::Serialize>(
         &self,
+        rid: &RequestId,
         method: Method,
         path: &str,
         body: Option<&B>,
@@ -367,12 +438,13 @@ impl NovaClient {
         }
         // Only the slot wait is inline: a request queued behind the cap keeps
         // a small future; the send's state is allocated once it may run.
-        Box::pin(self.send_with_replay(&call, method, path, body)).await
+        Box::pin(self.send_with_replay(&call, rid, method, path, body)).await
     }
 
     async fn send_with_replay<B: serde::Serialize>(
         &self,
         call: &Call,
+        rid: &RequestId,
         method: Method,
         path: &str,
         body: Option<&B>,
@@ -399,7 +471,8 @@ impl NovaClient {
                     "OpenStack-API-Version",
                     format!("compute {}", self.cfg.microversion),
                 )
-                .header("Accept", "application/json");
+                .header("Accept", "application/json")
+                .header("X-OpenStack-Request-ID", rid.as_str());
             if let Some(t) = &token {
                 req = req.header("X-Auth-Token", t.expose());
             }
@@ -433,6 +506,15 @@ fn method_name(method: &Method) -> &'static str {
     }
 }
 
+impl RawResponse {
+    fn answered<T>(&self, value: T) -> Answered<T> {
+        Answered {
+            value,
+            nova_request_id: self.nova_request_id.clone(),
+        }
+    }
+}
+
 /// One request's clocks: every error it ends with says how long it ran of
 /// the budget it had.
 struct Call {
@@ -456,6 +538,7 @@ impl Call {
             method: self.method,
             url: url.to_string(),
             status: None,
+            nova_request_id: None,
             nova_fault: None,
             nova_message: None,
             elapsed: self.started.elapsed(),
@@ -502,8 +585,18 @@ impl Call {
             Ok(Ok(r)) => r,
         };
         let status = resp.status().as_u16();
+        let nova_request_id = ["x-openstack-request-id", "x-compute-request-id"]
+            .iter()
+            .find_map(|h| resp.headers().get(*h)?.to_str().ok())
+            .map(str::to_string);
         let (kind, cause) = match read_body(resp, self.deadline).await {
-            Ok(body) => return Ok(RawResponse { status, body }),
+            Ok(body) => {
+                return Ok(RawResponse {
+                    status,
+                    body,
+                    nova_request_id,
+                });
+            }
             Err(BodyError::Deadline(got)) => (
                 NovaErrorKind::DeadlineExceeded,
                 format!("body still incomplete after {got} bytes at the outbound deadline"),
@@ -515,6 +608,7 @@ impl Call {
         };
         let mut e = self.error(kind, Stage::ReadBody, url, true, cause);
         e.status = Some(status);
+        e.nova_request_id = nova_request_id;
         Err(e)
     }
 }

@@ -123,6 +123,8 @@ pub struct NovaError {
     pub method: &'static str,
     pub url: String,
     pub status: Option<u16>,
+    /// Nova's own id of the request, when an answer (even an error) came.
+    pub nova_request_id: Option<String>,
     pub nova_fault: Option<String>,
     pub nova_message: Option<String>,
     pub elapsed: Duration,
@@ -189,6 +191,9 @@ impl NovaError {
         }
         if let Some(s) = self.status {
             m.insert("http_status".into(), s.to_string());
+        }
+        if let Some(id) = &self.nova_request_id {
+            m.insert("nova_request_id".into(), id.clone());
         }
         if let Some(f) = &self.nova_fault {
             m.insert("nova_fault".into(), f.clone());

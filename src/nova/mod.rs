@@ -7,6 +7,8 @@ pub mod error;
 pub mod types;
 
 pub use auth::{KeystoneConfig, Secret};
-pub use client::{AttachAnswer, NovaClient, NovaConfig, NovaEndpoint, build_http_client};
+pub use client::{
+    Answered, AttachAnswer, NovaClient, NovaConfig, NovaEndpoint, RequestId, build_http_client,
+};
 pub use error::{NovaError, NovaErrorKind, Rejection, Stage};
 pub use types::NovaAttachment;

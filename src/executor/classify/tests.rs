@@ -18,6 +18,7 @@ fn err(kind: NovaErrorKind, stage: Stage, status: Option<u16>, reached: bool) ->
         method: "POST",
         url: "http://nova/v2.1/servers/x/os-volume_attachments".into(),
         status,
+        nova_request_id: None,
         nova_fault: None,
         nova_message: None,
         elapsed: Duration::from_millis(5),
