@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use support::proxy::{Lose, Proxy};
 use tokio::time::Instant;
 use uuid::Uuid;
 use volume_reconciler::domain::{
-    Action, NewEvent, RequestParams, Resolution, State, request_fingerprint,
+    Action, NewEvent, OperationError, RequestParams, Resolution, State, request_fingerprint,
 };
 use volume_reconciler::store::{
     CreateOutcome, DbFailure, NewOperation, OperationFilter, Store, StoreError, Transition,
@@ -572,6 +573,93 @@ async fn appended_events_land_in_order_even_when_batched(store: Arc<dyn Store>) 
     assert!(missing.is_err(), "appending to a missing operation fails");
 }
 
+/// The same write twice, as the group commit re-runs a batch whose
+/// acknowledgement was lost: applied once, answered with its row both
+/// times; a different write is still fenced.
+async fn a_write_made_twice_applies_once(store: Arc<dyn Store>) {
+    let new = new_op("twice", Uuid::new_v4(), State::InProgress);
+    let first = create(store.as_ref(), new.clone()).await;
+    let again = create(store.as_ref(), new).await;
+    assert_eq!(again.id, first.id, "the repeated intent is the same row");
+
+    let mut retry = Transition::new(&first, State::InProgress, "r0");
+    retry.add_attempt = true;
+    retry.request_sent = true;
+    retry.events = vec![NewEvent::new("request_sent", "again").with("attempt", 2)];
+    let a = store
+        .operation_transition(retry.clone(), soon())
+        .await
+        .unwrap()
+        .expect("applies");
+    let b = store
+        .operation_transition(retry, soon())
+        .await
+        .unwrap()
+        .expect("a repeated write answers with the row it left");
+    assert_eq!((a.attempts, b.attempts), (2, 2), "the attempt counted once");
+
+    let decide = finish(&b, State::Succeeded);
+    let c = store
+        .operation_transition(decide.clone(), soon())
+        .await
+        .unwrap()
+        .expect("decided");
+    let d = store
+        .operation_transition(decide, soon())
+        .await
+        .unwrap()
+        .expect("a repeated decision answers with the decided row");
+    assert_eq!((c.state, d.state), (State::Succeeded, State::Succeeded));
+    assert_eq!(c.completed_at, d.completed_at);
+    assert!(
+        store
+            .operation_transition(finish(&b, State::Failed), soon())
+            .await
+            .unwrap()
+            .is_none(),
+        "another decision is still fenced out"
+    );
+    let kinds: Vec<String> = store
+        .operation_events(first.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        ["recorded", "request_sent", "request_sent", "resolved"],
+        "one set of events"
+    );
+
+    // A write repeated after the lease moved on (a reconciler claimed the
+    // operation meanwhile) is fenced out, not taken for its own effect.
+    let op = create(
+        store.as_ref(),
+        new_op("moved", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let t = Transition::new(&op, State::Unknown, "r0");
+    store
+        .operation_transition(t.clone(), soon())
+        .await
+        .unwrap()
+        .expect("applies");
+    store
+        .operation_claim_one(op.id, "reconciler", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert!(
+        store
+            .operation_transition(t, soon())
+            .await
+            .unwrap()
+            .is_none(),
+        "fenced by the new epoch"
+    );
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -594,6 +682,7 @@ conformance!(
     changes_are_notified,
     every_decision_of_a_concurrent_burst_is_notified,
     appended_events_land_in_order_even_when_batched,
+    a_write_made_twice_applies_once,
 );
 
 #[tokio::test]
@@ -757,5 +846,172 @@ async fn postgres_decisions_find_their_rows_by_key_whatever_the_statistics() {
         .join("\n");
     assert!(plan.contains("operations_pkey"), "{plan}");
     assert!(!plan.contains("operations_open_by_lease"), "{plan}");
+    store.close().await;
+}
+
+fn request_sent(n: usize) -> impl Fn(&volume_reconciler::domain::OperationEvent) -> bool {
+    move |e| e.kind == "request_sent" && e.metadata.get("attempt") == Some(&n.to_string())
+}
+
+/// PostgreSQL only: the connection dies after the server committed a
+/// decision and before its answer arrived (a lost acknowledgement). The
+/// writer runs the batch again on a new connection; the write recognises
+/// its own effect: one attempt more, one set of events.
+#[tokio::test]
+async fn postgres_a_write_whose_acknowledgement_was_lost_applies_once() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let (proxy, proxied) = Proxy::start(&url).await;
+    let store = volume_reconciler::store::open(&proxied, 4).await.unwrap();
+    let op = create(
+        store.as_ref(),
+        new_op("lost-ack", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+
+    let marker = "lost-ack-7f3a";
+    proxy.arm(Lose::Response, marker, Duration::ZERO);
+    let mut retry = Transition::new(&op, State::InProgress, "r0");
+    retry.add_attempt = true;
+    retry.request_sent = true;
+    retry.last_error = Some(Some(OperationError::new("NOVA_TIMEOUT", marker)));
+    retry.events = vec![NewEvent::new("request_sent", "again").with("attempt", 2)];
+    let written = store
+        .operation_transition(retry, soon())
+        .await
+        .expect("written despite the lost acknowledgement")
+        .expect("and answered with its row");
+    proxy.fired(Duration::from_secs(10)).await;
+
+    assert_eq!(written.attempts, 2, "the attempt counted once");
+    let events = store.operation_events(op.id).await.unwrap();
+    assert_eq!(
+        events.iter().filter(|e| request_sent(2)(e)).count(),
+        1,
+        "the decision's events written once: {events:?}"
+    );
+
+    // The same for events appended to the log (verifications).
+    let marker = "lost-append-2b9d";
+    proxy.arm(Lose::Response, marker, Duration::ZERO);
+    store
+        .operation_append_events(op.id, "r0", vec![NewEvent::new("verified", marker)])
+        .await
+        .expect("appended despite the lost acknowledgement");
+    proxy.fired(Duration::from_secs(10)).await;
+    let events = store.operation_events(op.id).await.unwrap();
+    assert_eq!(
+        events.iter().filter(|e| e.detail == marker).count(),
+        1,
+        "the appended event written once: {events:?}"
+    );
+    store.close().await;
+}
+
+/// PostgreSQL only: a queued write whose connection died before the server
+/// saw it is not run again once its caller's deadline passed (the caller
+/// was told DEADLINE_EXCEEDED; nothing may be recorded behind its back).
+#[tokio::test]
+async fn postgres_a_write_is_not_rerun_after_its_deadline() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let (proxy, proxied) = Proxy::start(&url).await;
+    // Four connections: one writer task, so queued writes run in order.
+    let store = volume_reconciler::store::open(&proxied, 4).await.unwrap();
+    let blocker = create(
+        store.as_ref(),
+        new_op("blocker", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let victim = create(
+        store.as_ref(),
+        new_op("victim", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let other = create(
+        store.as_ref(),
+        new_op("other", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+
+    // A write held up by a row lock stays in flight on the inline path, so
+    // the writes after it take the queue and the writer task.
+    let mut lock = support::pg::Admin::connect(&url).await;
+    lock.run(&format!(
+        "BEGIN; SELECT 1 FROM operations WHERE id = '{}' FOR UPDATE",
+        blocker.id
+    ))
+    .await;
+    let blocked = {
+        let (store, t) = (
+            store.clone(),
+            Transition::new(&blocker, State::InProgress, "r0"),
+        );
+        tokio::spawn(async move { store.operation_transition(t, soon()).await })
+    };
+    support::eventually(
+        Duration::from_secs(20),
+        "the first write waits on the row lock",
+        || {
+            let url = url.clone();
+            async move {
+                support::pg::Admin::connect(&url)
+                    .await
+                    .number(
+                        "SELECT count(*) FROM pg_stat_activity
+                         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    )
+                    .await
+                    == 1
+            }
+        },
+    )
+    .await;
+    // Through the queue: the writer opens a connection of its own, which
+    // the next queued write reuses.
+    let other = store
+        .operation_transition(Transition::new(&other, State::InProgress, "r0"), soon())
+        .await
+        .unwrap()
+        .expect("a queued write lands");
+
+    let marker = "deadline-5c1e";
+    proxy.arm(Lose::Request, marker, Duration::from_secs(6));
+    let mut late = Transition::new(&victim, State::InProgress, "r0");
+    late.add_attempt = true;
+    late.request_sent = true;
+    late.last_error = Some(Some(OperationError::new("NOVA_TIMEOUT", marker)));
+    late.events = vec![NewEvent::new("request_sent", "late").with("attempt", 2)];
+    let answered = store
+        .operation_transition(late, Instant::now() + Duration::from_secs(3))
+        .await;
+    assert!(
+        matches!(answered, Err(StoreError::DeadlineExceeded { .. })),
+        "{answered:?}"
+    );
+    proxy.fired(Duration::from_secs(20)).await;
+    // Queued after the lost write: once it landed, the writer is done with
+    // the lost one (one writer task, in order).
+    store
+        .operation_transition(Transition::new(&other, State::InProgress, "r0"), soon())
+        .await
+        .unwrap()
+        .expect("the next queued write lands");
+
+    let now = store.operation_get(victim.id).await.unwrap().unwrap();
+    assert_eq!(
+        (now.attempts, now.last_error.is_none()),
+        (1, true),
+        "nothing written after the deadline"
+    );
+    let events = store.operation_events(victim.id).await.unwrap();
+    assert!(!events.iter().any(request_sent(2)), "{events:?}");
+
+    lock.run("COMMIT").await;
+    blocked
+        .await
+        .unwrap()
+        .expect("the blocked write lands once the lock is gone")
+        .expect("applies");
     store.close().await;
 }

@@ -52,6 +52,8 @@ pub async fn open(url: &str, max_connections: u32) -> anyhow::Result<std::sync::
 /// A new operation: its intent, written before any request leaves.
 #[derive(Debug, Clone)]
 pub struct NewOperation {
+    /// Chosen by the caller. The same intent recorded twice (a re-run, a
+    /// repeat) is one row: the repeat finds its own id and is `Created`.
     pub id: Uuid,
     pub idempotency_key: String,
     pub fingerprint: String,
@@ -81,10 +83,19 @@ pub enum CreateOutcome {
 }
 
 /// A fenced state change plus the events that explain it, in one write.
+///
+/// Made twice (the group commit re-runs a batch whose acknowledgement was
+/// lost; a caller repeats it), the same `Transition` applies once: the
+/// repeat changes nothing, logs nothing, and answers with the row as the
+/// first left it — unless the lease epoch moved on meanwhile (then `None`,
+/// as for any fenced write).
 #[derive(Debug, Clone)]
 pub struct Transition {
     pub id: Uuid,
     pub lease_epoch: i64,
+    /// Names this write (set by `new`): how a repeat recognises its own
+    /// earlier effect.
+    pub write_id: Uuid,
     pub state: State,
     pub resolution: Option<Resolution>,
     pub attachment: Option<AttachmentInfo>,
@@ -104,6 +115,7 @@ impl Transition {
         Self {
             id: op.id,
             lease_epoch: op.lease_epoch,
+            write_id: Uuid::now_v7(),
             state,
             resolution: None,
             attachment: None,

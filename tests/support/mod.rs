@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod pg;
+pub mod proxy;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,6 +9,13 @@
 //! committed. A statement error aborts its batch; the batch is then re-run
 //! one job per transaction, so one bad job never fails the others.
 //!
+//! Every write is safe to run twice, because a batch may be: its connection
+//! can die after the server committed it (only the acknowledgement lost),
+//! and then it runs again. Intents conflict on their own id and are found
+//! by their caller, decisions and appends carry a write id that their
+//! first run left behind (see `statements`). A job whose deadline passed is
+//! never run again: its caller was told the deadline expired.
+//!
 //! The writers use connections of their own (`conns`), not the pool's.
 
 use std::collections::{HashMap, HashSet};
@@ -23,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::conns::Conns;
-use super::statements::{Append, append_many, create_many, transition_many};
+use super::statements::{self, Append};
 use crate::domain::Operation;
 use crate::store::{DbFailure, NewOperation, StoreError, Transition, rows};
 
@@ -102,13 +109,9 @@ impl Writer {
         let alone = self.pending.fetch_add(1, Ordering::SeqCst) == 0;
         let _pending = Pending(&self.pending);
         if alone {
-            let one = [payload];
             // Boxed: the batch state machine is large, and every write waiting
             // in the queue would otherwise carry room for it.
-            return match Box::pin(try_batch(&self.conns, &one)).await {
-                Ok(mut v) => v.pop().unwrap_or(Ok(None)),
-                Err(e) => Err(e),
-            };
+            return Box::pin(try_one(&self.conns, &payload, deadline)).await;
         }
         let (reply, rx) = oneshot::channel();
         self.tx
@@ -167,71 +170,118 @@ async fn run_batch(conns: &Conns, jobs: Vec<Job>) {
     let (live, expired): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.deadline > now);
     for j in expired {
         // The caller may have stopped waiting; that is fine.
-        drop(j.reply.send(Err(StoreError::DeadlineExceeded {
-            what: "waiting for the group commit",
-        })));
+        drop(j.reply.send(Err(self::expired())));
     }
     if live.is_empty() {
         return;
     }
-    let (payloads, replies): (Vec<Payload>, Vec<Reply>) =
-        live.into_iter().map(|j| (j.payload, j.reply)).unzip();
-    match try_batch(conns, &payloads).await {
+    let batch: Vec<(&Payload, Instant)> = live.iter().map(|j| (&j.payload, j.deadline)).collect();
+    match try_batch(conns, &batch).await {
         Ok(results) => {
-            for (reply, r) in replies.into_iter().zip(results) {
-                drop(reply.send(r));
+            for (job, r) in live.into_iter().zip(results) {
+                drop(job.reply.send(r));
             }
         }
-        Err(e) if payloads.len() == 1 => {
-            if let Some(reply) = replies.into_iter().next() {
-                drop(reply.send(Err(e)));
+        Err(e) if live.len() == 1 => {
+            if let Some(job) = live.into_iter().next() {
+                drop(job.reply.send(Err(e)));
             }
         }
         Err(e) => {
-            tracing::debug!(error = %e, jobs = payloads.len(), "batch failed; writing its jobs one by one");
-            for (payload, reply) in payloads.into_iter().zip(replies) {
-                let one = [payload];
-                let r = match try_batch(conns, &one).await {
-                    Ok(mut v) => v.pop().unwrap_or(Ok(None)),
-                    Err(e) => Err(e),
-                };
-                drop(reply.send(r));
+            // Safe to run again, each alone: a batch that failed as a whole
+            // wrote nothing, or (its acknowledgement lost) wrote what each
+            // write recognises as its own.
+            tracing::debug!(error = %e, jobs = live.len(), "batch failed; writing its jobs one by one");
+            for job in live {
+                let r = try_one(conns, &job.payload, job.deadline).await;
+                drop(job.reply.send(r));
             }
         }
+    }
+}
+
+/// One write as a batch of its own, unless its deadline already passed.
+async fn try_one(conns: &Conns, payload: &Payload, deadline: Instant) -> Written {
+    if deadline <= Instant::now() {
+        return Err(expired());
+    }
+    match try_batch(conns, &[(payload, deadline)]).await {
+        Ok(mut v) => v.pop().unwrap_or(Ok(None)),
+        Err(e) => Err(e),
+    }
+}
+
+/// The answer to a job whose deadline passed before it could be run.
+fn expired() -> StoreError {
+    StoreError::DeadlineExceeded {
+        what: "waiting for the group commit",
+    }
+}
+
+/// The answer to a job whose connection died under it and whose deadline
+/// passed before it could be run again: it may or may not have committed.
+fn expired_before_rerun() -> StoreError {
+    StoreError::DeadlineExceeded {
+        what: "writing again after a lost connection",
     }
 }
 
 /// Runs the payloads atomically on a writer connection: one autocommit
 /// statement when they are all of one kind (the common case: one round
 /// trip), else one transaction. `Err` when it failed as a whole (then
-/// nothing of it was written). Decisions carry their own NOTIFY (one per
+/// nothing of it was written, or, if the connection died after the server
+/// committed, all of it). Decisions carry their own NOTIFY (one per
 /// statement, not per row).
-async fn try_batch(conns: &Conns, payloads: &[Payload]) -> Result<Vec<Written>, StoreError> {
+async fn try_batch(
+    conns: &Conns,
+    batch: &[(&Payload, Instant)],
+) -> Result<Vec<Written>, StoreError> {
+    let payloads: Vec<&Payload> = batch.iter().map(|(p, _)| *p).collect();
     // Owned by this future: if it is dropped mid-statement, so is the
     // connection, whose state is then unknown.
     let (mut conn, reused) = conns.take().await?;
-    let result = batch_on(&mut conn, payloads).await;
+    let result = batch_on(&mut conn, &payloads).await;
     conns.put(conn, &result);
     match result {
         // A reused connection found dead (the database restarted, a proxy
-        // dropped it): the batch runs once more on a new one. Safe because
-        // intents and decisions are idempotent when re-run: an intent that
-        // did commit conflicts on its own id and is found by its caller
-        // (`operation_create`), a decision that did commit is fenced out
-        // and re-read. Appends are not re-run (they would duplicate).
-        Err(e)
-            if reused
-                && e.is_connection_lost()
-                && !payloads.iter().any(|p| matches!(p, Payload::Append(_))) =>
-        {
+        // dropped it): the batch runs once more on a new one (see the top
+        // of this file for why that is safe).
+        Err(e) if reused && e.is_connection_lost() => {
             tracing::info!(error = %e, "ledger connection lost; writing the batch on a new one");
-            let mut conn = conns.open().await?;
-            let result = batch_on(&mut conn, payloads).await;
-            conns.put(conn, &result);
-            result
+            rerun(conns, batch).await
         }
         other => other,
     }
+}
+
+/// The second run of a batch whose connection died, on a new connection,
+/// without the jobs whose deadline passed meanwhile (answered as expired).
+async fn rerun(conns: &Conns, batch: &[(&Payload, Instant)]) -> Result<Vec<Written>, StoreError> {
+    let now = Instant::now();
+    let live: Vec<&Payload> = batch
+        .iter()
+        .filter(|(_, deadline)| *deadline > now)
+        .map(|(p, _)| *p)
+        .collect();
+    let mut written = if live.is_empty() {
+        Vec::new()
+    } else {
+        let mut conn = conns.open().await?;
+        let result = batch_on(&mut conn, &live).await;
+        conns.put(conn, &result);
+        result?
+    }
+    .into_iter();
+    Ok(batch
+        .iter()
+        .map(|(_, deadline)| {
+            if *deadline > now {
+                written.next().unwrap_or(Ok(None))
+            } else {
+                Err(expired_before_rerun())
+            }
+        })
+        .collect())
 }
 
 /// A batch's payloads by kind; transitions with their place among the
@@ -243,14 +293,14 @@ struct Split<'a> {
 }
 
 impl<'a> Split<'a> {
-    fn of(payloads: &'a [Payload]) -> Self {
+    fn of(payloads: &[&'a Payload]) -> Self {
         let mut split = Split {
             creates: Vec::new(),
             transitions: Vec::new(),
             appends: Vec::new(),
         };
         for p in payloads {
-            match p {
+            match *p {
                 Payload::Create(n) => split.creates.push(n),
                 Payload::Transition(t) => split.transitions.push((split.transitions.len(), t)),
                 Payload::Append(a) => split.appends.push(a),
@@ -275,7 +325,7 @@ impl<'a> Split<'a> {
 
 async fn batch_on(
     conn: &mut PgConnection,
-    payloads: &[Payload],
+    payloads: &[&Payload],
 ) -> Result<Vec<Written>, StoreError> {
     const WHAT: &str = "writing to the ledger";
     let split = Split::of(payloads);
@@ -307,20 +357,20 @@ fn by_id(rows: &[sqlx::postgres::PgRow]) -> HashMap<Uuid, Written> {
 
 async fn run_statements(
     conn: &mut PgConnection,
-    payloads: &[Payload],
+    payloads: &[&Payload],
     split: Split<'_>,
 ) -> Result<Vec<Written>, StoreError> {
     let mut created = HashMap::new();
     if !split.creates.is_empty() {
-        created = by_id(&create_many(conn, &split.creates).await?);
+        created = by_id(&statements::creates(&split.creates).run(conn).await?);
     }
     if !split.appends.is_empty() {
-        append_many(conn, &split.appends).await?;
+        statements::appends(&split.appends).run(conn).await?;
     }
     let mut decided = run_transitions(conn, split.transitions).await?.into_iter();
     Ok(payloads
         .iter()
-        .map(|p| match p {
+        .map(|p| match *p {
             Payload::Create(n) => created.remove(&n.id).unwrap_or(Ok(None)),
             Payload::Transition(_) => decided.next().unwrap_or(Ok(None)),
             Payload::Append(_) => Ok(None),
@@ -342,7 +392,7 @@ async fn run_transitions(
         let (round, rest): (Indexed, Indexed) =
             pending.into_iter().partition(|(_, t)| seen.insert(t.id));
         let ts: Vec<&Transition> = round.iter().map(|(_, t)| *t).collect();
-        let mut updated = by_id(&transition_many(conn, &ts).await?);
+        let mut updated = by_id(&statements::transitions(&ts).run(conn).await?);
         for (i, t) in round {
             results.push((i, updated.remove(&t.id).unwrap_or(Ok(None))));
         }

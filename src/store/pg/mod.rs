@@ -308,6 +308,7 @@ impl Store for PgStore {
         // operations at once, and those share one statement and one flush.
         let append = Append {
             id,
+            write_id: Uuid::now_v7(),
             replica: replica.to_string(),
             events,
         };

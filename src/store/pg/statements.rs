@@ -21,27 +21,32 @@ pub(super) const NOTIFY_CHANNEL: &str = "volume_reconciler_operations";
 /// (verifications).
 pub(in crate::store) struct Append {
     pub id: Uuid,
+    /// Names this write: a re-run finds its events logged and adds none.
+    pub write_id: Uuid,
     pub replica: String,
     pub events: Vec<NewEvent>,
 }
 
 /// Inserts a batch's events, given as parallel arrays from parameter
-/// `$first` on (operation, kind, detail, metadata, replica), in their
-/// order, as far as `filter` (a join or a condition on `e`) lets them.
+/// `$first` on (operation, kind, detail, metadata, replica, write), in
+/// their order, as far as `filter` (a join or a condition on `e`) lets
+/// them.
 fn insert_events(first: usize, filter: &str) -> String {
-    let [op, kind, detail, metadata, replica] = [0, 1, 2, 3, 4].map(|i| first + i);
+    let [op, kind, detail, metadata, replica, write] = [0, 1, 2, 3, 4, 5].map(|i| first + i);
     format!(
-        "INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
-        SELECT e.operation_id, e.kind, e.detail, e.metadata, e.replica
-        FROM unnest(${op}::uuid[], ${kind}::text[], ${detail}::text[], ${metadata}::jsonb[], ${replica}::text[])
-             WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, ord)
+        "INSERT INTO operation_events (operation_id, kind, detail, metadata, replica, write_id)
+        SELECT e.operation_id, e.kind, e.detail, e.metadata, e.replica, e.write_id
+        FROM unnest(${op}::uuid[], ${kind}::text[], ${detail}::text[], ${metadata}::jsonb[], ${replica}::text[],
+                    ${write}::uuid[])
+             WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, write_id, ord)
         {filter}
         ORDER BY e.ord"
     )
 }
 
 /// Intent rows of a batch, inserted by one statement; a row that hits a
-/// unique constraint (key replayed, volume busy) is skipped and reported as
+/// unique constraint (key replayed, volume busy, or its own id: a re-run
+/// whose first run committed) is skipped with its events and reported as
 /// `None` (its caller looks up why). Events keep their order. Not notified:
 /// nobody can be waiting on an operation whose id has not been handed out
 /// yet (watchers and replays look for decisions, which are).
@@ -66,8 +71,16 @@ static CREATE_MANY: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Events appended to existing operations, by one statement.
-static APPEND_MANY: LazyLock<String> = LazyLock::new(|| insert_events(1, ""));
+/// Events appended to existing operations, by one statement; the events of
+/// a write already logged (a re-run whose first run committed) are not
+/// logged again.
+static APPEND_MANY: LazyLock<String> = LazyLock::new(|| {
+    insert_events(
+        1,
+        "WHERE NOT EXISTS (SELECT 1 FROM operation_events x
+                           WHERE x.operation_id = e.operation_id AND x.write_id = e.write_id)",
+    )
+});
 
 /// Decisions of a batch, by one statement, each fenced by its epoch.
 ///
@@ -78,13 +91,19 @@ static APPEND_MANY: LazyLock<String> = LazyLock::new(|| insert_events(1, ""));
 /// all of it for every row of the batch (measured: 454 ms for 128 decisions
 /// with 10,000 operations open, as after a Nova outage, exactly when the
 /// reconciler must be fast). Rows are found by primary key.
+///
+/// Each decision names its write (`last_write`): run again (a re-run whose
+/// first run committed, its acknowledgement lost), it finds itself there
+/// under the same epoch (`done`), changes nothing, logs nothing, counts no
+/// attempt, notifies nobody, and returns the row as it left it.
 static TRANSITION_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH u AS (
         SELECT * FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::jsonb[], $6::int4[],
-                             $7::bool[], $8::jsonb[], $9::bool[], $10::bool[], $11::timestamptz[], $12::timestamptz[])
+                             $7::bool[], $8::jsonb[], $9::bool[], $10::bool[], $11::timestamptz[], $12::timestamptz[],
+                             $13::uuid[])
              AS u(id, epoch, state, resolution, attachment, add_attempt, set_error, last_error,
-                  request_sent, release, next_attempt_at, verify_at)
+                  request_sent, release, next_attempt_at, verify_at, write_id)
      ), upd AS (
         UPDATE operations o SET
             state = u.state,
@@ -98,17 +117,24 @@ static TRANSITION_MANY: LazyLock<String> = LazyLock::new(|| {
             lease_expires_at = CASE WHEN u.release THEN NULL ELSE o.lease_expires_at END,
             next_attempt_at = u.next_attempt_at,
             verify_at = u.verify_at,
-            updated_at = now()
+            updated_at = now(),
+            last_write = u.write_id
         FROM u
         WHERE o.id = u.id AND o.lease_epoch = u.epoch AND o.completed_at IS NULL
+          AND o.last_write IS DISTINCT FROM u.write_id
         RETURNING o.*
+     ), done AS (
+        SELECT o.* FROM operations o JOIN u ON o.id = u.id
+        WHERE o.last_write = u.write_id AND o.lease_epoch = u.epoch
      ), ev AS (
         {events}
      ), n AS (
         SELECT pg_notify('{NOTIFY_CHANNEL}', string_agg(id::text, ',')) FROM upd HAVING count(*) > 0
      )
-     SELECT {COLUMNS} FROM upd LEFT JOIN n ON true",
-        events = insert_events(13, "JOIN upd ON upd.id = e.operation_id"),
+     SELECT {COLUMNS} FROM upd LEFT JOIN n ON true
+     UNION ALL
+     SELECT {COLUMNS} FROM done",
+        events = insert_events(14, "JOIN upd ON upd.id = e.operation_id"),
     )
 });
 
@@ -122,18 +148,45 @@ struct EventCols {
     detail: Vec<String>,
     metadata: Vec<serde_json::Value>,
     replica: Vec<String>,
+    write: Vec<Uuid>,
+}
+
+/// A write that logs events: of which operation, by which replica, as
+/// which write.
+trait Logs {
+    fn logged(&self) -> (Uuid, &str, Uuid, &[NewEvent]);
+}
+
+impl Logs for NewOperation {
+    /// An intent's events name it by its operation's id.
+    fn logged(&self) -> (Uuid, &str, Uuid, &[NewEvent]) {
+        (self.id, &self.replica, self.id, &self.events)
+    }
+}
+
+impl Logs for Transition {
+    fn logged(&self) -> (Uuid, &str, Uuid, &[NewEvent]) {
+        (self.id, &self.replica, self.write_id, &self.events)
+    }
+}
+
+impl Logs for Append {
+    fn logged(&self) -> (Uuid, &str, Uuid, &[NewEvent]) {
+        (self.id, &self.replica, self.write_id, &self.events)
+    }
 }
 
 impl EventCols {
-    fn of<'a>(writes: impl Iterator<Item = (Uuid, &'a str, &'a [NewEvent])>) -> Self {
+    fn of<T: Logs>(writes: &[&T]) -> Self {
         let mut cols = EventCols::default();
-        for (id, replica, events) in writes {
+        for (id, replica, write, events) in writes.iter().map(|w| w.logged()) {
             for e in events {
                 cols.op.push(id);
                 cols.kind.push(e.kind.to_string());
                 cols.detail.push(e.detail.clone());
                 cols.metadata.push(e.metadata_json());
                 cols.replica.push(replica.to_string());
+                cols.write.push(write);
             }
         }
         cols
@@ -145,6 +198,7 @@ impl EventCols {
             .bind(self.detail)
             .bind(self.metadata)
             .bind(self.replica)
+            .bind(self.write)
     }
 }
 
@@ -153,14 +207,26 @@ fn col<T, U>(items: &[&T], f: impl Fn(&T) -> U) -> Vec<U> {
     items.iter().map(|t| f(t)).collect()
 }
 
-pub(super) async fn create_many(
-    conn: &mut PgConnection,
-    news: &[&NewOperation],
-) -> Result<Vec<PgRow>, StoreError> {
-    let events = EventCols::of(
-        news.iter()
-            .map(|n| (n.id, n.replica.as_str(), &n.events[..])),
-    );
+/// A batch's statement with everything bound: the rows' own parameters,
+/// then their events.
+pub(super) struct Batch {
+    q: Query<'static>,
+    events: EventCols,
+}
+
+impl Batch {
+    /// Runs it; the rows it returns.
+    pub(super) async fn run(self, conn: &mut PgConnection) -> Result<Vec<PgRow>, StoreError> {
+        self.events
+            .bind(self.q)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(StoreError::db("writing to the ledger"))
+    }
+}
+
+/// The intents of a batch.
+pub(super) fn creates(news: &[&NewOperation]) -> Batch {
     let q = sqlx::query(CREATE_MANY.as_str())
         .bind(col(news, |n| n.id))
         .bind(col(news, |n| n.idempotency_key.clone()))
@@ -175,35 +241,22 @@ pub(super) async fn create_many(
         .bind(col(news, |n| n.lease_owner.clone()))
         .bind(col(news, |n| n.lease_expires_at))
         .bind(col(news, |n| n.caller.clone()));
-    events
-        .bind(q)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(StoreError::db("writing to the ledger"))
+    Batch {
+        q,
+        events: EventCols::of(news),
+    }
 }
 
-pub(super) async fn append_many(
-    conn: &mut PgConnection,
-    appends: &[&Append],
-) -> Result<(), StoreError> {
-    let events = EventCols::of(
-        appends
-            .iter()
-            .map(|a| (a.id, a.replica.as_str(), &a.events[..])),
-    );
-    events
-        .bind(sqlx::query(APPEND_MANY.as_str()))
-        .execute(&mut *conn)
-        .await
-        .map_err(StoreError::db("writing to the ledger"))?;
-    Ok(())
+/// Events appended to a batch's operations.
+pub(super) fn appends(appends: &[&Append]) -> Batch {
+    Batch {
+        q: sqlx::query(APPEND_MANY.as_str()),
+        events: EventCols::of(appends),
+    }
 }
 
-pub(super) async fn transition_many(
-    conn: &mut PgConnection,
-    ts: &[&Transition],
-) -> Result<Vec<PgRow>, StoreError> {
-    let events = EventCols::of(ts.iter().map(|t| (t.id, t.replica.as_str(), &t.events[..])));
+/// The decisions of a batch (each operation at most once).
+pub(super) fn transitions(ts: &[&Transition]) -> Batch {
     let q = sqlx::query(TRANSITION_MANY.as_str())
         .bind(col(ts, |t| t.id))
         .bind(col(ts, |t| t.lease_epoch))
@@ -218,12 +271,12 @@ pub(super) async fn transition_many(
         .bind(col(ts, |t| t.request_sent))
         .bind(col(ts, |t| t.release_lease))
         .bind(col(ts, |t| t.next_attempt_at))
-        .bind(col(ts, |t| t.verify_at));
-    events
-        .bind(q)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(StoreError::db("writing to the ledger"))
+        .bind(col(ts, |t| t.verify_at))
+        .bind(col(ts, |t| t.write_id));
+    Batch {
+        q,
+        events: EventCols::of(ts),
+    }
 }
 
 /// The decision statement as the writers prepare it (`$1`… parameters,
@@ -233,7 +286,7 @@ pub fn decision_statement() -> String {
 }
 
 /// The parameter types of `decision_statement`, in order.
-pub const DECISION_PARAMETER_TYPES: &str = "uuid[], int8[], text[], text[], jsonb[], int4[], bool[], jsonb[], bool[], bool[], timestamptz[], timestamptz[], uuid[], text[], text[], jsonb[], text[]";
+pub const DECISION_PARAMETER_TYPES: &str = "uuid[], int8[], text[], text[], jsonb[], int4[], bool[], jsonb[], bool[], bool[], timestamptz[], timestamptz[], uuid[], uuid[], text[], text[], jsonb[], text[], uuid[]";
 
 /// A statement with one operation's values in place of its parameters, on
 /// one line (pgbench reads a statement per line).
@@ -243,12 +296,18 @@ fn substitute(sql: &str, values: &[&str]) -> String {
     for (i, v) in values.iter().enumerate().rev() {
         out = out.replace(&format!("${}", i + 1), v);
     }
-    // The operation's id, the same in both statements, made from two
-    // pgbench random numbers (pgbench variables are numbers only).
-    out = out.replace(
-        "__OPID__",
-        "(lpad(to_hex(:hi::int8), 16, '0') || lpad(to_hex(:lo::int8), 16, '0'))::uuid",
-    );
+    // The operation's id, the same in both statements, and the decision's
+    // write id, made from two pgbench random numbers (pgbench variables
+    // are numbers only).
+    out = out
+        .replace(
+            "__OPID__",
+            "(lpad(to_hex(:hi::int8), 16, '0') || lpad(to_hex(:lo::int8), 16, '0'))::uuid",
+        )
+        .replace(
+            "__WRITEID__",
+            "(lpad(to_hex(:lo::int8), 16, '0') || lpad(to_hex(:hi::int8), 16, '0'))::uuid",
+        );
     out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -278,6 +337,7 @@ pub fn pgbench_script() -> String {
             "ARRAY['attach recorded', 'attach request sent (attempt 1)']",
             "ARRAY['{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\"}'::jsonb, '{\"attempt\":\"1\",\"outbound_deadline_ms\":\"23500\"}'::jsonb]",
             "ARRAY['pgbench', 'pgbench']",
+            "ARRAY[__OPID__, __OPID__]",
         ],
     );
     let decide = substitute(
@@ -295,11 +355,13 @@ pub fn pgbench_script() -> String {
             "ARRAY[true]",
             "ARRAY[NULL::timestamptz]",
             "ARRAY[now() + interval '1 minute']",
+            "ARRAY[__WRITEID__]",
             "ARRAY[__OPID__, __OPID__]",
             "ARRAY['response', 'resolved']",
             "ARRAY['Nova answered 200: attachment created', 'attached']",
             "ARRAY['{\"status\":\"200\"}'::jsonb, '{\"state\":\"succeeded\"}'::jsonb]",
             "ARRAY['pgbench', 'pgbench']",
+            "ARRAY[__WRITEID__, __WRITEID__]",
         ],
     );
     format!(

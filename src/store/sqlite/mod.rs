@@ -2,14 +2,17 @@
 //! single process: the default when no `--database-url` is given. The same
 //! guarantees as PostgreSQL for one process — unique keys, one open
 //! operation per volume (partial unique index), transactions around every
-//! state change, fenced decisions — with in-process change notifications.
+//! state change, fenced decisions, writes that apply once when repeated —
+//! with in-process change notifications.
 //!
 //! One connection serializes every statement (SQLite has one writer anyway).
-//! A second process on the same file is refused at start (`lock`).
-//! Rows are read as the PostgreSQL store reads them (`rows`); only the
-//! storage of ids (text), timestamps (microseconds) and JSON (text) differs.
+//! A second process on the same file is refused at start (`lock`). The
+//! statements inside its transactions are in `write`. Rows are read as the
+//! PostgreSQL store reads them (`rows`); only the storage of ids (text),
+//! timestamps (microseconds) and JSON (text) differs.
 
 mod lock;
+mod write;
 
 use std::fs::File;
 use std::str::FromStr;
@@ -17,7 +20,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -26,6 +29,9 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use self::write::{
+    corrupt, db, get_in, insert_events, insert_intent, now_us, to_json, update_fenced,
+};
 use super::rows::{self, COLUMNS, Id, Json, OPEN, Time, column};
 use super::{
     CreateOutcome, DbFailure, NewOperation, OperationFilter, OperationPage, StateCount, Store,
@@ -49,23 +55,6 @@ pub struct SqliteStore {
     pool: SqlitePool,
     changes: broadcast::Sender<Uuid>,
     lock: Mutex<Option<File>>,
-}
-
-fn micros(t: DateTime<Utc>) -> i64 {
-    t.timestamp_micros()
-}
-
-fn now_us() -> i64 {
-    micros(Utc::now())
-}
-
-fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    StoreError::db(what)
-}
-
-fn to_json<T: serde::Serialize>(v: &T) -> String {
-    // Serializing our own plain structs cannot fail.
-    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
 }
 
 impl SqliteStore {
@@ -118,63 +107,6 @@ impl SqliteStore {
             .map_err(db("starting a transaction"))
     }
 
-    async fn insert_events(
-        tx: &mut Transaction<'static, Sqlite>,
-        id: Uuid,
-        replica: &str,
-        events: &[NewEvent],
-    ) -> Result<(), StoreError> {
-        for e in events {
-            sqlx::query("INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica) VALUES (?, ?, ?, ?, ?, ?)")
-                .bind(id.to_string())
-                .bind(now_us())
-                .bind(e.kind)
-                .bind(&e.detail)
-                .bind(e.metadata_json().to_string())
-                .bind(replica)
-                .execute(&mut **tx)
-                .await
-                .map_err(db("appending to the reconcile log"))?;
-        }
-        Ok(())
-    }
-
-    /// Inserts an intent row; `false` when a unique key (its key, its
-    /// volume's one open operation, its id) stood in the way.
-    async fn insert_intent(
-        tx: &mut Transaction<'static, Sqlite>,
-        new: &NewOperation,
-    ) -> Result<bool, StoreError> {
-        let now = now_us();
-        let inserted = sqlx::query(
-            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
-                request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
-                lease_expires_at, caller)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(new.id.to_string())
-        .bind(&new.idempotency_key)
-        .bind(&new.fingerprint)
-        .bind(new.action.as_str())
-        .bind(new.state.as_str())
-        .bind(new.server_id.to_string())
-        .bind(new.volume_id.to_string())
-        .bind(to_json(&new.params))
-        .bind(new.attempts)
-        .bind(micros(new.deadline_at))
-        .bind(if new.attempts > 0 { Some(now) } else { None })
-        .bind(now)
-        .bind(now)
-        .bind(&new.lease_owner)
-        .bind(micros(new.lease_expires_at))
-        .bind(&new.caller)
-        .execute(&mut **tx)
-        .await
-        .map_err(db("recording the operation"))?;
-        Ok(inserted.rows_affected() == 1)
-    }
-
     async fn fetch_one_operation(
         &self,
         sql: String,
@@ -188,25 +120,6 @@ impl SqliteStore {
             .map_err(db(what))?;
         row.as_ref().map(rows::operation).transpose()
     }
-
-    async fn get_in(
-        tx: &mut Transaction<'static, Sqlite>,
-        id: Uuid,
-    ) -> Result<Option<Operation>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(rows::by_id_sql()))
-            .bind(id.to_string())
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(db("reading an operation"))?;
-        row.as_ref().map(rows::operation).transpose()
-    }
-}
-
-fn corrupt(id: &str, reason: impl Into<String>) -> StoreError {
-    StoreError::Corrupt {
-        id: id.to_string(),
-        reason: reason.into(),
-    }
 }
 
 #[async_trait]
@@ -218,7 +131,7 @@ impl Store for SqliteStore {
     ) -> Result<CreateOutcome, StoreError> {
         within(deadline, "recording the operation", async {
             let mut tx = self.begin().await?;
-            if !Self::insert_intent(&mut tx, &new).await? {
+            if !insert_intent(&mut tx, &new).await? {
                 // The key exists (a replay joins even while its volume is
                 // busy with itself), or the volume is busy.
                 let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
@@ -238,8 +151,9 @@ impl Store for SqliteStore {
                     ))
                 });
             }
-            Self::insert_events(&mut tx, new.id, &new.replica, &new.events).await?;
-            let op = Self::get_in(&mut tx, new.id)
+            // An intent's events name it by its operation's id.
+            insert_events(&mut tx, new.id, &new.replica, Some(new.id), &new.events).await?;
+            let op = get_in(&mut tx, new.id)
                 .await?
                 .ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;
             tx.commit().await.map_err(db("recording the operation"))?;
@@ -308,49 +222,25 @@ impl Store for SqliteStore {
     ) -> Result<Option<Operation>, StoreError> {
         within(deadline, "recording a state change", async {
             let mut tx = self.begin().await?;
-            let now = now_us();
-            let terminal = t.state.is_terminal();
-            let result = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE operations SET
-                    state = ?3,
-                    resolution = ?4,
-                    attachment = COALESCE(?5, attachment),
-                    attempts = attempts + ?6,
-                    last_error = CASE WHEN ?7 THEN ?8 ELSE last_error END,
-                    last_request_at = CASE WHEN ?9 THEN ?10 ELSE last_request_at END,
-                    completed_at = CASE WHEN ?11 THEN ?10 END,
-                    lease_owner = CASE WHEN ?12 THEN NULL ELSE lease_owner END,
-                    lease_expires_at = CASE WHEN ?12 THEN NULL ELSE lease_expires_at END,
-                    next_attempt_at = ?13,
-                    verify_at = ?14,
-                    updated_at = ?10
-                 WHERE id = ?1 AND lease_epoch = ?2 AND {OPEN}"
-            )))
-            .bind(t.id.to_string())
-            .bind(t.lease_epoch)
-            .bind(t.state.as_str())
-            .bind(t.resolution.map(|r| r.as_str()))
-            .bind(t.attachment.as_ref().map(to_json))
-            .bind(i64::from(t.add_attempt))
-            .bind(t.last_error.is_some())
-            .bind(t.last_error.as_ref().and_then(|e| e.as_ref().map(to_json)))
-            .bind(t.request_sent)
-            .bind(now)
-            .bind(terminal)
-            .bind(t.release_lease)
-            .bind(t.next_attempt_at.map(micros))
-            .bind(t.verify_at.map(micros))
-            .execute(&mut *tx)
-            .await
-            .map_err(db("recording a state change"))?;
-            if result.rows_affected() == 0 {
+            if !update_fenced(&mut tx, &t).await? {
+                // Fenced out, or this very write was made before (same
+                // write, same epoch): then its row as it left it.
+                let made = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT {COLUMNS} FROM operations WHERE id = $1 AND lease_epoch = $2 AND last_write = $3"
+                )))
+                .bind(t.id.to_string())
+                .bind(t.lease_epoch)
+                .bind(t.write_id.to_string())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db("recording a state change"))?;
                 tx.rollback()
                     .await
                     .map_err(db("recording a state change"))?;
-                return Ok(None);
+                return made.as_ref().map(rows::operation).transpose();
             }
-            Self::insert_events(&mut tx, t.id, &t.replica, &t.events).await?;
-            let op = Self::get_in(&mut tx, t.id).await?;
+            insert_events(&mut tx, t.id, &t.replica, Some(t.write_id), &t.events).await?;
+            let op = get_in(&mut tx, t.id).await?;
             tx.commit().await.map_err(db("recording a state change"))?;
             self.notify(t.id);
             Ok(op)
@@ -365,7 +255,9 @@ impl Store for SqliteStore {
         events: Vec<NewEvent>,
     ) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
-        Self::insert_events(&mut tx, id, replica, &events).await?;
+        // One transaction, never re-run; named like PostgreSQL's appends.
+        let write = Some(Uuid::now_v7());
+        insert_events(&mut tx, id, replica, write, &events).await?;
         tx.commit()
             .await
             .map_err(db("appending to the reconcile log"))
@@ -406,12 +298,12 @@ impl Store for SqliteStore {
             .await
             .map_err(db("claiming operations"))?;
             let uuid = Uuid::parse_str(&id).map_err(|e| corrupt(&id, e.to_string()))?;
-            let op = Self::get_in(&mut tx, uuid)
+            let op = get_in(&mut tx, uuid)
                 .await?
                 .ok_or_else(|| corrupt(&id, "claimed row vanished"))?;
             let ev = NewEvent::new(event::CLAIMED, "leased by the reconciler")
                 .with("lease_epoch", op.lease_epoch);
-            Self::insert_events(&mut tx, uuid, replica, &[ev]).await?;
+            insert_events(&mut tx, uuid, replica, None, &[ev]).await?;
             out.push(op);
         }
         tx.commit().await.map_err(db("claiming operations"))?;
@@ -442,11 +334,11 @@ impl Store for SqliteStore {
             tx.rollback().await.map_err(db("claiming an operation"))?;
             return Ok(None);
         }
-        let op = Self::get_in(&mut tx, id).await?;
+        let op = get_in(&mut tx, id).await?;
         if let Some(op) = &op {
             let ev = NewEvent::new(event::CLAIMED, "leased for a requested reconcile pass")
                 .with("lease_epoch", op.lease_epoch);
-            Self::insert_events(&mut tx, id, replica, &[ev]).await?;
+            insert_events(&mut tx, id, replica, None, &[ev]).await?;
         }
         tx.commit().await.map_err(db("claiming an operation"))?;
         Ok(op)
@@ -470,7 +362,7 @@ impl Store for SqliteStore {
                 .await
                 .map_err(db("claiming verifications"))?;
             let uuid = Uuid::parse_str(&id).map_err(|e| corrupt(&id, e.to_string()))?;
-            if let Some(op) = Self::get_in(&mut tx, uuid).await? {
+            if let Some(op) = get_in(&mut tx, uuid).await? {
                 out.push(op);
             }
         }
@@ -491,7 +383,7 @@ impl Store for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(db("marking drift"))?;
-        Self::insert_events(&mut tx, id, replica, &events).await?;
+        insert_events(&mut tx, id, replica, None, &events).await?;
         tx.commit().await.map_err(db("marking drift"))?;
         self.notify(id);
         Ok(())
@@ -527,17 +419,15 @@ impl Store for SqliteStore {
         .await
         .map_err(db("resolving by operator"))?;
         if r.rows_affected() == 0 {
-            let current = Self::get_in(&mut tx, id).await?;
+            let current = get_in(&mut tx, id).await?;
             tx.rollback().await.map_err(db("resolving by operator"))?;
             return Err(rows::not_resolvable(id, current));
         }
         let ev = NewEvent::new(event::OPERATOR_RESOLVED, reason)
             .with("state", state.as_str())
             .with("caller", caller.unwrap_or(""));
-        Self::insert_events(&mut tx, id, replica, &[ev]).await?;
-        let op = Self::get_in(&mut tx, id)
-            .await?
-            .ok_or(StoreError::NotFound(id))?;
+        insert_events(&mut tx, id, replica, None, &[ev]).await?;
+        let op = get_in(&mut tx, id).await?.ok_or(StoreError::NotFound(id))?;
         tx.commit().await.map_err(db("resolving by operator"))?;
         self.notify(id);
         Ok(op)
@@ -564,7 +454,7 @@ impl Store for SqliteStore {
                 event::HANDED_OVER,
                 "replica shut down; lease released for another reconciler",
             );
-            Self::insert_events(&mut tx, uuid, replica, &[ev]).await?;
+            insert_events(&mut tx, uuid, replica, None, &[ev]).await?;
         }
         tx.commit().await.map_err(db("releasing leases"))?;
         Ok(ids.len() as u64)

@@ -1,0 +1,154 @@
+//! The statements the embedded store runs inside its transactions: an
+//! intent, a fenced decision, events, a row read back; and the few
+//! conversions of its storage (ids as text, timestamps as microseconds,
+//! JSON as text).
+
+use chrono::{DateTime, Utc};
+use sqlx::{Sqlite, Transaction};
+use uuid::Uuid;
+
+use crate::domain::{NewEvent, Operation};
+use crate::store::rows::{self, OPEN};
+use crate::store::{NewOperation, StoreError, Transition};
+
+pub(super) fn micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+pub(super) fn now_us() -> i64 {
+    micros(Utc::now())
+}
+
+pub(super) fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    StoreError::db(what)
+}
+
+pub(super) fn to_json<T: serde::Serialize>(v: &T) -> String {
+    // Serializing our own plain structs cannot fail.
+    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+pub(super) fn corrupt(id: &str, reason: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        id: id.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Logs events of operation `id`; `write` names the write that logs
+/// them when it is one that may be repeated (as in PostgreSQL).
+pub(super) async fn insert_events(
+    tx: &mut Transaction<'static, Sqlite>,
+    id: Uuid,
+    replica: &str,
+    write: Option<Uuid>,
+    events: &[NewEvent],
+) -> Result<(), StoreError> {
+    for e in events {
+        sqlx::query("INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica, write_id) VALUES (?, ?, ?, ?, ?, ?, ?)")
+            .bind(id.to_string())
+            .bind(now_us())
+            .bind(e.kind)
+            .bind(&e.detail)
+            .bind(e.metadata_json().to_string())
+            .bind(replica)
+            .bind(write.map(|w| w.to_string()))
+            .execute(&mut **tx)
+            .await
+            .map_err(db("appending to the reconcile log"))?;
+    }
+    Ok(())
+}
+
+/// Inserts an intent row; `false` when a unique key (its key, its
+/// volume's one open operation, its id) stood in the way.
+pub(super) async fn insert_intent(
+    tx: &mut Transaction<'static, Sqlite>,
+    new: &NewOperation,
+) -> Result<bool, StoreError> {
+    let now = now_us();
+    let inserted = sqlx::query(
+        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
+            request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
+            lease_expires_at, caller)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(new.id.to_string())
+    .bind(&new.idempotency_key)
+    .bind(&new.fingerprint)
+    .bind(new.action.as_str())
+    .bind(new.state.as_str())
+    .bind(new.server_id.to_string())
+    .bind(new.volume_id.to_string())
+    .bind(to_json(&new.params))
+    .bind(new.attempts)
+    .bind(micros(new.deadline_at))
+    .bind(if new.attempts > 0 { Some(now) } else { None })
+    .bind(now)
+    .bind(now)
+    .bind(&new.lease_owner)
+    .bind(micros(new.lease_expires_at))
+    .bind(&new.caller)
+    .execute(&mut **tx)
+    .await
+    .map_err(db("recording the operation"))?;
+    Ok(inserted.rows_affected() == 1)
+}
+
+/// A transition's update, fenced by its epoch and by its write (one
+/// already made is not made again); `false` when it changed nothing.
+pub(super) async fn update_fenced(
+    tx: &mut Transaction<'static, Sqlite>,
+    t: &Transition,
+) -> Result<bool, StoreError> {
+    let now = now_us();
+    let result = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE operations SET
+            state = ?3,
+            resolution = ?4,
+            attachment = COALESCE(?5, attachment),
+            attempts = attempts + ?6,
+            last_error = CASE WHEN ?7 THEN ?8 ELSE last_error END,
+            last_request_at = CASE WHEN ?9 THEN ?10 ELSE last_request_at END,
+            completed_at = CASE WHEN ?11 THEN ?10 END,
+            lease_owner = CASE WHEN ?12 THEN NULL ELSE lease_owner END,
+            lease_expires_at = CASE WHEN ?12 THEN NULL ELSE lease_expires_at END,
+            next_attempt_at = ?13,
+            verify_at = ?14,
+            updated_at = ?10,
+            last_write = ?15
+         WHERE id = ?1 AND lease_epoch = ?2 AND {OPEN} AND last_write IS NOT ?15"
+    )))
+    .bind(t.id.to_string())
+    .bind(t.lease_epoch)
+    .bind(t.state.as_str())
+    .bind(t.resolution.map(|r| r.as_str()))
+    .bind(t.attachment.as_ref().map(to_json))
+    .bind(i64::from(t.add_attempt))
+    .bind(t.last_error.is_some())
+    .bind(t.last_error.as_ref().and_then(|e| e.as_ref().map(to_json)))
+    .bind(t.request_sent)
+    .bind(now)
+    .bind(t.state.is_terminal())
+    .bind(t.release_lease)
+    .bind(t.next_attempt_at.map(micros))
+    .bind(t.verify_at.map(micros))
+    .bind(t.write_id.to_string())
+    .execute(&mut **tx)
+    .await
+    .map_err(db("recording a state change"))?;
+    Ok(result.rows_affected() == 1)
+}
+
+pub(super) async fn get_in(
+    tx: &mut Transaction<'static, Sqlite>,
+    id: Uuid,
+) -> Result<Option<Operation>, StoreError> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(rows::by_id_sql()))
+        .bind(id.to_string())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db("reading an operation"))?;
+    row.as_ref().map(rows::operation).transpose()
+}
