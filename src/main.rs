@@ -17,11 +17,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let errors = cli::ErrorStyle::of(&invocation.cli.command);
     match runtime.block_on(cli::run(invocation)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "exiting");
-            eprintln!("error: {e:#}");
+            errors.report(&e);
             ExitCode::FAILURE
         }
     }

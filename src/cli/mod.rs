@@ -12,6 +12,7 @@
 //! - [`output`]: tables and progress shared by the commands.
 
 pub mod bench;
+pub mod client_args;
 pub mod demo;
 pub mod nova_sim;
 pub mod ops;
@@ -87,6 +88,46 @@ pub enum ConfigCommand {
 pub struct Invocation {
     pub cli: Cli,
     pub sources: settings::Sources,
+}
+
+/// How a failed command reports its error: once, on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorStyle {
+    /// A service (`serve`, `nova-sim`, `migrate`): its stderr is its log,
+    /// so the error is a log line (JSON or human, like the others).
+    Log,
+    /// `error: ...`, readable on a terminal.
+    Text,
+    /// `{"error": {...}}`, when the command was asked for `--output json`.
+    Json,
+}
+
+impl ErrorStyle {
+    pub fn of(command: &Command) -> Self {
+        use bench::Output as B;
+        match command {
+            Command::Serve(_) | Command::NovaSim(_) | Command::Migrate(_) => Self::Log,
+            Command::Ops(a) if a.output == ops::Output::Json => Self::Json,
+            Command::Bench(a) if a.load.output == B::Json => Self::Json,
+            _ => Self::Text,
+        }
+    }
+
+    /// Reports `e`: the code, reason and metadata of a failed call are
+    /// kept as fields in JSON.
+    pub fn report(self, e: &anyhow::Error) {
+        match self {
+            Self::Log => tracing::error!(error = format!("{e:#}"), "exiting"),
+            Self::Text => eprintln!("error: {e:#}"),
+            Self::Json => {
+                let body = match e.downcast_ref::<crate::client::CallError>() {
+                    Some(call) => call.to_json(),
+                    None => serde_json::json!({ "message": format!("{e:#}") }),
+                };
+                eprintln!("{}", serde_json::json!({ "error": body }));
+            }
+        }
+    }
 }
 
 /// Parses the process's command line with the config file layered in.

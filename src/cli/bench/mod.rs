@@ -61,8 +61,8 @@ pub struct AdapterBenchArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
-    #[arg(long, default_value = format!("http://{}", crate::config::DEFAULT_LISTEN))]
-    pub server: String,
+    #[command(flatten)]
+    pub client: crate::cli::client_args::ClientArgs,
     /// Send the attach requests straight to this Nova endpoint instead.
     #[arg(long)]
     pub direct_nova: Option<String>,
