@@ -133,7 +133,21 @@ impl ErrorStyle {
 /// Parses the process's command line with the config file layered in.
 /// Exits (like clap does) on `--help`, `--version` and usage errors.
 pub fn parse() -> Invocation {
-    settings::parse(std::env::args_os().collect())
+    let mut invocation = settings::parse(std::env::args_os().collect());
+    if let Command::Demo(args) = &mut invocation.cli.command {
+        args.prepare();
+    }
+    invocation
+}
+
+impl Invocation {
+    /// Where logs go instead of stderr: the quiet demo's log file.
+    pub fn log_file(&self) -> Option<std::path::PathBuf> {
+        match &self.cli.command {
+            Command::Demo(args) => args.log_file(),
+            _ => None,
+        }
+    }
 }
 
 /// Runs one command to its end.
