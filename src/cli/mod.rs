@@ -104,11 +104,10 @@ pub enum ErrorStyle {
 
 impl ErrorStyle {
     pub fn of(command: &Command) -> Self {
-        use bench::Output as B;
         match command {
             Command::Serve(_) | Command::NovaSim(_) | Command::Migrate(_) => Self::Log,
             Command::Ops(a) if a.output == ops::Output::Json => Self::Json,
-            Command::Bench(a) if a.load.output == B::Json => Self::Json,
+            Command::Bench(a) if a.output() == bench::Output::Json => Self::Json,
             _ => Self::Text,
         }
     }

@@ -36,6 +36,17 @@ pub struct BenchArgs {
     pub load: LoadArgs,
 }
 
+impl BenchArgs {
+    /// The output format the run was asked for.
+    pub fn output(&self) -> Output {
+        match &self.command {
+            Some(BenchCommand::Reconcile(r)) => r.output,
+            Some(BenchCommand::Adapter(a)) => a.output,
+            Some(BenchCommand::PgbenchScript) | None => self.load.output,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Subcommand)]
 pub enum BenchCommand {
     /// Time the reconciler resolving N unknown operations (half attached in Nova).
