@@ -75,11 +75,6 @@ impl Progress {
         }
     }
 
-    /// Whether this draws a bar (a terminal) rather than lines.
-    pub fn is_bar(&self) -> bool {
-        self.bar.is_some()
-    }
-
     /// Sets the position; off a terminal, prints a line at each 10 % crossed.
     pub fn set(&mut self, done: u64) {
         match &self.bar {
