@@ -12,12 +12,14 @@
 //! retried.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -37,18 +39,31 @@ pub struct CallError {
 }
 
 impl std::fmt::Display for CallError {
+    /// `the message (CODE, REASON: key=value, ...)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}: {}", self.code, self.message)?;
+        write!(f, "{} ({}", self.message, code_name(self.code))?;
         if let Some(r) = &self.reason {
-            write!(f, " [{r}]")?;
+            write!(f, ", {r}")?;
         }
         let mut keys: Vec<_> = self.metadata.iter().collect();
         keys.sort();
-        for (k, v) in keys {
-            write!(f, " {k}={v}")?;
+        for (i, (k, v)) in keys.into_iter().enumerate() {
+            write!(f, "{}{k}={v}", if i == 0 { ": " } else { ", " })?;
         }
-        Ok(())
+        write!(f, ")")
     }
+}
+
+/// The canonical name of a gRPC code (`INVALID_ARGUMENT`).
+pub fn code_name(code: Code) -> String {
+    let mut out = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_uppercase());
+    }
+    out
 }
 
 impl std::error::Error for CallError {}
@@ -68,6 +83,16 @@ impl CallError {
 
     pub fn operation_id(&self) -> Option<&str> {
         self.metadata.get("operation_id").map(String::as_str)
+    }
+
+    /// As JSON: `{"code", "message", "reason", "metadata"}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "code": code_name(self.code),
+            "message": self.message,
+            "reason": self.reason,
+            "metadata": self.metadata,
+        })
     }
 }
 
@@ -127,9 +152,149 @@ pub struct RetryStats {
     pub by_code: HashMap<String, u64>,
 }
 
+/// How to reach the service: its address, a bearer token, TLS. The same
+/// options as the CLI's `--server`, `--token`, `--ca`, `--cert`, `--key`.
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    /// `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT`. Without a
+    /// scheme, TLS is on when `tls` is set.
+    pub server: String,
+    /// Sent as `authorization: Bearer <token>` on every call.
+    pub token: Option<String>,
+    pub tls: Option<ClientTls>,
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("server", &self.server)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// TLS towards the service.
+#[derive(Clone, Default)]
+pub struct ClientTls {
+    /// PEM of the CA that signed the server's certificate; `None`: the
+    /// system's trusted roots.
+    pub ca_pem: Option<String>,
+    /// PEM certificate chain and key to present (mutual TLS).
+    pub identity_pem: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key is a secret; whether there is one is enough.
+        f.debug_struct("ClientTls")
+            .field("ca", &self.ca_pem.as_ref().map(|_| "PEM"))
+            .field("identity", &self.identity_pem.as_ref().map(|_| "PEM"))
+            .finish()
+    }
+}
+
+fn read_pem(what: &str, path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the {what} {}: {e}", path.display()))
+}
+
+impl ClientTls {
+    /// Reads the PEM files: the CA (optional), and the certificate and key
+    /// (both or neither).
+    pub fn from_files(
+        ca: Option<&Path>,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let identity_pem = match (cert, key) {
+            (Some(c), Some(k)) => Some((
+                read_pem("client certificate", c)?,
+                read_pem("client key", k)?,
+            )),
+            (None, None) => None,
+            _ => anyhow::bail!("a client certificate needs its key: give both --cert and --key"),
+        };
+        Ok(Self {
+            ca_pem: ca.map(|p| read_pem("CA certificate", p)).transpose()?,
+            identity_pem,
+        })
+    }
+}
+
+impl ConnectOptions {
+    /// Plaintext, no token.
+    pub fn new(server: impl Into<String>) -> Self {
+        Self {
+            server: server.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The server's URL: the scheme as given, or https when TLS options are
+    /// set and http otherwise.
+    pub fn url(&self) -> anyhow::Result<String> {
+        let s = self.server.trim();
+        match s.split_once("://") {
+            None if s.is_empty() => anyhow::bail!("no server given (HOST:PORT)"),
+            None if self.tls.is_some() => Ok(format!("https://{s}")),
+            None => Ok(format!("http://{s}")),
+            Some(("https", _)) => Ok(s.to_string()),
+            Some(("http", _)) if self.tls.is_some() => anyhow::bail!(
+                "server {s:?}: TLS options (--ca, --cert, --key) need https:// or no scheme"
+            ),
+            Some(("http", _)) => Ok(s.to_string()),
+            Some((scheme, _)) => {
+                anyhow::bail!("server {s:?}: unknown scheme {scheme:?} (http or https)")
+            }
+        }
+    }
+
+    /// The endpoint to connect to, with TLS when the URL is https.
+    fn endpoint(&self) -> anyhow::Result<Endpoint> {
+        let url = self.url()?;
+        let ep = Endpoint::from_shared(url.clone())
+            .map_err(|e| anyhow::anyhow!("invalid server {:?}: {e}", self.server))?
+            .connect_timeout(Duration::from_secs(3))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(true)
+            .tcp_nodelay(true);
+        if !url.starts_with("https://") {
+            return Ok(ep);
+        }
+        crate::nova::client::install_crypto_provider();
+        let tls = self.tls.clone().unwrap_or_default();
+        let mut cfg = ClientTlsConfig::new();
+        cfg = match &tls.ca_pem {
+            Some(ca) => cfg.ca_certificate(Certificate::from_pem(ca)),
+            None => cfg.with_native_roots(),
+        };
+        if let Some((cert, key)) = &tls.identity_pem {
+            cfg = cfg.identity(Identity::from_pem(cert, key));
+        }
+        ep.tls_config(cfg)
+            .map_err(|e| anyhow::anyhow!("TLS towards {url}: {e}"))
+    }
+
+    /// The `authorization` value, marked sensitive (never printed).
+    fn bearer(&self) -> anyhow::Result<Option<MetadataValue<Ascii>>> {
+        let Some(token) = &self.token else {
+            return Ok(None);
+        };
+        anyhow::ensure!(!token.trim().is_empty(), "the bearer token is empty");
+        let mut v = MetadataValue::try_from(format!("Bearer {}", token.trim())).map_err(|_| {
+            anyhow::anyhow!("the bearer token has characters a header cannot carry")
+        })?;
+        v.set_sensitive(true);
+        Ok(Some(v))
+    }
+}
+
 #[derive(Clone)]
 pub struct Client {
     inner: VolumeReconcilerClient<Channel>,
+    /// `Bearer <token>`, sent on every call.
+    bearer: Option<MetadataValue<Ascii>>,
 }
 
 /// Parameters of an attach.
@@ -141,23 +306,42 @@ pub struct AttachOptions {
 }
 
 impl Client {
-    /// Connects lazily to `url` (e.g. `http://127.0.0.1:50051`).
+    /// Connects lazily to `url` (e.g. `http://127.0.0.1:50051`), in plaintext.
     pub fn connect_lazy(url: &str) -> anyhow::Result<Self> {
-        let ep = Endpoint::from_shared(url.to_string())
-            .map_err(|e| anyhow::anyhow!("invalid server URL {url:?}: {e}"))?
-            .connect_timeout(Duration::from_secs(3))
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_while_idle(true)
-            .tcp_nodelay(true);
-        Ok(Self::from_channel(ep.connect_lazy()))
+        Self::connect(&ConnectOptions::new(url))
+    }
+
+    /// Connects lazily with `opts` (a new connection per call of this).
+    pub fn connect(opts: &ConnectOptions) -> anyhow::Result<Self> {
+        let bearer = opts.bearer()?;
+        Ok(Self {
+            bearer,
+            ..Self::from_channel(opts.endpoint()?.connect_lazy())
+        })
     }
 
     pub fn from_channel(channel: Channel) -> Self {
         Self {
             inner: VolumeReconcilerClient::new(channel),
+            bearer: None,
         }
     }
 
+    /// A request carrying this client's credentials and, when given, a
+    /// deadline (sent as `grpc-timeout`).
+    pub fn request<T>(&self, msg: T, timeout: Option<Duration>) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(t) = timeout {
+            r.set_timeout(t);
+        }
+        if let Some(b) = &self.bearer {
+            r.metadata_mut().insert("authorization", b.clone());
+        }
+        r
+    }
+
+    /// The generated client on this connection. Requests made for it should
+    /// come from [`Client::request`] to carry the credentials.
     pub fn raw(&self) -> VolumeReconcilerClient<Channel> {
         self.inner.clone()
     }
@@ -180,8 +364,7 @@ impl Client {
             delete_on_termination: opts.delete_on_termination,
         };
         self.with_retries(timeout, None, |mut c, remaining| {
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(remaining);
+            let r = self.request(req.clone(), Some(remaining));
             async move { c.attach_volume(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -201,8 +384,7 @@ impl Client {
             volume_id: volume_id.to_string(),
         };
         self.with_retries(timeout, None, |mut c, remaining| {
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(remaining);
+            let r = self.request(req.clone(), Some(remaining));
             async move { c.detach_volume(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -224,8 +406,7 @@ impl Client {
             ..Default::default()
         };
         self.with_retries(timeout, Some(stats), |mut c, remaining| {
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(remaining);
+            let r = self.request(req.clone(), Some(remaining));
             async move { c.attach_volume(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -284,5 +465,77 @@ impl Client {
             }
             e
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_is_taken_with_or_without_a_scheme() {
+        let url = |server: &str, tls: bool| {
+            ConnectOptions {
+                server: server.into(),
+                tls: tls.then(ClientTls::default),
+                ..ConnectOptions::default()
+            }
+            .url()
+        };
+        assert_eq!(url("h:1", false).unwrap(), "http://h:1");
+        assert_eq!(url("h:1", true).unwrap(), "https://h:1");
+        assert_eq!(url("http://h:1", false).unwrap(), "http://h:1");
+        assert_eq!(url("https://h:1", false).unwrap(), "https://h:1");
+        assert_eq!(url(" https://h:1 ", true).unwrap(), "https://h:1");
+        assert!(
+            url("http://h:1", true)
+                .unwrap_err()
+                .to_string()
+                .contains("https://")
+        );
+        assert!(
+            url("ftp://h:1", false)
+                .unwrap_err()
+                .to_string()
+                .contains("ftp")
+        );
+        assert!(url("", false).is_err());
+    }
+
+    #[test]
+    fn errors_read_as_a_sentence_with_their_code_and_details() {
+        let e = CallError {
+            code: Code::InvalidArgument,
+            message: "invalid operation_id: is required".into(),
+            reason: Some("INVALID_FIELD".into()),
+            metadata: [("field".to_string(), "operation_id".to_string())].into(),
+            retries: 0,
+        };
+        assert_eq!(
+            e.to_string(),
+            "invalid operation_id: is required (INVALID_ARGUMENT, INVALID_FIELD: field=operation_id)"
+        );
+        assert_eq!(e.to_json()["code"], "INVALID_ARGUMENT");
+        assert_eq!(code_name(Code::DeadlineExceeded), "DEADLINE_EXCEEDED");
+    }
+
+    #[tokio::test]
+    async fn tokens_are_sent_as_bearer_and_never_printed() {
+        let opts = ConnectOptions {
+            server: "h:1".into(),
+            token: Some("s3cret\n".into()),
+            tls: None,
+        };
+        assert!(!format!("{opts:?}").contains("s3cret"));
+        let client = Client::connect(&opts).unwrap();
+        let r = client.request((), None);
+        let v = r.metadata().get("authorization").unwrap();
+        assert_eq!(v.to_str().unwrap(), "Bearer s3cret");
+        assert!(!format!("{:?}", r.metadata()).contains("s3cret"));
+        let bad = ConnectOptions {
+            token: Some("a\u{7f}b".into()),
+            ..opts
+        };
+        assert!(Client::connect(&bad).is_err());
     }
 }

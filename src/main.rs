@@ -6,7 +6,11 @@ use volume_reconciler::{cli, telemetry};
 
 fn main() -> ExitCode {
     let invocation = cli::parse();
-    telemetry::init(invocation.cli.log_format, &invocation.cli.log);
+    let (format, filter) = (invocation.cli.log_format, &invocation.cli.log);
+    match invocation.log_file() {
+        Some(path) => telemetry::init_to_file(format, filter, &path),
+        None => telemetry::init(format, filter),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -17,11 +21,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let errors = cli::ErrorStyle::of(&invocation.cli.command);
     match runtime.block_on(cli::run(invocation)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "exiting");
-            eprintln!("error: {e:#}");
+            errors.report(&e);
             ExitCode::FAILURE
         }
     }

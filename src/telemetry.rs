@@ -1,5 +1,6 @@
 //! Logging: human-readable on a terminal, JSON for machines. Lines about
-//! an operation carry its `operation_id` (spans and fields).
+//! an operation carry its `operation_id` (spans and fields). Logs go to
+//! stderr, or to a file (the quiet demo's log beside its ledger).
 
 use std::io::IsTerminal;
 
@@ -7,11 +8,51 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
-pub fn init(format: LogFormat, filter: &str) {
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|e| {
+fn env_filter(filter: &str) -> EnvFilter {
+    EnvFilter::try_new(filter).unwrap_or_else(|e| {
         eprintln!("invalid log filter {filter:?} ({e}); using \"info\"");
         EnvFilter::new("info")
-    });
+    })
+}
+
+/// Logs to a file, created or appended to; `auto` is human-readable there
+/// (a file is for a person to read), without colours. If the file cannot
+/// be opened, says so and logs to stderr instead.
+pub fn init_to_file(format: LogFormat, filter: &str, path: &std::path::Path) {
+    let file = match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "cannot open the log file {} ({e}); logging to stderr",
+                path.display()
+            );
+            return init(format, filter);
+        }
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(env_filter(filter))
+        .with_writer(std::sync::Mutex::new(file))
+        .with_ansi(false);
+    // `try_init` fails only when a subscriber is already set: fine.
+    let result = match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+        LogFormat::Human | LogFormat::Auto => builder.with_target(false).try_init(),
+    };
+    drop(result);
+}
+
+/// Logs to stderr.
+pub fn init(format: LogFormat, filter: &str) {
+    let filter = env_filter(filter);
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Human => false,

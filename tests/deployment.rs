@@ -304,31 +304,95 @@ fn configuration_precedence_is_flags_then_environment_then_file_then_defaults() 
     assert!(!ok && err.contains("/nonexistent/x.toml"), "{err}");
 }
 
-#[tokio::test]
-async fn the_python_example_attaches_through_a_live_server_with_grpcio() {
-    let app = support::spawn_app(support::AppOptions::default()).await;
-    let addr = app.grpc_url.trim_start_matches("http://").to_string();
+/// Runs examples/python/run.sh with `args`: (success, stdout, stderr).
+async fn python_example(args: Vec<String>) -> (bool, String, String) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/python/run.sh");
     let out = tokio::task::spawn_blocking(move || {
-        Command::new("bash")
-            .arg(script)
-            .arg(&addr)
-            .output()
-            .unwrap()
+        let mut cmd = Command::new("bash");
+        cmd.arg(script).args(&args);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("VOLUME_RECONCILER_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.output().unwrap()
     })
     .await
     .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
+    (
         out.status.success(),
-        "python example failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+fn host_port(app: &support::TestApp) -> String {
+    app.grpc_url.trim_start_matches("http://").to_string()
+}
+
+#[tokio::test]
+async fn the_python_example_attaches_through_a_live_server_with_grpcio() {
+    let app = support::spawn_app(support::AppOptions::default()).await;
+    let (ok, stdout, stderr) = python_example(vec![host_port(&app)]).await;
+    assert!(ok, "python example failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("STATE_SUCCEEDED"), "{stdout}");
     assert!(stdout.contains("same operation True"), "{stdout}");
     assert!(
         stdout.contains("INVALID_ARGUMENT INVALID_FIELD field=server_id"),
         "{stdout}"
     );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_python_example_sends_a_bearer_token() {
+    use volume_reconciler::grpc::auth::sha256_hex;
+    let tokens = format!("py:orchestrator:{}", sha256_hex("py-token-1"));
+    let app =
+        support::spawn_app(support::AppOptions::default().arg("--auth-tokens", &tokens)).await;
+    let server = format!("http://{}", host_port(&app));
+    let (ok, stdout, stderr) =
+        python_example(vec![server.clone(), "--token".into(), "py-token-1".into()]).await;
+    assert!(ok, "python example failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("STATE_SUCCEEDED") && stdout.contains("caller py"),
+        "{stdout}"
+    );
+    let (ok, stdout, stderr) = python_example(vec![server]).await;
+    assert!(!ok, "refused without a token:\n{stdout}");
+    assert!(
+        stderr.contains("error: ") && stderr.contains("UNAUTHENTICATED"),
+        "{stderr}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_python_example_talks_mutual_tls() {
+    let pki = support::pki::Pki::new();
+    let app = support::spawn_app(pki.server_flags(support::AppOptions::default())).await;
+    let (ok, stdout, stderr) = python_example(vec![
+        host_port(&app),
+        "--ca".into(),
+        pki.server_ca.clone(),
+        "--cert".into(),
+        pki.client_cert.clone(),
+        "--key".into(),
+        pki.client_key.clone(),
+        "--timeout".into(),
+        "10".into(),
+    ])
+    .await;
+    assert!(ok, "python example failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("STATE_SUCCEEDED"), "{stdout}");
+    let (ok, stdout, _) = python_example(vec![
+        host_port(&app),
+        "--ca".into(),
+        pki.server_ca.clone(),
+        "--timeout".into(),
+        "3".into(),
+    ])
+    .await;
+    assert!(!ok, "refused without a client certificate:\n{stdout}");
     app.stop().await;
 }

@@ -632,31 +632,68 @@ async fn ops_show_tells_the_story_of_a_lost_response() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn the_demo_completes_with_no_disagreement_and_no_double_attach() {
-    let out = tokio::task::spawn_blocking(|| {
-        Command::new(BIN)
-            .args([
-                "demo",
-                "--volumes",
-                "30",
-                "--concurrency",
-                "8",
-                "--deadline",
-                "4s",
-            ])
-            .env("VOLUME_RECONCILER_LOG", "error")
-            .output()
-            .unwrap()
+/// Runs the demo binary off a terminal (stdout and stderr are pipes), with
+/// the test's own log settings removed: the demo's defaults.
+async fn run_demo(volumes: usize, extra: &[&str]) -> (std::process::Output, String) {
+    let volumes = volumes.to_string();
+    let mut args: Vec<String> = [
+        "demo",
+        "--volumes",
+        &volumes,
+        "--concurrency",
+        "8",
+        "--deadline",
+        "4s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(BIN);
+        cmd.args(&args).stdin(Stdio::null());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("VOLUME_RECONCILER_") || k == "RUST_LOG" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.output().unwrap()
     })
     .await
     .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "demo failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    (out, text)
+}
+
+/// The files of a demo run: the ledger it printed, its lock, WAL and log.
+fn demo_files(text: &str) -> Vec<std::path::PathBuf> {
+    let ledger = text
+        .split("embedded ledger ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("no ledger path in:\n{text}"));
+    let log = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("service log"))
+        .map(|l| l.trim().to_string())
+        .unwrap_or_else(|| panic!("no log path in:\n{text}"));
+    assert_eq!(
+        std::path::Path::new(&log).parent(),
+        std::path::Path::new(ledger).parent(),
+        "the log sits beside the ledger"
     );
+    ["", ".lock", "-wal", "-shm"]
+        .iter()
+        .map(|s| std::path::PathBuf::from(format!("{ledger}{s}")))
+        .chain(std::iter::once(std::path::PathBuf::from(log)))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_demo_completes_with_no_disagreement_and_no_double_attach() {
+    let (out, text) = run_demo(30, &[]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "demo failed:\n{text}\n{stderr}");
     let line = |needle: &str| {
         text.lines()
             .find(|l| l.contains(needle))
@@ -670,6 +707,59 @@ async fn the_demo_completes_with_no_disagreement_and_no_double_attach() {
         count(line("responses lost")) > 0,
         "the workload did lose responses:\n{text}"
     );
-    assert!(text.contains("restarting the service"));
+    assert!(line("restarting the service").contains("waits up to 10s"));
+    assert!(line("...back after").contains(" s") || line("...back after").contains(" ms"));
     assert!(text.contains("OUTCOME") && text.contains("p99"));
+
+    // Quiet: the service's logs went to the file, none to the terminal.
+    assert!(stderr.is_empty(), "nothing on stderr:\n{stderr}");
+    for l in text.lines() {
+        assert!(
+            !(l.contains(" INFO ") || l.contains(" WARN ") || l.contains("\"level\"")),
+            "a log line on stdout: {l}"
+        );
+    }
+    // Off a terminal, a line per 10 %, in order, and no carriage returns.
+    let tenths: Vec<u64> = text
+        .lines()
+        .filter_map(|l| {
+            l.trim()
+                .split_once(" %  ")
+                .and_then(|(p, _)| p.parse().ok())
+        })
+        .collect();
+    assert_eq!(
+        tenths,
+        (1..=10).map(|t| t * 10).collect::<Vec<_>>(),
+        "{text}"
+    );
+    assert!(!text.contains('\r'));
+    // Its files are gone.
+    for f in demo_files(&text) {
+        assert!(!f.exists(), "{} was left behind", f.display());
+    }
+}
+
+#[tokio::test]
+async fn the_demo_keeps_its_ledger_and_log_when_asked() {
+    let (out, text) = run_demo(8, &["--keep"]).await;
+    assert!(
+        out.status.success(),
+        "demo failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files = demo_files(&text);
+    let (ledger, log) = (&files[0], files.last().unwrap());
+    assert!(ledger.exists(), "{text}");
+    let logged = std::fs::read_to_string(log).expect("the log is kept");
+    assert!(
+        logged.contains("operation decided"),
+        "the service logged to the file:\n{logged}"
+    );
+    assert!(text.contains("kept: the ledger"), "{text}");
+    for f in files {
+        if f.exists() {
+            std::fs::remove_file(&f).unwrap();
+        }
+    }
 }

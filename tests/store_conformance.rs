@@ -874,7 +874,10 @@ async fn postgres_a_write_whose_acknowledgement_was_lost_applies_once() {
     let mut retry = Transition::new(&op, State::InProgress, "r0");
     retry.add_attempt = true;
     retry.request_sent = true;
-    retry.last_error = Some(Some(OperationError::new("NOVA_TIMEOUT", marker)));
+    retry.last_error = Some(Some(OperationError::new(
+        volume_reconciler::domain::Reason::NovaTimeout,
+        marker,
+    )));
     retry.events = vec![NewEvent::new("request_sent", "again").with("attempt", 2)];
     let written = store
         .operation_transition(retry, soon())
@@ -980,7 +983,10 @@ async fn postgres_a_write_is_not_rerun_after_its_deadline() {
     let mut late = Transition::new(&victim, State::InProgress, "r0");
     late.add_attempt = true;
     late.request_sent = true;
-    late.last_error = Some(Some(OperationError::new("NOVA_TIMEOUT", marker)));
+    late.last_error = Some(Some(OperationError::new(
+        volume_reconciler::domain::Reason::NovaTimeout,
+        marker,
+    )));
     late.events = vec![NewEvent::new("request_sent", "late").with("attempt", 2)];
     let answered = store
         .operation_transition(late, Instant::now() + Duration::from_secs(3))

@@ -7,8 +7,15 @@ orchestrator needs: an idempotency key per intent (retrying with the same
 key is always safe), a deadline on every call, and reading the
 google.rpc.ErrorInfo of a failure (its reason and metadata, e.g. the
 operation_id to look up later).
+
+Client options, the same as the `volume-reconciler ops` command's:
+--server HOST:PORT (http:// or https:// accepted), --token / --token-file /
+VOLUME_RECONCILER_TOKEN (sent as `authorization: Bearer`), and --ca,
+--cert, --key for TLS and mutual TLS (without a scheme, TLS is on when any
+of them is given).
 """
 import argparse
+import os
 import sys
 import uuid
 
@@ -31,36 +38,77 @@ def error_info(err: grpc.RpcError):
     return None, {}
 
 
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def connect(args):
+    """A channel and the metadata every call carries, from the options."""
+    server, tls = args.server, bool(args.ca or args.cert or args.key)
+    if server.startswith("https://"):
+        server, tls = server[len("https://"):], True
+    elif server.startswith("http://"):
+        if tls:
+            sys.exit("--ca/--cert/--key need TLS: write https://HOST:PORT or HOST:PORT")
+        server = server[len("http://"):]
+    if bool(args.cert) != bool(args.key):
+        sys.exit("a client certificate needs its key: give both --cert and --key")
+    if tls:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=read(args.ca) if args.ca else None,  # None: the system's roots
+            private_key=read(args.key) if args.key else None,
+            certificate_chain=read(args.cert) if args.cert else None,
+        )
+        channel = grpc.secure_channel(server, creds)
+    else:
+        channel = grpc.insecure_channel(server)
+    token = args.token
+    if args.token_file:
+        if token:
+            sys.exit("give --token or --token-file, not both")
+        token = read(args.token_file).decode().strip()
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    return channel, metadata
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--server", default="127.0.0.1:50051")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", default=os.environ.get("VOLUME_RECONCILER_SERVER", "127.0.0.1:50051"))
+    ap.add_argument("--token", default=os.environ.get("VOLUME_RECONCILER_TOKEN"), help="bearer token")
+    ap.add_argument("--token-file", default=os.environ.get("VOLUME_RECONCILER_TOKEN_FILE"))
+    ap.add_argument("--ca", default=os.environ.get("VOLUME_RECONCILER_CA"), help="CA (PEM) of the server's certificate")
+    ap.add_argument("--cert", default=os.environ.get("VOLUME_RECONCILER_CERT"), help="client certificate (PEM), mutual TLS")
+    ap.add_argument("--key", default=os.environ.get("VOLUME_RECONCILER_KEY"), help="key of the client certificate (PEM)")
     ap.add_argument("--server-id", default=str(uuid.uuid4()))
     ap.add_argument("--volume-id", default=str(uuid.uuid4()))
     ap.add_argument("--timeout", type=float, default=30.0, help="each call's deadline, seconds")
     args = ap.parse_args()
 
-    stub = rpc.VolumeReconcilerStub(grpc.insecure_channel(args.server))
+    channel, metadata = connect(args)
+    stub = rpc.VolumeReconcilerStub(channel)
+    call = {"timeout": args.timeout, "metadata": metadata}
     key = f"py-attach-{uuid.uuid4()}"
     req = pb.AttachVolumeRequest(idempotency_key=key, server_id=args.server_id, volume_id=args.volume_id)
 
-    op = stub.AttachVolume(req, timeout=args.timeout)
-    print(f"attach {op.id}: {pb.State.Name(op.state)} ({pb.Resolution.Name(op.resolution)}), device {op.attachment.device}")
+    op = stub.AttachVolume(req, **call)
+    print(f"attach {op.id}: {pb.State.Name(op.state)} ({pb.Resolution.Name(op.resolution)}), device {op.attachment.device}, caller {op.caller or '-'}")
     if op.state != pb.STATE_SUCCEEDED:
         return 1
 
     # A retry with the same key joins the same operation: never a second attach.
-    again = stub.AttachVolume(req, timeout=args.timeout)
+    again = stub.AttachVolume(req, **call)
     print(f"replay with the same key: same operation {again.id == op.id}")
     if again.id != op.id:
         return 1
 
     # The reconcile log tells why it ended as it did.
-    for e in stub.ListOperationEvents(pb.ListOperationEventsRequest(operation_id=op.id), timeout=args.timeout).events:
+    for e in stub.ListOperationEvents(pb.ListOperationEventsRequest(operation_id=op.id), **call).events:
         print(f"  {e.kind:<14} {e.detail}")
 
     # Bad input: INVALID_ARGUMENT naming the field, in ErrorInfo.
     try:
-        stub.AttachVolume(pb.AttachVolumeRequest(idempotency_key="k", server_id="nope", volume_id=args.volume_id), timeout=args.timeout)
+        stub.AttachVolume(pb.AttachVolumeRequest(idempotency_key="k", server_id="nope", volume_id=args.volume_id), **call)
         return 1
     except grpc.RpcError as err:
         reason, meta = error_info(err)
@@ -70,11 +118,17 @@ def main() -> int:
 
     det = stub.DetachVolume(
         pb.DetachVolumeRequest(idempotency_key=f"py-detach-{uuid.uuid4()}", server_id=args.server_id, volume_id=args.volume_id),
-        timeout=args.timeout,
+        **call,
     )
     print(f"detach {det.id}: {pb.State.Name(det.state)} ({pb.Resolution.Name(det.resolution)})")
     return 0 if det.state == pb.STATE_SUCCEEDED else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except grpc.RpcError as err:
+        reason, meta = error_info(err)
+        detail = f", {reason}" + "".join(f" {k}={v}" for k, v in sorted(meta.items())) if reason else ""
+        print(f"error: {err.details()} ({err.code().name}{detail})", file=sys.stderr)
+        sys.exit(1)

@@ -12,6 +12,7 @@
 //! - [`output`]: tables and progress shared by the commands.
 
 pub mod bench;
+pub mod client_args;
 pub mod demo;
 pub mod nova_sim;
 pub mod ops;
@@ -89,10 +90,63 @@ pub struct Invocation {
     pub sources: settings::Sources,
 }
 
+/// How a failed command reports its error: once, on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorStyle {
+    /// A service (`serve`, `nova-sim`, `migrate`): its stderr is its log,
+    /// so the error is a log line (JSON or human, like the others).
+    Log,
+    /// `error: ...`, readable on a terminal.
+    Text,
+    /// `{"error": {...}}`, when the command was asked for `--output json`.
+    Json,
+}
+
+impl ErrorStyle {
+    pub fn of(command: &Command) -> Self {
+        match command {
+            Command::Serve(_) | Command::NovaSim(_) | Command::Migrate(_) => Self::Log,
+            Command::Ops(a) if a.output == ops::Output::Json => Self::Json,
+            Command::Bench(a) if a.output() == bench::Output::Json => Self::Json,
+            _ => Self::Text,
+        }
+    }
+
+    /// Reports `e`: the code, reason and metadata of a failed call are
+    /// kept as fields in JSON.
+    pub fn report(self, e: &anyhow::Error) {
+        match self {
+            Self::Log => tracing::error!(error = format!("{e:#}"), "exiting"),
+            Self::Text => eprintln!("error: {e:#}"),
+            Self::Json => {
+                let body = match e.downcast_ref::<crate::client::CallError>() {
+                    Some(call) => call.to_json(),
+                    None => serde_json::json!({ "message": format!("{e:#}") }),
+                };
+                eprintln!("{}", serde_json::json!({ "error": body }));
+            }
+        }
+    }
+}
+
 /// Parses the process's command line with the config file layered in.
 /// Exits (like clap does) on `--help`, `--version` and usage errors.
 pub fn parse() -> Invocation {
-    settings::parse(std::env::args_os().collect())
+    let mut invocation = settings::parse(std::env::args_os().collect());
+    if let Command::Demo(args) = &mut invocation.cli.command {
+        args.prepare();
+    }
+    invocation
+}
+
+impl Invocation {
+    /// Where logs go instead of stderr: the quiet demo's log file.
+    pub fn log_file(&self) -> Option<std::path::PathBuf> {
+        match &self.cli.command {
+            Command::Demo(args) => args.log_file(),
+            _ => None,
+        }
+    }
 }
 
 /// Runs one command to its end.

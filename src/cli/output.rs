@@ -75,20 +75,18 @@ impl Progress {
         }
     }
 
-    /// Whether this draws a bar (a terminal) rather than lines.
-    pub fn is_bar(&self) -> bool {
-        self.bar.is_some()
-    }
-
-    /// Sets the position; off a terminal, prints a line at each new 10 %.
+    /// Sets the position; off a terminal, prints a line at each 10 % crossed.
     pub fn set(&mut self, done: u64) {
         match &self.bar {
             Some(bar) => bar.set_position(done),
             None => {
                 let tenth = (done * 10).checked_div(self.total).unwrap_or(10).min(10);
-                if tenth > self.tenth {
-                    self.tenth = tenth;
-                    println!("  {:>3} %  {done}/{} {}", tenth * 10, self.total, self.what);
+                // Every tenth crossed gets its line, even when one step
+                // crosses several.
+                while self.tenth < tenth {
+                    self.tenth += 1;
+                    let pct = self.tenth * 10;
+                    println!("  {pct:>3} %  {done}/{} {}", self.total, self.what);
                 }
             }
         }

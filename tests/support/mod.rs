@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod pg;
+pub mod pki;
 pub mod proxy;
 
 use std::sync::Arc;

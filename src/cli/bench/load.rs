@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::time::Instant;
-use tonic::transport::Endpoint;
 use uuid::Uuid;
 
 use super::{LoadArgs, Output, parse_mix};
@@ -130,14 +129,10 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
         .connections
         .unwrap_or(args.concurrency.div_ceil(200))
         .max(1);
+    // One lazy channel, so one HTTP/2 connection, per client.
+    let opts = args.client.connect_options()?;
     let clients: Vec<Client> = (0..conns)
-        .map(|_| -> anyhow::Result<Client> {
-            let ep = Endpoint::from_shared(args.server.clone())?
-                .tcp_nodelay(true)
-                .connect_timeout(Duration::from_secs(3))
-                .http2_keep_alive_interval(Duration::from_secs(30));
-            Ok(Client::from_channel(ep.connect_lazy()))
-        })
+        .map(|_| Client::connect(&opts))
         .collect::<anyhow::Result<_>>()?;
     let started = Instant::now();
     let worker = Worker {
@@ -212,7 +207,7 @@ fn report(args: &LoadArgs, conns: usize, elapsed: f64, stats: &Stats) -> anyhow:
     let ms = |p: f64| quantile(&lat, p).map_or(0.0, |us| f64::from(us) / 1000.0);
     let target = match &args.direct_nova {
         Some(n) => format!("direct:{n}"),
-        None => args.server.clone(),
+        None => args.client.server.clone(),
     };
     if args.output == Output::Json {
         let summary = serde_json::json!({

@@ -36,6 +36,17 @@ pub struct BenchArgs {
     pub load: LoadArgs,
 }
 
+impl BenchArgs {
+    /// The output format the run was asked for.
+    pub fn output(&self) -> Output {
+        match &self.command {
+            Some(BenchCommand::Reconcile(r)) => r.output,
+            Some(BenchCommand::Adapter(a)) => a.output,
+            Some(BenchCommand::PgbenchScript) | None => self.load.output,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Subcommand)]
 pub enum BenchCommand {
     /// Time the reconciler resolving N unknown operations (half attached in Nova).
@@ -61,8 +72,8 @@ pub struct AdapterBenchArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
-    #[arg(long, default_value = format!("http://{}", crate::config::DEFAULT_LISTEN))]
-    pub server: String,
+    #[command(flatten)]
+    pub client: crate::cli::client_args::ClientArgs,
     /// Send the attach requests straight to this Nova endpoint instead.
     #[arg(long)]
     pub direct_nova: Option<String>,

@@ -3,6 +3,19 @@
 //! responses, slow answers, conflicts, 5xx, and one restart of the service
 //! in the middle. It ends with a table a person can read at a glance and
 //! exits non-zero if any ledger row disagrees with what Nova really did.
+//!
+//! Quiet by default: the embedded service logs to a file beside the ledger
+//! (`--verbose`: to stderr); progress is a bar on a terminal and a line per
+//! 10 % elsewhere; the ledger and the log are removed at the end unless
+//! `--keep` (or `--database` named the ledger).
+//!
+//! - [`faults`]: the workload and its injected faults;
+//! - [`report`]: the verdict against Nova's truth;
+//! - [`files`]: the ledger and log files.
+
+mod faults;
+mod files;
+mod report;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,19 +24,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
-use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::output::{Progress, align_right, bare_table, plain_table, quantile};
+use super::output::Progress;
 use crate::client::Client;
-use crate::config::{ServeArgs, duration};
-use crate::domain::{Action, Resolution, State};
+use crate::config::{ServeArgs, duration, render_duration};
+use crate::domain::Action;
 use crate::metrics::Metrics;
-use crate::sim::{self, Fault, FaultOp, FaultRule, SimConfig};
+use crate::sim::{self, SimConfig};
 use crate::startup::Application;
 use crate::store::Store;
+use faults::Plan;
+
+/// How long the mid-run restart waits at most for calls in flight (the
+/// embedded service's `--drain-timeout`; its `--shutdown-delay` is 0).
+const RESTART_DRAIN: Duration = Duration::from_secs(10);
 
 /// How long the reconciler may take to decide what the calls left open.
 const SETTLE_LIMIT: Duration = Duration::from_secs(120);
@@ -41,7 +58,8 @@ pub struct DemoArgs {
     /// Each call's deadline.
     #[arg(long, value_parser = duration, default_value = "8s")]
     pub deadline: Duration,
-    /// The embedded ledger file (default: a new temporary file).
+    /// The embedded ledger file (default: a new temporary file, removed at
+    /// the end unless --keep).
     #[arg(long)]
     pub database: Option<std::path::PathBuf>,
     /// Seed of the fault mix (the same seed, the same faults).
@@ -50,6 +68,32 @@ pub struct DemoArgs {
     /// Keep the service running afterwards, to look closer with `ops`.
     #[arg(long)]
     pub keep_running: bool,
+    /// Keep the ledger and the log at the end.
+    #[arg(long)]
+    pub keep: bool,
+    /// The service's log on stderr instead of a file beside the ledger.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Whether the demo named the ledger itself (its files are its own).
+    #[arg(skip)]
+    pub own_ledger: bool,
+}
+
+impl DemoArgs {
+    /// Names the ledger when --database did not, so that the log file is
+    /// known before logging starts.
+    pub fn prepare(&mut self) {
+        if self.database.is_none() {
+            self.database = Some(files::fresh_ledger());
+            self.own_ledger = true;
+        }
+    }
+
+    /// The log file, unless --verbose (logs then go to stderr).
+    pub fn log_file(&self) -> Option<std::path::PathBuf> {
+        let ledger = self.database.as_ref()?;
+        (!self.verbose).then(|| files::log_beside(ledger))
+    }
 }
 
 struct Running {
@@ -88,7 +132,7 @@ async fn start_service(setup: &Setup, replica: &str) -> anyhow::Result<Running> 
         "--shutdown-delay",
         "0s",
         "--drain-timeout",
-        "10s",
+        &render_duration(RESTART_DRAIN),
     ])
     .map_err(|e| anyhow::anyhow!("demo flags: {e}"))?;
     let app = Application::build(args).await?;
@@ -134,79 +178,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The volumes to attach and detach, and the faults injected for them.
-struct Plan {
-    volumes: Vec<(Uuid, Uuid)>,
-    injected: BTreeMap<&'static str, usize>,
-}
-
-/// Seeds the simulator's faults: the same seed, the same faults.
-fn plan_faults(sim: &sim::Sim, args: &DemoArgs) -> Plan {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let servers: Vec<Uuid> = (0..SERVERS).map(|_| Uuid::new_v4()).collect();
-    let mut plan = Plan {
-        volumes: Vec::new(),
-        injected: BTreeMap::new(),
-    };
-    let late = u64::try_from(args.deadline.as_millis()).unwrap_or(u64::MAX) + 2000;
-    for i in 0..args.volumes {
-        let (s, v) = (servers[i % servers.len()], Uuid::new_v4());
-        if let Some((name, f)) = attach_fault(rng.random(), late) {
-            sim.add_fault(FaultRule::new(FaultOp::Attach, f).volume(v));
-            *plan.injected.entry(name).or_default() += 1;
-        }
-        let roll: f64 = rng.random();
-        let detach_fault = if roll < 0.08 {
-            Some(("lost detach response", Fault::CloseAfterEffect))
-        } else if roll < 0.12 {
-            Some(("409 on detach", Fault::Conflict))
-        } else {
-            None
-        };
-        if let Some((name, f)) = detach_fault {
-            sim.add_fault(FaultRule::new(FaultOp::Detach, f).volume(v));
-            *plan.injected.entry(name).or_default() += 1;
-        }
-        plan.volumes.push((s, v));
-    }
-    plan
-}
-
-/// The attach fault for a roll in 0..1 (about half the attaches get one).
-fn attach_fault(roll: f64, late_ms: u64) -> Option<(&'static str, Fault)> {
-    Some(match roll {
-        r if r < 0.12 => (
-            "lost response (answer too late)",
-            Fault::DelayAfterEffect { ms: late_ms },
-        ),
-        r if r < 0.20 => ("lost response (connection closed)", Fault::CloseAfterEffect),
-        r if r < 0.30 => ("slow answer (1 s)", Fault::DelayAfterEffect { ms: 1000 }),
-        r if r < 0.36 => ("409 conflict, then clears", Fault::Conflict),
-        r if r < 0.42 => (
-            "503 without effect",
-            Fault::Status {
-                code: 503,
-                effect: false,
-            },
-        ),
-        r if r < 0.46 => (
-            "500 after taking effect",
-            Fault::Status {
-                code: 500,
-                effect: true,
-            },
-        ),
-        r if r < 0.49 => (
-            "502 proxy page",
-            Fault::ProxyError {
-                code: 502,
-                effect: false,
-            },
-        ),
-        _ => return None,
-    })
-}
-
 /// Where the demo runs.
 struct Setup {
     sim: sim::SimHandle,
@@ -226,13 +197,7 @@ async fn setup(args: &DemoArgs) -> anyhow::Result<Setup> {
         },
     )
     .await?;
-    let db_path = match &args.database {
-        Some(p) => p.clone(),
-        None => std::env::temp_dir().join(format!(
-            "volume-reconciler-demo-{}.db",
-            Uuid::new_v4().simple()
-        )),
-    };
+    let db_path = args.database.clone().unwrap_or_else(files::fresh_ledger);
     let (grpc, admin) = (free_addr()?, free_addr()?);
     Ok(Setup {
         db: format!("sqlite://{}", db_path.display()),
@@ -263,7 +228,14 @@ fn print_intro(args: &DemoArgs, setup: &Setup, plan: &Plan) {
     for (name, n) in &plan.injected {
         println!("    {n:>4}  {name}");
     }
-    println!("  the service is restarted once, halfway through");
+    match args.log_file() {
+        Some(log) => println!("  service log     {}", log.display()),
+        None => println!("  service log     stderr (--verbose)"),
+    }
+    println!(
+        "  the service is restarted once, halfway through (a graceful drain of up to {})",
+        render_duration(RESTART_DRAIN)
+    );
     println!();
 }
 
@@ -342,12 +314,18 @@ async fn drive(
         }
         if !restarted && done >= total / 2 {
             restarted = true;
-            progress
-                .println("  restarting the service (graceful drain, same port, same ledger)...");
+            progress.println(format!(
+                "  restarting the service: it waits up to {} for the calls in flight (graceful drain), then starts again on the same port and ledger...",
+                render_duration(RESTART_DRAIN)
+            ));
+            let t = Instant::now();
             current.stop().await?;
             current = start_service(setup, "demo-2").await?;
             metrics.push(current.metrics.clone());
-            progress.println("  ...back");
+            progress.println(format!(
+                "  ...back after {} (callers retried with the same keys meanwhile)",
+                ms(t.elapsed())
+            ));
         }
     }
     progress.finish();
@@ -385,136 +363,12 @@ async fn settle(store: &dyn Store, started: Instant, total: usize) -> anyhow::Re
     Ok(())
 }
 
-/// The ledger against what Nova really did.
-#[derive(Default)]
-struct Verdict {
-    by_outcome: BTreeMap<(String, String), usize>,
-    disagreements: Vec<String>,
-    twice: usize,
-    /// An attach whose response was lost and whose outcome an observation decided.
-    story: Option<Uuid>,
-}
-
-async fn compare(store: &dyn Store, sim: &sim::Sim, plan: &Plan) -> anyhow::Result<Verdict> {
-    let mut verdict = Verdict::default();
-    for (s, v) in &plan.volumes {
-        let att = store
-            .operation_get_by_key(&format!("demo-attach-{v}"))
-            .await?;
-        let det = store
-            .operation_get_by_key(&format!("demo-detach-{v}"))
-            .await?;
-        let effects = sim.attach_effects(*v);
-        if effects > 1 {
-            verdict.twice += 1;
-        }
-        let attached_now = sim.is_attached(*s, *v);
-        let attach_ok = att.as_ref().is_some_and(|o| o.state == State::Succeeded);
-        let detach_ok = det.as_ref().is_some_and(|o| o.state == State::Succeeded);
-        if attach_ok != (effects >= 1) {
-            verdict.disagreements.push(format!(
-                "attach of {v}: ledger says {}, Nova attached it {effects} times",
-                if attach_ok { "succeeded" } else { "failed" }
-            ));
-        }
-        if attached_now != (attach_ok && !detach_ok) {
-            verdict.disagreements.push(format!(
-                "detach of {v}: ledger says {}, Nova still lists it: {attached_now}",
-                if detach_ok { "succeeded" } else { "failed" }
-            ));
-        }
-        for op in att.iter().chain(det.iter()) {
-            let res = op.resolution.map(Resolution::as_str).unwrap_or("-");
-            *verdict
-                .by_outcome
-                .entry((op.state.as_str().to_string(), res.to_string()))
-                .or_default() += 1;
-            if verdict.story.is_none()
-                && op.action == Action::Attach
-                && op.resolution == Some(Resolution::Reobserved)
-                && op.attempts == 1
-            {
-                verdict.story = Some(op.id);
-            }
-        }
-    }
-    Ok(verdict)
-}
-
-fn print_report(verdict: &Verdict, metrics: &[Arc<Metrics>], tally: &Tally) {
-    let lost: u64 = metrics.iter().map(|m| m.responses_lost.get()).sum();
-    let recovered: u64 = metrics.iter().map(|m| m.responses_recovered.get()).sum();
-    let mut lat = lock(&tally.latencies).clone();
-    lat.sort();
-    let pct = |p: f64| ms(quantile(&lat, p).unwrap_or_default());
-    let codes = lock(&tally.codes).clone();
-    let mut table = plain_table(["OUTCOME", "DECIDED BY", "OPERATIONS"]);
-    for ((state, res), n) in &verdict.by_outcome {
-        table.add_row([state.clone(), res.clone(), n.to_string()]);
-    }
-    align_right(&mut table, &[2]);
-    println!();
-    println!("{}", table.trim_fmt());
-    println!();
-    let mut facts = bare_table();
-    facts.add_row([
-        "responses lost (timeouts, resets, 5xx)".to_string(),
-        lost.to_string(),
-        String::new(),
-    ]);
-    facts.add_row([
-        "...outcome then established by observation".to_string(),
-        recovered.to_string(),
-        "(the rest went to retries or the reconciler)".to_string(),
-    ]);
-    facts.add_row([
-        "attaches that took effect twice".to_string(),
-        verdict.twice.to_string(),
-        "(must be 0)".to_string(),
-    ]);
-    facts.add_row([
-        "ledger rows that disagree with Nova's truth".to_string(),
-        verdict.disagreements.len().to_string(),
-        "(must be 0)".to_string(),
-    ]);
-    align_right(&mut facts, &[1]);
-    println!("{}", facts.trim_fmt());
-    println!(
-        "  caller latency   p50 {}   p90 {}   p99 {}   max {}",
-        pct(0.5),
-        pct(0.9),
-        pct(0.99),
-        pct(1.0)
-    );
-    let answered: Vec<String> = codes.iter().map(|(c, n)| format!("{c} {n}")).collect();
-    println!("  calls answered   {}", answered.join(", "));
-    for d in verdict.disagreements.iter().take(10) {
-        println!("  DISAGREES: {d}");
-    }
-}
-
-async fn print_story(store: &dyn Store, id: Uuid) -> anyhow::Result<()> {
-    println!();
-    println!("  the story of one lost response ({id}):");
-    let mut table = plain_table(["AT", "EVENT", "DETAIL"]);
-    for e in store.operation_events(id).await? {
-        table.add_row([
-            e.at.format("%H:%M:%S%.3f").to_string(),
-            e.kind.clone(),
-            e.detail.clone(),
-        ]);
-    }
-    for line in table.lines() {
-        println!("  {}", line.trim_end());
-    }
-    Ok(())
-}
-
-pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+pub async fn run(mut args: DemoArgs) -> anyhow::Result<()> {
     crate::nova::client::install_crypto_provider();
+    args.prepare();
     let total = args.volumes * 2;
     let setup = setup(&args).await?;
-    let plan = plan_faults(&setup.sim.sim, &args);
+    let plan = faults::plan_faults(&setup.sim.sim, &args);
     print_intro(&args, &setup, &plan);
     let first = start_service(&setup, "demo-1").await?;
     let client = Client::connect_lazy(&setup.url)?;
@@ -528,27 +382,28 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let store = running.store.clone();
     // Whatever could not be known in time, the reconciler resolves.
     settle(store.as_ref(), started, total).await?;
-    let verdict = compare(store.as_ref(), &setup.sim.sim, &plan).await?;
-    print_report(&verdict, &metrics, &tally);
+    let verdict = report::compare(store.as_ref(), &setup.sim.sim, &plan).await?;
+    report::print_report(&verdict, &metrics, &tally);
     if let Some(id) = verdict.story {
-        print_story(store.as_ref(), id).await?;
+        report::print_story(store.as_ref(), id).await?;
     }
     println!();
-    epilogue(&args, &setup, verdict.story).await;
+    let passed = verdict.twice == 0 && verdict.disagreements.is_empty();
+    look_closer(&args, &setup, verdict.story).await;
     running.stop().await?;
     setup.sim.stop().await;
-    if verdict.twice > 0 || !verdict.disagreements.is_empty() {
-        anyhow::bail!(
-            "{} ledger rows disagree with the truth, {} volumes attached twice",
-            verdict.disagreements.len(),
-            verdict.twice
-        );
-    }
+    clean_up(&args, &setup.db_path, passed);
+    anyhow::ensure!(
+        passed,
+        "{} ledger rows disagree with the truth, {} volumes attached twice",
+        verdict.disagreements.len(),
+        verdict.twice
+    );
     Ok(())
 }
 
-/// How to look closer; with `--keep-running`, serves until Ctrl-C.
-async fn epilogue(args: &DemoArgs, setup: &Setup, story: Option<Uuid>) {
+/// How to look closer; with --keep-running, serves until Ctrl-C.
+async fn look_closer(args: &DemoArgs, setup: &Setup, story: Option<Uuid>) {
     let url = &setup.url;
     if args.keep_running {
         println!("  the service keeps running at {url}; in another terminal:");
@@ -563,6 +418,23 @@ async fn epilogue(args: &DemoArgs, setup: &Setup, story: Option<Uuid>) {
         println!("  to look closer, run the demo with --keep-running and, in another terminal:");
         println!("    volume-reconciler ops list --server {url}");
         println!("    volume-reconciler ops show <operation id> --server {url}");
-        println!("  the ledger stays in {}", setup.db_path.display());
+    }
+}
+
+/// Removes the demo's own files once the service is stopped, unless
+/// --keep or the run failed (they are then kept to look into).
+fn clean_up(args: &DemoArgs, ledger_path: &std::path::Path, passed: bool) {
+    let ledger = ledger_path.display();
+    let log = args
+        .log_file()
+        .map(|l| format!(" and the service log {}", l.display()))
+        .unwrap_or_default();
+    if args.own_ledger && !args.keep && passed {
+        println!("  removing the ledger {ledger}{log} (--keep keeps them)");
+        for failure in files::remove(ledger_path) {
+            println!("  could not remove {failure}");
+        }
+    } else {
+        println!("  kept: the ledger {ledger}{log}");
     }
 }

@@ -1,0 +1,85 @@
+//! A throwaway PKI for TLS tests: a server CA, a client CA, and leaf
+//! certificates signed by them, written as PEM files to a temp directory.
+
+use std::path::PathBuf;
+
+pub struct Ca {
+    pub cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        Self {
+            cert: p.self_signed(&key).unwrap(),
+            key,
+        }
+    }
+
+    /// A leaf for `names` (DNS names or IP addresses): (cert PEM, key PEM).
+    pub fn leaf(&self, names: &[&str]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let p =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// A server certificate for localhost and 127.0.0.1, a CA for clients and
+/// one client certificate from it, as files.
+pub struct Pki {
+    pub dir: PathBuf,
+    pub server_cert: String,
+    pub server_key: String,
+    /// The CA clients trust (it signed the server's certificate).
+    pub server_ca: String,
+    /// The CA the server trusts for client certificates.
+    pub client_ca: String,
+    pub client_cert: String,
+    pub client_key: String,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("vr-pki-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let server_ca = Ca::new("server CA");
+        let client_ca = Ca::new("client CA");
+        let (srv_cert, srv_key) = server_ca.leaf(&["localhost", "127.0.0.1"]);
+        let (cl_cert, cl_key) = client_ca.leaf(&["orchestrator-1"]);
+        let write = |name: &str, pem: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, pem).unwrap();
+            p.to_string_lossy().to_string()
+        };
+        Self {
+            server_cert: write("server.pem", &srv_cert),
+            server_key: write("server.key", &srv_key),
+            server_ca: write("server-ca.pem", &server_ca.cert.pem()),
+            client_ca: write("client-ca.pem", &client_ca.cert.pem()),
+            client_cert: write("client.pem", &cl_cert),
+            client_key: write("client.key", &cl_key),
+            dir,
+        }
+    }
+
+    /// `serve` flags for TLS with client certificates required.
+    pub fn server_flags(&self, opts: super::AppOptions) -> super::AppOptions {
+        opts.arg("--tls-cert", &self.server_cert)
+            .arg("--tls-key", &self.server_key)
+            .arg("--tls-client-ca", &self.client_ca)
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        // Best effort: a leftover temp directory harms nothing.
+        drop(std::fs::remove_dir_all(&self.dir));
+    }
+}
