@@ -38,6 +38,18 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 5m)"))
 }
 
+/// Parses a duration that may be negative (`-2m`, `90s`).
+pub fn signed_duration(s: &str) -> Result<chrono::Duration, String> {
+    let (sign, magnitude) = match s.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, s.strip_prefix('+').unwrap_or(s)),
+    };
+    let d = duration(magnitude)?;
+    chrono::Duration::from_std(d)
+        .map(|d| d * sign)
+        .map_err(|e| format!("{e}: too long"))
+}
+
 /// Parses a rate per second: a finite number, at least 0.
 pub fn rate(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
@@ -183,6 +195,13 @@ pub struct ServeArgs {
     /// Run no background reconciler in this process.
     #[arg(long, env = "VOLUME_RECONCILER_NO_RECONCILER")]
     pub no_reconciler: bool,
+    /// The longest pause between two reconciler passes over one operation.
+    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_MAX_BACKOFF", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.max_backoff))]
+    pub reconcile_max_backoff: Duration,
+    /// Moves this replica's wall clock (e.g. `-2m`): for testing that
+    /// nothing depends on replicas' clocks agreeing. Never in production.
+    #[arg(long, env = "VOLUME_RECONCILER_CLOCK_SKEW", value_parser = signed_duration, default_value = "0s", hide = true)]
+    pub clock_skew: chrono::Duration,
 
     /// After SIGTERM: keep serving (not ready) this long so load balancers notice.
     #[arg(long, env = "VOLUME_RECONCILER_SHUTDOWN_DELAY", value_parser = duration, default_value = "5s")]
@@ -335,6 +354,7 @@ impl ServeArgs {
         ExecSettings {
             lease_grace: self.lease_grace,
             verify_after: self.verify_after,
+            clock: crate::domain::Clock::skewed(self.clock_skew),
             ..ExecSettings::default()
         }
     }
@@ -348,6 +368,7 @@ impl ServeArgs {
             rate_limit: self.reconcile_rate_limit,
             parallelism: self.reconcile_parallelism,
             verify_window: self.verify_window,
+            max_backoff: self.reconcile_max_backoff,
             ..ReconcilerSettings::default()
         }
     }

@@ -12,6 +12,7 @@
 //! - [`output`]: tables and progress shared by the commands.
 
 pub mod bench;
+pub mod chaos;
 pub mod client_args;
 pub mod demo;
 pub mod nova_sim;
@@ -69,6 +70,9 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Load generator (point it at any deployment) and reconciler benchmark.
     Bench(bench::BenchArgs),
+    /// Random volume lifecycles against the simulator's ground truth: a
+    /// history checker (exit 1 on any violation).
+    Chaos(chaos::ChaosArgs),
     /// The effective configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -144,6 +148,7 @@ impl Invocation {
     pub fn log_file(&self) -> Option<std::path::PathBuf> {
         match &self.cli.command {
             Command::Demo(args) => args.log_file(),
+            Command::Chaos(args) => args.log_file(),
             _ => None,
         }
     }
@@ -160,6 +165,7 @@ pub async fn run(invocation: Invocation) -> anyhow::Result<()> {
         Command::Ops(args) => ops::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Chaos(args) => chaos::run(args).await,
         Command::Config(ConfigCommand::Show(_)) => {
             print!("{}", settings::show(&sources));
             Ok(())

@@ -63,6 +63,8 @@ pub struct ExecSettings {
     pub observe_interval_max: Duration,
     /// When a decided operation is observed once more for late effects.
     pub verify_after: Duration,
+    /// This replica's wall clock (the timestamps it writes).
+    pub clock: Clock,
 }
 
 impl ExecSettings {
@@ -74,6 +76,7 @@ impl ExecSettings {
         observe_interval: Duration::from_millis(50),
         observe_interval_max: Duration::from_secs(1),
         verify_after: Duration::from_secs(60),
+        clock: Clock::SYSTEM,
     };
 }
 
@@ -136,9 +139,9 @@ impl Executor {
             nova,
             policy,
             replica,
+            clock: settings.clock,
             settings,
             metrics,
-            clock: Clock::SYSTEM,
             inflight: Mutex::new(HashMap::new()),
             tasks: tokio_util::task::TaskTracker::new(),
         })

@@ -1,0 +1,505 @@
+//! The invariants a played history must keep, checked against the
+//! simulator's ground truth — every effect with its instant and cause —
+//! not against what the service says of itself. Each check names the
+//! operation it found wrong and why.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::play::{Outcome, Played, Recorded, Windows};
+use crate::domain::{Action, Resolution, State, event};
+use crate::sim::{Cause, Change, Effect};
+
+/// The invariants, by name.
+pub const INVARIANTS: &[&str] = &[
+    "decided-in-time",
+    "decision-matches-truth",
+    "drift-is-real",
+    "drift-is-seen",
+    "one-effect-per-key",
+    "intent-before-request",
+    "answers-agree-with-ledger",
+    "keys-are-per-caller",
+    "busy-means-busy",
+    "story-in-order",
+];
+
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub operation: Option<Uuid>,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.operation {
+            Some(id) => write!(f, "{} (operation {id}): {}", self.invariant, self.detail),
+            None => write!(f, "{}: {}", self.invariant, self.detail),
+        }
+    }
+}
+
+/// A replica killed at an instant (its holders died then).
+#[derive(Debug, Clone)]
+pub struct Kill {
+    pub replica: String,
+    pub at: DateTime<Utc>,
+}
+
+/// Clock readings of PostgreSQL and of the simulator come from the same
+/// machine, but a decision is stamped when its transaction began.
+const TOLERANCE_MS: i64 = 100;
+
+fn ms(n: i64) -> chrono::Duration {
+    chrono::Duration::milliseconds(n)
+}
+
+fn dur(d: std::time::Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or_default()
+}
+
+/// The attachment history of one (server, volume).
+struct Timeline<'a> {
+    effects: Vec<&'a Effect>,
+}
+
+impl<'a> Timeline<'a> {
+    fn of(all: &'a [Effect], server: Uuid, volume: Uuid) -> Self {
+        Self {
+            effects: all
+                .iter()
+                .filter(|e| e.server_id == server && e.volume_id == volume)
+                .collect(),
+        }
+    }
+
+    /// Attached at `t` (unattached before the first effect).
+    fn at(&self, t: DateTime<Utc>) -> bool {
+        self.effects
+            .iter()
+            .take_while(|e| e.at <= t)
+            .last()
+            .is_some_and(|e| e.change == Change::Attached)
+    }
+
+    /// Whether the pair was `attached` at some instant in `[from, to]`.
+    fn ever(&self, attached: bool, from: DateTime<Utc>, to: DateTime<Utc>) -> bool {
+        self.at(from) == attached
+            || self
+                .effects
+                .iter()
+                .any(|e| e.at > from && e.at <= to && (e.change == Change::Attached) == attached)
+    }
+}
+
+fn own_request(op: Uuid) -> String {
+    crate::nova::RequestId::for_operation(op)
+        .as_str()
+        .to_string()
+}
+
+fn caused_by(e: &Effect, op: Uuid) -> bool {
+    matches!(&e.cause, Cause::Request { request_id: Some(id) } if *id == own_request(op))
+}
+
+struct Checker<'a> {
+    p: &'a Played,
+    windows: Windows,
+    kills: &'a [Kill],
+    violations: Vec<Violation>,
+    by_id: HashMap<Uuid, &'a Recorded>,
+}
+
+/// Checks one played history; empty when it kept every invariant.
+pub fn check(p: &Played, windows: Windows, kills: &[Kill]) -> Vec<Violation> {
+    let mut c = Checker {
+        p,
+        windows,
+        kills,
+        violations: Vec::new(),
+        by_id: p.ops.iter().map(|r| (r.op.id, r)).collect(),
+    };
+    for r in &p.ops {
+        c.decided_in_time(r);
+        c.decision_matches_truth(r);
+        c.drift(r);
+        c.story(r);
+    }
+    c.effects();
+    c.answers();
+    c.violations
+}
+
+impl Checker<'_> {
+    fn fail(&mut self, invariant: &'static str, op: Option<Uuid>, detail: String) {
+        self.violations.push(Violation {
+            invariant,
+            operation: op,
+            detail,
+        });
+    }
+
+    fn decided_in_time(&mut self, r: &Recorded) {
+        let op = &r.op;
+        let bound = op.deadline_at + dur(self.windows.settle + self.windows.slack);
+        match op.completed_at {
+            Some(done) if done <= bound => {}
+            Some(done) => self.fail(
+                "decided-in-time",
+                Some(op.id),
+                format!(
+                    "decided {} ms after its bound (deadline + settle window + slack)",
+                    (done - bound).num_milliseconds()
+                ),
+            ),
+            None => self.fail(
+                "decided-in-time",
+                Some(op.id),
+                format!(
+                    "still {} {} ms after its deadline (bound: settle window + slack)",
+                    op.state.as_str(),
+                    (Utc::now() - op.deadline_at).num_milliseconds()
+                ),
+            ),
+        }
+    }
+
+    fn decision_matches_truth(&mut self, r: &Recorded) {
+        let op = &r.op;
+        let (Some(done), true) = (op.completed_at, op.resolution != Some(Resolution::Operator))
+        else {
+            return;
+        };
+        let t = Timeline::of(&self.p.effects, op.server_id, op.volume_id);
+        let (from, to) = (op.created_at - ms(TOLERANCE_MS), done + ms(TOLERANCE_MS));
+        let own = self
+            .p
+            .effects
+            .iter()
+            .filter(|e| caused_by(e, op.id))
+            .count();
+        let wrong = match (op.action, op.state) {
+            (Action::Attach, State::Succeeded) => (!t.ever(true, from, to)).then_some(
+                "SUCCEEDED, but the volume was never attached to the server while it ran",
+            ),
+            (Action::Detach, State::Succeeded) => (!t.ever(false, from, to))
+                .then_some("SUCCEEDED, but the volume stayed attached to the server while it ran"),
+            (_, State::Failed) if own > 0 => {
+                Some("FAILED, but one of its own requests took effect")
+            }
+            (Action::Attach, State::Failed) => (!t.ever(false, from, to))
+                .then_some("FAILED, but the volume was attached to the server all along"),
+            (Action::Detach, State::Failed) => {
+                (!t.ever(true, from, to)).then_some("FAILED, but the volume was detached all along")
+            }
+            _ => None,
+        };
+        if let Some(why) = wrong {
+            let reason = op
+                .last_error
+                .as_ref()
+                .map(|e| e.reason.to_string())
+                .unwrap_or_default();
+            self.fail(
+                "decision-matches-truth",
+                Some(op.id),
+                format!("{} {why} (reason {reason})", op.action.as_str()),
+            );
+        }
+    }
+
+    /// The first operation on the same volume created after `r` was
+    /// decided: from then on, changes have an explanation.
+    fn next_on_volume(&self, r: &Recorded) -> Option<DateTime<Utc>> {
+        let done = r.op.completed_at?;
+        self.p
+            .ops
+            .iter()
+            .filter(|o| o.op.volume_id == r.op.volume_id && o.op.created_at > done)
+            .map(|o| o.op.created_at)
+            .min()
+    }
+
+    fn drift(&mut self, r: &Recorded) {
+        let op = &r.op;
+        let (Some(done), State::Succeeded) = (op.completed_at, op.state) else {
+            if op.drifted && op.state == State::Failed {
+                self.drift_of_failed(r);
+            }
+            return;
+        };
+        if op.resolution == Some(Resolution::Operator) {
+            return;
+        }
+        let baseline = op.action == Action::Attach;
+        let t = Timeline::of(&self.p.effects, op.server_id, op.volume_id);
+        let window_end = done + dur(self.windows.verify_window);
+        let explained_from = self.next_on_volume(r);
+        let end = explained_from.map_or(window_end, |n| n.min(window_end));
+        let unexplained = |e: &&&Effect| {
+            e.at > done
+                && e.at <= end + ms(TOLERANCE_MS)
+                && !matches!(e.cause, Cause::Request { .. })
+        };
+        let changed =
+            t.effects.iter().filter(unexplained).count() > 0 && t.ever(!baseline, done, end);
+        if op.drifted && !changed {
+            self.fail(
+                "drift-is-real",
+                Some(op.id),
+                "marked drifted, but every change after its decision is explained by a later operation (or there was none)".into(),
+            );
+        }
+        // A change the verifier must have seen: one that stood from the
+        // first verification on until the window (or the next operation).
+        let first_look = done + dur(self.windows.verify_after);
+        let stood = |from: DateTime<Utc>| {
+            end - from >= ms(1000)
+                && t.at(from) != baseline
+                && !t.effects.iter().any(|e| e.at > from && e.at <= end)
+        };
+        if !op.drifted && changed && stood(first_look - ms(TOLERANCE_MS)) {
+            self.fail(
+                "drift-is-seen",
+                Some(op.id),
+                format!(
+                    "the volume was {} the server from its first verification on, unexplained, and no drift was recorded",
+                    if baseline { "off" } else { "on" }
+                ),
+            );
+        }
+    }
+
+    /// A FAILED operation marked drifted: a late effect of its own, or
+    /// a change nobody explains, must have happened.
+    fn drift_of_failed(&mut self, r: &Recorded) {
+        let op = &r.op;
+        let Some(done) = op.completed_at else { return };
+        let end = self
+            .next_on_volume(r)
+            .map_or(done + dur(self.windows.verify_window), |n| {
+                n.min(done + dur(self.windows.verify_window))
+            });
+        let any = self.p.effects.iter().any(|e| {
+            e.server_id == op.server_id
+                && e.volume_id == op.volume_id
+                && e.at > done
+                && e.at <= end + ms(TOLERANCE_MS)
+                && (caused_by(e, op.id) || !matches!(e.cause, Cause::Request { .. }))
+        });
+        if !any {
+            self.fail(
+                "drift-is-real",
+                Some(op.id),
+                "a FAILED operation marked drifted, but nothing changed that it did not explain"
+                    .into(),
+            );
+        }
+    }
+
+    fn effects(&mut self) {
+        let mut per_op: HashMap<String, usize> = HashMap::new();
+        for e in &self.p.effects {
+            if let Cause::Request {
+                request_id: Some(id),
+            } = &e.cause
+            {
+                *per_op.entry(id.clone()).or_default() += 1;
+            }
+        }
+        for r in &self.p.ops {
+            let n = per_op.remove(&own_request(r.op.id)).unwrap_or(0);
+            if n > 1 {
+                self.fail(
+                    "one-effect-per-key",
+                    Some(r.op.id),
+                    format!("{n} effects in Nova for one idempotency key"),
+                );
+            }
+        }
+        for (id, n) in per_op {
+            self.fail(
+                "intent-before-request",
+                None,
+                format!("{n} effect(s) from request {id}, which no operation in the ledger sent"),
+            );
+        }
+        // Never two attachments of one (non-multiattach) volume.
+        let mut holders: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
+        for e in &self.p.effects {
+            let h = holders.entry(e.volume_id).or_default();
+            match e.change {
+                Change::Attached => h.push(e.server_id),
+                Change::Detached => h.retain(|s| *s != e.server_id),
+            }
+            if h.len() > 1 {
+                self.fail(
+                    "one-effect-per-key",
+                    None,
+                    format!(
+                        "volume {} attached to {} servers at once",
+                        e.volume_id,
+                        h.len()
+                    ),
+                );
+            }
+        }
+        for r in &self.p.ops {
+            let first = self
+                .p
+                .requests
+                .iter()
+                .filter(|q| q.global_id.as_deref() == Some(own_request(r.op.id).as_str()))
+                .map(|q| q.received_at)
+                .min();
+            let recorded = r
+                .events
+                .iter()
+                .find(|e| e.kind == event::RECORDED)
+                .map(|e| e.at);
+            if let (Some(first), Some(rec)) = (first, recorded)
+                && first + ms(TOLERANCE_MS) < rec
+            {
+                self.fail(
+                    "intent-before-request",
+                    Some(r.op.id),
+                    format!(
+                        "Nova received its first request {} ms before the intent was recorded",
+                        (rec - first).num_milliseconds()
+                    ),
+                );
+            }
+        }
+    }
+
+    fn answers(&mut self) {
+        for a in &self.p.answers {
+            let (op_id, told) = match &a.outcome {
+                Outcome::Decided { op_id, state } => {
+                    (Some(*op_id), Some(state.as_str().to_string()))
+                }
+                Outcome::Refused { op_id, state, .. } => (*op_id, state.clone()),
+                Outcome::Cancelled => (None, None),
+            };
+            let Some(id) = op_id else { continue };
+            let Some(r) = self.by_id.get(&id).copied() else {
+                continue;
+            };
+            if r.op.caller.as_deref() != Some(a.caller.as_str()) {
+                self.fail(
+                    "keys-are-per-caller",
+                    Some(id),
+                    format!(
+                        "caller {} (call {}, key {:?}) was answered about an operation of caller {:?}",
+                        a.caller, a.call, a.key, r.op.caller
+                    ),
+                );
+            }
+            if let Outcome::Refused { reason, .. } = &a.outcome
+                && reason == "VOLUME_BUSY"
+            {
+                self.busy(a, r);
+                continue;
+            }
+            let final_state = r.op.state.as_str();
+            let contradicts = matches!(
+                (told.as_deref(), final_state),
+                (Some("succeeded"), "failed") | (Some("failed"), "succeeded")
+            );
+            if contradicts {
+                self.fail(
+                    "answers-agree-with-ledger",
+                    Some(id),
+                    format!(
+                        "call {} was told {} but the operation ended {final_state}",
+                        a.call,
+                        told.unwrap_or_default()
+                    ),
+                );
+            }
+        }
+    }
+
+    fn busy(&mut self, a: &super::play::Answer, r: &Recorded) {
+        let open_then = r.op.created_at <= a.answered_at + ms(TOLERANCE_MS)
+            && r.op
+                .completed_at
+                .is_none_or(|d| d + ms(TOLERANCE_MS) >= a.sent_at);
+        if !open_then {
+            self.fail(
+                "busy-means-busy",
+                Some(r.op.id),
+                format!(
+                    "call {} was told VOLUME_BUSY by an operation that was not open then",
+                    a.call
+                ),
+            );
+        }
+    }
+
+    fn killed_between(&self, replica: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> bool {
+        self.kills.iter().any(|k| {
+            k.replica == replica && k.at >= from - ms(TOLERANCE_MS) && k.at <= to + ms(TOLERANCE_MS)
+        })
+    }
+
+    /// The reconcile log tells the story in order: a request is followed
+    /// by its outcome, or taken over only after its holder died; and it
+    /// claims no request Nova never received.
+    fn story(&mut self, r: &Recorded) {
+        let mut pending: Option<&crate::domain::OperationEvent> = None;
+        for e in &r.events {
+            match e.kind.as_str() {
+                k if k == event::REQUEST_SENT => pending = Some(e),
+                k if k == event::RESPONSE || k == event::REQUEST_FAILED => pending = None,
+                k if k == event::CLAIMED || k == event::OPERATOR_RESOLVED => {
+                    if let Some(sent) = pending.take()
+                        && !self.killed_between(&sent.replica, sent.at, e.at)
+                    {
+                        self.fail(
+                            "story-in-order",
+                            Some(r.op.id),
+                            format!(
+                                "{} at {} took over while the request sent by {} at {} was still awaited and its holder was alive",
+                                e.kind, e.at, sent.replica, sent.at
+                            ),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        let logged = r
+            .events
+            .iter()
+            .filter(|e| e.kind == event::REQUEST_SENT)
+            .count();
+        let never_left = r
+            .events
+            .iter()
+            .filter(|e| {
+                e.kind == event::REQUEST_FAILED
+                    && e.metadata.get("may_have_reached_nova").map(String::as_str) == Some("false")
+            })
+            .count();
+        let received = self
+            .p
+            .requests
+            .iter()
+            .filter(|q| q.global_id.as_deref() == Some(own_request(r.op.id).as_str()))
+            .count();
+        if logged > received + never_left {
+            self.fail(
+                "story-in-order",
+                Some(r.op.id),
+                format!(
+                    "the log says {logged} request(s) were sent, Nova received {received} and {never_left} provably never left"
+                ),
+            );
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The replicas a chaos run drives: each `serve` replica built exactly as
+//! `main` builds it, in a runtime of its own, so that killing it is what
+//! kill -9 is to a process: its tasks stop where they are, its database
+//! connections drop, nothing is handed over.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ServeArgs;
+use crate::startup::Application;
+use crate::store::Store;
+
+/// The callers a run uses: orchestrators `c0`, `c1`, ... and an operator.
+pub const OPERATOR: &str = "chaos-operator";
+
+pub fn caller_name(client: usize) -> String {
+    format!("c{client}")
+}
+
+pub fn token_of(caller: &str) -> String {
+    format!("chaos-token-{caller}")
+}
+
+/// How the replicas are set up.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub database_url: String,
+    pub nova_url: String,
+    pub replicas: usize,
+    pub clients: usize,
+    /// Each replica's clock skew (missing: none).
+    pub skews: Vec<chrono::Duration>,
+    /// Further `serve` flags for every replica (they win over the run's).
+    pub extra_args: Vec<String>,
+}
+
+struct Replica {
+    name: String,
+    skew: chrono::Duration,
+    grpc_url: Option<String>,
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: CancellationToken,
+    run: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    /// The replica's own store (the embedded one cannot be opened twice).
+    store: Option<Arc<dyn Store>>,
+}
+
+/// The running replicas.
+pub struct Cluster {
+    cfg: ClusterConfig,
+    replicas: Mutex<Vec<Replica>>,
+}
+
+impl Drop for Cluster {
+    /// Whatever still runs stops at once (a runtime may not be dropped, and
+    /// so waited for, inside an asynchronous context).
+    fn drop(&mut self) {
+        let replicas = self.replicas.get_mut().unwrap_or_else(|p| p.into_inner());
+        for r in replicas.iter_mut() {
+            if let Some(rt) = r.runtime.take() {
+                rt.shutdown_background();
+            }
+        }
+    }
+}
+
+impl Cluster {
+    pub async fn start(cfg: ClusterConfig) -> anyhow::Result<Cluster> {
+        let mut replicas = Vec::new();
+        for i in 0..cfg.replicas {
+            let skew = cfg.skews.get(i).copied().unwrap_or_default();
+            replicas.push(Replica {
+                name: format!("chaos-{i}"),
+                skew,
+                grpc_url: None,
+                runtime: None,
+                stop: CancellationToken::new(),
+                run: None,
+                store: None,
+            });
+        }
+        let cluster = Cluster {
+            cfg,
+            replicas: Mutex::new(replicas),
+        };
+        for i in 0..cluster.cfg.replicas {
+            cluster.restart(i).await?;
+        }
+        Ok(cluster)
+    }
+
+    fn replicas(&self) -> std::sync::MutexGuard<'_, Vec<Replica>> {
+        self.replicas.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The gRPC URLs of the replicas that are up.
+    pub fn live(&self) -> Vec<String> {
+        self.replicas()
+            .iter()
+            .filter_map(|r| r.grpc_url.clone())
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.cfg.replicas
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cfg.replicas == 0
+    }
+
+    pub fn is_up(&self, i: usize) -> bool {
+        self.replicas().get(i).is_some_and(|r| r.grpc_url.is_some())
+    }
+
+    pub fn name(&self, i: usize) -> String {
+        self.replicas()
+            .get(i)
+            .map(|r| r.name.clone())
+            .unwrap_or_default()
+    }
+
+    fn args(&self, name: &str, skew: chrono::Duration) -> Vec<String> {
+        let tokens: Vec<String> = (0..self.cfg.clients)
+            .map(caller_name)
+            .map(|c| {
+                format!(
+                    "{c}:orchestrator:{}",
+                    crate::grpc::auth::sha256_hex(&token_of(&c))
+                )
+            })
+            .chain(std::iter::once(format!(
+                "{OPERATOR}:operator:{}",
+                crate::grpc::auth::sha256_hex(&token_of(OPERATOR))
+            )))
+            .collect();
+        let skew = if skew < chrono::Duration::zero() {
+            format!("-{}s", -skew.num_seconds())
+        } else {
+            format!("{}s", skew.num_seconds())
+        };
+        let mut args: Vec<String> = [
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &self.cfg.database_url,
+            "--nova-url",
+            &self.cfg.nova_url,
+            "--replica-id",
+            name,
+            "--shutdown-delay",
+            "0s",
+            "--drain-timeout",
+            "2s",
+            "--db-max-connections",
+            "8",
+            "--auth-tokens",
+            &tokens.join(","),
+            // One argument: a value that starts with '-' would read as a flag.
+            &format!("--clock-skew={skew}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(self.cfg.extra_args.iter().cloned());
+        args
+    }
+
+    /// Starts replica `i` (again): a new runtime, the same name and
+    /// database, a new port.
+    pub async fn restart(&self, i: usize) -> anyhow::Result<()> {
+        let (name, skew) = {
+            let r = self.replicas();
+            (r[i].name.clone(), r[i].skew)
+        };
+        let cfg = ServeArgs::from_args(self.args(&name, skew))
+            .map_err(|e| anyhow::anyhow!("chaos replica flags: {e}"))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(format!("{name}-worker"))
+            .enable_all()
+            .build()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        let run = runtime.spawn(async move {
+            let app = match Application::build(cfg).await {
+                Ok(app) => app,
+                Err(e) => {
+                    let text = format!("{e:#}");
+                    // The starter waits on this; if it is gone, nobody
+                    // needs the error.
+                    drop(tx.send(Err(text)));
+                    return Err(e);
+                }
+            };
+            drop(tx.send(Ok((app.grpc_addr(), app.store.clone()))));
+            app.run_until(until.cancelled_owned()).await
+        });
+        let (addr, store) = rx
+            .await
+            .map_err(|_| anyhow::anyhow!("replica {name} ended before it listened"))?
+            .map_err(|e| anyhow::anyhow!("replica {name}: {e}"))?;
+        let mut r = self.replicas();
+        r[i].grpc_url = Some(format!("http://{addr}"));
+        r[i].runtime = Some(runtime);
+        r[i].stop = stop;
+        r[i].run = Some(run);
+        r[i].store = Some(store);
+        Ok(())
+    }
+
+    /// Replica `i`'s own store handle, while it is up.
+    pub fn store(&self, i: usize) -> Option<Arc<dyn Store>> {
+        self.replicas().get(i).and_then(|r| r.store.clone())
+    }
+
+    /// Kills replica `i` the way kill -9 does.
+    pub fn kill(&self, i: usize) {
+        let mut r = self.replicas();
+        r[i].grpc_url = None;
+        r[i].run = None;
+        r[i].store = None;
+        if let Some(rt) = r[i].runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+
+    /// Stops every replica through its staged shutdown.
+    pub async fn stop(&self) {
+        let runs: Vec<_> = {
+            let mut r = self.replicas();
+            r.iter_mut()
+                .filter_map(|x| {
+                    x.grpc_url = None;
+                    x.stop.cancel();
+                    x.run
+                        .take()
+                        .map(|run| (x.name.clone(), run, x.runtime.take()))
+                })
+                .collect()
+        };
+        for (name, run, runtime) in runs {
+            match tokio::time::timeout(Duration::from_secs(30), run).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => {
+                    tracing::warn!(replica = %name, error = %e, "replica ended with an error")
+                }
+                Ok(Err(e)) => tracing::warn!(replica = %name, error = %e, "replica task failed"),
+                Err(_) => tracing::warn!(replica = %name, "replica did not stop within 30 s"),
+            }
+            if let Some(rt) = runtime {
+                rt.shutdown_background();
+            }
+        }
+    }
+}

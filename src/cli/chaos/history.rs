@@ -1,0 +1,439 @@
+//! Histories: a small world (servers, volumes), a few orchestrators that
+//! attach and detach with fresh or replayed keys and random deadlines, the
+//! faults their requests meet, and what happens around them (servers and
+//! volumes deleted, someone else's hand, an operator). Everything follows
+//! from one seed, so a history is reproduced from its number.
+
+use std::fmt;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use uuid::Uuid;
+
+use crate::domain::{Action, State};
+use crate::sim::{Fault, FaultOp};
+
+pub const SERVERS: usize = 3;
+pub const VOLUMES: usize = 6;
+
+/// Which key a call uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyChoice {
+    /// A key of its own.
+    Fresh,
+    /// The key of an earlier call of the same client (a replay; with other
+    /// parameters, a reuse).
+    Replay(usize),
+    /// The key of another client's earlier call: another caller's key is
+    /// never joined, read or revealed.
+    Foreign(usize),
+}
+
+/// A fault the call's request meets at the simulator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedFault {
+    pub op: FaultOp,
+    pub fault: Fault,
+    /// How many matching requests it hits.
+    pub times: u32,
+}
+
+/// One orchestrator call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub client: usize,
+    pub action: Action,
+    pub server: usize,
+    pub volume: usize,
+    pub key: KeyChoice,
+    pub deadline_ms: u64,
+    /// The caller gives up this long after sending (drops the call).
+    pub cancel_after_ms: Option<u64>,
+    /// Think time before the call.
+    pub pause_ms: u64,
+    pub faults: Vec<PlannedFault>,
+    /// An operator acts on this call's operation this long after it was
+    /// sent (while it may still run): reconcile it, or resolve it.
+    pub operator: Option<(u64, Option<State>)>,
+}
+
+/// Something that happens at an instant, whatever the calls do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Happening {
+    DeleteServer(usize),
+    DeleteVolume(usize),
+    AttachOutOfBand {
+        server: usize,
+        volume: usize,
+    },
+    DetachOutOfBand {
+        server: usize,
+        volume: usize,
+    },
+    /// `ReconcileOperation` on the operation of call `n` (as soon as it
+    /// exists).
+    Reconcile(usize),
+    /// `ResolveOperation` on the operation of call `n`, if still open.
+    Resolve(usize, State),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timed {
+    pub at_ms: u64,
+    pub what: Happening,
+}
+
+/// One history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct History {
+    pub seed: u64,
+    /// Which run of the seed (a re-run, when shrinking, gets a new world
+    /// and new keys: the ledger and the simulator remember the last one).
+    pub run: u32,
+    pub servers: [Uuid; SERVERS],
+    pub volumes: [Uuid; VOLUMES],
+    pub calls: Vec<Call>,
+    pub happenings: Vec<Timed>,
+}
+
+/// How histories are drawn.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub clients: usize,
+    pub calls_per_client: usize,
+    /// The longest late effect a fault may schedule: the service's settle
+    /// window must cover it.
+    pub max_late_effect_ms: u64,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Self {
+            clients: 3,
+            calls_per_client: 4,
+            max_late_effect_ms: 1200,
+        }
+    }
+}
+
+fn uuid(rng: &mut StdRng) -> Uuid {
+    uuid::Builder::from_random_bytes(rng.random()).into_uuid()
+}
+
+impl History {
+    /// The history of `seed`.
+    pub fn generate(seed: u64, shape: &Shape) -> History {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let servers = std::array::from_fn(|_| uuid(&mut rng));
+        let volumes = std::array::from_fn(|_| uuid(&mut rng));
+        let mut calls = Vec::new();
+        for round in 0..shape.calls_per_client {
+            for client in 0..shape.clients {
+                calls.push(Self::call(&mut rng, shape, client, round, &calls));
+            }
+        }
+        let mut happenings = Vec::new();
+        let span = (shape.calls_per_client as u64) * 1500;
+        let chance = |rng: &mut StdRng, p: f64| rng.random_bool(p);
+        if chance(&mut rng, 0.25) {
+            happenings.push(Timed {
+                at_ms: rng.random_range(0..span),
+                what: Happening::DeleteServer(rng.random_range(0..SERVERS)),
+            });
+        }
+        if chance(&mut rng, 0.15) {
+            happenings.push(Timed {
+                at_ms: rng.random_range(0..span),
+                what: Happening::DeleteVolume(rng.random_range(0..VOLUMES)),
+            });
+        }
+        for _ in 0..rng.random_range(0..3) {
+            let (server, volume) = (rng.random_range(0..SERVERS), rng.random_range(0..VOLUMES));
+            let what = if rng.random_bool(0.5) {
+                Happening::AttachOutOfBand { server, volume }
+            } else {
+                Happening::DetachOutOfBand { server, volume }
+            };
+            happenings.push(Timed {
+                at_ms: rng.random_range(0..span),
+                what,
+            });
+        }
+        if chance(&mut rng, 0.3) {
+            let n = rng.random_range(0..calls.len());
+            happenings.push(Timed {
+                at_ms: rng.random_range(0..span),
+                what: Happening::Reconcile(n),
+            });
+        }
+        happenings.sort_by_key(|t| t.at_ms);
+        History {
+            seed,
+            run: 0,
+            servers,
+            volumes,
+            calls,
+            happenings,
+        }
+    }
+
+    fn call(
+        rng: &mut StdRng,
+        shape: &Shape,
+        client: usize,
+        round: usize,
+        earlier: &[Call],
+    ) -> Call {
+        let own: Vec<usize> = (0..earlier.len())
+            .filter(|i| earlier[*i].client == client && earlier[*i].key == KeyChoice::Fresh)
+            .collect();
+        let others: Vec<usize> = (0..earlier.len())
+            .filter(|i| earlier[*i].client != client && earlier[*i].key == KeyChoice::Fresh)
+            .collect();
+        let roll: f64 = rng.random();
+        let key = if roll < 0.15 && !own.is_empty() {
+            KeyChoice::Replay(own[rng.random_range(0..own.len())])
+        } else if roll < 0.22 && !others.is_empty() {
+            KeyChoice::Foreign(others[rng.random_range(0..others.len())])
+        } else {
+            KeyChoice::Fresh
+        };
+        // A replay asks for the same thing (mostly): copy what it replays.
+        let copied = match &key {
+            KeyChoice::Replay(n) | KeyChoice::Foreign(n) if rng.random_bool(0.8) => {
+                Some((earlier[*n].action, earlier[*n].server, earlier[*n].volume))
+            }
+            _ => None,
+        };
+        // Orchestrators mostly attach, then detach what they attached.
+        let attached: Vec<(usize, usize)> = earlier
+            .iter()
+            .filter(|c| c.client == client && c.action == Action::Attach)
+            .map(|c| (c.server, c.volume))
+            .collect();
+        let (action, server, volume) = copied.unwrap_or_else(|| {
+            let action = if round.is_multiple_of(2) || rng.random_bool(0.3) {
+                Action::Attach
+            } else {
+                Action::Detach
+            };
+            match action {
+                Action::Detach if !attached.is_empty() && rng.random_bool(0.75) => {
+                    let (s, v) = attached[rng.random_range(0..attached.len())];
+                    (action, s, v)
+                }
+                _ => (
+                    action,
+                    rng.random_range(0..SERVERS),
+                    rng.random_range(0..VOLUMES),
+                ),
+            }
+        });
+        let deadline_ms = *[300u64, 800, 1500, 2500, 4000]
+            .get(rng.random_range(0..5))
+            .unwrap_or(&1500);
+        let cancel_after_ms = rng.random_bool(0.12).then(|| {
+            // Often very early: during the intent write.
+            if rng.random_bool(0.5) {
+                rng.random_range(0..4)
+            } else {
+                rng.random_range(0..deadline_ms)
+            }
+        });
+        let faults = if rng.random_bool(0.45) {
+            planned_faults(rng, action, shape)
+        } else {
+            Vec::new()
+        };
+        let operator = rng.random_bool(0.12).then(|| {
+            let after = rng.random_range(0..deadline_ms.max(1));
+            let resolve = rng.random_bool(0.2).then(|| {
+                if rng.random_bool(0.5) {
+                    State::Succeeded
+                } else {
+                    State::Failed
+                }
+            });
+            (after, resolve)
+        });
+        Call {
+            client,
+            action,
+            server,
+            volume,
+            key,
+            deadline_ms,
+            cancel_after_ms,
+            pause_ms: rng.random_range(0..400),
+            faults,
+            operator,
+        }
+    }
+}
+
+/// One fault, sometimes a sequence (a lost request, then refusals).
+fn planned_faults(rng: &mut StdRng, action: Action, shape: &Shape) -> Vec<PlannedFault> {
+    let op = match action {
+        Action::Attach => FaultOp::Attach,
+        Action::Detach => FaultOp::Detach,
+    };
+    let one = |fault: Fault| PlannedFault {
+        op,
+        fault,
+        times: 1,
+    };
+    let effect = rng.random_bool(0.5);
+    let late = rng.random_range(100..shape.max_late_effect_ms.max(101));
+    match rng.random_range(0..17) {
+        0 => vec![one(Fault::DelayAfterEffect {
+            ms: rng.random_range(100..3000),
+        })],
+        1 => vec![one(Fault::CloseAfterEffect)],
+        2 => vec![one(Fault::CloseBeforeEffect)],
+        3 => vec![one(Fault::StallBody {
+            ms: rng.random_range(200..3000),
+            effect,
+        })],
+        4 => vec![one(Fault::TruncateBody { effect })],
+        5 => vec![one(Fault::GarbageBody)],
+        6 => vec![one(Fault::Status { code: 500, effect })],
+        7 => vec![one(Fault::ProxyError { code: 504, effect })],
+        8 => vec![one(Fault::LateEffect { ms: late })],
+        // The request is lost while Nova goes on; every retry is refused
+        // as locked until the budget ends.
+        9 => vec![
+            one(Fault::LateEffect { ms: late }),
+            PlannedFault {
+                op,
+                fault: Fault::Conflict,
+                times: 20,
+            },
+        ],
+        10 => vec![PlannedFault {
+            op,
+            fault: Fault::Conflict,
+            times: rng.random_range(1..4),
+        }],
+        11 => vec![PlannedFault {
+            op,
+            fault: Fault::Status {
+                code: 500,
+                effect: false,
+            },
+            times: 30,
+        }],
+        12 => vec![one(Fault::DelayBeforeEffect {
+            ms: rng.random_range(100..2500),
+        })],
+        13 => vec![PlannedFault {
+            op: FaultOp::List,
+            fault: Fault::Status {
+                code: 503,
+                effect: false,
+            },
+            times: rng.random_range(1..6),
+        }],
+        14 if action == Action::Detach => vec![one(Fault::DetachRefused)],
+        15 if action == Action::Attach => vec![one(Fault::VolumeNotReady {
+            status: "creating".into(),
+        })],
+        16 if action == Action::Attach => vec![one(Fault::DeviceInUse)],
+        _ => vec![one(Fault::Status { code: 503, effect })],
+    }
+}
+
+impl History {
+    /// The same history in a new world (new server and volume ids, new
+    /// keys), to play it again.
+    pub fn replayed(&self) -> History {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ (u64::from(self.run) + 1).rotate_left(32));
+        History {
+            run: self.run + 1,
+            servers: std::array::from_fn(|_| uuid(&mut rng)),
+            volumes: std::array::from_fn(|_| uuid(&mut rng)),
+            ..self.clone()
+        }
+    }
+
+    /// The number of steps a shrink can drop (calls, faults, happenings).
+    pub fn size(&self) -> usize {
+        self.calls.len()
+            + self
+                .calls
+                .iter()
+                .map(|c| {
+                    c.faults.len()
+                        + usize::from(c.operator.is_some())
+                        + usize::from(c.cancel_after_ms.is_some())
+                })
+                .sum::<usize>()
+            + self.happenings.len()
+    }
+}
+
+impl fmt::Display for History {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "history {} (servers s0..s{}, volumes v0..v{}):",
+            self.seed,
+            SERVERS - 1,
+            VOLUMES - 1
+        )?;
+        for (i, s) in self.servers.iter().enumerate() {
+            write!(f, "  s{i}={s}")?;
+        }
+        writeln!(f)?;
+        for (i, v) in self.volumes.iter().enumerate() {
+            write!(f, "  v{i}={v}")?;
+        }
+        writeln!(f)?;
+        for (n, c) in self.calls.iter().enumerate() {
+            write!(
+                f,
+                "  call {n}: client {} {} s{} v{} key {:?} deadline {} ms",
+                c.client,
+                c.action.as_str(),
+                c.server,
+                c.volume,
+                c.key,
+                c.deadline_ms
+            )?;
+            if let Some(ms) = c.cancel_after_ms {
+                write!(f, ", cancelled after {ms} ms")?;
+            }
+            for pf in &c.faults {
+                write!(f, "; fault {:?} x{} on {:?}", pf.fault, pf.times, pf.op)?;
+            }
+            if let Some((after, resolve)) = c.operator {
+                match resolve {
+                    Some(s) => write!(
+                        f,
+                        "; an operator resolves it {} after {after} ms",
+                        s.as_str()
+                    )?,
+                    None => write!(f, "; an operator reconciles it after {after} ms")?,
+                }
+            }
+            writeln!(f)?;
+        }
+        for t in &self.happenings {
+            writeln!(f, "  at {} ms: {:?}", t.at_ms, t.what)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_always_gives_the_same_history_and_seeds_differ() {
+        let shape = Shape::default();
+        assert_eq!(History::generate(7, &shape), History::generate(7, &shape));
+        assert_ne!(History::generate(7, &shape), History::generate(8, &shape));
+        let h = History::generate(7, &shape);
+        assert_eq!(h.calls.len(), shape.clients * shape.calls_per_client);
+    }
+}

@@ -1,0 +1,564 @@
+//! `volume-reconciler chaos`: a history checker in the spirit of Jepsen and
+//! FoundationDB's simulation tests. It plays many random histories — a
+//! small world of servers and volumes, orchestrators attaching and
+//! detaching with fresh and replayed keys under random deadlines, every
+//! fault the simulator knows, servers and volumes deleted, someone else's
+//! hand, an operator, callers who give up at any instant, replicas killed
+//! and restarted, a replica whose clock is off — against real replicas
+//! and the simulator, then checks each against the simulator's ground
+//! truth. A violation prints the seed, the smallest history that still
+//! shows it, and the ledger rows involved; the exit code is then 1.
+//!
+//! - `history.rs`: histories drawn from a seed.
+//! - `cluster.rs`: the replicas, each killable like a process.
+//! - `play.rs`: playing one history and gathering what happened.
+//! - `check.rs`: the invariants.
+//! - `shrink.rs`: the smallest history that still fails.
+
+pub mod check;
+pub mod cluster;
+pub mod history;
+pub mod play;
+pub mod shrink;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Args;
+use futures_util::StreamExt;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use crate::config::{duration, signed_duration};
+use crate::sim::{self, SimConfig};
+use check::{Kill, Violation};
+use cluster::{Cluster, ClusterConfig};
+use history::{Happening, History, Shape};
+use play::{Context, Played, Windows};
+
+#[derive(Debug, Clone, Args)]
+pub struct ChaosArgs {
+    /// How many histories to play.
+    #[arg(long, default_value_t = 200)]
+    pub histories: u64,
+    /// The first history's seed (history i plays seed + i).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// A PostgreSQL database to use (it must be empty or this run's); the
+    /// embedded store in a temporary file otherwise (one replica).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Replicas sharing the database (PostgreSQL only).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: usize,
+    /// Histories played at once.
+    #[arg(long, default_value_t = 24)]
+    pub concurrency: usize,
+    /// Kill a replica (kill -9) and restart it about this often (0: never).
+    #[arg(long, value_parser = duration, default_value = "20s")]
+    pub kill_every: Duration,
+    /// The last replica's clock is off by this much (e.g. `-2m`).
+    #[arg(long, value_parser = signed_duration, default_value = "-2m")]
+    pub skew: chrono::Duration,
+    /// The Nova microversion the replicas speak (2.101+: asynchronous attach).
+    #[arg(long, default_value = "2.89")]
+    pub nova_microversion: String,
+    /// How long shrinking a failing history may take.
+    #[arg(long, value_parser = duration, default_value = "5m")]
+    pub shrink_for: Duration,
+    /// Where the replicas' logs go (unless --verbose).
+    #[arg(long, default_value = "volume-reconciler-chaos.log")]
+    pub log_file: std::path::PathBuf,
+    /// The replicas' logs on stderr instead of the log file.
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+impl ChaosArgs {
+    /// Where logs go instead of stderr (unless `--verbose`).
+    pub fn log_file(&self) -> Option<std::path::PathBuf> {
+        (!self.verbose).then(|| self.log_file.clone())
+    }
+}
+
+/// A chaos run, as the command and the tests configure it.
+#[derive(Debug, Clone)]
+pub struct ChaosConfig {
+    pub histories: u64,
+    pub seed: u64,
+    pub database_url: Option<String>,
+    pub replicas: usize,
+    pub concurrency: usize,
+    pub kill_every: Option<Duration>,
+    pub skew: chrono::Duration,
+    pub nova_microversion: String,
+    pub shape: Shape,
+    pub windows: Windows,
+    /// Time for shrinking each failing history (zero: no shrinking).
+    pub shrink_for: Duration,
+    /// Draw progress (off in tests).
+    pub progress: bool,
+}
+
+impl ChaosConfig {
+    pub fn from_args(a: &ChaosArgs) -> Self {
+        Self {
+            histories: a.histories,
+            seed: a.seed,
+            database_url: a.database_url.clone(),
+            replicas: a.replicas,
+            concurrency: a.concurrency,
+            kill_every: (!a.kill_every.is_zero()).then_some(a.kill_every),
+            skew: a.skew,
+            nova_microversion: a.nova_microversion.clone(),
+            shrink_for: a.shrink_for,
+            progress: true,
+            ..Self::default()
+        }
+    }
+
+    /// The `serve` flags that compress the service's windows to the
+    /// simulator's (late effects within `max_late_effect_ms`).
+    fn serve_args(&self) -> Vec<String> {
+        let w = &self.windows;
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        vec![
+            "--settle-window".into(),
+            ms(w.settle),
+            "--verify-after".into(),
+            ms(w.verify_after),
+            "--verify-window".into(),
+            ms(w.verify_window),
+            "--reconcile-interval".into(),
+            "100ms".into(),
+            "--reconcile-rate-limit".into(),
+            "2000".into(),
+            "--reconcile-max-backoff".into(),
+            "1s".into(),
+            "--nova-microversion".into(),
+            self.nova_microversion.clone(),
+        ]
+    }
+}
+
+impl Default for ChaosConfig {
+    fn default() -> Self {
+        Self {
+            histories: 20,
+            seed: 1,
+            database_url: None,
+            replicas: 1,
+            concurrency: 10,
+            kill_every: None,
+            skew: chrono::Duration::zero(),
+            nova_microversion: "2.89".into(),
+            shape: Shape::default(),
+            windows: Windows {
+                settle: Duration::from_secs(2),
+                verify_after: Duration::from_millis(500),
+                verify_window: Duration::from_secs(3),
+                slack: Duration::from_secs(8),
+            },
+            shrink_for: Duration::ZERO,
+            progress: false,
+        }
+    }
+}
+
+/// One failing history.
+pub struct Failure {
+    pub seed: u64,
+    pub violations: Vec<Violation>,
+    /// The smallest history that still failed (the original when not
+    /// shrunk).
+    pub history: History,
+    /// The ledger rows involved, and their logs.
+    pub rows: String,
+}
+
+/// What a run did.
+#[derive(Default)]
+pub struct Summary {
+    pub histories: u64,
+    pub operations: u64,
+    pub calls: u64,
+    pub faults: BTreeMap<String, u64>,
+    pub happenings: BTreeMap<String, u64>,
+    pub kills: u64,
+    pub checks: u64,
+    pub failures: Vec<Failure>,
+    pub elapsed: Duration,
+}
+
+fn fault_name(f: &sim::Fault) -> String {
+    let json = serde_json::to_value(f).unwrap_or_default();
+    json["kind"].as_str().unwrap_or("fault").to_string()
+}
+
+fn happening_name(h: &Happening) -> &'static str {
+    match h {
+        Happening::DeleteServer(_) => "server deleted",
+        Happening::DeleteVolume(_) => "volume deleted",
+        Happening::AttachOutOfBand { .. } => "out-of-band attach",
+        Happening::DetachOutOfBand { .. } => "out-of-band detach",
+        Happening::Reconcile(_) => "operator reconcile",
+        Happening::Resolve(..) => "operator resolve",
+    }
+}
+
+/// The ledger rows a violation names, with their logs.
+fn rows_of(p: &Played, violations: &[Violation]) -> String {
+    let mut out = String::new();
+    for r in &p.ops {
+        if !violations.iter().any(|v| v.operation == Some(r.op.id)) {
+            continue;
+        }
+        let o = &r.op;
+        out.push_str(&format!(
+            "  operation {} key {:?} caller {:?} {} server {} volume {}: {} {:?} reason {:?} drifted={} created {} decided {:?} deadline {}\n",
+            o.id,
+            o.idempotency_key,
+            o.caller,
+            o.action.as_str(),
+            o.server_id,
+            o.volume_id,
+            o.state.as_str(),
+            o.resolution.map(|r| r.as_str()),
+            o.last_error.as_ref().map(|e| e.reason.to_string()),
+            o.drifted,
+            o.created_at,
+            o.completed_at,
+            o.deadline_at,
+        ));
+        for e in &r.events {
+            out.push_str(&format!(
+                "      {} {:<10} {:<16} {}\n",
+                e.at.format("%H:%M:%S%.3f"),
+                e.replica,
+                e.kind,
+                e.detail
+            ));
+        }
+    }
+    for e in &p.effects {
+        out.push_str(&format!(
+            "  effect {} {:?} server {} volume {} by {:?}\n",
+            e.at.format("%H:%M:%S%.3f"),
+            e.change,
+            e.server_id,
+            e.volume_id,
+            e.cause
+        ));
+    }
+    out
+}
+
+/// The running parts of a chaos run.
+struct Rig {
+    ctx: Arc<Context>,
+    kills: Arc<Mutex<Vec<Kill>>>,
+    sim: sim::SimHandle,
+    _dir: Option<TempDir>,
+}
+
+/// A temporary folder removed on drop (the embedded ledger's).
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        // Best effort: a leftover folder in the temp dir harms nothing.
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            tracing::debug!(error = %e, path = %self.0.display(), "could not remove the chaos folder");
+        }
+    }
+}
+
+async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
+    let sim = sim::start(
+        "127.0.0.1:0".parse()?,
+        SimConfig {
+            record_history: true,
+            detach_delay_ms: 150,
+            attach_complete_ms: 80,
+            rollback_share: 0.03,
+            rollback_delay_ms: 300,
+            ..SimConfig::default()
+        },
+    )
+    .await?;
+    let (database_url, replicas, dir) = match &cfg.database_url {
+        Some(url) => (url.clone(), cfg.replicas.max(1), None),
+        None => {
+            let dir =
+                std::env::temp_dir().join(format!("vr-chaos-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&dir)?;
+            let url = format!("sqlite://{}", dir.join("ledger.db").display());
+            (url, 1, Some(TempDir(dir)))
+        }
+    };
+    let mut skews = vec![chrono::Duration::zero(); replicas];
+    if replicas > 1
+        && let Some(last) = skews.last_mut()
+    {
+        *last = cfg.skew;
+    }
+    let cluster = Arc::new(
+        Cluster::start(ClusterConfig {
+            database_url: database_url.clone(),
+            nova_url: sim.nova_url.clone(),
+            replicas,
+            clients: cfg.shape.clients,
+            skews,
+            extra_args: cfg.serve_args(),
+        })
+        .await?,
+    );
+    let store = match cluster.store(0) {
+        Some(s) if dir.is_some() => s,
+        _ => crate::store::open(&database_url, 4).await?,
+    };
+    Ok(Rig {
+        ctx: Arc::new(Context {
+            cluster,
+            sim: sim.sim.clone(),
+            store,
+            windows: cfg.windows,
+        }),
+        kills: Arc::new(Mutex::new(Vec::new())),
+        sim,
+        _dir: dir,
+    })
+}
+
+/// Kills a random live replica every `every` (keeping one up) and restarts
+/// it shortly after, until `stop`.
+async fn killer(
+    rig_ctx: Arc<Context>,
+    kills: Arc<Mutex<Vec<Kill>>>,
+    every: Duration,
+    seed: u64,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6b69_6c6c);
+    let cluster = &rig_ctx.cluster;
+    loop {
+        let pause = every.mul_f64(rng.random_range(0.5..1.5));
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        let up: Vec<usize> = (0..cluster.len()).filter(|i| cluster.is_up(*i)).collect();
+        if up.len() < 2 {
+            continue;
+        }
+        let victim = up[rng.random_range(0..up.len())];
+        cluster.kill(victim);
+        kills.lock().unwrap_or_else(|p| p.into_inner()).push(Kill {
+            replica: cluster.name(victim),
+            at: chrono::Utc::now(),
+        });
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..2000))).await;
+        if let Err(e) = cluster.restart(victim).await {
+            tracing::warn!(error = %e, "chaos: a killed replica did not come back");
+        }
+    }
+}
+
+/// Plays and checks one history.
+async fn trial(
+    ctx: &Context,
+    kills: &Mutex<Vec<Kill>>,
+    h: History,
+) -> anyhow::Result<(Played, Vec<Violation>)> {
+    let played = ctx.play(h).await?;
+    let kills = kills.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let violations = check::check(&played, ctx.windows, &kills);
+    Ok((played, violations))
+}
+
+/// Runs the configured histories; every failure is in the summary.
+pub async fn run_chaos(cfg: &ChaosConfig) -> anyhow::Result<Summary> {
+    let started = Instant::now();
+    let rig = rig(cfg).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let killer_task = cfg
+        .kill_every
+        .filter(|_| rig.ctx.cluster.len() > 1)
+        .map(|every| {
+            tokio::spawn(killer(
+                rig.ctx.clone(),
+                rig.kills.clone(),
+                every,
+                cfg.seed,
+                stop.clone(),
+            ))
+        });
+    let mut progress = cfg
+        .progress
+        .then(|| crate::cli::output::Progress::new(cfg.histories, "histories"));
+    let mut summary = Summary::default();
+    let mut results = futures_util::stream::iter(0..cfg.histories)
+        .map(|i| {
+            let h = History::generate(cfg.seed + i, &cfg.shape);
+            let (ctx, kills) = (rig.ctx.clone(), rig.kills.clone());
+            async move { trial(&ctx, &kills, h).await }
+        })
+        .buffer_unordered(cfg.concurrency.max(1));
+    while let Some(result) = results.next().await {
+        let (played, violations) = result?;
+        tally(&mut summary, &played);
+        if !violations.is_empty() {
+            if let Some(p) = &progress {
+                p.println(format!(
+                    "history {} broke {} invariant(s)",
+                    played.history.seed,
+                    violations.len()
+                ));
+            }
+            summary.failures.push(Failure {
+                seed: played.history.seed,
+                rows: rows_of(&played, &violations),
+                violations,
+                history: played.history,
+            });
+        }
+        if let Some(p) = &mut progress {
+            p.set(summary.histories);
+        }
+    }
+    drop(results);
+    if let Some(p) = &progress {
+        p.finish();
+    }
+    stop.cancel();
+    if let Some(t) = killer_task
+        && let Err(e) = t.await
+    {
+        tracing::warn!(error = %e, "chaos: the killer task failed");
+    }
+    for f in &mut summary.failures {
+        if cfg.shrink_for.is_zero() {
+            continue;
+        }
+        let invariants: Vec<&'static str> = f.violations.iter().map(|v| v.invariant).collect();
+        let (ctx, kills) = (rig.ctx.clone(), rig.kills.clone());
+        let until = Instant::now() + cfg.shrink_for;
+        f.history = shrink::shrink(f.history.clone(), until, |h| {
+            let (ctx, kills, invariants) = (ctx.clone(), kills.clone(), invariants.clone());
+            async move {
+                match trial(&ctx, &kills, h).await {
+                    Ok((_, v)) => v.iter().any(|v| invariants.contains(&v.invariant)),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+    }
+    summary.kills = rig.kills.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
+    rig.ctx.cluster.stop().await;
+    rig.sim.stop().await;
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+fn tally(s: &mut Summary, p: &Played) {
+    s.histories += 1;
+    s.operations += p.ops.len() as u64;
+    s.calls += p.answers.len() as u64;
+    s.checks += (check::INVARIANTS.len() * p.ops.len().max(1)) as u64;
+    for c in &p.history.calls {
+        for f in &c.faults {
+            *s.faults.entry(fault_name(&f.fault)).or_default() += 1;
+        }
+    }
+    for t in &p.history.happenings {
+        *s.happenings
+            .entry(happening_name(&t.what).to_string())
+            .or_default() += 1;
+    }
+}
+
+impl Summary {
+    /// The summary table and every failure, as printed.
+    pub fn report(&self) -> String {
+        use crate::cli::output::{align_right, plain_table};
+        let mut t = plain_table(["", "count"]);
+        t.add_row(vec!["histories".to_string(), self.histories.to_string()]);
+        t.add_row(vec!["calls".to_string(), self.calls.to_string()]);
+        t.add_row(vec!["operations".to_string(), self.operations.to_string()]);
+        for (k, v) in &self.faults {
+            t.add_row(vec![format!("fault: {k}"), v.to_string()]);
+        }
+        for (k, v) in &self.happenings {
+            t.add_row(vec![k.clone(), v.to_string()]);
+        }
+        t.add_row(vec!["replicas killed".to_string(), self.kills.to_string()]);
+        t.add_row(vec![
+            "invariant checks".to_string(),
+            self.checks.to_string(),
+        ]);
+        t.add_row(vec![
+            "violations".to_string(),
+            self.failures
+                .iter()
+                .map(|f| f.violations.len())
+                .sum::<usize>()
+                .to_string(),
+        ]);
+        align_right(&mut t, &[1]);
+        let mut out = format!("{t}\n  took {:.0} s\n", self.elapsed.as_secs_f64());
+        for f in &self.failures {
+            out.push_str(&format!("\nseed {} broke:\n", f.seed));
+            for v in &f.violations {
+                out.push_str(&format!("  - {v}\n"));
+            }
+            out.push_str(&format!("{}", f.history));
+            out.push_str("ledger rows and effects involved:\n");
+            out.push_str(&f.rows);
+        }
+        out
+    }
+}
+
+/// `volume-reconciler chaos`.
+pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
+    let cfg = ChaosConfig::from_args(&args);
+    println!(
+        "chaos: {} histories from seed {}, {} replica(s) on {}, {} at once",
+        cfg.histories,
+        cfg.seed,
+        if cfg.database_url.is_some() {
+            cfg.replicas
+        } else {
+            1
+        },
+        if cfg.database_url.is_some() {
+            "PostgreSQL"
+        } else {
+            "the embedded store"
+        },
+        cfg.concurrency
+    );
+    let summary = run_chaos(&cfg).await?;
+    print!("{}", summary.report());
+    if let Some(log) = args.log_file() {
+        println!("  the replicas' logs: {}", log.display());
+    }
+    if summary.failures.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "{} of {} histories broke an invariant (seeds: {})",
+            summary.failures.len(),
+            summary.histories,
+            summary
+                .failures
+                .iter()
+                .map(|f| f.seed.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}

@@ -1,0 +1,393 @@
+//! Plays one history against the replicas and the simulator: each client's
+//! calls in order (faults installed just before each, on the call's own
+//! volume), the happenings at their instants; then waits until every
+//! operation of the history is decided and its verification window has
+//! passed, and gathers what the checker reads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use tokio::time::Instant;
+use tonic::metadata::MetadataValue;
+use uuid::Uuid;
+
+use super::cluster::{Cluster, OPERATOR, caller_name, token_of};
+use super::history::{Call, Happening, History, KeyChoice};
+use crate::domain::{Action, Operation, OperationEvent, State};
+use crate::grpc::pb;
+use crate::grpc::pb::volume_reconciler_client::VolumeReconcilerClient;
+use crate::sim::{FaultOp, FaultRule, Sim};
+use crate::store::{OperationFilter, Store};
+
+/// What a caller was answered.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// The operation, as answered (SUCCEEDED).
+    Decided { op_id: Uuid, state: State },
+    /// An error status; `op_id` and `state` from its `ErrorInfo`.
+    Refused {
+        code: tonic::Code,
+        reason: String,
+        op_id: Option<Uuid>,
+        state: Option<String>,
+        message: String,
+    },
+    /// The caller gave up before an answer.
+    Cancelled,
+}
+
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub call: usize,
+    pub caller: String,
+    pub key: String,
+    pub sent_at: DateTime<Utc>,
+    pub answered_at: DateTime<Utc>,
+    pub outcome: Outcome,
+}
+
+/// One operation of the history, with its reconcile log.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub op: Operation,
+    pub events: Vec<OperationEvent>,
+}
+
+/// Everything the checker reads about one played history.
+pub struct Played {
+    pub history: History,
+    pub answers: Vec<Answer>,
+    pub ops: Vec<Recorded>,
+    /// The simulator's truth, only this history's volumes.
+    pub effects: Vec<crate::sim::Effect>,
+    pub requests: Vec<crate::sim::RequestRecord>,
+    /// Operations still open when the wait for them ended.
+    pub open_at_end: usize,
+}
+
+/// The service's windows, for the waits and the checks.
+#[derive(Debug, Clone, Copy)]
+pub struct Windows {
+    pub settle: Duration,
+    pub verify_after: Duration,
+    pub verify_window: Duration,
+    /// Extra time an operation may take past its deadline and settle
+    /// window before it counts as stuck (takeover, backoff, passes).
+    pub slack: Duration,
+}
+
+pub struct Context {
+    pub cluster: Arc<Cluster>,
+    pub sim: Arc<Sim>,
+    pub store: Arc<dyn Store>,
+    pub windows: Windows,
+}
+
+/// The key a call sends.
+pub fn key_of(h: &History, n: usize) -> String {
+    match h.calls[n].key {
+        KeyChoice::Fresh => format!("chaos-{}-{}-{n}", h.seed, h.run),
+        KeyChoice::Replay(m) | KeyChoice::Foreign(m) => key_of(h, m),
+    }
+}
+
+fn client(url: &str) -> anyhow::Result<VolumeReconcilerClient<tonic::transport::Channel>> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .connect_lazy();
+    Ok(VolumeReconcilerClient::new(channel))
+}
+
+fn request<T>(msg: T, caller: &str, timeout: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(timeout);
+    if let Ok(v) = MetadataValue::try_from(format!("Bearer {}", token_of(caller))) {
+        r.metadata_mut().insert("authorization", v);
+    }
+    r
+}
+
+fn outcome_of(result: Result<pb::Operation, tonic::Status>) -> Outcome {
+    match result {
+        Ok(op) => Outcome::Decided {
+            op_id: op.id.parse().unwrap_or_default(),
+            state: match pb::State::try_from(op.state) {
+                Ok(pb::State::Succeeded) => State::Succeeded,
+                Ok(pb::State::Failed) => State::Failed,
+                Ok(pb::State::Unknown) => State::Unknown,
+                Ok(pb::State::Pending) => State::Pending,
+                _ => State::InProgress,
+            },
+        },
+        Err(s) => {
+            use tonic_types::StatusExt;
+            let details = s.get_error_details();
+            let info = details.error_info();
+            let meta = |k: &str| info.and_then(|i| i.metadata.get(k).cloned());
+            Outcome::Refused {
+                code: s.code(),
+                reason: info.map(|i| i.reason.clone()).unwrap_or_default(),
+                op_id: meta("operation_id").and_then(|v| v.parse().ok()),
+                state: meta("state"),
+                message: s.message().to_string(),
+            }
+        }
+    }
+}
+
+impl Context {
+    /// Sends one call to a live replica, moving to another when one is
+    /// unreachable (with the same key), within the call's deadline.
+    async fn send(&self, h: &History, n: usize) -> Outcome {
+        let c = &h.calls[n];
+        let caller = caller_name(c.client);
+        let deadline = Instant::now() + Duration::from_millis(c.deadline_ms);
+        let key = key_of(h, n);
+        let (server, volume) = (
+            h.servers[c.server].to_string(),
+            h.volumes[c.volume].to_string(),
+        );
+        loop {
+            let live = self.cluster.live();
+            let now = Instant::now();
+            if live.is_empty() || now >= deadline {
+                return Outcome::Refused {
+                    code: tonic::Code::Unavailable,
+                    reason: "NO_REPLICA".into(),
+                    op_id: None,
+                    state: None,
+                    message: "no replica answered before the deadline".into(),
+                };
+            }
+            let url = &live[rand::rng().random_range(0..live.len())];
+            let Ok(mut grpc) = client(url) else { continue };
+            let remaining = deadline - now;
+            let result = match c.action {
+                Action::Attach => grpc
+                    .attach_volume(request(
+                        pb::AttachVolumeRequest {
+                            idempotency_key: key.clone(),
+                            server_id: server.clone(),
+                            volume_id: volume.clone(),
+                            ..Default::default()
+                        },
+                        &caller,
+                        remaining,
+                    ))
+                    .await
+                    .map(|r| r.into_inner()),
+                Action::Detach => grpc
+                    .detach_volume(request(
+                        pb::DetachVolumeRequest {
+                            idempotency_key: key.clone(),
+                            server_id: server.clone(),
+                            volume_id: volume.clone(),
+                        },
+                        &caller,
+                        remaining,
+                    ))
+                    .await
+                    .map(|r| r.into_inner()),
+            };
+            match result {
+                Err(s) if crate::client::is_transport_failure(&s, deadline) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => return outcome_of(other),
+            }
+        }
+    }
+
+    fn install_faults(&self, h: &History, c: &Call) {
+        for pf in &c.faults {
+            let rule = FaultRule::new(pf.op, pf.fault.clone()).times(pf.times);
+            let rule = match pf.op {
+                FaultOp::List => rule.server(h.servers[c.server]),
+                _ => rule.volume(h.volumes[c.volume]),
+            };
+            self.sim.add_fault(rule);
+        }
+    }
+
+    /// One client's calls, in order.
+    async fn client_calls(&self, h: &History, client: usize) -> Vec<Answer> {
+        let mut answers = Vec::new();
+        for (n, c) in h
+            .calls
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.client == client)
+        {
+            tokio::time::sleep(Duration::from_millis(c.pause_ms)).await;
+            self.install_faults(h, c);
+            let sent_at = Utc::now();
+            let call = async {
+                match c.cancel_after_ms {
+                    Some(ms) => {
+                        tokio::select! {
+                            o = self.send(h, n) => o,
+                            _ = tokio::time::sleep(Duration::from_millis(ms)) => Outcome::Cancelled,
+                        }
+                    }
+                    None => self.send(h, n).await,
+                }
+            };
+            let operator = async {
+                if let Some((after, resolve)) = c.operator {
+                    tokio::time::sleep(Duration::from_millis(after)).await;
+                    self.operator(h, n, resolve).await;
+                }
+            };
+            let (outcome, ()) = tokio::join!(call, operator);
+            answers.push(Answer {
+                call: n,
+                caller: caller_name(client),
+                key: key_of(h, n),
+                sent_at,
+                answered_at: Utc::now(),
+                outcome,
+            });
+        }
+        answers
+    }
+
+    async fn operator(&self, h: &History, n: usize, resolve: Option<State>) {
+        let key = key_of(h, n);
+        // The operator finds the operation by the caller's key.
+        let Ok(Some(op)) = self.store.operation_get_by_key(&key).await else {
+            return;
+        };
+        let live = self.cluster.live();
+        let Some(url) = live.first() else { return };
+        let Ok(mut grpc) = client(url) else { return };
+        let timeout = Duration::from_secs(5);
+        // Answers to the operator are not judged here: the ledger and the
+        // callers' answers are.
+        let answered = match resolve {
+            None => grpc
+                .reconcile_operation(request(
+                    pb::ReconcileOperationRequest {
+                        operation_id: op.id.to_string(),
+                    },
+                    OPERATOR,
+                    timeout,
+                ))
+                .await
+                .map(drop),
+            Some(state) => grpc
+                .resolve_operation(request(
+                    pb::ResolveOperationRequest {
+                        operation_id: op.id.to_string(),
+                        state: crate::grpc::convert::state_to_pb(state) as i32,
+                        reason: "chaos: an operator's decision".into(),
+                    },
+                    OPERATOR,
+                    timeout,
+                ))
+                .await
+                .map(drop),
+        };
+        if let Err(s) = answered {
+            tracing::debug!(code = ?s.code(), message = s.message(), "operator call refused");
+        }
+    }
+
+    async fn happenings(&self, h: &History) {
+        let start = Instant::now();
+        for t in &h.happenings {
+            tokio::time::sleep_until(start + Duration::from_millis(t.at_ms)).await;
+            match &t.what {
+                Happening::DeleteServer(s) => self.sim.remove_server(h.servers[*s]),
+                Happening::DeleteVolume(v) => self.sim.remove_volume(h.volumes[*v]),
+                Happening::AttachOutOfBand { server, volume } => {
+                    self.sim
+                        .attach_out_of_band(h.servers[*server], h.volumes[*volume]);
+                }
+                Happening::DetachOutOfBand { server, volume } => {
+                    self.sim
+                        .detach_out_of_band(h.servers[*server], h.volumes[*volume]);
+                }
+                Happening::Reconcile(n) => self.operator(h, *n, None).await,
+                Happening::Resolve(n, state) => self.operator(h, *n, Some(*state)).await,
+            }
+        }
+    }
+
+    /// Every operation on the history's volumes.
+    async fn operations(&self, h: &History) -> anyhow::Result<Vec<Operation>> {
+        let mut ops = Vec::new();
+        for v in h.volumes {
+            let filter = OperationFilter {
+                volume_id: Some(v),
+                ..Default::default()
+            };
+            let page = self.store.operation_list(&filter, None, 500).await?;
+            ops.extend(page.operations);
+        }
+        Ok(ops)
+    }
+
+    /// Plays `h` and gathers what the checker needs.
+    pub async fn play(&self, h: History) -> anyhow::Result<Played> {
+        let clients = h.calls.iter().map(|c| c.client).max().map_or(0, |m| m + 1);
+        let calls = futures_util::future::join_all((0..clients).map(|c| self.client_calls(&h, c)));
+        let (answers, ()) = tokio::join!(calls, self.happenings(&h));
+        let answers: Vec<Answer> = answers.into_iter().flatten().collect();
+        let open_at_end = self.settle(&h).await?;
+        let ops = self.operations(&h).await?;
+        let mut recorded = Vec::new();
+        for op in ops {
+            let events = self.store.operation_events(op.id).await?;
+            recorded.push(Recorded { op, events });
+        }
+        let truth = self.sim.truth();
+        let mine = |v: &Uuid| h.volumes.contains(v);
+        Ok(Played {
+            effects: truth
+                .effects
+                .into_iter()
+                .filter(|e| mine(&e.volume_id))
+                .collect(),
+            requests: truth
+                .requests
+                .into_iter()
+                .filter(|r| mine(&r.volume_id))
+                .collect(),
+            history: h,
+            answers,
+            ops: recorded,
+            open_at_end,
+        })
+    }
+
+    /// Waits until every operation is decided (bounded by its deadline,
+    /// the settle window and the slack), then until the last one's
+    /// verification window has passed. Returns how many stayed open.
+    async fn settle(&self, h: &History) -> anyhow::Result<usize> {
+        let w = self.windows;
+        loop {
+            let ops = self.operations(h).await?;
+            let now = Utc::now();
+            let open: Vec<&Operation> = ops.iter().filter(|o| !o.state.is_terminal()).collect();
+            let overdue = open.iter().all(|o| {
+                o.deadline_at + chrono::Duration::from_std(w.settle + w.slack).unwrap_or_default()
+                    < now
+            });
+            if open.is_empty() || overdue {
+                let last = ops.iter().filter_map(|o| o.completed_at).max();
+                if let Some(last) = last {
+                    let until = last
+                        + chrono::Duration::from_std(w.verify_window + Duration::from_millis(500))
+                            .unwrap_or_default();
+                    if let Ok(wait) = (until - Utc::now()).to_std() {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+                return Ok(open.len());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
