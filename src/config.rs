@@ -160,19 +160,29 @@ pub struct ServeArgs {
     /// Below this much time for the Nova request, Nova is not called (BUDGET_TOO_SMALL).
     #[arg(long, env = "VOLUME_RECONCILER_MIN_BUDGET", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.min_budget))]
     pub min_budget: Duration,
-    /// How long past its deadline an operation's lease outlives a crash.
-    #[arg(long, env = "VOLUME_RECONCILER_LEASE_GRACE", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.lease_grace))]
-    pub lease_grace: Duration,
+    /// How long an operation's lease lasts unrenewed: a replica that dies
+    /// is taken over this long after its last heartbeat (database time).
+    #[arg(long, env = "VOLUME_RECONCILER_LEASE", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.lease))]
+    pub lease: Duration,
+    /// How often a replica renews the leases it holds (a third of --lease at most).
+    #[arg(long, env = "VOLUME_RECONCILER_HEARTBEAT", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.heartbeat))]
+    pub heartbeat: Duration,
 
-    /// Nova may still process a request this long after it was sent.
-    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.settle_window))]
-    pub settle_window: Duration,
+    /// Nova may still attach this long after the last request (Nova's
+    /// long_rpc_timeout, 30 min by default, plus a margin).
+    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW_ATTACH", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.settle_attach))]
+    pub settle_window_attach: Duration,
+    /// Nova may still detach this long after the last request (libvirt's
+    /// device_detach_attempts × device_detach_timeout, 8 × 20 s, plus a margin).
+    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW_DETACH", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.settle_detach))]
+    pub settle_window_detach: Duration,
+    /// Sets both settle windows at once (overrides the two above).
+    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW", value_parser = duration)]
+    pub settle_window: Option<Duration>,
     #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_INTERVAL", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.interval))]
     pub reconcile_interval: Duration,
     #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_BATCH", default_value_t = ReconcilerSettings::DEFAULT.batch)]
     pub reconcile_batch: u32,
-    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_LEASE", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.lease))]
-    pub reconcile_lease: Duration,
     /// The reconciler's Nova requests per second, at most (all passes of this replica).
     #[arg(
         long,
@@ -186,10 +196,11 @@ pub struct ServeArgs {
         default_value_t = ReconcilerSettings::DEFAULT.parallelism
     )]
     pub reconcile_parallelism: usize,
-    /// Decided operations are re-observed once this long after the decision...
-    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_AFTER", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.verify_after))]
+    /// Decided operations are re-observed this long after the decision...
+    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_AFTER", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.verify_after))]
     pub verify_after: Duration,
-    /// ...and only within this window.
+    /// ...and again at the end of this window (it should cover the attach
+    /// settle window: Nova's late effects come within it).
     #[arg(long, env = "VOLUME_RECONCILER_VERIFY_WINDOW", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.verify_window))]
     pub verify_window: Duration,
     /// Run no background reconciler in this process.
@@ -350,10 +361,43 @@ impl ServeArgs {
         }
     }
 
+    /// Checks settings that must agree with each other; every problem at
+    /// once, each naming its flags.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        if self.heartbeat.is_zero() || self.heartbeat * 3 > self.lease {
+            problems.push(format!(
+                "--heartbeat ({}) must be more than zero and at most a third of --lease ({}): one late heartbeat must not lose a lease",
+                render_duration(self.heartbeat),
+                render_duration(self.lease)
+            ));
+        }
+        let settle_attach = self.settle_window.unwrap_or(self.settle_window_attach);
+        if self.verify_window < self.verify_after {
+            problems.push(format!(
+                "--verify-window ({}) must not be shorter than --verify-after ({})",
+                render_duration(self.verify_window),
+                render_duration(self.verify_after)
+            ));
+        }
+        if self.verify_window < settle_attach {
+            tracing::warn!(
+                verify_window = %render_duration(self.verify_window),
+                settle_window_attach = %render_duration(settle_attach),
+                "--verify-window is shorter than the attach settle window: a late attach after the last verification goes unnoticed"
+            );
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("invalid settings:\n  {}", problems.join("\n  "))
+        }
+    }
+
     pub fn exec_settings(&self) -> ExecSettings {
         ExecSettings {
-            lease_grace: self.lease_grace,
-            verify_after: self.verify_after,
+            lease: self.lease,
+            heartbeat: self.heartbeat,
             clock: crate::domain::Clock::skewed(self.clock_skew),
             ..ExecSettings::default()
         }
@@ -363,10 +407,11 @@ impl ServeArgs {
         ReconcilerSettings {
             interval: self.reconcile_interval,
             batch: self.reconcile_batch,
-            lease: self.reconcile_lease,
-            settle_window: self.settle_window,
+            settle_attach: self.settle_window.unwrap_or(self.settle_window_attach),
+            settle_detach: self.settle_window.unwrap_or(self.settle_window_detach),
             rate_limit: self.reconcile_rate_limit,
             parallelism: self.reconcile_parallelism,
+            verify_after: self.verify_after,
             verify_window: self.verify_window,
             max_backoff: self.reconcile_max_backoff,
             ..ReconcilerSettings::default()

@@ -55,6 +55,7 @@ impl Application {
     /// Binds both listeners, connects to the database (applying pending
     /// migrations) and wires the executor and the reconciler.
     pub async fn build(cfg: ServeArgs) -> anyhow::Result<Self> {
+        cfg.validate()?;
         let nova_cfg = cfg.nova_config()?;
         let grpc_listener = TcpListener::bind(cfg.listen)
             .await
@@ -137,6 +138,10 @@ impl Application {
             },
             admin_stop.clone(),
         );
+        // The heartbeat keeps this replica's leases while it lives (always,
+        // even without a reconciler: executor runs hold leases too).
+        let heartbeat_stop = CancellationToken::new();
+        let heartbeat_task = tokio::spawn(exec.clone().heartbeat(heartbeat_stop.clone()));
         let reconciler_stop = CancellationToken::new();
         let reconciler_task = (!cfg.no_reconciler)
             .then(|| tokio::spawn(reconciler.clone().run(reconciler_stop.clone())));
@@ -190,6 +195,10 @@ impl Application {
             tracing::warn!(error = %e, "reconciler task ended abnormally");
         }
         stages.hand_over(&store, drain_deadline).await;
+        heartbeat_stop.cancel();
+        if let Err(e) = heartbeat_task.await {
+            tracing::warn!(error = %e, "heartbeat task ended abnormally");
+        }
 
         // The admin listener, then the database pool last.
         admin_stop.cancel();

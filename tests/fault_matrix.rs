@@ -45,7 +45,7 @@ async fn row(app: &TestApp, id: &str) -> Operation {
 
 async fn row_by_key(app: &TestApp, key: &str) -> Operation {
     app.store
-        .operation_get_by_key(key)
+        .operation_get_by_key(None, key)
         .await
         .unwrap()
         .expect("the row exists")
@@ -258,7 +258,7 @@ async fn a_budget_below_the_minimum_never_calls_nova() {
     assert_eq!(app.sim.attach_requests(v), 0, "Nova was not called");
     assert!(
         app.store
-            .operation_get_by_key("tiny-1")
+            .operation_get_by_key(None, "tiny-1")
             .await
             .unwrap()
             .is_none(),
@@ -369,7 +369,7 @@ async fn a_refused_connection_is_retried_until_nova_is_up() {
         || {
             let store = store.clone();
             async move {
-                match store.operation_get_by_key("refused-1").await.unwrap() {
+                match store.operation_get_by_key(None, "refused-1").await.unwrap() {
                     Some(op) => store
                         .operation_events(op.id)
                         .await
@@ -465,7 +465,7 @@ async fn a_locked_server_is_retried_until_unlocked_and_fails_as_conflict_if_neve
         || {
             let store = store.clone();
             async move {
-                match store.operation_get_by_key("lock-1").await.unwrap() {
+                match store.operation_get_by_key(None, "lock-1").await.unwrap() {
                     Some(op) => op.attempts >= 2,
                     None => false,
                 }
@@ -648,7 +648,7 @@ async fn a_caller_that_disconnects_mid_call_still_gets_the_true_state_recorded()
         let store = store.clone();
         async move {
             store
-                .operation_get_by_key("gone-1")
+                .operation_get_by_key(None, "gone-1")
                 .await
                 .unwrap()
                 .is_some()
@@ -664,7 +664,7 @@ async fn a_caller_that_disconnects_mid_call_still_gets_the_true_state_recorded()
             let store = store.clone();
             async move {
                 store
-                    .operation_get_by_key("gone-1")
+                    .operation_get_by_key(None, "gone-1")
                     .await
                     .unwrap()
                     .unwrap()
@@ -750,15 +750,21 @@ async fn detach_waits_until_the_volume_is_gone_and_recovers_lost_responses() {
         "no duplicate detach: {log:#?}"
     );
 
-    // A detach on a missing server fails as not found.
+    // A detach from a server that no longer exists has succeeded: nothing
+    // is attached to a server that is gone.
     let (s3, v3) = ids();
     app.sim.remove_server(s3);
-    let err = app
+    let op = app
         .raw()
         .detach_volume(with_timeout(detach("d-4", s3, v3), Duration::from_secs(10)))
         .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::NotFound);
+        .expect("a detach from a deleted server succeeds")
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (pb::State::Succeeded as i32, pb::Resolution::Response as i32)
+    );
+    assert_eq!(app.sim.detach_requests(v3), 1);
     app.stop().await;
 }
 

@@ -54,6 +54,7 @@ async fn a_replayed_key_returns_the_same_operation_without_calling_nova_again() 
         .get_operation(pb::GetOperationRequest {
             operation_id: String::new(),
             idempotency_key: "k-1".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -356,6 +357,7 @@ async fn every_invalid_field_is_named_with_invalid_argument() {
             .get_operation(pb::GetOperationRequest {
                 operation_id: id.into(),
                 idempotency_key: key.into(),
+                ..Default::default()
             })
             .await
             .unwrap_err();
@@ -368,7 +370,7 @@ async fn every_invalid_field_is_named_with_invalid_argument() {
     let err = c
         .get_operation(pb::GetOperationRequest {
             operation_id: "nope".into(),
-            idempotency_key: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -376,7 +378,7 @@ async fn every_invalid_field_is_named_with_invalid_argument() {
     let err = c
         .get_operation(pb::GetOperationRequest {
             operation_id: uuid(),
-            idempotency_key: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

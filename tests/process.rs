@@ -157,7 +157,7 @@ async fn assert_truth(
     for (key, v) in keys {
         let attached = sim.sim.is_attached(server, *v);
         assert!(sim.sim.attach_effects(*v) <= 1, "{v} attached twice");
-        match store.operation_get_by_key(key).await.unwrap() {
+        match store.operation_get_by_key(None, key).await.unwrap() {
             Some(op) => {
                 recorded += 1;
                 assert!(op.state.is_terminal(), "{key} still {:?}", op.state);
@@ -189,7 +189,9 @@ async fn a_killed_service_resolves_everything_after_restart_and_attaches_nothing
         &[
             "--settle-window",
             "500ms",
-            "--lease-grace",
+            "--lease",
+            "1500ms",
+            "--heartbeat",
             "500ms",
             "--reconcile-interval",
             "100ms",
@@ -388,8 +390,10 @@ async fn rolling_restarts_under_load_show_callers_no_errors() {
         "10s",
         "--settle-window",
         "1s",
-        "--lease-grace",
-        "1s",
+        "--lease",
+        "1500ms",
+        "--heartbeat",
+        "500ms",
     ];
     let mut a = Replica::new("roll-a", &db, &sim.nova_url, &flags);
     let mut b = Replica::new("roll-b", &db, &sim.nova_url, &flags);
@@ -474,7 +478,9 @@ async fn killing_one_of_two_replicas_under_load_loses_nothing() {
         "0s",
         "--settle-window",
         "500ms",
-        "--lease-grace",
+        "--lease",
+        "1500ms",
+        "--heartbeat",
         "500ms",
         "--reconcile-interval",
         "100ms",

@@ -286,7 +286,7 @@ async fn every_role_can_do_exactly_what_it_may() {
                     .get_operation(bearer(
                         pb::GetOperationRequest {
                             operation_id: id.clone(),
-                            idempotency_key: String::new(),
+                            ..Default::default()
                         },
                         t,
                     ))

@@ -6,7 +6,6 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use support::proxy::{Lose, Proxy};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -48,15 +47,24 @@ fn new_op(key: &str, volume: Uuid, state: State) -> NewOperation {
         params,
         state,
         attempts: i32::from(state != State::Pending),
-        deadline_at: Utc::now() + chrono::Duration::seconds(60),
+        deadline_in: Duration::from_secs(60),
         lease_owner: "owner".into(),
-        lease_expires_at: Utc::now() - chrono::Duration::seconds(1),
+        // Expired at once: claimable (like a holder that died).
+        lease_for: Duration::ZERO,
         caller: Some("tester".into()),
         replica: "r0".into(),
         events: vec![
             NewEvent::new("recorded", "r"),
             NewEvent::new("request_sent", "s").with("attempt", 1),
         ],
+    }
+}
+
+/// `new_op` of another caller.
+fn new_op_of(caller: &str, key: &str, volume: Uuid) -> NewOperation {
+    NewOperation {
+        caller: Some(caller.into()),
+        ..new_op(key, volume, State::InProgress)
     }
 }
 
@@ -98,7 +106,12 @@ async fn keys_are_unique_and_replays_join(store: Arc<dyn Store>) {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        store.operation_get_by_key("k").await.unwrap().unwrap().id,
+        store
+            .operation_get_by_key(Some("tester"), "k")
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
         op.id
     );
     let events = store.operation_events(op.id).await.unwrap();
@@ -218,15 +231,13 @@ async fn claims_lease_each_operation_to_one_replica(store: Arc<dyn Store>) {
         new_op("held", Uuid::new_v4(), State::InProgress),
     )
     .await;
-    // A live lease is not claimable.
-    let mut t = Transition::new(&held, State::InProgress, "r0");
-    t.next_attempt_at = None;
+    // An expired lease is claimable (its holder died).
     held = store
-        .operation_transition(t, soon())
+        .operation_transition(Transition::new(&held, State::InProgress, "r0"), soon())
         .await
         .unwrap()
         .unwrap();
-    let _ = held;
+    assert_eq!(held.state, State::InProgress);
     let a = store
         .operation_claim("ra", Duration::from_secs(60), 6)
         .await
@@ -259,7 +270,7 @@ async fn claims_lease_each_operation_to_one_replica(store: Arc<dyn Store>) {
     let op = &a[0];
     let mut defer = Transition::new(op, State::Unknown, "ra");
     defer.release_lease = true;
-    defer.next_attempt_at = Some(Utc::now() + chrono::Duration::seconds(60));
+    defer.next_attempt_in = Some(Duration::from_secs(60));
     store
         .operation_transition(defer, soon())
         .await
@@ -295,33 +306,216 @@ async fn claims_lease_each_operation_to_one_replica(store: Arc<dyn Store>) {
     );
     let log = store.operation_events(b[0].id).await.unwrap();
     assert!(log.iter().any(|e| e.kind == "handed_over"));
-    assert!(log.iter().any(|e| e.kind == "claimed" && e.replica == "rd"));
-}
-
-async fn verification_is_handed_out_once(store: Arc<dyn Store>) {
-    let op = create(
-        store.as_ref(),
-        new_op("v", Uuid::new_v4(), State::InProgress),
-    )
-    .await;
-    let mut t = finish(&op, State::Succeeded);
-    t.verify_at = Some(Utc::now() - chrono::Duration::seconds(1));
-    store
-        .operation_transition(t, soon())
+    // Claiming what somebody held is a takeover, logged; claiming a released
+    // operation is a routine pass, not logged (its log would grow at every
+    // pass of an operation that waits).
+    let taken: Vec<_> = store
+        .operation_events(a[1].id)
         .await
         .unwrap()
-        .unwrap();
-    assert_eq!(
-        store.operation_claim_verification(10).await.unwrap().len(),
-        1
+        .into_iter()
+        .filter(|e| e.kind == "claimed")
+        .collect();
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    assert_eq!(taken[0].metadata["previous_holder"], "owner");
+    assert!(
+        !log.iter().any(|e| e.kind == "claimed" && e.replica == "rd"),
+        "a released lease's claim is not logged"
+    );
+}
+
+async fn leases_are_renewed_by_their_holder_and_never_taken_while_live(store: Arc<dyn Store>) {
+    let mut live = new_op("live", Uuid::new_v4(), State::InProgress);
+    live.lease_owner = "r1".into();
+    live.lease_for = Duration::from_secs(2);
+    let op = create(store.as_ref(), live).await;
+    // Neither the reconciler of another replica nor one of the holder's
+    // own replica may take a live lease.
+    assert!(
+        store
+            .operation_claim_one(op.id, "r1", Duration::from_secs(2))
+            .await
+            .unwrap()
+            .is_none()
     );
     assert!(
         store
-            .operation_claim_verification(10)
+            .operation_claim_one(op.id, "r2", Duration::from_secs(2))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Its holder's heartbeat keeps it past its first expiry; another
+    // replica's renewal does nothing.
+    assert_eq!(
+        store
+            .operation_renew_leases("r2", &[op.id], Duration::from_secs(60))
+            .await
+            .unwrap(),
+        0
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        assert_eq!(
+            store
+                .operation_renew_leases("r1", &[op.id], Duration::from_secs(2))
+                .await
+                .unwrap(),
+            1
+        );
+        assert!(
+            store
+                .operation_claim("r2", Duration::from_secs(2), 10)
+                .await
+                .unwrap()
+                .iter()
+                .all(|o| o.id != op.id),
+            "a renewed lease is not claimed"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The heartbeat stops (the holder died): taken over within a lease.
+    support::eventually(
+        Duration::from_secs(10),
+        "the lapsed lease is taken over",
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .operation_claim("r2", Duration::from_secs(2), 10)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .any(|o| o.id == op.id)
+            }
+        },
+    )
+    .await;
+}
+
+async fn keys_are_per_caller(store: Arc<dyn Store>) {
+    let mine = create(store.as_ref(), new_op_of("alice", "shared", Uuid::new_v4())).await;
+    let theirs = create(store.as_ref(), new_op_of("bob", "shared", Uuid::new_v4())).await;
+    assert_ne!(
+        mine.id, theirs.id,
+        "another caller's key is another operation"
+    );
+    let anonymous = create(
+        store.as_ref(),
+        NewOperation {
+            caller: None,
+            ..new_op("shared", Uuid::new_v4(), State::InProgress)
+        },
+    )
+    .await;
+    for (caller, id) in [
+        (Some("alice"), mine.id),
+        (Some("bob"), theirs.id),
+        (None, anonymous.id),
+    ] {
+        assert_eq!(
+            store
+                .operation_get_by_key(caller, "shared")
+                .await
+                .unwrap()
+                .unwrap()
+                .id,
+            id
+        );
+    }
+    assert!(
+        store
+            .operation_get_by_key(Some("carol"), "shared")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A replay joins only its own caller's operation.
+    match store
+        .operation_create(
+            NewOperation {
+                id: Uuid::now_v7(),
+                ..new_op_of("bob", "shared", theirs.volume_id)
+            },
+            soon(),
+        )
+        .await
+        .unwrap()
+    {
+        CreateOutcome::Existing(e) => assert_eq!(e.id, theirs.id),
+        other => panic!("{other:?}"),
+    }
+    let page = store
+        .operation_list(
+            &OperationFilter {
+                caller: Some("alice".into()),
+                ..Default::default()
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page.operations.iter().map(|o| o.id).collect::<Vec<_>>(),
+        vec![mine.id]
+    );
+}
+
+async fn verification_is_handed_out_once_in_decision_order(store: Arc<dyn Store>) {
+    let mut decided = Vec::new();
+    for i in 0..5 {
+        let op = create(
+            store.as_ref(),
+            new_op(&format!("v{i}"), Uuid::new_v4(), State::InProgress),
+        )
+        .await;
+        let mut t = finish(&op, State::Succeeded);
+        // The last one implies nothing a look could contradict.
+        t.verify_expect = (i < 4).then_some(true);
+        decided.push(
+            store
+                .operation_transition(t, soon())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    // Not before its delay...
+    assert!(
+        store
+            .verification_next(0, Duration::from_secs(60), 10)
             .await
             .unwrap()
             .is_empty()
     );
+    // ...then each once, oldest decision first, stage by stage.
+    let first = store.verification_next(0, Duration::ZERO, 3).await.unwrap();
+    let rest = store
+        .verification_next(0, Duration::ZERO, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        first.iter().chain(&rest).map(|o| o.id).collect::<Vec<_>>(),
+        decided[..4].iter().map(|o| o.id).collect::<Vec<_>>()
+    );
+    assert!(
+        store
+            .verification_next(0, Duration::ZERO, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .verification_next(1, Duration::ZERO, 10)
+            .await
+            .unwrap()
+            .len(),
+        4,
+        "the second stage has a cursor of its own"
+    );
+    let op = &decided[0];
     store
         .operation_mark_drift(op.id, "r0", vec![NewEvent::new("drift_detected", "late")])
         .await
@@ -339,6 +533,90 @@ async fn verification_is_handed_out_once(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(page.operations.len(), 1);
     assert!(page.operations[0].drifted);
+    // The verifier asks which volumes had a later operation.
+    let later = create(
+        store.as_ref(),
+        new_op("v-later", op.volume_id, State::InProgress),
+    )
+    .await;
+    let latest = store
+        .volumes_latest_operation(&[op.volume_id, decided[1].volume_id, Uuid::new_v4()])
+        .await
+        .unwrap();
+    assert_eq!(latest.len(), 2);
+    let of_first = latest.iter().find(|(v, _)| *v == op.volume_id).unwrap().1;
+    assert_eq!(of_first, later.created_at);
+}
+
+async fn escalated_operations_are_left_to_people(store: Arc<dyn Store>) {
+    let op = create(
+        store.as_ref(),
+        new_op("esc", Uuid::new_v4(), State::Unknown),
+    )
+    .await;
+    let claimed = store
+        .operation_claim("r0", Duration::from_secs(60), 10)
+        .await
+        .unwrap();
+    let op = claimed.into_iter().find(|o| o.id == op.id).unwrap();
+    let mut t = Transition::new(&op, State::Unknown, "r0");
+    t.release_lease = true;
+    t.escalation = Some("could not observe it".into());
+    let escalated = store
+        .operation_transition(t, soon())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(escalated.escalated_at.is_some());
+    assert_eq!(
+        escalated.escalation.as_deref(),
+        Some("could not observe it")
+    );
+    assert!(
+        store
+            .operation_claim("r1", Duration::from_secs(60), 10)
+            .await
+            .unwrap()
+            .iter()
+            .all(|o| o.id != op.id),
+        "the reconciler leaves it be"
+    );
+    let listed = store
+        .operation_list(
+            &OperationFilter {
+                escalated_only: true,
+                ..Default::default()
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.operations.len(), 1);
+    assert!(
+        store
+            .operation_claim_one(op.id, "r1", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_some(),
+        "an operator's reconcile still may"
+    );
+}
+
+async fn event_times_are_the_databases_less_how_long_ago(store: Arc<dyn Store>) {
+    let mut new = new_op("ago", Uuid::new_v4(), State::InProgress);
+    let mut old = NewEvent::new("request_sent", "an hour ago");
+    old.ago = Duration::from_secs(3600);
+    new.events = vec![old, NewEvent::new("recorded", "now")];
+    let op = create(store.as_ref(), new).await;
+    let log = store.operation_events(op.id).await.unwrap();
+    let gap = log[1].at - log[0].at;
+    assert!(
+        (gap - chrono::Duration::seconds(3600)).num_seconds().abs() <= 1,
+        "{gap:?}"
+    );
+    let db_now = store.now().await.unwrap();
+    assert!((db_now - log[1].at).num_seconds().abs() <= 5);
 }
 
 async fn an_operator_decision_fences_out_workers(store: Arc<dyn Store>) {
@@ -676,7 +954,11 @@ conformance!(
     one_open_operation_per_volume,
     transitions_are_fenced_and_terminal_is_final,
     claims_lease_each_operation_to_one_replica,
-    verification_is_handed_out_once,
+    leases_are_renewed_by_their_holder_and_never_taken_while_live,
+    keys_are_per_caller,
+    verification_is_handed_out_once_in_decision_order,
+    escalated_operations_are_left_to_people,
+    event_times_are_the_databases_less_how_long_ago,
     an_operator_decision_fences_out_workers,
     pages_are_newest_first_and_filtered,
     changes_are_notified,

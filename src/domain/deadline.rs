@@ -114,18 +114,21 @@ impl Budget {
     }
 
     /// The budget of work resumed from a ledger row whose own deadline is
-    /// `deadline_at` (the answer-by instant, so no margin): the reserve
-    /// comes off the end. `None` when too little is left to send again.
+    /// `deadline_at` (the answer-by instant, so no margin), read when the
+    /// database's clock said `db_now` (no replica's clock enters it): the
+    /// reserve comes off the end. `None` when too little is left to send
+    /// again.
     pub fn from_row(
         policy: &BudgetPolicy,
-        clock: &Clock,
         deadline_at: DateTime<Utc>,
+        db_now: DateTime<Utc>,
     ) -> Option<Budget> {
         let now = Instant::now();
-        let answer_by = clock.instant_of(deadline_at);
-        if answer_by <= now {
+        let left = (deadline_at - db_now).to_std().ok()?;
+        if left.is_zero() {
             return None;
         }
+        let answer_by = now + left;
         let reserve = policy.reserve_for(answer_by - now);
         let send_by = answer_by.checked_sub(reserve).unwrap_or(now);
         if send_by.saturating_duration_since(now) < policy.min_budget {
@@ -281,15 +284,15 @@ mod tests {
     #[test]
     fn a_row_budget_keeps_the_reserve_and_refuses_what_is_too_short() {
         let p = BudgetPolicy::default();
-        let clock = Clock::SYSTEM;
-        let b = Budget::from_row(&p, &clock, clock.now() + chrono::Duration::seconds(10)).unwrap();
+        // The database's clock, not this process's, decides what is left.
+        let db_now = Utc::now() - chrono::Duration::hours(5);
+        let b = Budget::from_row(&p, db_now + chrono::Duration::seconds(10), db_now).unwrap();
         let left = b.answer_by - Instant::now();
         assert!(left <= Duration::from_secs(10) && left > Duration::from_secs(9));
         assert_eq!(b.answer_by - b.send_by, b.reserve);
-        assert!(Budget::from_row(&p, &clock, clock.now()).is_none());
+        assert!(Budget::from_row(&p, db_now, db_now).is_none());
         assert!(
-            Budget::from_row(&p, &clock, clock.now() + chrono::Duration::milliseconds(50))
-                .is_none()
+            Budget::from_row(&p, db_now + chrono::Duration::milliseconds(50), db_now).is_none()
         );
     }
 

@@ -202,6 +202,13 @@ pub struct Operation {
     pub drifted: bool,
     /// Reconciler passes so far.
     pub passes: i32,
+    /// When it was handed to people (it could not be decided within its
+    /// deadline and settle window), and why; the reconciler leaves it be.
+    pub escalated_at: Option<DateTime<Utc>>,
+    pub escalation: Option<String>,
+    /// Whether a later look should find the volume on the server; `None`
+    /// when the decision implies nothing a look could contradict.
+    pub verify_expect: Option<bool>,
 }
 
 /// One line of the reconcile log.
@@ -222,6 +229,14 @@ pub struct NewEvent {
     pub kind: &'static str,
     pub detail: String,
     pub metadata: Vec<(String, String)>,
+    /// How long before its write it happened (events are kept in memory
+    /// and written with the next state change): its time in the log is the
+    /// database's clock at the write minus this, whatever this replica's
+    /// own clock says.
+    pub ago: std::time::Duration,
+    /// When it happened, on this process's monotonic clock (`ago` is
+    /// computed from it at the write).
+    pub happened: Option<tokio::time::Instant>,
 }
 
 impl NewEvent {
@@ -230,7 +245,17 @@ impl NewEvent {
             kind,
             detail: detail.into(),
             metadata: Vec::new(),
+            ago: std::time::Duration::ZERO,
+            happened: Some(tokio::time::Instant::now()),
         }
+    }
+
+    /// Fixes `ago` for a write happening now.
+    pub fn written_now(mut self) -> Self {
+        if let Some(at) = self.happened {
+            self.ago = at.elapsed();
+        }
+        self
     }
 
     pub fn with(mut self, key: &str, value: impl ToString) -> Self {
@@ -272,6 +297,7 @@ pub mod event {
     pub const VERIFIED: &str = "verified";
     pub const OPERATOR_RESOLVED: &str = "operator_resolved";
     pub const HANDED_OVER: &str = "handed_over";
+    pub const ESCALATED: &str = "escalated";
 }
 
 /// A fingerprint of what a request asks for: the same idempotency key with a

@@ -70,7 +70,12 @@ reasons! {
     /// Keystone did not issue a token.
     KeystoneAuthFailed = "KEYSTONE_AUTH_FAILED" => Unavailable,
     NovaAlreadyAttached = "NOVA_ALREADY_ATTACHED" => FailedPrecondition,
+    /// The volume is not in use (detaching, or still attaching).
     NovaDetaching = "NOVA_DETACHING" => FailedPrecondition,
+    /// The volume is creating, downloading or reserved, and stayed so.
+    NovaVolumeNotReady = "NOVA_VOLUME_NOT_READY" => FailedPrecondition,
+    /// The device path asked for is taken on the server.
+    NovaDeviceInUse = "NOVA_DEVICE_IN_USE" => FailedPrecondition,
     NovaNotAttached = "NOVA_NOT_ATTACHED" => FailedPrecondition,
     NovaServerNotFound = "NOVA_SERVER_NOT_FOUND" => NotFound,
     NovaVolumeNotFound = "NOVA_VOLUME_NOT_FOUND" => NotFound,
@@ -91,6 +96,9 @@ reasons! {
     OutcomeUnknown = "OUTCOME_UNKNOWN" => DeadlineExceeded,
     /// Never observed within the operation's deadline and settle window.
     NotObserved = "NOT_OBSERVED" => Aborted,
+    /// Its server's attachments could not be listed until past its deadline
+    /// and settle window: handed to people.
+    NotObservable = "NOT_OBSERVABLE" => Unavailable,
     /// Recorded but never sent before its deadline.
     NotSent = "NOT_SENT" => DeadlineExceeded,
     /// The deadline came before any request could be sent.
@@ -119,6 +127,8 @@ reasons! {
     DatabaseDeadline = "DATABASE_DEADLINE" => DeadlineExceeded,
     DatabaseUnavailable = "DATABASE_UNAVAILABLE" => Unavailable,
     LedgerRowUnreadable = "LEDGER_ROW_UNREADABLE" => Internal,
+    /// The task running an operation ended without an answer (a bug).
+    OperationTaskLost = "OPERATION_TASK_LOST" => Internal,
     Unauthenticated = "UNAUTHENTICATED" => Unauthenticated,
     PermissionDenied = "PERMISSION_DENIED" => PermissionDenied,
     CallerRateLimited = "CALLER_RATE_LIMITED" => ResourceExhausted,

@@ -24,12 +24,13 @@ pub(crate) enum Answer<'a> {
     Failed(&'a NovaError),
 }
 
-/// Which requests so far may have reached Nova.
+/// Which requests so far may have taken effect (their answer was lost or
+/// ambiguous, or accepted); a refused request cannot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct History {
-    /// An attempt before this one may have reached Nova.
+    /// An attempt before this one may have taken effect.
     pub earlier: bool,
-    /// This attempt may have reached Nova.
+    /// This attempt may have taken effect.
     pub this: bool,
 }
 
@@ -245,7 +246,41 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
                 false,
             ))
         }
-        NovaErrorKind::Rejected(Rejection::Detaching) if action == Action::Detach => watch(action),
+        // Not in use: a detach runs (maybe our own lost one), or an attach
+        // has not finished. Gone: done; still there: ask again.
+        NovaErrorKind::Rejected(Rejection::Detaching) if action == Action::Detach => {
+            Next::Observe {
+                until: Until::ObserveBy,
+                attached: Box::new(Next::Retry {
+                    why: "the volume is not in use yet (attaching or detaching)",
+                    otherwise: unknown(
+                        "the volume was still attached and not in use at the deadline",
+                    ),
+                }),
+                absent: decide(succeeded(
+                    Resolution::Reobserved,
+                    "detached (observed gone)",
+                    false,
+                )),
+                error: unknown("refused as not in use, and the observation failed"),
+            }
+        }
+        // The server or the volume no longer exists: nothing is attached
+        // to it, whatever any earlier attempt did.
+        NovaErrorKind::Rejected(Rejection::ServerNotFound | Rejection::VolumeNotFound) => {
+            match action {
+                Action::Detach => Next::Decide(succeeded(
+                    Resolution::Response,
+                    "the server or the volume no longer exists: nothing is attached",
+                    false,
+                )),
+                Action::Attach => Next::Decide(Verdict::Failed { reason: e.reason() }),
+            }
+        }
+        NovaErrorKind::Rejected(Rejection::VolumeNotReady { .. }) => Next::Retry {
+            why: "the volume is not ready yet (creating, downloading or reserved)",
+            otherwise: Box::new(Next::Refuse(e.reason())),
+        },
         NovaErrorKind::Rejected(Rejection::Conflict | Rejection::Throttled) => Next::Retry {
             why: "Nova reported a transient conflict",
             otherwise: Box::new(Next::Refuse(Reason::NovaConflict)),
@@ -261,20 +296,24 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
 }
 
 /// What a refusal becomes: FAILED, unless an earlier attempt may have
-/// reached Nova — that one may have worked, so look first.
+/// reached Nova — that one may have worked, or may still be working (a
+/// lost attach can take effect long after its 504), so one look decides
+/// only a success; not seen, it is UNKNOWN and the settle window decides.
 pub(crate) fn refuse(action: Action, history: History, reason: Reason) -> Next {
-    let failed = Next::Decide(Verdict::Failed { reason });
     if !history.earlier {
-        return failed;
+        return Next::Decide(Verdict::Failed { reason });
     }
     let took_effect = Next::Decide(succeeded(
         Resolution::Reobserved,
         "an earlier attempt took effect (observed)",
         true,
     ));
+    let not_yet = Next::Decide(Verdict::Unknown {
+        message: "refused now; an earlier request may still take effect",
+    });
     let (attached, absent) = match action {
-        Action::Attach => (took_effect, failed),
-        Action::Detach => (failed, took_effect),
+        Action::Attach => (took_effect, not_yet),
+        Action::Detach => (not_yet, took_effect),
     };
     Next::Observe {
         until: Until::AnswerByAtLeast1s,

@@ -67,20 +67,20 @@ impl Executor {
             }
             let outbound = self.policy.outbound(&run.budget, now);
             if need_record {
-                Box::pin(self.record_attempt(run, outbound)).await?;
+                Box::pin(self.record_attempt(run)).await?;
             }
             need_record = true;
             self.metrics
                 .nova_outbound_deadline
                 .observe(outbound.saturating_duration_since(now).as_secs_f64());
             let sent = Box::pin(self.send(run, outbound)).await;
-            let (answer, this_reached, attachment) = match &sent {
+            let (answer, may_take_effect, attachment) = match &sent {
                 Sent::Done(a) => (Answer::Done, true, Some(a.clone())),
                 Sent::Accepted => (Answer::Accepted, true, None),
-                Sent::Failed(e) => (Answer::Failed(e), e.may_have_reached_nova, None),
+                Sent::Failed(e) => (Answer::Failed(e), e.outcome_unknown(), None),
             };
-            let history = run.history(this_reached);
-            run.maybe_sent |= this_reached;
+            let history = run.history(may_take_effect);
+            run.maybe_effect |= may_take_effect;
             let next = classify::classify(run.op.action, run.op.server_id, &answer);
             let mut ctx = Context {
                 error: match &sent {
@@ -100,6 +100,13 @@ impl Executor {
     /// id) and logs what came back, with Nova's own request id.
     async fn send(&self, run: &mut Run, outbound: Instant) -> Sent {
         let started = Instant::now();
+        run.events.push(super::ledger::request_sent_event(
+            run.op.id,
+            run.op.action,
+            run.op.attempts,
+            outbound,
+            started,
+        ));
         let op = &run.op;
         let name = op.action.as_str();
         let rid = RequestId::for_operation(op.id);

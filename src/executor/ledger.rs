@@ -24,12 +24,7 @@ impl Executor {
         t.attachment = d.attachment.clone();
         t.last_error = Some(d.error.clone());
         t.release_lease = true;
-        if d.state.is_terminal() {
-            t.verify_at = Some(
-                self.clock.now()
-                    + chrono::Duration::from_std(self.settings.verify_after).unwrap_or_default(),
-            );
-        }
+        t.verify_expect = verify_expect(run, &d, resolution);
         let kind = if d.state.is_terminal() {
             event::RESOLVED
         } else {
@@ -43,7 +38,7 @@ impl Executor {
             ev = ev.with("reason", e.reason);
         }
         run.events.push(ev);
-        t.events = std::mem::take(&mut run.events);
+        t.events = written_now(&mut run.events);
         let write_by = run
             .budget
             .answer_by
@@ -92,22 +87,13 @@ impl Executor {
 
     /// Records the intent of another attempt (attempts + 1, request_sent),
     /// flushing pending events with it. Without it no request may leave.
-    pub(crate) async fn record_attempt(
-        &self,
-        run: &mut Run,
-        outbound: Instant,
-    ) -> Result<(), Fenced> {
+    pub(crate) async fn record_attempt(&self, run: &mut Run) -> Result<(), Fenced> {
         let mut t = Transition::new(&run.op, crate::domain::State::InProgress, &self.replica);
         t.add_attempt = true;
         t.request_sent = true;
-        run.events.push(request_sent_event(
-            run.op.id,
-            run.op.action,
-            run.op.attempts + 1,
-            outbound,
-            Instant::now(),
-        ));
-        t.events = std::mem::take(&mut run.events);
+        // The attempt's own `request_sent` is logged when it leaves (with the
+        // next write): an intent is not a request sent.
+        t.events = written_now(&mut run.events);
         match self
             .store
             .operation_transition(t, run.budget.answer_by)
@@ -142,6 +128,28 @@ impl Executor {
                 .with("outcome_unknown", e.outcome_unknown())
                 .with_all(&e.metadata()),
         );
+    }
+}
+
+/// The pending events, each with how long ago it happened, for a write now.
+pub(crate) fn written_now(events: &mut Vec<NewEvent>) -> Vec<NewEvent> {
+    std::mem::take(events)
+        .into_iter()
+        .map(NewEvent::written_now)
+        .collect()
+}
+
+/// What a later look should find after decision `d`: the decided state of
+/// a success; for a failure, the state last seen (nothing, when it was not
+/// looked at: a refusal has no late effect to catch); nothing for an
+/// operator's word.
+fn verify_expect(run: &Run, d: &Decision, resolution: Option<Resolution>) -> Option<bool> {
+    match (d.state, resolution, run.op.action) {
+        (_, Some(Resolution::Operator), _) => None,
+        (crate::domain::State::Succeeded, _, Action::Attach) => Some(true),
+        (crate::domain::State::Succeeded, _, Action::Detach) => Some(false),
+        (crate::domain::State::Failed, _, _) => run.last_seen,
+        _ => None,
     }
 }
 

@@ -15,6 +15,7 @@
 
 mod classify;
 mod flow;
+pub mod holds;
 mod ledger;
 mod observe;
 mod run;
@@ -23,7 +24,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use chrono::{DateTime, Utc};
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -51,9 +53,13 @@ pub struct OpRequest {
 
 #[derive(Debug, Clone)]
 pub struct ExecSettings {
-    /// How long past its deadline an operation's lease outlives a crash
-    /// before another replica's reconciler may take it over.
-    pub lease_grace: Duration,
+    /// How long an operation's lease lasts without renewal: a holder that
+    /// dies (kill -9, a lost network) is taken over this long after its
+    /// last heartbeat. Measured on the database's clock.
+    pub lease: Duration,
+    /// How often a live holder renews its leases (at most a third of the
+    /// lease, so one late heartbeat never loses one).
+    pub heartbeat: Duration,
     /// Extra time the task may use to write an outcome that arrived at the
     /// last moment (the write is bounded, never open-ended).
     pub record_grace: Duration,
@@ -63,7 +69,8 @@ pub struct ExecSettings {
     pub observe_interval_max: Duration,
     /// When a decided operation is observed once more for late effects.
     pub verify_after: Duration,
-    /// This replica's wall clock (the timestamps it writes).
+    /// This replica's wall clock (nothing that decides anything reads it:
+    /// leases, deadlines and backoffs are the database's).
     pub clock: Clock,
 }
 
@@ -71,7 +78,8 @@ impl ExecSettings {
     /// The built-in defaults: the one source of the flags' defaults too
     /// (`config.rs` refers to these; a test checks they agree).
     pub const DEFAULT: Self = Self {
-        lease_grace: Duration::from_secs(30),
+        lease: Duration::from_secs(3),
+        heartbeat: Duration::from_secs(1),
         record_grace: Duration::from_secs(10),
         observe_interval: Duration::from_millis(50),
         observe_interval_max: Duration::from_secs(1),
@@ -96,20 +104,27 @@ pub enum ExecError {
     /// a slow database); it goes on and is recorded.
     #[error("operation {0} is still in progress at the caller's deadline")]
     StillRunning(Uuid),
+    /// The operation's task ended without an answer (it panicked).
+    #[error("the task running the operation ended without an answer")]
+    TaskLost,
 }
 
-/// How a submitted operation started.
-enum Started {
-    /// New, running in its own task; its result arrives on `rx`.
-    Running {
-        id: Uuid,
-        rx: watch::Receiver<Option<Operation>>,
-        until: Instant,
-    },
-    /// A replayed key whose operation is already decided.
-    Settled(Box<Operation>),
-    /// A replayed key whose operation is still running (here or elsewhere).
-    Joined { id: Uuid, until: Instant },
+/// A submitted operation: its task runs already; these wait for it.
+struct Spawned {
+    /// What the intent write found (new, or the key's existing operation).
+    created: oneshot::Receiver<Result<CreateOutcome, StoreError>>,
+    /// The decision of a new operation.
+    result: watch::Receiver<Option<Operation>>,
+    until: Instant,
+}
+
+/// Why a request could not start: its caller's time is too short (unless
+/// its key is a replay of a decided operation).
+struct TooShort {
+    caller: Option<String>,
+    key: IdempotencyKey,
+    fingerprint: String,
+    small: BudgetTooSmall,
 }
 
 pub struct Executor {
@@ -122,6 +137,7 @@ pub struct Executor {
     /// This replica's wall clock (ledger timestamps it writes).
     pub clock: Clock,
     inflight: Mutex<HashMap<Uuid, watch::Receiver<Option<Operation>>>>,
+    holds: holds::Holds,
     tasks: tokio_util::task::TaskTracker,
 }
 
@@ -143,6 +159,7 @@ impl Executor {
             settings,
             metrics,
             inflight: Mutex::new(HashMap::new()),
+            holds: holds::Holds::default(),
             tasks: tokio_util::task::TaskTracker::new(),
         })
     }
@@ -165,10 +182,11 @@ impl Executor {
     /// Runs (or joins) an operation and answers by the caller's deadline
     /// minus the safety margin.
     ///
-    /// Not an `async fn`: the start (intent write, spawning the work) is
-    /// boxed here and freed once done, and the request moves into it, so
-    /// the returned future (thousands of them can wait at once) holds only
-    /// what it waits on.
+    /// The task that drives the operation is spawned here, before anything
+    /// is awaited, and it writes the intent itself: whatever instant the
+    /// caller leaves at (even before this future is polled), an intent that
+    /// commits has its driver. The returned future holds only what it waits
+    /// on (thousands of them can wait at once).
     pub fn submit(
         self: &Arc<Self>,
         req: OpRequest,
@@ -178,75 +196,170 @@ impl Executor {
         let span = tracing::info_span!("submit operation",
             action = req.action.as_str(), server_id = %req.server_id, volume_id = %req.volume_id,
             operation_id = tracing::field::Empty);
-        let start = Box::pin(self.start(req, deadline));
+        let now = Instant::now();
+        let started = match self.policy.plan(now, deadline.at) {
+            Ok(budget) => Ok(self.spawn_operation(&req, deadline, budget, now)),
+            Err(small) => Err(Box::new(TooShort {
+                fingerprint: request_fingerprint(
+                    req.action,
+                    req.server_id,
+                    req.volume_id,
+                    &req.params,
+                ),
+                caller: req.caller,
+                key: req.idempotency_key,
+                small,
+            })),
+        };
         async move {
-            match start.await? {
-                Started::Running { id, rx, until } => self.await_result(id, rx, until).await,
-                Started::Settled(op) => Ok(*op),
-                Started::Joined { id, until } => Box::pin(self.wait_settled(id, until)).await,
+            match started {
+                Ok(spawned) => self.await_spawned(spawned).await,
+                Err(short) => Box::pin(self.replay_or_too_short(*short)).await,
             }
         }
         .instrument(span)
     }
 
-    async fn start(
+    /// Spawns the task that records the intent and drives the operation.
+    fn spawn_operation(
         self: &Arc<Self>,
-        req: OpRequest,
+        req: &OpRequest,
         deadline: Deadline,
-    ) -> Result<Started, ExecError> {
-        let now = Instant::now();
-        let budget = self
-            .policy
-            .plan(now, deadline.at)
-            .map_err(ExecError::BudgetTooSmall)?;
-        let new = self.intent(&req, deadline, &budget, now);
+        budget: Budget,
+        now: Instant,
+    ) -> Spawned {
+        let new = self.intent(req, deadline, &budget, now);
+        let (created_tx, created) = oneshot::channel();
+        let (done, result) = watch::channel(None);
+        let this = self.clone();
+        self.tasks
+            .spawn(Box::pin(this.own(new, budget, created_tx, done)));
+        Spawned {
+            created,
+            result,
+            until: budget.answer_by,
+        }
+    }
+
+    /// The operation's own task: the intent, then (for a new operation) the
+    /// run to its decision, under a lease its heartbeat keeps.
+    async fn own(
+        self: Arc<Self>,
+        new: NewOperation,
+        budget: Budget,
+        created: oneshot::Sender<Result<CreateOutcome, StoreError>>,
+        done: watch::Sender<Option<Operation>>,
+    ) {
         let write_started = Instant::now();
-        let created = self.store.operation_create(new, budget.answer_by).await;
+        let result = self.store.operation_create(new, budget.answer_by).await;
         self.metrics.ledger(
             "intent",
-            if created.is_ok() { "ok" } else { "error" },
+            if result.is_ok() { "ok" } else { "error" },
             write_started.elapsed().as_secs_f64(),
         );
-        let op = match created? {
-            CreateOutcome::Created(op) => op,
-            CreateOutcome::Existing(op) => {
-                tracing::Span::current().record("operation_id", tracing::field::display(op.id));
-                tracing::info!(operation_id = %op.id, state = op.state.as_str(), "idempotency key replayed; joining the operation");
-                if op.state.is_terminal() || op.state == State::Unknown {
-                    return Ok(Started::Settled(Box::new(op)));
-                }
-                return Ok(Started::Joined {
-                    id: op.id,
-                    until: budget.answer_by,
-                });
+        let op = match result {
+            Ok(CreateOutcome::Created(op)) => op,
+            other => {
+                // Nothing to drive: a replay, or no intent. Nobody waiting
+                // is fine: the caller may have gone.
+                drop(created.send(other));
+                return;
             }
         };
-        tracing::Span::current().record("operation_id", tracing::field::display(op.id));
-        let (tx, rx) = watch::channel(None);
-        let op_id = op.id;
+        let id = op.id;
+        let hold = self.holds.hold(id);
         self.inflight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(op_id, rx.clone());
+            .insert(id, done.subscribe());
+        drop(created.send(Ok(CreateOutcome::Created(op.clone()))));
+        let decided = self.drive(Run::new(op, budget, false), true).await;
+        drop(done.send(Some(decided)));
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        drop(hold);
+    }
+
+    /// Runs `run` (a reconciler's re-send) as a task of this replica, under
+    /// the lease its heartbeat keeps; callers that join the operation here
+    /// wait on it directly.
+    pub(crate) fn spawn_run(self: &Arc<Self>, run: Run) -> watch::Receiver<Option<Operation>> {
+        let id = run.op.id;
+        let hold = self.holds.hold(id);
+        let (done, result) = watch::channel(None);
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, result.clone());
         let this = self.clone();
         self.tasks.spawn(async move {
-            let done = this.drive(Run::new(op, budget, false), true).await;
-            // Nobody waiting is fine: the caller may have gone.
-            drop(tx.send(Some(done)));
+            let decided = this.drive(run, false).await;
+            drop(done.send(Some(decided)));
             this.inflight
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .remove(&op_id);
+                .remove(&id);
+            drop(hold);
         });
-        Ok(Started::Running {
-            id: op_id,
-            rx,
-            until: budget.answer_by,
-        })
+        result
+    }
+
+    /// Holds `id`'s lease (renewed by the heartbeat) until the guard drops.
+    pub(crate) fn hold(&self, id: Uuid) -> holds::Hold {
+        self.holds.hold(id)
+    }
+
+    async fn await_spawned(&self, s: Spawned) -> Result<Operation, ExecError> {
+        // No timer of its own: the intent write is bounded by the same
+        // deadline in the store, and answers by then.
+        let created = match s.created.await {
+            Ok(created) => created?,
+            Err(_) => return Err(ExecError::TaskLost),
+        };
+        // Only the id is kept across the wait (an operation is large, and
+        // thousands of these wait at once).
+        let (id, new) = match created {
+            CreateOutcome::Created(op) => (op.id, true),
+            CreateOutcome::Existing(op) => {
+                tracing::info!(operation_id = %op.id, state = op.state.as_str(), "idempotency key replayed; joining the operation");
+                if op.state.is_terminal() {
+                    return Ok(op);
+                }
+                (op.id, false)
+            }
+        };
+        tracing::Span::current().record("operation_id", tracing::field::display(id));
+        if new {
+            Box::pin(self.await_result(id, s.result, s.until)).await
+        } else {
+            // Cold (a replay of an open operation): boxed.
+            Box::pin(self.wait_decided(id, s.until)).await
+        }
+    }
+
+    /// The caller's time is too short to call Nova; but a replay of a key
+    /// whose operation is decided answers the decision whatever the time.
+    async fn replay_or_too_short(&self, short: TooShort) -> Result<Operation, ExecError> {
+        let found = self
+            .store
+            .operation_get_by_key(short.caller.as_deref(), short.key.as_str())
+            .await?;
+        match found {
+            Some(op)
+                if op.state.is_terminal()
+                    && request_fingerprint(op.action, op.server_id, op.volume_id, &op.params)
+                        == short.fingerprint =>
+            {
+                Ok(op)
+            }
+            _ => Err(ExecError::BudgetTooSmall(short.small)),
+        }
     }
 
     /// The intent row of a new operation: in progress, its first request
-    /// counted, leased to this replica.
+    /// counted (it may leave once this is durable), leased to this replica.
     fn intent(
         &self,
         req: &OpRequest,
@@ -254,8 +367,6 @@ impl Executor {
         budget: &Budget,
         now: Instant,
     ) -> NewOperation {
-        let outbound = self.policy.outbound(budget, now);
-        let deadline_at = self.clock.wall_of(budget.answer_by);
         let recorded = NewEvent::new(event::RECORDED, format!("{} recorded", req.action.as_str()))
             .with("idempotency_key", req.idempotency_key.as_str())
             .with("caller_deadline_ms", deadline.remaining().as_millis())
@@ -265,9 +376,8 @@ impl Executor {
                 "answer_by_ms",
                 budget.answer_by.saturating_duration_since(now).as_millis(),
             );
-        let id = Uuid::now_v7();
         NewOperation {
-            id,
+            id: Uuid::now_v7(),
             fingerprint: request_fingerprint(req.action, req.server_id, req.volume_id, &req.params),
             idempotency_key: req.idempotency_key.as_str().to_string(),
             action: req.action,
@@ -276,16 +386,12 @@ impl Executor {
             params: req.params.clone(),
             state: State::InProgress,
             attempts: 1,
-            deadline_at,
+            deadline_in: budget.answer_by.saturating_duration_since(now),
             lease_owner: self.replica.clone(),
-            lease_expires_at: deadline_at
-                + chrono::Duration::from_std(self.settings.lease_grace).unwrap_or_default(),
+            lease_for: self.settings.lease,
             caller: req.caller.clone(),
             replica: self.replica.clone(),
-            events: vec![
-                recorded,
-                ledger::request_sent_event(id, req.action, 1, outbound, now),
-            ],
+            events: vec![recorded],
         }
     }
 
@@ -311,9 +417,11 @@ impl Executor {
         }
     }
 
-    /// Waits for an operation (run by this or another replica) to reach a
-    /// terminal or unknown state, on change notifications.
-    pub async fn wait_settled(&self, id: Uuid, until: Instant) -> Result<Operation, ExecError> {
+    /// Waits (on change notifications) for an operation run by this or
+    /// another replica to be decided, until `until`; then answers with the
+    /// operation as it stands if it is unknown (the caller is told so), or
+    /// `StillRunning`.
+    pub async fn wait_decided(&self, id: Uuid, until: Instant) -> Result<Operation, ExecError> {
         let local = self
             .inflight
             .lock()
@@ -321,7 +429,14 @@ impl Executor {
             .get(&id)
             .cloned();
         if let Some(rx) = local {
-            return self.await_result(id, rx, until).await;
+            match self.await_result(id, rx, until).await {
+                Ok(op) if op.state.is_terminal() => return Ok(op),
+                Ok(_) | Err(_) if Instant::now() >= until => {
+                    return self.settled_or_running(id).await;
+                }
+                // Unknown when the run ended: the reconciler goes on.
+                _ => {}
+            }
         }
         let mut changes = self.store.subscribe();
         loop {
@@ -330,22 +445,36 @@ impl Executor {
                 .operation_get(id)
                 .await?
                 .ok_or(StoreError::NotFound(id))?;
-            if op.state.is_terminal() || op.state == State::Unknown {
+            if op.state.is_terminal() {
                 return Ok(op);
+            }
+            if Instant::now() >= until {
+                return match op.state {
+                    State::Unknown => Ok(op),
+                    _ => Err(ExecError::StillRunning(id)),
+                };
             }
             // The notification is a hint; re-reading at least every second
             // covers one that was missed.
-            let wake = Instant::now() + Duration::from_secs(1);
-            let stop = wake.min(until);
+            let stop = (Instant::now() + Duration::from_secs(1)).min(until);
             loop {
                 match tokio::time::timeout_at(stop, changes.recv()).await {
                     Ok(Ok(changed)) if changed != id && !changed.is_nil() => continue,
                     _ => break,
                 }
             }
-            if Instant::now() >= until {
-                return Err(ExecError::StillRunning(id));
-            }
+        }
+    }
+
+    async fn settled_or_running(&self, id: Uuid) -> Result<Operation, ExecError> {
+        let op = self
+            .store
+            .operation_get(id)
+            .await?
+            .ok_or(StoreError::NotFound(id))?;
+        match op.state {
+            State::Unknown | State::Succeeded | State::Failed => Ok(op),
+            _ => Err(ExecError::StillRunning(id)),
         }
     }
 
@@ -354,7 +483,7 @@ impl Executor {
     pub(crate) async fn drive(self: &Arc<Self>, mut run: Run, first_sent: bool) -> Operation {
         if first_sent {
             // The intent counted the first request, which has not left yet.
-            run.maybe_sent = run.op.attempts > 1;
+            run.maybe_effect = run.op.attempts > 1;
         }
         // Boxed: a task waiting inside the loop holds only the loop's state.
         let decision = match Box::pin(self.send_loop(&mut run, first_sent)).await {
@@ -366,9 +495,42 @@ impl Executor {
     }
 
     /// The budget a reconciler pass that re-sends works under: what is left
-    /// of the operation's own deadline.
-    pub fn budget_from_row(&self, op: &Operation) -> Option<Budget> {
-        Budget::from_row(&self.policy, &self.clock, op.deadline_at)
+    /// of the operation's own deadline, on the database's clock (`db_now`).
+    pub fn budget_from_row(&self, op: &Operation, db_now: DateTime<Utc>) -> Option<Budget> {
+        Budget::from_row(&self.policy, op.deadline_at, db_now)
+    }
+
+    /// Renews the leases this replica holds, every `heartbeat`, until
+    /// `stop`. A holder whose heartbeat stops (a crash) loses them within
+    /// one lease.
+    pub async fn heartbeat(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(self.settings.heartbeat) => {}
+            }
+            let ids = self.holds.ids();
+            if ids.is_empty() {
+                continue;
+            }
+            match self
+                .store
+                .operation_renew_leases(&self.replica, &ids, self.settings.lease)
+                .await
+            {
+                Ok(n) if n < ids.len() as u64 => {
+                    // Decided meanwhile, or taken over after a lapse: the
+                    // holder's next write is fenced either way.
+                    tracing::debug!(
+                        held = ids.len(),
+                        renewed = n,
+                        "some leases were not renewed"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, held = ids.len(), "could not renew leases"),
+            }
+        }
     }
 }
 
@@ -451,6 +613,9 @@ mod size_probe {
             caller: None,
             drifted: false,
             passes: 0,
+            escalated_at: None,
+            escalation: None,
+            verify_expect: None,
         };
         let budget = BudgetPolicy::default()
             .plan(Instant::now(), Instant::now() + Duration::from_secs(10))

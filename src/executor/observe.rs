@@ -13,7 +13,8 @@ use super::run::{Run, Seen};
 
 impl Executor {
     /// Lists the server's attachments (bounded by `until`) and reports
-    /// whether the volume is there.
+    /// whether the volume is there. A server that no longer exists (404)
+    /// holds nothing: the volume is not on it.
     pub(crate) async fn observe(&self, run: &mut Run, until: Instant) -> Result<Seen, NovaError> {
         let started = Instant::now();
         let rid = RequestId::for_operation(run.op.id);
@@ -27,22 +28,34 @@ impl Executor {
                     Some(a) => Seen::Attached(a.to_info()),
                     None => Seen::Absent,
                 };
-                run.events.push(
-                    NewEvent::new(
-                        event::OBSERVED,
-                        match &seen {
-                            Seen::Attached(_) => "the volume is in the server's attachment list",
-                            Seen::Absent => "the volume is not in the server's attachment list",
-                        },
-                    )
+                let detail = match &seen {
+                    Seen::Attached(_) => "the volume is in the server's attachment list",
+                    Seen::Absent => "the volume is not in the server's attachment list",
+                };
+                let present = matches!(seen, Seen::Attached(_));
+                run.last_seen = Some(present);
+                let ev = NewEvent::new(event::OBSERVED, detail)
                     .with("attachments_listed", items.len())
-                    .with("present", matches!(seen, Seen::Attached(_)))
+                    .with("present", present)
                     .with(
                         "nova_request_id",
                         answered.nova_request_id.as_deref().unwrap_or("-"),
-                    ),
-                );
+                    );
+                push_observation(run, ev);
                 Ok(seen)
+            }
+            Err(e) if e.rejection() == Some(&crate::nova::Rejection::ServerNotFound) => {
+                self.metrics
+                    .nova("list", "server_gone", e.elapsed.as_secs_f64());
+                run.last_seen = Some(false);
+                let ev = NewEvent::new(
+                    event::OBSERVED,
+                    "the server no longer exists (404): the volume is not on it",
+                )
+                .with("present", false)
+                .with_all(&e.metadata());
+                push_observation(run, ev);
+                Ok(Seen::Absent)
             }
             Err(e) => {
                 self.metrics
@@ -83,4 +96,32 @@ impl Executor {
             pause = (pause * 2).min(self.settings.observe_interval_max);
         }
     }
+}
+
+/// Logs an observation; one that says what the previous one said only
+/// counts itself there (`times`, and how long after the first the last
+/// came), so an hour of watching holds and writes one line per change,
+/// not thousands.
+fn push_observation(run: &mut Run, ev: NewEvent) {
+    if let Some(last) = run.events.last_mut()
+        && last.kind == ev.kind
+        && last.detail == ev.detail
+    {
+        let times = last
+            .metadata
+            .iter()
+            .find(|(k, _)| k == "times")
+            .and_then(|(_, v)| v.parse::<u64>().ok())
+            .unwrap_or(1);
+        let since_first = match (last.happened, ev.happened) {
+            (Some(first), Some(now)) => now.saturating_duration_since(first).as_millis(),
+            _ => 0,
+        };
+        let counted = std::mem::replace(last, NewEvent::new(ev.kind, String::new()))
+            .with("times", times + 1)
+            .with("last_ms_after_first", since_first);
+        *last = counted;
+        return;
+    }
+    run.events.push(ev);
 }

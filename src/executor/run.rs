@@ -86,31 +86,38 @@ pub(crate) struct Run {
     pub op: Operation,
     pub budget: Budget,
     pub events: Vec<NewEvent>,
-    /// Whether any request so far may have reached Nova.
-    pub maybe_sent: bool,
+    /// Whether any request so far may have taken effect: one whose answer
+    /// was lost or ambiguous, or accepted. A refusal (409, 404, ...) or a
+    /// request that never left does not count: it cannot take effect later.
+    pub maybe_effect: bool,
     /// Decisions of a reconciler pass are attributed to the reconciler.
     pub by_reconciler: bool,
     pub backoff: backon::ExponentialBackoff,
+    /// Whether the last look found the volume on the server.
+    pub last_seen: Option<bool>,
 }
 
 impl Run {
     pub fn new(op: Operation, budget: Budget, by_reconciler: bool) -> Self {
         Self {
-            maybe_sent: op.attempts > 0,
+            // A row resumed by the reconciler: what its earlier attempts
+            // did is not known here.
+            maybe_effect: op.attempts > 0,
             op,
             budget,
             events: Vec::new(),
             by_reconciler,
             backoff: send_backoff(),
+            last_seen: None,
         }
     }
 
-    /// The history an answer is classified with, before `maybe_sent`
+    /// The history an answer is classified with, before `maybe_effect`
     /// takes that answer in.
-    pub fn history(&self, this_may_have_arrived: bool) -> History {
+    pub fn history(&self, this_may_take_effect: bool) -> History {
         History {
-            earlier: self.maybe_sent,
-            this: this_may_have_arrived,
+            earlier: self.maybe_effect,
+            this: this_may_take_effect,
         }
     }
 }

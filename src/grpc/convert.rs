@@ -72,6 +72,8 @@ pub fn operation_to_pb(op: &Operation) -> pb::Operation {
         completed_at: op.completed_at.map(timestamp),
         drifted: op.drifted,
         caller: op.caller.clone().unwrap_or_default(),
+        escalated_at: op.escalated_at.map(timestamp),
+        escalation: op.escalation.clone().unwrap_or_default(),
     }
 }
 

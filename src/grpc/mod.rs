@@ -63,6 +63,14 @@ fn caller_of<T>(req: &Request<T>) -> Option<String> {
         .map(|c| c.name.clone())
 }
 
+/// Whether the caller may act on other callers' operations: an operator,
+/// or anyone when no authentication is configured.
+fn is_operator<T>(req: &Request<T>) -> bool {
+    req.extensions()
+        .get::<auth::Caller>()
+        .is_none_or(|c| c.role == auth::Role::Operator)
+}
+
 fn op_id(field: &'static str, value: &str) -> Result<Uuid, Status> {
     parse_uuid(field, value).map_err(status::invalid)
 }
@@ -104,15 +112,17 @@ impl Api {
         match parsed {
             Err(s) => Box::pin(std::future::ready(self.done(method, Err(s)))),
             Ok(req) => {
-                let submitted = self.exec.submit(req, deadline);
-                Box::pin(async move {
-                    let result = submitted
-                        .await
+                use futures_util::FutureExt as _;
+                // A combinator, not an async block: a block would keep the
+                // captured future and the awaited one in separate slots
+                // (twice its size, in each of thousands of waiting calls).
+                Box::pin(self.exec.submit(req, deadline).map(move |done| {
+                    let result = done
                         .map_err(status::from_exec)
                         .and_then(status::from_operation)
                         .map(|op| convert::operation_to_pb(&op));
                     self.done(method, result)
-                })
+                }))
             }
         }
     }
@@ -188,6 +198,8 @@ impl VolumeReconciler for Api {
         &self,
         request: Request<pb::GetOperationRequest>,
     ) -> Result<Response<pb::Operation>, Status> {
+        let own = caller_of(&request);
+        let operator = is_operator(&request);
         let r = request.into_inner();
         let store = &self.exec.store;
         let result = async {
@@ -198,8 +210,21 @@ impl VolumeReconciler for Api {
                 }
                 (true, false) => {
                     let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
+                    // Keys are per caller: a caller reads its own; an
+                    // operator may name whose.
+                    let whose = match (r.caller.is_empty(), operator) {
+                        (true, _) => own.clone(),
+                        (false, true) => Some(r.caller.clone()).filter(|c| !c.is_empty()),
+                        (false, false) if own.as_deref() == Some(r.caller.as_str()) => own.clone(),
+                        (false, false) => {
+                            return Err(status::invalid(InvalidField::new(
+                                "caller",
+                                "only an operator may look up another caller's key",
+                            )));
+                        }
+                    };
                     store
-                        .operation_get_by_key(key.as_str())
+                        .operation_get_by_key(whose.as_deref(), key.as_str())
                         .await
                         .map_err(status::from_store)?
                 }
@@ -246,6 +271,8 @@ impl VolumeReconciler for Api {
                 server_id: optional(&r.server_id, |v| parse_uuid("server_id", v))?,
                 volume_id: optional(&r.volume_id, |v| parse_uuid("volume_id", v))?,
                 drifted_only: r.drifted_only,
+                escalated_only: r.escalated_only,
+                caller: (!r.caller.is_empty()).then(|| r.caller.clone()),
             };
             let limit = match r.page_size {
                 0 => DEFAULT_PAGE_SIZE,
@@ -339,12 +366,13 @@ impl VolumeReconciler for Api {
         &self,
         request: Request<pb::ReconcileOperationRequest>,
     ) -> Result<Response<pb::Operation>, Status> {
+        let deadline = deadline_of(&request);
         let r = request.into_inner();
         let result = async {
             let id = op_id("operation_id", &r.operation_id)?;
             let op = self
                 .reconciler
-                .reconcile_now(id)
+                .reconcile_now(id, deadline)
                 .await
                 .map_err(status::from_store)?;
             Ok(convert::operation_to_pb(&op))
@@ -455,7 +483,7 @@ mod size_probe {
             ..Default::default()
         }));
         assert!(
-            std::mem::size_of_val(&*f) <= 1280,
+            std::mem::size_of_val(&*f) <= 900,
             "attach_volume handler: {}",
             std::mem::size_of_val(&*f)
         );

@@ -141,6 +141,14 @@ pub fn from_exec(e: ExecError) -> Status {
             )
         }
         ExecError::Store(s) => from_store(s),
+        ExecError::TaskLost => {
+            tracing::error!("an operation's task ended without an answer");
+            status(
+                Reason::OperationTaskLost,
+                "the task running the operation ended without an answer; ask again with the same key",
+                BTreeMap::new(),
+            )
+        }
         ExecError::StillRunning(id) => {
             let mut m = BTreeMap::new();
             m.insert("operation_id".into(), id.to_string());

@@ -43,8 +43,14 @@ pub enum Rejection {
     /// 400 "volume X is already attached to instances: Y" (or "already
     /// attached" for multiattach): the attach may be ours. Re-observe.
     AlreadyAttached { servers: Vec<String> },
-    /// 400 on detach while the volume is detaching: one is in progress.
+    /// 400 on detach: the volume is not in use — a detach is in progress,
+    /// or an attach has not finished yet.
     Detaching,
+    /// 400 "status must be available ... but the current status is X": the
+    /// volume is being created, downloaded or reserved — transient.
+    VolumeNotReady { status: String },
+    /// 409 "The supplied device path (...) is in use": permanent.
+    DeviceInUse,
     /// 404 "Instance X is not attached to volume Y": a detach is done.
     NotAttached,
     /// 404 "Instance X could not be found."
@@ -72,6 +78,8 @@ impl Rejection {
         match self {
             Rejection::AlreadyAttached { .. } => "already_attached",
             Rejection::Detaching => "detaching",
+            Rejection::VolumeNotReady { .. } => "volume_not_ready",
+            Rejection::DeviceInUse => "device_in_use",
             Rejection::NotAttached => "not_attached",
             Rejection::ServerNotFound => "server_not_found",
             Rejection::VolumeNotFound => "volume_not_found",
@@ -165,6 +173,8 @@ impl NovaError {
             NovaErrorKind::Rejected(r) => match r {
                 Rejection::AlreadyAttached { .. } => Reason::NovaAlreadyAttached,
                 Rejection::Detaching => Reason::NovaDetaching,
+                Rejection::VolumeNotReady { .. } => Reason::NovaVolumeNotReady,
+                Rejection::DeviceInUse => Reason::NovaDeviceInUse,
                 Rejection::NotAttached => Reason::NovaNotAttached,
                 Rejection::ServerNotFound => Reason::NovaServerNotFound,
                 Rejection::VolumeNotFound => Reason::NovaVolumeNotFound,

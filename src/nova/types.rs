@@ -130,6 +130,15 @@ pub fn classify(status: u16, fault: &Fault) -> Rejection {
                 }
             } else if msg.contains("Unable to detach volume") || msg.contains("detaching") {
                 Rejection::Detaching
+            } else if let Some(pos) = msg.find("status must be available") {
+                // Cinder's reserve: the volume is creating, downloading or
+                // reserved — the create-then-attach race, transient.
+                let status = msg[pos..]
+                    .split("status is ")
+                    .nth(1)
+                    .map(|s| s.split(['.', ' ', ')']).next().unwrap_or("").to_string())
+                    .unwrap_or_default();
+                Rejection::VolumeNotReady { status }
             } else {
                 Rejection::BadRequest
             }
@@ -145,6 +154,7 @@ pub fn classify(status: u16, fault: &Fault) -> Rejection {
                 Rejection::ServerNotFound
             }
         }
+        409 if msg.contains("device path") && msg.contains("in use") => Rejection::DeviceInUse,
         409 => Rejection::Conflict,
         413 | 429 => Rejection::Throttled,
         500..=599 => Rejection::ServerError,
@@ -199,7 +209,25 @@ mod tests {
         let f = fault(
             r#"{"badRequest": {"message": "Invalid input received: Invalid volume: Volume status must be available to reserve, but the status is creating. (HTTP 400) (Request-ID: req-1)", "code": 400}}"#,
         );
-        assert_eq!(classify(400, &f), Rejection::BadRequest);
+        assert_eq!(
+            classify(400, &f),
+            Rejection::VolumeNotReady {
+                status: "creating".into()
+            }
+        );
+        let f = fault(
+            r#"{"badRequest": {"message": "Invalid input received: Invalid volume: Volume a07f status must be available or downloading to reserve, but the current status is reserved. (HTTP 400) (Request-ID: req-2)", "code": 400}}"#,
+        );
+        assert_eq!(
+            classify(400, &f),
+            Rejection::VolumeNotReady {
+                status: "reserved".into()
+            }
+        );
+        let f = fault(
+            r#"{"conflictingRequest": {"code": 409, "message": "The supplied device path (/dev/vdb) is in use."}}"#,
+        );
+        assert_eq!(classify(409, &f), Rejection::DeviceInUse);
         let f = fault(
             r#"{"error": {"code": 401, "title": "Unauthorized", "message": "The request you have made requires authentication."}}"#,
         );

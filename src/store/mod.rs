@@ -61,13 +61,18 @@ pub struct NewOperation {
     pub server_id: Uuid,
     pub volume_id: Uuid,
     pub params: RequestParams,
-    /// `InProgress` with `attempts = 1` when the first request is about to
-    /// be sent (the intent and the attempt in one durable write).
+    /// `InProgress` with `attempts = 1` when the first request may be sent
+    /// once this is durable (the intent and the attempt in one write).
     pub state: State,
     pub attempts: i32,
-    pub deadline_at: DateTime<Utc>,
+    /// The operation's own deadline, from now on the database's clock (no
+    /// replica's clock enters any deadline, lease or backoff).
+    pub deadline_in: Duration,
     pub lease_owner: String,
-    pub lease_expires_at: DateTime<Utc>,
+    /// The lease, from now on the database's clock; the holder's heartbeat
+    /// renews it (`operation_renew_leases`).
+    pub lease_for: Duration,
+    /// Who asked: keys are unique per caller.
     pub caller: Option<String>,
     pub replica: String,
     pub events: Vec<NewEvent>,
@@ -104,8 +109,13 @@ pub struct Transition {
     pub last_error: Option<Option<OperationError>>,
     pub request_sent: bool,
     pub release_lease: bool,
-    pub next_attempt_at: Option<DateTime<Utc>>,
-    pub verify_at: Option<DateTime<Utc>>,
+    /// The reconciler's next pass, from now on the database's clock.
+    pub next_attempt_in: Option<Duration>,
+    /// With a decision: what a later look should find (see
+    /// `Operation::verify_expect`).
+    pub verify_expect: Option<bool>,
+    /// Hands the (still open) operation to people, with the reason.
+    pub escalation: Option<String>,
     pub replica: String,
     pub events: Vec<NewEvent>,
 }
@@ -123,8 +133,9 @@ impl Transition {
             last_error: None,
             request_sent: false,
             release_lease: false,
-            next_attempt_at: None,
-            verify_at: None,
+            next_attempt_in: None,
+            verify_expect: None,
+            escalation: None,
             replica: replica.to_string(),
             events: Vec::new(),
         }
@@ -138,6 +149,9 @@ pub struct OperationFilter {
     pub server_id: Option<Uuid>,
     pub volume_id: Option<Uuid>,
     pub drifted_only: bool,
+    pub escalated_only: bool,
+    /// Only this caller's (`Some("")`: callers without a name).
+    pub caller: Option<String>,
 }
 
 /// One page of operations, newest first.
@@ -180,7 +194,12 @@ pub trait Store: Send + Sync + 'static {
 
     async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError>;
 
-    async fn operation_get_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError>;
+    /// The operation `caller`'s `key` names (keys are per caller).
+    async fn operation_get_by_key(
+        &self,
+        caller: Option<&str>,
+        key: &str,
+    ) -> Result<Option<Operation>, StoreError>;
 
     async fn operation_list(
         &self,
@@ -208,8 +227,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     /// Leases up to `limit` open operations that nobody holds (expired lease,
-    /// or released to the reconciler) and whose backoff has passed. Each gets
-    /// a new epoch. Safe to call from several replicas at once.
+    /// or released to the reconciler), whose backoff has passed and that are
+    /// not escalated. Each gets a new epoch. Safe to call from several
+    /// replicas at once.
     async fn operation_claim(
         &self,
         replica: &str,
@@ -218,7 +238,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Operation>, StoreError>;
 
     /// Leases one operation now (for `ReconcileOperation`), whatever its
-    /// backoff, unless another replica holds a live lease on it.
+    /// backoff or escalation, unless anyone — this replica's own executor
+    /// included — holds a live lease on it.
     async fn operation_claim_one(
         &self,
         id: Uuid,
@@ -226,9 +247,26 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<Option<Operation>, StoreError>;
 
-    /// Takes up to `limit` terminal operations whose verification time came;
-    /// each is handed out exactly once.
-    async fn operation_claim_verification(&self, limit: u32) -> Result<Vec<Operation>, StoreError>;
+    /// Renews the leases `replica` holds on `ids` for `lease` (its
+    /// heartbeat); the number renewed. A lease another holder took over is
+    /// not renewed.
+    async fn operation_renew_leases(
+        &self,
+        replica: &str,
+        ids: &[Uuid],
+        lease: Duration,
+    ) -> Result<u64, StoreError>;
+
+    /// Takes the next (at most `limit`) decided operations that verification
+    /// `stage` has not seen, decided at least `delay` ago, in decision
+    /// order, and moves the stage's cursor past them: each is handed out
+    /// once, to one replica.
+    async fn verification_next(
+        &self,
+        stage: u8,
+        delay: Duration,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError>;
 
     /// Records the result of a late-effect verification.
     async fn operation_mark_drift(
@@ -254,6 +292,17 @@ pub trait Store: Send + Sync + 'static {
     async fn operation_release_leases(&self, replica: &str) -> Result<u64, StoreError>;
 
     async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError>;
+
+    /// For each of `volumes`, when its latest operation was created (the
+    /// verifier: a change after a later operation began is explained).
+    async fn volumes_latest_operation(
+        &self,
+        volumes: &[Uuid],
+    ) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError>;
+
+    /// The database's clock: what every lease, deadline and backoff is
+    /// measured against.
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError>;
 
     /// Wake-ups when operations change (the id; `Uuid::nil()` means "re-read
     /// everything", e.g. after the listener reconnected).

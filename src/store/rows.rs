@@ -21,14 +21,18 @@ use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
 /// fingerprint of its key), in the order the stores select them.
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
     request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
-    completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes";
+    completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes, escalated_at, \
+    escalation, verify_expect";
 
 /// "Not decided yet", as the partial indexes of open operations say it.
 pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
 
-/// The operation a key names.
+/// The operation a caller's key names (`$1` the caller, '' for none; `$2`
+/// the key).
 pub(super) fn by_key_sql() -> String {
-    format!("SELECT {COLUMNS} FROM operations WHERE idempotency_key = $1")
+    format!(
+        "SELECT {COLUMNS} FROM operations WHERE COALESCE(caller, '') = $1 AND idempotency_key = $2"
+    )
 }
 
 /// An operation by id.
@@ -36,13 +40,15 @@ pub(super) fn by_id_sql() -> String {
     format!("SELECT {COLUMNS} FROM operations WHERE id = $1")
 }
 
-/// What stands in the way of a new intent (`$1` its key, `$2` its volume):
-/// the operation its key names, else the open operation of its volume (at
-/// most one, by a unique index); `by_key` says which.
+/// What stands in the way of a new intent (`$1` its key, `$2` its volume,
+/// `$3` its caller or ''): the operation the caller's key names, else the
+/// open operation of its volume (at most one, by a unique index); `by_key`
+/// says which.
 pub(super) fn conflict_sql() -> String {
     format!(
-        "SELECT {COLUMNS}, idempotency_key = $1 AS by_key FROM operations
-         WHERE idempotency_key = $1 OR (volume_id = $2 AND {OPEN})
+        "SELECT {COLUMNS}, (idempotency_key = $1 AND COALESCE(caller, '') = $3) AS by_key
+         FROM operations
+         WHERE (idempotency_key = $1 AND COALESCE(caller, '') = $3) OR (volume_id = $2 AND {OPEN})
          ORDER BY by_key DESC LIMIT 1"
     )
 }
@@ -127,6 +133,9 @@ pub(super) struct OperationRow {
     caller: Option<String>,
     drifted: bool,
     passes: i32,
+    escalated_at: Option<Time>,
+    escalation: Option<String>,
+    verify_expect: Option<bool>,
 }
 
 /// One `operation_events` row as read.
@@ -242,6 +251,9 @@ impl OperationRow {
             caller: self.caller,
             drifted: self.drifted,
             passes: self.passes,
+            escalated_at: self.escalated_at.map(|t| t.0),
+            escalation: self.escalation,
+            verify_expect: self.verify_expect,
         })
     }
 }

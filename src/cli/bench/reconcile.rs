@@ -35,7 +35,8 @@ pub async fn run(args: ReconcileBenchArgs) -> anyhow::Result<()> {
     let rec = crate::reconciler::Reconciler::new(
         exec,
         crate::reconciler::ReconcilerSettings {
-            settle_window: Duration::ZERO,
+            settle_attach: Duration::ZERO,
+            settle_detach: Duration::ZERO,
             rate_limit: 1_000_000.0,
             parallelism: args.parallelism,
             batch: 512,
@@ -98,9 +99,10 @@ async fn seed(store: &dyn Store, args: &ReconcileBenchArgs) -> anyhow::Result<()
             params,
             state: State::Unknown,
             attempts: 1,
-            deadline_at: chrono::Utc::now() - chrono::Duration::seconds(1),
+            // Past its deadline, its holder gone (a zero lease).
+            deadline_in: Duration::ZERO,
             lease_owner: "bench-crashed".into(),
-            lease_expires_at: chrono::Utc::now() - chrono::Duration::seconds(1),
+            lease_for: Duration::ZERO,
             caller: None,
             replica: "bench".into(),
             events: vec![NewEvent::new("recorded", "seeded by bench reconcile")],

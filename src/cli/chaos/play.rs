@@ -256,7 +256,8 @@ impl Context {
     async fn operator(&self, h: &History, n: usize, resolve: Option<State>) {
         let key = key_of(h, n);
         // The operator finds the operation by the caller's key.
-        let Ok(Some(op)) = self.store.operation_get_by_key(&key).await else {
+        let caller = caller_name(h.calls[n].client);
+        let Ok(Some(op)) = self.store.operation_get_by_key(Some(&caller), &key).await else {
             return;
         };
         let live = self.cluster.live();

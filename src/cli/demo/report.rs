@@ -28,10 +28,10 @@ pub async fn compare(store: &dyn Store, sim: &sim::Sim, plan: &Plan) -> anyhow::
     let mut verdict = Verdict::default();
     for (s, v) in &plan.volumes {
         let att = store
-            .operation_get_by_key(&format!("demo-attach-{v}"))
+            .operation_get_by_key(None, &format!("demo-attach-{v}"))
             .await?;
         let det = store
-            .operation_get_by_key(&format!("demo-detach-{v}"))
+            .operation_get_by_key(None, &format!("demo-detach-{v}"))
             .await?;
         let effects = sim.attach_effects(*v);
         if effects > 1 {

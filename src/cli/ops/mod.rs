@@ -64,6 +64,12 @@ pub struct ListArgs {
     /// Only operations whose later observation disagreed.
     #[arg(long)]
     pub drifted: bool,
+    /// Only operations handed to people (not decidable in time).
+    #[arg(long)]
+    pub escalated: bool,
+    /// Only this caller's operations.
+    #[arg(long)]
+    pub caller: Option<String>,
     /// Operations per page (the server caps it at 500).
     #[arg(long, default_value_t = 50)]
     pub limit: i32,
@@ -146,6 +152,8 @@ impl Ops {
             page_size: f.limit,
             page_token: f.page_token.unwrap_or_default(),
             drifted_only: f.drifted,
+            escalated_only: f.escalated,
+            caller: f.caller.unwrap_or_default(),
         };
         let mut ops = Vec::new();
         let next = loop {
@@ -179,6 +187,7 @@ impl Ops {
             .get_operation(self.req(pb::GetOperationRequest {
                 operation_id: id.clone(),
                 idempotency_key: String::new(),
+                caller: String::new(),
             }))
             .await
             .map_err(|e| self.fail(e))?

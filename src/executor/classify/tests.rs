@@ -54,7 +54,11 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
             already(SERVER.to_string()),
             400,
         ),
-        ("400 detaching", Rejection::Detaching, 400),
+        (
+            "400 not in use (detaching or attaching)",
+            Rejection::Detaching,
+            400,
+        ),
         ("404 not attached", Rejection::NotAttached, 404),
         ("404 server not found", Rejection::ServerNotFound, 404),
         ("404 volume not found", Rejection::VolumeNotFound, 404),
@@ -63,6 +67,14 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
         ("401 after re-authenticating", Rejection::Unauthorized, 401),
         ("409 locked or task_state", Rejection::Conflict, 409),
         ("413/429 over limit", Rejection::Throttled, 429),
+        ("409 device path in use", Rejection::DeviceInUse, 409),
+        (
+            "400 volume not ready",
+            Rejection::VolumeNotReady {
+                status: "creating".into(),
+            },
+            400,
+        ),
         ("5xx", Rejection::ServerError, 500),
         ("other status", Rejection::Other, 418),
     ];
@@ -131,7 +143,7 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
 type FailureSample = (&'static str, NovaErrorKind, Stage, Option<u16>, bool);
 
 fn sample_map(
-    rejections: [(&'static str, Rejection, u16); 13],
+    rejections: [(&'static str, Rejection, u16); 15],
     failures: [FailureSample; 8],
 ) -> BTreeMap<&'static str, Option<NovaError>> {
     let mut m: BTreeMap<&'static str, Option<NovaError>> =

@@ -108,6 +108,7 @@ impl PgStore {
         let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
             .bind(&new.idempotency_key)
             .bind(new.volume_id)
+            .bind(new.caller.as_deref().unwrap_or(""))
             .fetch_optional(&self.pool)
             .await
             .map_err(StoreError::db("looking up why an intent was not recorded"))?;
@@ -129,9 +130,11 @@ impl PgStore {
 }
 
 /// Leases the rows `target` (a query of ids) selects to replica `$1` for
-/// `$2` milliseconds, each under a new epoch, where `also` holds, and logs
-/// each claim; returns the claimed rows.
-fn claim_sql(target: &str, also: &str, detail: &str) -> String {
+/// `$2` milliseconds, each under a new epoch, where `also` holds; returns
+/// the claimed rows. A claim that takes over a lease somebody held (its
+/// holder stopped renewing it: dead, or cut off) is logged; a routine pass
+/// over a released operation is not (its log would grow at every pass).
+fn claim_sql(target: &str, also: &str) -> String {
     format!(
         "WITH target AS ({target}), claimed AS (
             UPDATE operations o SET
@@ -141,12 +144,14 @@ fn claim_sql(target: &str, also: &str, detail: &str) -> String {
                 passes = o.passes + 1,
                 updated_at = now()
             FROM target WHERE o.id = target.id {also}
-            RETURNING o.*
+            RETURNING o.*, target.prev_owner
          ), ev AS (
             INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
-            SELECT claimed.id, '{claimed}', '{detail}',
-                   jsonb_build_object('lease_epoch', claimed.lease_epoch::text), $1
-            FROM claimed
+            SELECT claimed.id, '{claimed}',
+                   'taken over from ' || claimed.prev_owner || ', whose lease expired',
+                   jsonb_build_object('lease_epoch', claimed.lease_epoch::text,
+                                      'previous_holder', claimed.prev_owner), $1
+            FROM claimed WHERE claimed.prev_owner IS NOT NULL
          )
          SELECT {COLUMNS} FROM claimed",
         claimed = event::CLAIMED
@@ -238,8 +243,14 @@ impl Store for PgStore {
             .pop())
     }
 
-    async fn operation_get_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError> {
-        let q = sqlx::query(sqlx::AssertSqlSafe(rows::by_key_sql())).bind(key);
+    async fn operation_get_by_key(
+        &self,
+        caller: Option<&str>,
+        key: &str,
+    ) -> Result<Option<Operation>, StoreError> {
+        let q = sqlx::query(sqlx::AssertSqlSafe(rows::by_key_sql()))
+            .bind(caller.unwrap_or(""))
+            .bind(key);
         Ok(self
             .fetch_operations(q, "reading an operation by key")
             .await?
@@ -259,6 +270,8 @@ impl Store for PgStore {
                AND ($3::uuid IS NULL OR volume_id = $3)
                AND ($4::bigint IS NULL OR seq < $4)
                AND (NOT $5 OR drifted)
+               AND (NOT $7 OR escalated_at IS NOT NULL)
+               AND ($8::text IS NULL OR COALESCE(caller, '') = $8)
              ORDER BY seq DESC
              LIMIT $6"
         );
@@ -269,6 +282,8 @@ impl Store for PgStore {
             .bind(after)
             .bind(filter.drifted_only)
             .bind(i64::from(limit) + 1)
+            .bind(filter.escalated_only)
+            .bind(filter.caller.as_deref())
             .fetch_all(&self.pool)
             .await
             .map_err(StoreError::db("listing operations"))?;
@@ -329,15 +344,16 @@ impl Store for PgStore {
         limit: u32,
     ) -> Result<Vec<Operation>, StoreError> {
         let target = format!(
-            "SELECT id FROM operations
+            "SELECT id, lease_owner AS prev_owner FROM operations
              WHERE {OPEN}
                AND (lease_expires_at IS NULL OR lease_expires_at < now())
                AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+               AND escalated_at IS NULL
              ORDER BY next_attempt_at NULLS FIRST, seq
              LIMIT $3
              FOR UPDATE SKIP LOCKED"
         );
-        let sql = claim_sql(&target, "", "leased by the reconciler");
+        let sql = claim_sql(&target, "");
         let q = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(replica)
             .bind(lease.as_millis() as f64)
@@ -353,10 +369,9 @@ impl Store for PgStore {
     ) -> Result<Option<Operation>, StoreError> {
         // Open = completed_at IS NULL, not a state test: see TRANSITION_MANY.
         let sql = claim_sql(
-            "SELECT $3::uuid AS id",
+            "SELECT id, lease_owner AS prev_owner FROM operations WHERE id = $3 FOR UPDATE",
             "AND o.completed_at IS NULL
-             AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now() OR o.lease_owner = $1)",
-            "leased for a requested reconcile pass",
+             AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())",
         );
         let q = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(replica)
@@ -368,24 +383,69 @@ impl Store for PgStore {
             .pop())
     }
 
-    async fn operation_claim_verification(&self, limit: u32) -> Result<Vec<Operation>, StoreError> {
-        let sql = format!(
-            "WITH due AS (
-                SELECT id FROM operations
-                WHERE verify_at IS NOT NULL AND verify_at <= now()
-                ORDER BY verify_at LIMIT $1
-                FOR UPDATE SKIP LOCKED
-             )
-             UPDATE operations o SET verify_at = NULL FROM due WHERE o.id = due.id
-             RETURNING {}",
-            COLUMNS
-                .split(", ")
-                .map(|c| format!("o.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+    async fn operation_renew_leases(
+        &self,
+        replica: &str,
+        ids: &[Uuid],
+        lease: Duration,
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        // Open = completed_at IS NULL, not a state test: see TRANSITION_MANY.
+        let renewed = sqlx::query(
+            "UPDATE operations SET lease_expires_at = now() + $3 * interval '1 millisecond'
+             WHERE id = ANY($1) AND lease_owner = $2 AND completed_at IS NULL",
+        )
+        .bind(ids)
+        .bind(replica)
+        .bind(lease.as_secs_f64() * 1000.0)
+        .execute(&self.pool)
+        .await
+        .map_err(StoreError::db("renewing leases"))?;
+        Ok(renewed.rows_affected())
+    }
+
+    async fn verification_next(
+        &self,
+        stage: u8,
+        delay: Duration,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        const WHAT: &str = "taking decisions to verify";
+        // The cursor row is locked for the length of this short transaction:
+        // replicas take consecutive slices, never the same one.
+        let mut tx = self.pool.begin().await.map_err(StoreError::db(WHAT))?;
+        let due = format!(
+            "WITH c AS (SELECT decided_at, last_id FROM verification_cursors WHERE stage = $1 FOR UPDATE)
+             SELECT {COLUMNS} FROM operations, c
+             WHERE verify_expect IS NOT NULL
+               AND (completed_at, id) > (c.decided_at, c.last_id)
+               AND completed_at <= now() - $2 * interval '1 millisecond'
+             ORDER BY completed_at, id
+             LIMIT $3"
         );
-        let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(i64::from(limit));
-        self.fetch_operations(q, "claiming verifications").await
+        let rows = sqlx::query(sqlx::AssertSqlSafe(due))
+            .bind(i16::from(stage))
+            .bind(delay.as_secs_f64() * 1000.0)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(StoreError::db(WHAT))?;
+        let ops = rows::operations(&rows)?;
+        if let Some(last) = ops.last() {
+            sqlx::query(
+                "UPDATE verification_cursors SET decided_at = $2, last_id = $3 WHERE stage = $1",
+            )
+            .bind(i16::from(stage))
+            .bind(last.completed_at)
+            .bind(last.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::db(WHAT))?;
+        }
+        tx.commit().await.map_err(StoreError::db(WHAT))?;
+        Ok(ops)
     }
 
     async fn operation_mark_drift(
@@ -469,6 +529,29 @@ impl Store for PgStore {
             .await
             .map_err(StoreError::db("counting operations"))?;
         rows::counts(&rows)
+    }
+
+    async fn volumes_latest_operation(
+        &self,
+        volumes: &[Uuid],
+    ) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
+        // One index probe per volume (operations_volume: volume_id, seq).
+        sqlx::query_as(
+            "SELECT v.id, latest.created_at FROM unnest($1::uuid[]) AS v(id)
+             CROSS JOIN LATERAL (SELECT created_at FROM operations
+                                 WHERE volume_id = v.id ORDER BY seq DESC LIMIT 1) latest",
+        )
+        .bind(volumes)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(StoreError::db("reading volumes' latest operations"))
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        sqlx::query_scalar("SELECT now()")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(StoreError::db("reading the database's clock"))
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Uuid> {

@@ -28,17 +28,20 @@ pub(in crate::store) struct Append {
 }
 
 /// Inserts a batch's events, given as parallel arrays from parameter
-/// `$first` on (operation, kind, detail, metadata, replica, write), in
-/// their order, as far as `filter` (a join or a condition on `e`) lets
-/// them.
+/// `$first` on (operation, kind, detail, metadata, replica, write, how
+/// many milliseconds before now it happened), in their order, as far as
+/// `filter` (a join or a condition on `e`) lets them. Their time is the
+/// database's clock (never a replica's).
 fn insert_events(first: usize, filter: &str) -> String {
-    let [op, kind, detail, metadata, replica, write] = [0, 1, 2, 3, 4, 5].map(|i| first + i);
+    let [op, kind, detail, metadata, replica, write, ago] =
+        [0, 1, 2, 3, 4, 5, 6].map(|i| first + i);
     format!(
-        "INSERT INTO operation_events (operation_id, kind, detail, metadata, replica, write_id)
-        SELECT e.operation_id, e.kind, e.detail, e.metadata, e.replica, e.write_id
+        "INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica, write_id)
+        SELECT e.operation_id, clock_timestamp() - e.ago * interval '1 millisecond', e.kind, e.detail,
+               e.metadata, e.replica, e.write_id
         FROM unnest(${op}::uuid[], ${kind}::text[], ${detail}::text[], ${metadata}::jsonb[], ${replica}::text[],
-                    ${write}::uuid[])
-             WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, write_id, ord)
+                    ${write}::uuid[], ${ago}::float8[])
+             WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, write_id, ago, ord)
         {filter}
         ORDER BY e.ord"
     )
@@ -56,11 +59,12 @@ static CREATE_MANY: LazyLock<String> = LazyLock::new(|| {
         INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller)
         SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
-            u.deadline_at, CASE WHEN u.attempts > 0 THEN now() END, u.lease_owner, u.lease_expires_at, u.caller
+            now() + u.deadline_ms * interval '1 millisecond', CASE WHEN u.attempts > 0 THEN now() END,
+            u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller
         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::uuid[],
-                    $8::jsonb[], $9::int4[], $10::timestamptz[], $11::text[], $12::timestamptz[], $13::text[])
-             AS u(id, key, fp, action, state, server_id, volume_id, request, attempts, deadline_at,
-                  lease_owner, lease_expires_at, caller)
+                    $8::jsonb[], $9::int4[], $10::float8[], $11::text[], $12::float8[], $13::text[])
+             AS u(id, key, fp, action, state, server_id, volume_id, request, attempts, deadline_ms,
+                  lease_owner, lease_ms, caller)
         ON CONFLICT DO NOTHING
         RETURNING *
      ), ev AS (
@@ -100,10 +104,10 @@ static TRANSITION_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH u AS (
         SELECT * FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::jsonb[], $6::int4[],
-                             $7::bool[], $8::jsonb[], $9::bool[], $10::bool[], $11::timestamptz[], $12::timestamptz[],
-                             $13::uuid[])
+                             $7::bool[], $8::jsonb[], $9::bool[], $10::bool[], $11::float8[], $12::bool[],
+                             $13::uuid[], $14::text[])
              AS u(id, epoch, state, resolution, attachment, add_attempt, set_error, last_error,
-                  request_sent, release, next_attempt_at, verify_at, write_id)
+                  request_sent, release, next_attempt_ms, verify_expect, write_id, escalation)
      ), upd AS (
         UPDATE operations o SET
             state = u.state,
@@ -115,8 +119,10 @@ static TRANSITION_MANY: LazyLock<String> = LazyLock::new(|| {
             completed_at = CASE WHEN u.state IN ('succeeded', 'failed') THEN now() END,
             lease_owner = CASE WHEN u.release THEN NULL ELSE o.lease_owner END,
             lease_expires_at = CASE WHEN u.release THEN NULL ELSE o.lease_expires_at END,
-            next_attempt_at = u.next_attempt_at,
-            verify_at = u.verify_at,
+            next_attempt_at = now() + u.next_attempt_ms * interval '1 millisecond',
+            verify_expect = u.verify_expect,
+            escalated_at = CASE WHEN u.escalation IS NOT NULL THEN now() ELSE o.escalated_at END,
+            escalation = COALESCE(u.escalation, o.escalation),
             updated_at = now(),
             last_write = u.write_id
         FROM u
@@ -134,7 +140,7 @@ static TRANSITION_MANY: LazyLock<String> = LazyLock::new(|| {
      SELECT {COLUMNS} FROM upd LEFT JOIN n ON true
      UNION ALL
      SELECT {COLUMNS} FROM done",
-        events = insert_events(14, "JOIN upd ON upd.id = e.operation_id"),
+        events = insert_events(15, "JOIN upd ON upd.id = e.operation_id"),
     )
 });
 
@@ -149,6 +155,7 @@ struct EventCols {
     metadata: Vec<serde_json::Value>,
     replica: Vec<String>,
     write: Vec<Uuid>,
+    ago: Vec<f64>,
 }
 
 /// A write that logs events: of which operation, by which replica, as
@@ -187,6 +194,7 @@ impl EventCols {
                 cols.metadata.push(e.metadata_json());
                 cols.replica.push(replica.to_string());
                 cols.write.push(write);
+                cols.ago.push(e.ago.as_secs_f64() * 1000.0);
             }
         }
         cols
@@ -199,6 +207,7 @@ impl EventCols {
             .bind(self.metadata)
             .bind(self.replica)
             .bind(self.write)
+            .bind(self.ago)
     }
 }
 
@@ -237,9 +246,9 @@ pub(super) fn creates(news: &[&NewOperation]) -> Batch {
         .bind(col(news, |n| n.volume_id))
         .bind(col(news, |n| to_json(&n.params)))
         .bind(col(news, |n| n.attempts))
-        .bind(col(news, |n| n.deadline_at))
+        .bind(col(news, |n| n.deadline_in.as_secs_f64() * 1000.0))
         .bind(col(news, |n| n.lease_owner.clone()))
-        .bind(col(news, |n| n.lease_expires_at))
+        .bind(col(news, |n| n.lease_for.as_secs_f64() * 1000.0))
         .bind(col(news, |n| n.caller.clone()));
     Batch {
         q,
@@ -270,9 +279,12 @@ pub(super) fn transitions(ts: &[&Transition]) -> Batch {
         }))
         .bind(col(ts, |t| t.request_sent))
         .bind(col(ts, |t| t.release_lease))
-        .bind(col(ts, |t| t.next_attempt_at))
-        .bind(col(ts, |t| t.verify_at))
-        .bind(col(ts, |t| t.write_id));
+        .bind(col(ts, |t| {
+            t.next_attempt_in.map(|d| d.as_secs_f64() * 1000.0)
+        }))
+        .bind(col(ts, |t| t.verify_expect))
+        .bind(col(ts, |t| t.write_id))
+        .bind(col(ts, |t| t.escalation.clone()));
     Batch {
         q,
         events: EventCols::of(ts),
@@ -286,7 +298,7 @@ pub fn decision_statement() -> String {
 }
 
 /// The parameter types of `decision_statement`, in order.
-pub const DECISION_PARAMETER_TYPES: &str = "uuid[], int8[], text[], text[], jsonb[], int4[], bool[], jsonb[], bool[], bool[], timestamptz[], timestamptz[], uuid[], uuid[], text[], text[], jsonb[], text[], uuid[]";
+pub const DECISION_PARAMETER_TYPES: &str = "uuid[], int8[], text[], text[], jsonb[], int4[], bool[], jsonb[], bool[], bool[], float8[], bool[], uuid[], text[], uuid[], text[], text[], jsonb[], text[], uuid[], float8[]";
 
 /// A statement with one operation's values in place of its parameters, on
 /// one line (pgbench reads a statement per line).
@@ -328,16 +340,17 @@ pub fn pgbench_script() -> String {
             "ARRAY[gen_random_uuid()]",
             "ARRAY['{}'::jsonb]",
             "ARRAY[1]",
-            "ARRAY[now() + interval '30 seconds']",
+            "ARRAY[30000::float8]",
             "ARRAY['pgbench']",
-            "ARRAY[now() + interval '90 seconds']",
+            "ARRAY[3000::float8]",
             "ARRAY[NULL::text]",
-            "ARRAY[__OPID__, __OPID__]",
-            "ARRAY['recorded', 'request_sent']",
-            "ARRAY['attach recorded', 'attach request sent (attempt 1)']",
-            "ARRAY['{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\"}'::jsonb, '{\"attempt\":\"1\",\"outbound_deadline_ms\":\"23500\"}'::jsonb]",
-            "ARRAY['pgbench', 'pgbench']",
-            "ARRAY[__OPID__, __OPID__]",
+            "ARRAY[__OPID__]",
+            "ARRAY['recorded']",
+            "ARRAY['attach recorded']",
+            "ARRAY['{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\"}'::jsonb]",
+            "ARRAY['pgbench']",
+            "ARRAY[__OPID__]",
+            "ARRAY[0::float8]",
         ],
     );
     let decide = substitute(
@@ -353,15 +366,17 @@ pub fn pgbench_script() -> String {
             "ARRAY[NULL::jsonb]",
             "ARRAY[false]",
             "ARRAY[true]",
-            "ARRAY[NULL::timestamptz]",
-            "ARRAY[now() + interval '1 minute']",
+            "ARRAY[NULL::float8]",
+            "ARRAY[true]",
             "ARRAY[__WRITEID__]",
-            "ARRAY[__OPID__, __OPID__]",
-            "ARRAY['response', 'resolved']",
-            "ARRAY['Nova answered 200: attachment created', 'attached']",
-            "ARRAY['{\"status\":\"200\"}'::jsonb, '{\"state\":\"succeeded\"}'::jsonb]",
-            "ARRAY['pgbench', 'pgbench']",
-            "ARRAY[__WRITEID__, __WRITEID__]",
+            "ARRAY[NULL::text]",
+            "ARRAY[__OPID__, __OPID__, __OPID__]",
+            "ARRAY['request_sent', 'response', 'resolved']",
+            "ARRAY['POST attach request #1', 'Nova answered 200: attachment created', 'attached']",
+            "ARRAY['{\"attempt\":\"1\",\"outbound_deadline_ms\":\"23500\"}'::jsonb, '{\"status\":\"200\"}'::jsonb, '{\"state\":\"succeeded\"}'::jsonb]",
+            "ARRAY['pgbench', 'pgbench', 'pgbench']",
+            "ARRAY[__WRITEID__, __WRITEID__, __WRITEID__]",
+            "ARRAY[1.5::float8, 1::float8, 0::float8]",
         ],
     );
     format!(

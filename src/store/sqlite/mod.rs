@@ -110,16 +110,26 @@ impl SqliteStore {
     async fn fetch_one_operation(
         &self,
         sql: String,
-        key: String,
+        keys: &[&str],
         what: &'static str,
     ) -> Result<Option<Operation>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db(what))?;
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for k in keys {
+            q = q.bind(k.to_string());
+        }
+        let row = q.fetch_optional(&self.pool).await.map_err(db(what))?;
         row.as_ref().map(rows::operation).transpose()
     }
+}
+
+/// The log line of a claim that takes over a lease somebody held.
+fn taken_over(prev: &str, epoch: i64) -> NewEvent {
+    NewEvent::new(
+        event::CLAIMED,
+        format!("taken over from {prev}, whose lease expired"),
+    )
+    .with("lease_epoch", epoch)
+    .with("previous_holder", prev)
 }
 
 #[async_trait]
@@ -137,6 +147,7 @@ impl Store for SqliteStore {
                 let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
                     .bind(&new.idempotency_key)
                     .bind(new.volume_id.to_string())
+                    .bind(new.caller.as_deref().unwrap_or(""))
                     .fetch_optional(&mut *tx)
                     .await
                     .map_err(db("looking up why an intent was not recorded"))?;
@@ -164,14 +175,22 @@ impl Store for SqliteStore {
     }
 
     async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError> {
-        self.fetch_one_operation(rows::by_id_sql(), id.to_string(), "reading an operation")
-            .await
+        self.fetch_one_operation(
+            rows::by_id_sql(),
+            &[&id.to_string()],
+            "reading an operation",
+        )
+        .await
     }
 
-    async fn operation_get_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError> {
+    async fn operation_get_by_key(
+        &self,
+        caller: Option<&str>,
+        key: &str,
+    ) -> Result<Option<Operation>, StoreError> {
         self.fetch_one_operation(
             rows::by_key_sql(),
-            key.to_string(),
+            &[caller.unwrap_or(""), key],
             "reading an operation by key",
         )
         .await
@@ -190,6 +209,8 @@ impl Store for SqliteStore {
                AND (?3 IS NULL OR volume_id = ?3)
                AND (?4 IS NULL OR seq < ?4)
                AND (?5 = 0 OR drifted = 1)
+               AND (?7 = 0 OR escalated_at IS NOT NULL)
+               AND (?8 IS NULL OR COALESCE(caller, '') = ?8)
              ORDER BY seq DESC
              LIMIT ?6"
         );
@@ -200,6 +221,8 @@ impl Store for SqliteStore {
             .bind(after)
             .bind(i64::from(filter.drifted_only))
             .bind(i64::from(limit) + 1)
+            .bind(i64::from(filter.escalated_only))
+            .bind(filter.caller.as_deref())
             .fetch_all(&self.pool)
             .await
             .map_err(db("listing operations"))?;
@@ -271,11 +294,12 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Operation>, StoreError> {
         let mut tx = self.begin().await?;
         let now = now_us();
-        let ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT id FROM operations
+        let ids: Vec<(String, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT id, lease_owner FROM operations
              WHERE {OPEN}
                AND (lease_expires_at IS NULL OR lease_expires_at < ?1)
                AND (next_attempt_at IS NULL OR next_attempt_at <= ?1)
+               AND escalated_at IS NULL
              ORDER BY next_attempt_at IS NOT NULL, next_attempt_at, seq
              LIMIT ?2"
         )))
@@ -285,7 +309,7 @@ impl Store for SqliteStore {
         .await
         .map_err(db("claiming operations"))?;
         let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
+        for (id, prev_owner) in ids {
             sqlx::query(
                 "UPDATE operations SET lease_owner = ?2, lease_expires_at = ?3, lease_epoch = lease_epoch + 1,
                     passes = passes + 1, updated_at = ?4 WHERE id = ?1",
@@ -301,9 +325,16 @@ impl Store for SqliteStore {
             let op = get_in(&mut tx, uuid)
                 .await?
                 .ok_or_else(|| corrupt(&id, "claimed row vanished"))?;
-            let ev = NewEvent::new(event::CLAIMED, "leased by the reconciler")
-                .with("lease_epoch", op.lease_epoch);
-            insert_events(&mut tx, uuid, replica, None, &[ev]).await?;
+            if let Some(prev) = prev_owner {
+                insert_events(
+                    &mut tx,
+                    uuid,
+                    replica,
+                    None,
+                    &[taken_over(&prev, op.lease_epoch)],
+                )
+                .await?;
+            }
             out.push(op);
         }
         tx.commit().await.map_err(db("claiming operations"))?;
@@ -318,10 +349,17 @@ impl Store for SqliteStore {
     ) -> Result<Option<Operation>, StoreError> {
         let mut tx = self.begin().await?;
         let now = now_us();
+        let prev_owner: Option<String> =
+            sqlx::query_scalar("SELECT lease_owner FROM operations WHERE id = ?")
+                .bind(id.to_string())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db("claiming an operation"))?
+                .flatten();
         let r = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE operations SET lease_owner = ?2, lease_expires_at = ?3, lease_epoch = lease_epoch + 1,
                 passes = passes + 1, updated_at = ?4
-             WHERE id = ?1 AND {OPEN} AND (lease_expires_at IS NULL OR lease_expires_at < ?4 OR lease_owner = ?2)"
+             WHERE id = ?1 AND {OPEN} AND (lease_expires_at IS NULL OR lease_expires_at < ?4)"
         )))
         .bind(id.to_string())
         .bind(replica)
@@ -335,39 +373,81 @@ impl Store for SqliteStore {
             return Ok(None);
         }
         let op = get_in(&mut tx, id).await?;
-        if let Some(op) = &op {
-            let ev = NewEvent::new(event::CLAIMED, "leased for a requested reconcile pass")
-                .with("lease_epoch", op.lease_epoch);
-            insert_events(&mut tx, id, replica, None, &[ev]).await?;
+        if let (Some(op), Some(prev)) = (&op, prev_owner) {
+            insert_events(
+                &mut tx,
+                id,
+                replica,
+                None,
+                &[taken_over(&prev, op.lease_epoch)],
+            )
+            .await?;
         }
         tx.commit().await.map_err(db("claiming an operation"))?;
         Ok(op)
     }
 
-    async fn operation_claim_verification(&self, limit: u32) -> Result<Vec<Operation>, StoreError> {
+    async fn operation_renew_leases(
+        &self,
+        replica: &str,
+        ids: &[Uuid],
+        lease: Duration,
+    ) -> Result<u64, StoreError> {
+        let mut renewed = 0;
         let mut tx = self.begin().await?;
-        let now = now_us();
-        let ids: Vec<String> =
-            sqlx::query_scalar("SELECT id FROM operations WHERE verify_at IS NOT NULL AND verify_at <= ? ORDER BY verify_at LIMIT ?")
-                .bind(now)
-                .bind(i64::from(limit))
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db("claiming verifications"))?;
-        let mut out = Vec::new();
+        let until = now_us() + lease.as_micros() as i64;
         for id in ids {
-            sqlx::query("UPDATE operations SET verify_at = NULL WHERE id = ?")
-                .bind(&id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db("claiming verifications"))?;
-            let uuid = Uuid::parse_str(&id).map_err(|e| corrupt(&id, e.to_string()))?;
-            if let Some(op) = get_in(&mut tx, uuid).await? {
-                out.push(op);
-            }
+            let r = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE operations SET lease_expires_at = ?3 WHERE id = ?1 AND lease_owner = ?2 AND {OPEN}"
+            )))
+            .bind(id.to_string())
+            .bind(replica)
+            .bind(until)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("renewing leases"))?;
+            renewed += r.rows_affected();
         }
-        tx.commit().await.map_err(db("claiming verifications"))?;
-        Ok(out)
+        tx.commit().await.map_err(db("renewing leases"))?;
+        Ok(renewed)
+    }
+
+    async fn verification_next(
+        &self,
+        stage: u8,
+        delay: Duration,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        const WHAT: &str = "taking decisions to verify";
+        let mut tx = self.begin().await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM operations, verification_cursors c
+             WHERE c.stage = ?1 AND verify_expect IS NOT NULL
+               AND (completed_at > c.decided_at OR (completed_at = c.decided_at AND id > c.last_id))
+               AND completed_at <= ?2
+             ORDER BY completed_at, id
+             LIMIT ?3"
+        )))
+        .bind(i64::from(stage))
+        .bind(now_us() - delay.as_micros() as i64)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db(WHAT))?;
+        let ops = rows::operations(&rows)?;
+        if let Some(last) = ops.last() {
+            sqlx::query(
+                "UPDATE verification_cursors SET decided_at = ?2, last_id = ?3 WHERE stage = ?1",
+            )
+            .bind(i64::from(stage))
+            .bind(last.completed_at.map(write::micros))
+            .bind(last.id.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(db(WHAT))?;
+        }
+        tx.commit().await.map_err(db(WHAT))?;
+        Ok(ops)
     }
 
     async fn operation_mark_drift(
@@ -466,6 +546,33 @@ impl Store for SqliteStore {
             .await
             .map_err(db("counting operations"))?;
         rows::counts(&rows)
+    }
+
+    async fn volumes_latest_operation(
+        &self,
+        volumes: &[Uuid],
+    ) -> Result<Vec<(Uuid, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        let mut out = Vec::new();
+        for v in volumes {
+            let latest: Option<i64> = sqlx::query_scalar(
+                "SELECT created_at FROM operations WHERE volume_id = ? ORDER BY seq DESC LIMIT 1",
+            )
+            .bind(v.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db("reading volumes' latest operations"))?;
+            if let Some(us) = latest {
+                let at = DateTime::from_timestamp_micros(us)
+                    .ok_or_else(|| corrupt(&v.to_string(), format!("timestamp {us} µs")))?;
+                out.push((*v, at));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn now(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
+        // One process: its clock is the ledger's.
+        Ok(chrono::Utc::now())
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Uuid> {

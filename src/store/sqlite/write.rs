@@ -47,7 +47,7 @@ pub(super) async fn insert_events(
     for e in events {
         sqlx::query("INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica, write_id) VALUES (?, ?, ?, ?, ?, ?, ?)")
             .bind(id.to_string())
-            .bind(now_us())
+            .bind(now_us() - e.ago.as_micros() as i64)
             .bind(e.kind)
             .bind(&e.detail)
             .bind(e.metadata_json().to_string())
@@ -83,12 +83,12 @@ pub(super) async fn insert_intent(
     .bind(new.volume_id.to_string())
     .bind(to_json(&new.params))
     .bind(new.attempts)
-    .bind(micros(new.deadline_at))
+    .bind(now + new.deadline_in.as_micros() as i64)
     .bind(if new.attempts > 0 { Some(now) } else { None })
     .bind(now)
     .bind(now)
     .bind(&new.lease_owner)
-    .bind(micros(new.lease_expires_at))
+    .bind(now + new.lease_for.as_micros() as i64)
     .bind(&new.caller)
     .execute(&mut **tx)
     .await
@@ -114,8 +114,10 @@ pub(super) async fn update_fenced(
             completed_at = CASE WHEN ?11 THEN ?10 END,
             lease_owner = CASE WHEN ?12 THEN NULL ELSE lease_owner END,
             lease_expires_at = CASE WHEN ?12 THEN NULL ELSE lease_expires_at END,
-            next_attempt_at = ?13,
-            verify_at = ?14,
+            next_attempt_at = ?10 + ?13,
+            verify_expect = ?14,
+            escalated_at = CASE WHEN ?16 IS NOT NULL THEN ?10 ELSE escalated_at END,
+            escalation = COALESCE(?16, escalation),
             updated_at = ?10,
             last_write = ?15
          WHERE id = ?1 AND lease_epoch = ?2 AND {OPEN} AND last_write IS NOT ?15"
@@ -132,9 +134,10 @@ pub(super) async fn update_fenced(
     .bind(now)
     .bind(t.state.is_terminal())
     .bind(t.release_lease)
-    .bind(t.next_attempt_at.map(micros))
-    .bind(t.verify_at.map(micros))
+    .bind(t.next_attempt_in.map(|d| d.as_micros() as i64))
+    .bind(t.verify_expect)
     .bind(t.write_id.to_string())
+    .bind(t.escalation.as_deref())
     .execute(&mut **tx)
     .await
     .map_err(db("recording a state change"))?;

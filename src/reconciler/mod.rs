@@ -1,0 +1,343 @@
+//! The background reconciler, in every `serve` replica. It leases open
+//! operations nobody holds (`FOR UPDATE SKIP LOCKED`, a lease naming the
+//! replica, a new epoch per lease, renewed by the replica's heartbeat while
+//! a pass runs), re-observes Nova and decides (`pass.rs`); every decision
+//! is written under the epoch it was taken with, so a late writer can never
+//! overwrite a newer decision. It also verifies decided operations for
+//! changes nothing recorded explains (`verify.rs`).
+//!
+//! Every comparison of time (leases, backoff, settle windows, deadlines)
+//! is made on the database's clock, read once per round: replicas whose
+//! clocks disagree still agree on who holds what.
+//!
+//! `run_once()` does one round and returns counts; `run()` is a thin loop
+//! around it on a shutdown token (rule 9).
+
+mod pass;
+mod verify;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::domain::{Action, Deadline, Operation};
+use crate::executor::Executor;
+use crate::nova::{NovaAttachment, NovaError, RequestId};
+use crate::store::StoreError;
+
+#[derive(Debug, Clone)]
+pub struct ReconcilerSettings {
+    /// Pause between rounds when there was nothing to do.
+    pub interval: Duration,
+    /// Operations leased per round.
+    pub batch: u32,
+    /// How long after its last request Nova may still be processing an
+    /// attach: "not found" means nothing before then. Below microversion
+    /// 2.101 the attach POST is a synchronous RPC that may wait up to
+    /// Nova's `long_rpc_timeout` (1800 s by default) after a load balancer
+    /// answered 504; hence 30 min plus a margin.
+    pub settle_attach: Duration,
+    /// The same for a detach: libvirt retries a detach up to
+    /// `device_detach_attempts` × `device_detach_timeout` (8 × 20 s).
+    pub settle_detach: Duration,
+    /// Global cap on the reconciler's Nova requests per second, so an
+    /// outage does not turn into a hammering.
+    pub rate_limit: f64,
+    /// Passes run concurrently.
+    pub parallelism: usize,
+    /// Decided operations are verified this long after the decision...
+    pub verify_after: Duration,
+    /// ...and again at the end of this window (Nova's late effects).
+    pub verify_window: Duration,
+    /// Bound of one observation.
+    pub observe_timeout: Duration,
+    /// Longest per-operation backoff.
+    pub max_backoff: Duration,
+}
+
+impl ReconcilerSettings {
+    /// The built-in defaults: the one source of the flags' defaults too
+    /// (`config.rs` refers to these; a test checks they agree).
+    pub const DEFAULT: Self = Self {
+        interval: Duration::from_secs(1),
+        batch: 256,
+        settle_attach: Duration::from_secs(31 * 60),
+        settle_detach: Duration::from_secs(4 * 60),
+        rate_limit: 200.0,
+        parallelism: 32,
+        verify_after: Duration::from_secs(60),
+        verify_window: Duration::from_secs(35 * 60),
+        observe_timeout: Duration::from_secs(10),
+        max_backoff: Duration::from_secs(60),
+    };
+
+    /// How long after its last request an operation's effect may still
+    /// come.
+    pub fn settle(&self, action: Action) -> Duration {
+        match action {
+            Action::Attach => self.settle_attach,
+            Action::Detach => self.settle_detach,
+        }
+    }
+}
+
+impl Default for ReconcilerSettings {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundCounts {
+    pub claimed: usize,
+    pub succeeded: usize,
+    pub failed: usize,
+    pub deferred: usize,
+    pub escalated: usize,
+    pub verified: usize,
+    pub drifted: usize,
+}
+
+/// The rate limit shared by every pass of this replica: `rate` Nova
+/// requests per second, in bursts of up to `rate` (at most 10 at start).
+pub struct RateLimiter {
+    inner: governor::DefaultDirectRateLimiter,
+}
+
+impl RateLimiter {
+    pub fn new(rate: f64) -> Self {
+        let rate = rate.max(0.1);
+        // GCRA: one request per `1 / rate` seconds, bursts of `burst`.
+        let period = Duration::from_secs_f64(1.0 / rate);
+        let burst = std::num::NonZeroU32::new(rate.clamp(1.0, 10.0) as u32)
+            .unwrap_or(std::num::NonZeroU32::MIN);
+        let quota = governor::Quota::with_period(period)
+            .unwrap_or_else(|| governor::Quota::per_second(std::num::NonZeroU32::MIN))
+            .allow_burst(burst);
+        Self {
+            inner: governor::RateLimiter::direct(quota),
+        }
+    }
+
+    /// Waits for a token.
+    pub async fn acquire(&self) {
+        self.inner.until_ready().await;
+    }
+}
+
+/// What listing a server's attachments gave.
+type Observation = Result<Vec<NovaAttachment>, NovaError>;
+
+fn group_by_server(ops: Vec<Operation>) -> Vec<(Uuid, Vec<Operation>)> {
+    let mut groups: std::collections::HashMap<Uuid, Vec<Operation>> =
+        std::collections::HashMap::new();
+    for op in ops {
+        groups.entry(op.server_id).or_default().push(op);
+    }
+    groups.into_iter().collect()
+}
+
+/// The outcome class of one pass, for counts and metrics.
+enum PassResult {
+    Succeeded,
+    Failed,
+    Deferred,
+    Escalated,
+}
+
+pub struct Reconciler {
+    exec: Arc<Executor>,
+    pub settings: ReconcilerSettings,
+    limiter: RateLimiter,
+}
+
+impl Reconciler {
+    pub fn new(exec: Arc<Executor>, settings: ReconcilerSettings) -> Arc<Self> {
+        Arc::new(Self {
+            limiter: RateLimiter::new(settings.rate_limit),
+            exec,
+            settings,
+        })
+    }
+
+    /// Rounds until `shutdown`.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let counts = match self.run_once().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reconciler round failed");
+                    RoundCounts::default()
+                }
+            };
+            if counts.claimed > 0 {
+                tracing::info!(
+                    claimed = counts.claimed,
+                    succeeded = counts.succeeded,
+                    failed = counts.failed,
+                    deferred = counts.deferred,
+                    escalated = counts.escalated,
+                    "reconciler round"
+                );
+            }
+            let busy = counts.claimed > 0 || counts.verified > 0;
+            let pause = if busy {
+                Duration::ZERO
+            } else {
+                self.settings.interval
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// One round: lease a batch, pass over each, then verify decided ones.
+    pub async fn run_once(self: &Arc<Self>) -> Result<RoundCounts, StoreError> {
+        let store = &self.exec.store;
+        let claimed = store
+            .operation_claim(
+                &self.exec.replica,
+                self.exec.settings.lease,
+                self.settings.batch,
+            )
+            .await?;
+        let mut counts = RoundCounts {
+            claimed: claimed.len(),
+            ..Default::default()
+        };
+        if !claimed.is_empty() {
+            // Held (the heartbeat renews the leases) from the claim on.
+            let holds: Vec<_> = claimed.iter().map(|op| self.exec.hold(op.id)).collect();
+            let db_now = store.now().await?;
+            // One observation per server per round, shared by its operations.
+            let results: Vec<PassResult> = futures_util::stream::iter(group_by_server(claimed))
+                .map(|(server, ops)| {
+                    let this = self.clone();
+                    async move {
+                        let seen = this.observe_server(server).await;
+                        futures_util::future::join_all(
+                            ops.into_iter().map(|op| this.pass_with(op, &seen, db_now)),
+                        )
+                        .await
+                    }
+                })
+                .buffer_unordered(self.settings.parallelism.max(1))
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            drop(holds);
+            for r in results {
+                match r {
+                    PassResult::Succeeded => counts.succeeded += 1,
+                    PassResult::Failed => counts.failed += 1,
+                    PassResult::Deferred => counts.deferred += 1,
+                    PassResult::Escalated => counts.escalated += 1,
+                }
+            }
+        }
+        let (verified, drifted) = self.verify_due().await?;
+        counts.verified = verified;
+        counts.drifted = drifted;
+        Ok(counts)
+    }
+
+    /// `ReconcileOperation`: one pass now over one operation. An operation
+    /// a live holder works on (this replica's executor included) is never
+    /// taken over: its decision is awaited until `deadline`, and the
+    /// operation is reported as it stands then.
+    pub async fn reconcile_now(
+        self: &Arc<Self>,
+        id: Uuid,
+        deadline: Deadline,
+    ) -> Result<Operation, StoreError> {
+        let store = &self.exec.store;
+        let claimed = store
+            .operation_claim_one(id, &self.exec.replica, self.exec.settings.lease)
+            .await?;
+        match claimed {
+            Some(op) => {
+                let hold = self.exec.hold(op.id);
+                let db_now = store.now().await?;
+                let seen = self.observe_server(op.server_id).await;
+                self.pass_with(op, &seen, db_now).await;
+                drop(hold);
+            }
+            None => {
+                let op = store
+                    .operation_get(id)
+                    .await?
+                    .ok_or(StoreError::NotFound(id))?;
+                if op.state.is_terminal() {
+                    // Decided already: look once more for drift.
+                    self.verify_one(op).await?;
+                } else {
+                    let until = deadline.at.min(Instant::now() + Duration::from_secs(3600));
+                    let margin = (until.saturating_duration_since(Instant::now()) / 20)
+                        .clamp(Duration::from_millis(50), Duration::from_secs(2));
+                    match self.exec.wait_decided(id, until - margin).await {
+                        Ok(_) | Err(crate::executor::ExecError::StillRunning(_)) => {}
+                        Err(crate::executor::ExecError::Store(e)) => return Err(e),
+                        Err(e) => {
+                            tracing::warn!(operation_id = %id, error = %e, "waiting for a live operation failed")
+                        }
+                    }
+                }
+            }
+        }
+        store
+            .operation_get(id)
+            .await?
+            .ok_or(StoreError::NotFound(id))
+    }
+
+    /// Lists a server's attachments under the global rate limit.
+    async fn observe_server(&self, server: Uuid) -> Observation {
+        self.limiter.acquire().await;
+        let started = Instant::now();
+        let until = started + self.settings.observe_timeout;
+        let listed = self
+            .exec
+            .nova
+            .list_as(&RequestId::fresh(), server, until)
+            .await
+            .map(|a| a.value);
+        let metrics = &self.exec.metrics;
+        match &listed {
+            Ok(_) => metrics.nova("list", "ok", started.elapsed().as_secs_f64()),
+            Err(e) => metrics.nova("list", e.kind.as_str(), e.elapsed.as_secs_f64()),
+        }
+        listed
+    }
+
+    /// The pause before an operation's next pass: exponential in its
+    /// passes so far, from 250 ms to half of `max_backoff`, each with up to
+    /// as much again of jitter.
+    fn backoff(&self, op: &Operation) -> Duration {
+        use backon::BackoffBuilder as _;
+        let step = op.passes.clamp(1, 16) as usize - 1;
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(250))
+            .with_max_delay(self.settings.max_backoff / 2)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(step)
+            .unwrap_or(self.settings.max_backoff)
+    }
+}
+
+/// Milliseconds between two instants of the database's clock, for events.
+fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
+    (to - from).num_milliseconds()
+}

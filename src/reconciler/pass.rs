@@ -1,0 +1,320 @@
+//! One pass over one claimed operation: what the server's attachment list
+//! (or its absence) says, and what the pass decides.
+//!
+//! | what the look found | attach | detach |
+//! |---|---|---|
+//! | the volume on the server | SUCCEEDED | wait for the settle window, then re-send or FAILED |
+//! | the volume not on it | wait for the settle window, then re-send or FAILED | SUCCEEDED |
+//! | the server does not exist (404) | FAILED `NOVA_SERVER_NOT_FOUND` | SUCCEEDED |
+//! | the look failed | back off; past deadline + settle window: escalate | same |
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+
+use super::{Observation, PassResult, Reconciler, ms_between};
+use crate::domain::{
+    Action, Budget, NewEvent, Operation, OperationError, Reason, Resolution, State, event,
+};
+use crate::executor::{Decision, Run};
+use crate::nova::Rejection;
+use crate::store::Transition;
+
+/// What a look at the server said about the operation's volume.
+enum Look {
+    Present(crate::domain::AttachmentInfo),
+    Absent,
+    ServerGone,
+    Failed(crate::nova::NovaError),
+}
+
+fn look(op: &Operation, listed: &Observation) -> Look {
+    match listed {
+        Ok(items) => {
+            let v = op.volume_id.to_string();
+            match items.iter().find(|a| a.volume_id == v) {
+                Some(a) => Look::Present(a.to_info()),
+                None => Look::Absent,
+            }
+        }
+        Err(e) if e.rejection() == Some(&Rejection::ServerNotFound) => Look::ServerGone,
+        Err(e) => Look::Failed(e.clone()),
+    }
+}
+
+impl Reconciler {
+    #[tracing::instrument(name = "reconcile operation", skip_all, fields(operation_id = %op.id, action = op.action.as_str()))]
+    pub(super) async fn pass_with(
+        self: &Arc<Self>,
+        op: Operation,
+        listed: &Observation,
+        db_now: DateTime<Utc>,
+    ) -> PassResult {
+        self.exec.metrics.reconciler_passes.inc();
+        let until = Instant::now() + self.settings.observe_timeout;
+        let mut run = Run::new(op.clone(), Budget::observe_only(until), true);
+        let present = match look(&op, listed) {
+            Look::Failed(e) => return self.unobservable(&op, &e, db_now).await,
+            Look::ServerGone => {
+                run.events.push(
+                    NewEvent::new(
+                        event::OBSERVED,
+                        "reconciler: the server no longer exists (404)",
+                    )
+                    .with("present", false),
+                );
+                run.last_seen = Some(false);
+                return self.server_gone(&mut run).await;
+            }
+            Look::Present(att) => Some(att),
+            Look::Absent => None,
+        };
+        run.last_seen = Some(present.is_some());
+        run.events.push(
+            NewEvent::new(
+                event::OBSERVED,
+                if present.is_some() {
+                    "reconciler: the volume is in the server's attachment list"
+                } else {
+                    "reconciler: the volume is not in the server's attachment list"
+                },
+            )
+            .with("present", present.is_some()),
+        );
+        match (op.action, present) {
+            (Action::Attach, Some(att)) => {
+                let d = Decision::succeeded(
+                    Resolution::Reconciler,
+                    Some(att),
+                    "attachment observed by the reconciler",
+                );
+                self.decide(&mut run, d, "succeeded").await
+            }
+            (Action::Detach, None) if op.state != State::Pending => {
+                let d = Decision::succeeded(
+                    Resolution::Reconciler,
+                    None,
+                    "volume observed detached by the reconciler",
+                );
+                self.decide(&mut run, d, "succeeded").await
+            }
+            _ => self.not_yet(run, db_now).await,
+        }
+    }
+
+    async fn decide(&self, run: &mut Run, d: Decision, what: &str) -> PassResult {
+        self.exec.metrics.decision(what);
+        match self.exec.record(run, d).await.state {
+            State::Succeeded => PassResult::Succeeded,
+            State::Failed => PassResult::Failed,
+            _ => PassResult::Deferred,
+        }
+    }
+
+    /// The server is gone: nothing is attached to it, and nothing can be.
+    async fn server_gone(&self, run: &mut Run) -> PassResult {
+        match run.op.action {
+            Action::Detach => {
+                let d = Decision::succeeded(
+                    Resolution::Reconciler,
+                    None,
+                    "the server no longer exists: the volume is not attached to it",
+                );
+                self.decide(run, d, "succeeded").await
+            }
+            Action::Attach => {
+                let err = OperationError::new(
+                    Reason::NovaServerNotFound,
+                    "the server no longer exists: the volume cannot be attached to it",
+                )
+                .with("operation_id", run.op.id)
+                .with("attempts", run.op.attempts);
+                let d = Decision::failed(Resolution::Reconciler, err);
+                self.decide(run, d, "failed").await
+            }
+        }
+    }
+
+    /// Not (yet) in the wanted state: a request sent recently may still be
+    /// in Nova (the settle window); after it, re-send within the
+    /// operation's own deadline, else it did not happen.
+    async fn not_yet(self: &Arc<Self>, mut run: Run, db_now: DateTime<Utc>) -> PassResult {
+        let op = run.op.clone();
+        let settle = self.settings.settle(op.action);
+        if op.state != State::Pending
+            && let Some(sent) = op.last_request_at
+        {
+            let settled_at = sent + chrono::Duration::from_std(settle).unwrap_or_default();
+            if settled_at > db_now {
+                let why = format!(
+                    "not observed yet; waiting for the settle window ({} s after the last request)",
+                    settle.as_secs()
+                );
+                let wait = (settled_at - db_now).to_std().unwrap_or_default();
+                return self
+                    .defer(
+                        run,
+                        State::Unknown,
+                        wait,
+                        why,
+                        ms_between(db_now, settled_at),
+                    )
+                    .await;
+            }
+        }
+        match self.exec.budget_from_row(&op, db_now) {
+            Some(budget) => {
+                self.exec.metrics.decision("resent");
+                let mut resend = Run::new(op, budget, true);
+                resend.events = std::mem::take(&mut run.events);
+                resend.events.push(NewEvent::new(
+                    event::RETRY_SCHEDULED,
+                    "reconciler re-sends the request within the operation's deadline",
+                ));
+                // A task of its own, under the heartbeat: the round goes on.
+                drop(self.exec.spawn_run(resend));
+                PassResult::Deferred
+            }
+            None => {
+                let reason = if op.state == State::Pending {
+                    Reason::NotSent
+                } else {
+                    Reason::NotObserved
+                };
+                let err = OperationError::new(
+                    reason,
+                    match op.action {
+                        Action::Attach => {
+                            "the attachment never appeared and the operation's deadline has passed"
+                        }
+                        Action::Detach => {
+                            "the volume is still attached and the operation's deadline has passed"
+                        }
+                    },
+                )
+                .with("operation_id", op.id)
+                .with("attempts", op.attempts)
+                .with("settle_window_s", settle.as_secs());
+                let d = Decision::failed(Resolution::Reconciler, err);
+                self.decide(&mut run, d, "failed").await
+            }
+        }
+    }
+
+    /// The server's attachments could not be listed: back off; past the
+    /// operation's deadline and settle window, hand it to people. An
+    /// observation failing as the last one did adds nothing to the log.
+    async fn unobservable(
+        &self,
+        op: &Operation,
+        e: &crate::nova::NovaError,
+        db_now: DateTime<Utc>,
+    ) -> PassResult {
+        let settle =
+            chrono::Duration::from_std(self.settings.settle(op.action)).unwrap_or_default();
+        let message = format!("observation failed: {}", e.clock());
+        let repeated = op
+            .last_error
+            .as_ref()
+            .is_some_and(|last| last.message == message && last.reason == e.reason());
+        let mut t = Transition::new(op, self.open_state(op), &self.exec.replica);
+        t.release_lease = true;
+        let mut error =
+            OperationError::new(e.reason(), message.clone()).with("operation_id", op.id);
+        error.metadata.extend(e.metadata());
+        if db_now > op.deadline_at + settle {
+            let why = format!(
+                "its server's attachments could not be listed past its deadline and settle window: {message}"
+            );
+            self.exec.metrics.decision("escalated");
+            tracing::warn!(operation_id = %op.id, reason = %e.reason(), "operation escalated to operators");
+            t.escalation = Some(why.clone());
+            t.last_error = Some(Some(OperationError::new(
+                Reason::NotObservable,
+                why.clone(),
+            )));
+            t.events = vec![
+                NewEvent::new(event::ESCALATED, why)
+                    .with("reason", Reason::NotObservable)
+                    .with_all(&e.metadata()),
+            ];
+            self.write(t).await;
+            return PassResult::Escalated;
+        }
+        let wait = self.backoff(op);
+        t.next_attempt_in = Some(wait);
+        t.last_error = Some(Some(error));
+        if !repeated {
+            t.events = vec![
+                NewEvent::new(event::OBSERVED, format!("{message}; backing off"))
+                    .with("reason", e.reason())
+                    .with("next_attempt_in_ms", wait.as_millis())
+                    .with_all(&e.metadata()),
+            ];
+        }
+        self.exec.metrics.decision("deferred");
+        self.write(t).await;
+        PassResult::Deferred
+    }
+
+    /// The state an undecided operation keeps: never sent stays pending.
+    fn open_state(&self, op: &Operation) -> State {
+        if op.state == State::Pending {
+            State::Pending
+        } else {
+            State::Unknown
+        }
+    }
+
+    /// Leaves the operation for a later pass (lease released, backoff set);
+    /// a wait that says what the last one said adds nothing to the log.
+    async fn defer(
+        &self,
+        mut run: Run,
+        state: State,
+        wait: Duration,
+        why: String,
+        settle_in_ms: i64,
+    ) -> PassResult {
+        let op = &run.op;
+        let repeated = op
+            .last_error
+            .as_ref()
+            .is_some_and(|last| last.message == why);
+        let mut t = Transition::new(op, state, &self.exec.replica);
+        t.release_lease = true;
+        t.next_attempt_in = Some(wait.min(self.settings.max_backoff.max(Duration::from_secs(1))));
+        t.last_error = Some(Some(
+            OperationError::new(Reason::OutcomeUnknown, why.clone())
+                .with("operation_id", op.id)
+                .with("attempts", op.attempts),
+        ));
+        let mut events = std::mem::take(&mut run.events);
+        if repeated {
+            events.clear();
+        } else {
+            events.push(
+                NewEvent::new(event::RETRY_SCHEDULED, why).with("settle_in_ms", settle_in_ms),
+            );
+        }
+        t.events = events;
+        self.exec.metrics.decision("deferred");
+        self.write(t).await;
+        PassResult::Deferred
+    }
+
+    async fn write(&self, t: Transition) {
+        let id = t.id;
+        if let Err(e) = self
+            .exec
+            .store
+            .operation_transition(t, Instant::now() + self.settings.observe_timeout)
+            .await
+        {
+            // The lease expires by itself; the next round takes it again.
+            tracing::warn!(operation_id = %id, error = %e, "could not record a reconciler pass");
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Verification of decided operations: twice (`--verify-after` and at the
+//! end of `--verify-window`, which follows Nova's bounds on late effects),
+//! by a cursor over decision time — one slice per round, one list per
+//! server, and a write only when something drifted. Drift means a change
+//! no recorded operation explains: a volume whose latest operation began
+//! after this one was decided is left to that one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use uuid::Uuid;
+
+use super::{Observation, Reconciler, group_by_server};
+use crate::domain::{NewEvent, Operation, event};
+use crate::nova::Rejection;
+use crate::store::StoreError;
+
+/// A verification never looks at a decision younger than this, whatever
+/// `--verify-after` says: a decision stamped with its transaction's start
+/// commits a little later, and the cursor must not pass it unseen.
+const MIN_LAG: Duration = Duration::from_secs(2);
+
+/// Whether the volume is on the server, by a look's result; `None` when
+/// the look failed.
+fn presence(op: &Operation, listed: &Observation) -> Option<bool> {
+    match listed {
+        Ok(items) => {
+            let v = op.volume_id.to_string();
+            Some(items.iter().any(|a| a.volume_id == v))
+        }
+        Err(e) if e.rejection() == Some(&Rejection::ServerNotFound) => Some(false),
+        Err(_) => None,
+    }
+}
+
+impl Reconciler {
+    /// One slice of each stage; (operations verified, drifted).
+    pub(super) async fn verify_due(self: &Arc<Self>) -> Result<(usize, usize), StoreError> {
+        let mut verified = 0;
+        let mut drifted = 0;
+        let stages = [
+            (0u8, self.settings.verify_after),
+            (1u8, self.settings.verify_window),
+        ];
+        for (stage, delay) in stages {
+            let due = self
+                .exec
+                .store
+                .verification_next(stage, delay.max(MIN_LAG), self.settings.batch)
+                .await?;
+            if due.is_empty() {
+                continue;
+            }
+            let (v, d) = self.verify_slice(stage, delay.max(MIN_LAG), due).await?;
+            verified += v;
+            drifted += d;
+        }
+        Ok((verified, drifted))
+    }
+
+    async fn verify_slice(
+        self: &Arc<Self>,
+        stage: u8,
+        delay: Duration,
+        due: Vec<Operation>,
+    ) -> Result<(usize, usize), StoreError> {
+        let store = &self.exec.store;
+        let db_now = store.now().await?;
+        let volumes: Vec<Uuid> = due.iter().map(|o| o.volume_id).collect();
+        let latest: HashMap<Uuid, DateTime<Utc>> = store
+            .volumes_latest_operation(&volumes)
+            .await?
+            .into_iter()
+            .collect();
+        // A verification that comes a whole window after it was due is
+        // late: what it would see says little about the decision.
+        let late_after =
+            chrono::Duration::from_std(delay + self.settings.verify_window).unwrap_or_default();
+        let mut todo = Vec::new();
+        for op in due {
+            let explained = latest
+                .get(&op.volume_id)
+                .zip(op.completed_at)
+                .is_some_and(|(l, done)| *l > done);
+            if op.drifted || explained {
+                continue;
+            }
+            if op.completed_at.is_some_and(|c| c + late_after < db_now) {
+                // Counted, so an operator sees the verifier falling behind.
+                self.exec.metrics.verification_missed.inc();
+                continue;
+            }
+            todo.push(op);
+        }
+        let n = todo.len();
+        let drifted: usize = futures_util::stream::iter(group_by_server(todo))
+            .map(|(server, ops)| {
+                let this = self.clone();
+                async move {
+                    let seen = this.observe_server(server).await;
+                    let mut d = 0;
+                    for op in ops {
+                        if this.verify_with(&op, &seen, stage).await {
+                            d += 1;
+                        }
+                    }
+                    d
+                }
+            })
+            .buffer_unordered(self.settings.parallelism.max(1))
+            .collect::<Vec<usize>>()
+            .await
+            .into_iter()
+            .sum();
+        Ok((n, drifted))
+    }
+
+    /// `ReconcileOperation` on a decided operation: one look now.
+    pub(super) async fn verify_one(self: &Arc<Self>, op: Operation) -> Result<bool, StoreError> {
+        if op.verify_expect.is_none() || op.drifted {
+            return Ok(false);
+        }
+        let explained = self
+            .exec
+            .store
+            .volumes_latest_operation(&[op.volume_id])
+            .await?
+            .first()
+            .zip(op.completed_at)
+            .is_some_and(|((_, l), done)| *l > done);
+        if explained {
+            return Ok(false);
+        }
+        let seen = self.observe_server(op.server_id).await;
+        Ok(self.verify_with(&op, &seen, 0).await)
+    }
+
+    /// Compares a look with what the decision implies; true when it drifted
+    /// (recorded, counted, never acted on: that is the orchestrator's call).
+    async fn verify_with(&self, op: &Operation, listed: &Observation, stage: u8) -> bool {
+        let (Some(expect), Some(present)) = (op.verify_expect, presence(op, listed)) else {
+            if let Err(e) = listed {
+                tracing::warn!(operation_id = %op.id, error = %e, "verification observation failed");
+            }
+            return false;
+        };
+        if present == expect {
+            return false;
+        }
+        self.exec.metrics.drift_detected.inc();
+        let detail = format!(
+            "decided {} but the volume is {} the server's attachment list, and no later operation explains it; not acting on it: that is the orchestrator's call",
+            op.state.as_str(),
+            if present { "in" } else { "not in" }
+        );
+        tracing::warn!(operation_id = %op.id, "{detail}");
+        let ev = NewEvent::new(event::DRIFT_DETECTED, detail)
+            .with("decided_state", op.state.as_str())
+            .with("present", present)
+            .with("verification", if stage == 0 { "first" } else { "last" });
+        if let Err(e) = self
+            .exec
+            .store
+            .operation_mark_drift(op.id, &self.exec.replica, vec![ev])
+            .await
+        {
+            tracing::warn!(operation_id = %op.id, error = %e, "could not record drift");
+        }
+        true
+    }
+}
