@@ -52,9 +52,6 @@ pub(crate) enum Presence {
 pub(crate) enum Until {
     /// A slice before the answer-by instant (`Budget::observe_by`).
     ObserveBy,
-    /// The send-by instant, and at most 2 s from now: a short watch before
-    /// sending again.
-    SendByAtMost2s,
     /// The answer-by instant, and at least 1 s from now: a last look that
     /// must happen even at the end of the budget.
     AnswerByAtLeast1s,
@@ -151,51 +148,68 @@ fn watch(action: Action) -> Next {
     }
 }
 
-/// The answer was lost or ambiguous: look before deciding anything.
+/// The answer was lost or ambiguous: the request may still take effect,
+/// so nothing is sent again (see `no_resend`); watch for its effect until
+/// the answer is due, and leave what is not seen to the settle window.
 fn lost(action: Action) -> Next {
-    const LOOK_FAILED: &str = "the response was lost and the observation failed";
+    let why = "the response was lost and the effect was not observed in time";
     match action {
-        Action::Attach => Next::Observe {
+        Action::Attach => Next::Watch {
+            want: Presence::Attached,
             until: Until::ObserveBy,
-            attached: decide(succeeded(
+            found: succeeded(
                 Resolution::Reobserved,
                 "response lost; the attachment was observed",
                 true,
-            )),
-            // It may still be in flight inside Nova: a retry's duplicate is
-            // caught as "already attached" and re-observed.
-            absent: Box::new(Next::Retry {
-                why: "outcome unknown and not observed",
-                otherwise: unknown(
-                    "the response was lost and the attachment was not observed in time",
-                ),
-            }),
-            error: unknown(LOOK_FAILED),
+            ),
+            otherwise: unknown(why),
         },
-        Action::Detach => {
-            let gone = succeeded(
+        Action::Detach => Next::Watch {
+            want: Presence::Detached,
+            until: Until::ObserveBy,
+            found: succeeded(
                 Resolution::Reobserved,
                 "response lost; the volume was observed detached",
                 true,
-            );
-            Next::Observe {
-                until: Until::ObserveBy,
-                // Nova may be detaching it right now: watch a while before
-                // sending again (a duplicate is harmless, 400 "detaching",
-                // but needless).
-                attached: Box::new(Next::Watch {
-                    want: Presence::Detached,
-                    until: Until::SendByAtMost2s,
-                    found: gone.clone(),
-                    otherwise: Box::new(Next::Retry {
-                        why: "outcome unknown and still attached",
-                        otherwise: unknown("the response was lost and the volume is still listed"),
-                    }),
-                }),
-                absent: decide(gone),
-                error: unknown(LOOK_FAILED),
-            }
-        }
+            ),
+            otherwise: unknown(why),
+        },
+    }
+}
+
+/// Nova's handler failed (5xx with its own fault body): whatever it did is
+/// visible now, and nothing of this request is still in flight, so one look
+/// tells, and sending again is safe.
+fn failed_inside_nova(action: Action) -> Next {
+    let again = || {
+        Box::new(Next::Retry {
+            why: "Nova failed the request without effect",
+            otherwise: Box::new(Next::OutOfTime),
+        })
+    };
+    let (attached, absent) = match action {
+        Action::Attach => (
+            decide(succeeded(
+                Resolution::Reobserved,
+                "Nova answered an error, but the attachment was observed",
+                true,
+            )),
+            again(),
+        ),
+        Action::Detach => (
+            again(),
+            decide(succeeded(
+                Resolution::Reobserved,
+                "Nova answered an error, but the volume was observed detached",
+                true,
+            )),
+        ),
+    };
+    Next::Observe {
+        until: Until::ObserveBy,
+        attached,
+        absent,
+        error: unknown("Nova answered an error and the observation failed"),
     }
 }
 
@@ -291,6 +305,7 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
         },
         NovaErrorKind::DeadlineExceeded if !e.may_have_reached_nova => Next::Refuse(e.reason()),
         NovaErrorKind::Rejected(_) if !e.outcome_unknown() => Next::Refuse(e.reason()),
+        NovaErrorKind::Rejected(_) if e.answered_by_nova() => failed_inside_nova(action),
         _ => lost(action),
     }
 }
@@ -325,8 +340,34 @@ pub(crate) fn refuse(action: Action, history: History, reason: Reason) -> Next {
     }
 }
 
+/// Whether a step may send again: never while a request of the operation
+/// may still take effect (Nova does not deduplicate: a second request could
+/// be a second attachment, or detach a later one). Then, instead, it
+/// watches for that request's effect until the answer is due; not seen,
+/// the settle window decides. `None`: sending again is safe.
+pub(crate) fn no_resend(action: Action, history: History) -> Option<Next> {
+    if !history.any() {
+        return None;
+    }
+    let why = "a request may still take effect; not sending another";
+    Some(match action {
+        Action::Attach => Next::Watch {
+            want: Presence::Attached,
+            until: Until::ObserveBy,
+            found: succeeded(Resolution::Reobserved, "attached (observed)", true),
+            otherwise: unknown(why),
+        },
+        Action::Detach => Next::Watch {
+            want: Presence::Detached,
+            until: Until::ObserveBy,
+            found: succeeded(Resolution::Reobserved, "detached (observed)", true),
+            otherwise: unknown(why),
+        },
+    })
+}
+
 /// No time left for another request: decide from one last look, if any
-/// request may have reached Nova.
+/// request may have taken effect.
 pub(crate) fn out_of_time(action: Action, history: History) -> Next {
     if !history.any() {
         return Next::Decide(Verdict::Failed {
@@ -390,7 +431,6 @@ impl fmt::Display for Until {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Until::ObserveBy => Ok(()),
-            Until::SendByAtMost2s => f.write_str(" (at most 2 s)"),
             Until::AnswerByAtLeast1s => f.write_str(" (at least 1 s)"),
         }
     }

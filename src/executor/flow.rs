@@ -77,7 +77,7 @@ impl Executor {
             let (answer, may_take_effect, attachment) = match &sent {
                 Sent::Done(a) => (Answer::Done, true, Some(a.clone())),
                 Sent::Accepted => (Answer::Accepted, true, None),
-                Sent::Failed(e) => (Answer::Failed(e), e.outcome_unknown(), None),
+                Sent::Failed(e) => (Answer::Failed(e), e.may_take_effect_later(), None),
             };
             let history = run.history(may_take_effect);
             run.maybe_effect |= may_take_effect;
@@ -178,10 +178,15 @@ impl Executor {
             let then = match next {
                 Next::Decide(v) => return Acted::Decided(self.verdict(run, v, ctx)),
                 Next::Retry { why, otherwise } => {
-                    if self.backoff(run, why).await {
+                    if let Some(watch) = classify::no_resend(run.op.action, history) {
+                        // A request that may still take effect: sending
+                        // another could make a second effect for the key.
+                        watch
+                    } else if self.backoff(run, why).await {
                         return Acted::SendAgain;
+                    } else {
+                        *otherwise
                     }
-                    *otherwise
                 }
                 Next::Observe {
                     until,
@@ -228,7 +233,6 @@ impl Executor {
         let now = Instant::now();
         match until {
             Until::ObserveBy => run.budget.observe_by(),
-            Until::SendByAtMost2s => run.budget.send_by.min(now + Duration::from_secs(2)),
             Until::AnswerByAtLeast1s => run.budget.answer_by.max(now + Duration::from_secs(1)),
         }
     }

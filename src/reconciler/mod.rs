@@ -155,6 +155,8 @@ pub struct Reconciler {
     exec: Arc<Executor>,
     pub settings: ReconcilerSettings,
     limiter: RateLimiter,
+    /// Verifications whose look failed, tried again next round.
+    verify_retries: std::sync::Mutex<Vec<verify::Pending>>,
 }
 
 impl Reconciler {
@@ -163,6 +165,7 @@ impl Reconciler {
             limiter: RateLimiter::new(settings.rate_limit),
             exec,
             settings,
+            verify_retries: std::sync::Mutex::new(Vec::new()),
         })
     }
 

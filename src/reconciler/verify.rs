@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-use super::{Observation, Reconciler, group_by_server};
+use super::{Observation, Reconciler};
 use crate::domain::{NewEvent, Operation, event};
 use crate::nova::Rejection;
 use crate::store::StoreError;
@@ -22,6 +22,16 @@ use crate::store::StoreError;
 /// `--verify-after` says: a decision stamped with its transaction's start
 /// commits a little later, and the cursor must not pass it unseen.
 const MIN_LAG: Duration = Duration::from_secs(2);
+
+/// How many times a verification whose look failed is tried (one a round).
+const RETRIES: u32 = 5;
+
+/// A verification to make.
+pub(super) struct Pending {
+    op: Operation,
+    stage: u8,
+    tries: u32,
+}
 
 /// Whether the volume is on the server, by a look's result; `None` when
 /// the look failed.
@@ -37,10 +47,17 @@ fn presence(op: &Operation, listed: &Observation) -> Option<bool> {
 }
 
 impl Reconciler {
-    /// One slice of each stage; (operations verified, drifted).
+    /// One slice of each stage, and the verifications whose look failed
+    /// last round; (operations verified, drifted).
     pub(super) async fn verify_due(self: &Arc<Self>) -> Result<(usize, usize), StoreError> {
         let mut verified = 0;
         let mut drifted = 0;
+        let retries = std::mem::take(&mut *self.lock_retries());
+        if !retries.is_empty() {
+            let (v, d) = self.verify_ops(retries).await;
+            verified += v;
+            drifted += d;
+        }
         let stages = [
             (0u8, self.settings.verify_after),
             (1u8, self.settings.verify_window),
@@ -93,18 +110,42 @@ impl Reconciler {
                 self.exec.metrics.verification_missed.inc();
                 continue;
             }
-            todo.push(op);
+            todo.push(Pending {
+                op,
+                stage,
+                tries: 0,
+            });
         }
+        Ok(self.verify_ops(todo).await)
+    }
+
+    /// Verifies `todo`, one look per server; a verification whose look
+    /// failed is tried again next round (a few times, then counted).
+    async fn verify_ops(self: &Arc<Self>, todo: Vec<Pending>) -> (usize, usize) {
         let n = todo.len();
-        let drifted: usize = futures_util::stream::iter(group_by_server(todo))
-            .map(|(server, ops)| {
+        let mut by_server: HashMap<Uuid, Vec<Pending>> = HashMap::new();
+        for p in todo {
+            by_server.entry(p.op.server_id).or_default().push(p);
+        }
+        let drifted: usize = futures_util::stream::iter(by_server)
+            .map(|(server, pending)| {
                 let this = self.clone();
                 async move {
                     let seen = this.observe_server(server).await;
                     let mut d = 0;
-                    for op in ops {
-                        if this.verify_with(&op, &seen, stage).await {
-                            d += 1;
+                    for p in pending {
+                        match this.verify_with(&p.op, &seen, p.stage).await {
+                            Some(true) => d += 1,
+                            Some(false) => {}
+                            None if p.tries + 1 < RETRIES => {
+                                this.lock_retries().push(Pending {
+                                    tries: p.tries + 1,
+                                    ..p
+                                });
+                            }
+                            None => {
+                                this.exec.metrics.verification_missed.inc();
+                            }
                         }
                     }
                     d
@@ -115,7 +156,13 @@ impl Reconciler {
             .await
             .into_iter()
             .sum();
-        Ok((n, drifted))
+        (n, drifted)
+    }
+
+    fn lock_retries(&self) -> std::sync::MutexGuard<'_, Vec<Pending>> {
+        self.verify_retries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// `ReconcileOperation` on a decided operation: one look now.
@@ -135,20 +182,24 @@ impl Reconciler {
             return Ok(false);
         }
         let seen = self.observe_server(op.server_id).await;
-        Ok(self.verify_with(&op, &seen, 0).await)
+        Ok(self.verify_with(&op, &seen, 0).await.unwrap_or(false))
     }
 
     /// Compares a look with what the decision implies; true when it drifted
-    /// (recorded, counted, never acted on: that is the orchestrator's call).
-    async fn verify_with(&self, op: &Operation, listed: &Observation, stage: u8) -> bool {
-        let (Some(expect), Some(present)) = (op.verify_expect, presence(op, listed)) else {
+    /// (recorded, counted, never acted on: that is the orchestrator's
+    /// call); `None` when the look failed.
+    async fn verify_with(&self, op: &Operation, listed: &Observation, stage: u8) -> Option<bool> {
+        let Some(expect) = op.verify_expect else {
+            return Some(false);
+        };
+        let Some(present) = presence(op, listed) else {
             if let Err(e) = listed {
-                tracing::warn!(operation_id = %op.id, error = %e, "verification observation failed");
+                tracing::warn!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
             }
-            return false;
+            return None;
         };
         if present == expect {
-            return false;
+            return Some(false);
         }
         self.exec.metrics.drift_detected.inc();
         let detail = format!(
@@ -169,6 +220,6 @@ impl Reconciler {
         {
             tracing::warn!(operation_id = %op.id, error = %e, "could not record drift");
         }
-        true
+        Some(true)
     }
 }

@@ -102,6 +102,16 @@ fn own_request(op: Uuid) -> String {
         .to_string()
 }
 
+/// Whether the attach `effects[i]` was the one Nova rolled back next.
+fn rolled_back(effects: &[Effect], i: usize) -> bool {
+    let e = &effects[i];
+    e.change == Change::Attached
+        && effects[i + 1..]
+            .iter()
+            .find(|n| n.server_id == e.server_id && n.volume_id == e.volume_id)
+            .is_some_and(|n| n.cause == Cause::RolledBack)
+}
+
 fn caused_by(e: &Effect, op: Uuid) -> bool {
     matches!(&e.cause, Cause::Request { request_id: Some(id) } if *id == own_request(op))
 }
@@ -146,7 +156,9 @@ impl Checker<'_> {
     fn decided_in_time(&mut self, r: &Recorded) {
         let op = &r.op;
         let bound = op.deadline_at + dur(self.windows.settle + self.windows.slack);
-        match op.completed_at {
+        // Handed to people, with a reason, in time: that is a decision too.
+        let settled = op.completed_at.or(op.escalated_at);
+        match settled {
             Some(done) if done <= bound => {}
             Some(done) => self.fail(
                 "decided-in-time",
@@ -176,12 +188,7 @@ impl Checker<'_> {
         };
         let t = Timeline::of(&self.p.effects, op.server_id, op.volume_id);
         let (from, to) = (op.created_at - ms(TOLERANCE_MS), done + ms(TOLERANCE_MS));
-        let own = self
-            .p
-            .effects
-            .iter()
-            .filter(|e| caused_by(e, op.id))
-            .count();
+        let own = self.standing_effects(op.id);
         let wrong = match (op.action, op.state) {
             (Action::Attach, State::Succeeded) => (!t.ever(true, from, to)).then_some(
                 "SUCCEEDED, but the volume was never attached to the server while it ran",
@@ -191,8 +198,8 @@ impl Checker<'_> {
             (_, State::Failed) if own > 0 => {
                 Some("FAILED, but one of its own requests took effect")
             }
-            (Action::Attach, State::Failed) => (!t.ever(false, from, to))
-                .then_some("FAILED, but the volume was attached to the server all along"),
+            // A refused attach may find the volume attached by someone
+            // else: FAILED says this operation did nothing, and it did not.
             (Action::Detach, State::Failed) => {
                 (!t.ever(true, from, to)).then_some("FAILED, but the volume was detached all along")
             }
@@ -210,6 +217,15 @@ impl Checker<'_> {
                 format!("{} {why} (reason {reason})", op.action.as_str()),
             );
         }
+    }
+
+    /// The effects of `op`'s own requests that Nova did not roll back
+    /// itself (a hypervisor that failed the attach).
+    fn standing_effects(&self, op: Uuid) -> usize {
+        let effects = &self.p.effects;
+        (0..effects.len())
+            .filter(|i| caused_by(&effects[*i], op) && !rolled_back(effects, *i))
+            .count()
     }
 
     /// The first operation on the same volume created after `r` was
@@ -241,9 +257,7 @@ impl Checker<'_> {
         let explained_from = self.next_on_volume(r);
         let end = explained_from.map_or(window_end, |n| n.min(window_end));
         let unexplained = |e: &&&Effect| {
-            e.at > done
-                && e.at <= end + ms(TOLERANCE_MS)
-                && !matches!(e.cause, Cause::Request { .. })
+            e.at > done && e.at <= end + ms(TOLERANCE_MS) && !self.explained(e, done)
         };
         let changed =
             t.effects.iter().filter(unexplained).count() > 0 && t.ever(!baseline, done, end);
@@ -274,6 +288,23 @@ impl Checker<'_> {
         }
     }
 
+    /// Whether a change is explained by an operation that began after
+    /// `done` (a late effect of an earlier request, or a change by another
+    /// hand, is not).
+    fn explained(&self, e: &Effect, done: DateTime<Utc>) -> bool {
+        let Cause::Request {
+            request_id: Some(id),
+        } = &e.cause
+        else {
+            return false;
+        };
+        self.p
+            .ops
+            .iter()
+            .find(|r| own_request(r.op.id) == *id)
+            .is_some_and(|r| r.op.created_at > done)
+    }
+
     /// A FAILED operation marked drifted: a late effect of its own, or
     /// a change nobody explains, must have happened.
     fn drift_of_failed(&mut self, r: &Recorded) {
@@ -289,7 +320,7 @@ impl Checker<'_> {
                 && e.volume_id == op.volume_id
                 && e.at > done
                 && e.at <= end + ms(TOLERANCE_MS)
-                && (caused_by(e, op.id) || !matches!(e.cause, Cause::Request { .. }))
+                && !self.explained(e, done)
         });
         if !any {
             self.fail(
@@ -302,13 +333,17 @@ impl Checker<'_> {
     }
 
     fn effects(&mut self) {
+        // Effects per request id; an attach Nova itself rolled back (the
+        // hypervisor failed it) does not count: a new one is no duplicate.
         let mut per_op: HashMap<String, usize> = HashMap::new();
-        for e in &self.p.effects {
+        for (i, e) in self.p.effects.iter().enumerate() {
             if let Cause::Request {
                 request_id: Some(id),
             } = &e.cause
             {
-                *per_op.entry(id.clone()).or_default() += 1;
+                if !rolled_back(&self.p.effects, i) {
+                    *per_op.entry(id.clone()).or_default() += 1;
+                }
             }
         }
         for r in &self.p.ops {
@@ -389,7 +424,11 @@ impl Checker<'_> {
             let Some(r) = self.by_id.get(&id).copied() else {
                 continue;
             };
-            if r.op.caller.as_deref() != Some(a.caller.as_str()) {
+            let busy =
+                matches!(&a.outcome, Outcome::Refused { reason, .. } if reason == "VOLUME_BUSY");
+            // A busy volume names what holds it, whoever's: that is about
+            // the volume, not the key.
+            if !busy && r.op.caller.as_deref() != Some(a.caller.as_str()) {
                 self.fail(
                     "keys-are-per-caller",
                     Some(id),

@@ -322,8 +322,9 @@ fn planned_faults(rng: &mut StdRng, action: Action, shape: &Shape) -> Vec<Planne
             },
             times: 30,
         }],
+        // Nova takes its time, within its bounds (the settle window).
         12 => vec![one(Fault::DelayBeforeEffect {
-            ms: rng.random_range(100..2500),
+            ms: rng.random_range(100..shape.max_late_effect_ms.max(101)),
         })],
         13 => vec![PlannedFault {
             op: FaultOp::List,

@@ -75,9 +75,14 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
             },
             400,
         ),
-        ("5xx", Rejection::ServerError, 500),
-        ("other status", Rejection::Other, 418),
+        ("5xx, a proxy's page", Rejection::ServerError, 504),
+        ("other status, a proxy's page", Rejection::Other, 418),
     ];
+    // Nova's own fault body (`computeFault`, `serviceUnavailable`).
+    let nova_body = |r: Rejection, status: u16, name: &str| NovaError {
+        nova_fault: Some(name.into()),
+        ..rejected(r, status)
+    };
     // (cell, kind, stage, HTTP status, may have reached Nova)
     let failures = [
         (
@@ -137,7 +142,16 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
             true,
         ),
     ];
-    sample_map(rejections, failures)
+    let mut m = sample_map(rejections, failures);
+    m.insert(
+        "5xx, Nova's fault body",
+        Some(nova_body(Rejection::ServerError, 503, "serviceUnavailable")),
+    );
+    m.insert(
+        "other status, Nova's fault body",
+        Some(nova_body(Rejection::Other, 406, "computeFault")),
+    );
+    m
 }
 
 type FailureSample = (&'static str, NovaErrorKind, Stage, Option<u16>, bool);
@@ -251,6 +265,10 @@ fn refusals_and_running_out_of_time_expand_as_the_readme_says() {
                     refuse(a, history, reason)
                 }
                 _ if step == "out of time" => out_of_time(a, history),
+                _ if step == "retry" => no_resend(a, history).unwrap_or(Next::Retry {
+                    why: "",
+                    otherwise: Box::new(Next::OutOfTime),
+                }),
                 _ => panic!("README row with step {step:?}"),
             };
             assert_eq!(

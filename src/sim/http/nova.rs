@@ -222,6 +222,16 @@ where
     };
     let fault = sim.take_fault(m.op, Some(m.server), Some(m.volume));
     let cause = Cause::Request { request_id: global };
+    // Nova looks the attachment up before it checks the server's state: a
+    // detach of a volume that is not attached is 404, whatever the lock.
+    let fault = match fault {
+        Some(Fault::Conflict)
+            if m.op == FaultOp::Detach && !sim.is_attached(m.server, m.volume) =>
+        {
+            None
+        }
+        other => other,
+    };
     let resp = match early_answer(&m, &fault) {
         Some(r) => {
             if let Some(Fault::LateEffect { ms }) = fault {
