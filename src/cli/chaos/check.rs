@@ -340,10 +340,9 @@ impl Checker<'_> {
             if let Cause::Request {
                 request_id: Some(id),
             } = &e.cause
+                && !rolled_back(&self.p.effects, i)
             {
-                if !rolled_back(&self.p.effects, i) {
-                    *per_op.entry(id.clone()).or_default() += 1;
-                }
+                *per_op.entry(id.clone()).or_default() += 1;
             }
         }
         for r in &self.p.ops {
