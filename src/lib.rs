@@ -19,7 +19,8 @@
 //! - [`sim`]: the Nova/Keystone simulator used by tests and the demo.
 //! - [`client`]: the Rust client with keyed, safe retries.
 //! - [`cli`]: operator commands.
-//! - [`metrics`]: Prometheus metrics.
+//! - [`metrics`]: Prometheus metrics: the service's own, the gRPC layer that
+//!   counts and times every answer, and the process metrics.
 
 pub mod cli;
 pub mod client;

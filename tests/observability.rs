@@ -1,0 +1,477 @@
+//! What an operator watches: the metrics conventions on a live `/metrics`
+//! (canonical gRPC codes, the per-method latency histogram, build info,
+//! process metrics, readiness and the UNKNOWN backlog's age), and the
+//! dashboard and alert rules under `deploy/observability`, whose every
+//! metric must exist in that live `/metrics`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use sha2::Digest;
+use support::{AppOptions, TestApp, spawn_app, with_timeout};
+use tokio::time::Instant;
+use uuid::Uuid;
+use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
+use volume_reconciler::grpc::pb;
+use volume_reconciler::sim::{Fault, FaultOp, FaultRule};
+use volume_reconciler::store::{CreateOutcome, NewOperation};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// One sample of an OpenMetrics text exposition.
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// A parsed exposition: family name → type, and every sample.
+#[derive(Debug, Default)]
+struct Exposition {
+    types: BTreeMap<String, String>,
+    samples: Vec<Sample>,
+}
+
+impl Exposition {
+    fn parse(text: &str) -> Self {
+        let mut e = Exposition::default();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                e.types.insert(name.to_string(), kind.trim().to_string());
+            } else if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            } else {
+                e.samples.push(parse_sample(line));
+            }
+        }
+        e
+    }
+
+    /// Samples of `name` whose labels include all of `want`.
+    fn find(&self, name: &str, want: &[(&str, &str)]) -> Vec<&Sample> {
+        self.samples
+            .iter()
+            .filter(|s| {
+                s.name == name
+                    && want
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .collect()
+    }
+
+    fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
+        self.find(name, want).iter().map(|s| s.value).sum()
+    }
+
+    fn one(&self, name: &str) -> f64 {
+        let found = self.find(name, &[]);
+        assert_eq!(found.len(), 1, "{name}: {found:?}");
+        found[0].value
+    }
+}
+
+fn parse_sample(line: &str) -> Sample {
+    let (name, rest) = match line.find(['{', ' ']) {
+        Some(i) => line.split_at(i),
+        None => panic!("sample without a value: {line:?}"),
+    };
+    let mut labels = BTreeMap::new();
+    let mut rest = rest;
+    if let Some(body) = rest.strip_prefix('{') {
+        let mut chars = body.char_indices().peekable();
+        let mut end = None;
+        loop {
+            // label name
+            let mut key = String::new();
+            for (i, c) in chars.by_ref() {
+                match c {
+                    '=' => break,
+                    '}' => {
+                        end = Some(i);
+                        break;
+                    }
+                    ',' => {}
+                    c => key.push(c),
+                }
+            }
+            if end.is_some() {
+                break;
+            }
+            assert_eq!(chars.next().map(|(_, c)| c), Some('"'), "{line:?}");
+            let mut value = String::new();
+            while let Some((_, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next().map(|(_, c)| c) {
+                        Some('n') => value.push('\n'),
+                        Some(c) => value.push(c),
+                        None => panic!("{line:?}"),
+                    },
+                    '"' => break,
+                    c => value.push(c),
+                }
+            }
+            labels.insert(key, value);
+        }
+        rest = &body[end.unwrap() + 1..];
+    }
+    let value = rest
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("no value: {line:?}"));
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+    };
+    Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    }
+}
+
+async fn scrape(app: &TestApp) -> (String, Exposition) {
+    let text = reqwest::get(format!("{}/metrics", app.admin_url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let e = Exposition::parse(&text);
+    (text, e)
+}
+
+fn sha256_hex(s: &str) -> String {
+    sha2::Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn bearer<T>(mut r: tonic::Request<T>, token: &str) -> tonic::Request<T> {
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+const SVC: &str = "volume_reconciler.v1.VolumeReconciler";
+
+/// Records an UNKNOWN operation as a crashed replica would have left it.
+async fn seed_unknown(app: &TestApp) -> Uuid {
+    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
+    let id = Uuid::now_v7();
+    let params = RequestParams::default();
+    let new = NewOperation {
+        id,
+        idempotency_key: format!("u-{id}"),
+        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        action: Action::Attach,
+        server_id: server,
+        volume_id: volume,
+        params,
+        state: State::Unknown,
+        attempts: 1,
+        deadline_at: Utc::now() + chrono::Duration::minutes(5),
+        lease_owner: "crashed".into(),
+        lease_expires_at: Utc::now() - chrono::Duration::seconds(1),
+        caller: None,
+        replica: "crashed".into(),
+        events: vec![NewEvent::new("recorded", "seeded by the test")],
+    };
+    match app
+        .store
+        .operation_create(new, Instant::now() + Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        CreateOutcome::Created(op) => op.id,
+        CreateOutcome::Existing(_) => unreachable!(),
+    }
+}
+
+#[tokio::test]
+async fn every_answer_is_counted_and_timed_with_its_canonical_code() {
+    let token = "orch-token-1";
+    let app = spawn_app(AppOptions::default().arg(
+        "--auth-tokens",
+        &format!("ci:orchestrator:{}", sha256_hex(token)),
+    ))
+    .await;
+    let mut c = app.raw();
+    let attach = |key: &str| pb::AttachVolumeRequest {
+        idempotency_key: key.into(),
+        server_id: Uuid::new_v4().to_string(),
+        volume_id: Uuid::new_v4().to_string(),
+        ..Default::default()
+    };
+    // OK, from the handler.
+    c.attach_volume(bearer(
+        with_timeout(attach("o-1"), Duration::from_secs(10)),
+        token,
+    ))
+    .await
+    .unwrap();
+    // INVALID_ARGUMENT, from the handler.
+    let e = c
+        .get_operation(bearer(
+            tonic::Request::new(pb::GetOperationRequest {
+                operation_id: "bad".into(),
+                idempotency_key: String::new(),
+            }),
+            token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    // DEADLINE_EXCEEDED: too little time to call Nova.
+    let e = c
+        .attach_volume(bearer(
+            with_timeout(attach("o-2"), Duration::from_millis(60)),
+            token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
+    // UNAUTHENTICATED, from the auth layer in front of the handlers.
+    let e = c
+        .attach_volume(with_timeout(attach("o-3"), Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    // UNIMPLEMENTED, for a path the server does not serve: labelled
+    // `unknown`, so random paths cannot grow the label set.
+    let channel = tonic::transport::Endpoint::from_shared(app.grpc_url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let e = grpc
+        .unary::<(), (), _>(
+            bearer(tonic::Request::new(()), token),
+            http::uri::PathAndQuery::from_static(
+                "/volume_reconciler.v1.VolumeReconciler/NoSuchMethod-7f3a",
+            ),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented);
+    // CANCELLED: the caller goes away while the attach waits on Nova.
+    let v = Uuid::new_v4();
+    app.sim.add_fault(
+        FaultRule::new(FaultOp::Attach, Fault::DelayBeforeEffect { ms: 2_000 }).volume(v),
+    );
+    let call = {
+        let mut c = c.clone();
+        let req = bearer(
+            tonic::Request::new(pb::AttachVolumeRequest {
+                idempotency_key: "o-4".into(),
+                server_id: Uuid::new_v4().to_string(),
+                volume_id: v.to_string(),
+                ..Default::default()
+            }),
+            token,
+        );
+        tokio::spawn(async move { c.attach_volume(req).await })
+    };
+    let store = app.store.clone();
+    support::eventually(Duration::from_secs(10), "the attach is in flight", || {
+        let store = store.clone();
+        async move {
+            matches!(
+                store.operation_get_by_key("o-4").await.unwrap(),
+                Some(op) if op.state == State::InProgress
+            )
+        }
+    })
+    .await;
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+
+    let a = &app;
+    support::eventually(
+        Duration::from_secs(10),
+        "the cancelled call is recorded",
+        || async move {
+            scrape(a).await.1.sum(
+                "volume_reconciler_grpc_requests_total",
+                &[("method", "AttachVolume"), ("code", "CANCELLED")],
+            ) == 1.0
+        },
+    )
+    .await;
+    let m = scrape(&app).await.1;
+    let count = |method: &str, code: &str| {
+        m.sum(
+            "volume_reconciler_grpc_requests_total",
+            &[("service", SVC), ("method", method), ("code", code)],
+        )
+    };
+    assert_eq!(count("AttachVolume", "OK"), 1.0);
+    assert_eq!(count("GetOperation", "INVALID_ARGUMENT"), 1.0);
+    assert_eq!(count("AttachVolume", "DEADLINE_EXCEEDED"), 1.0);
+    assert_eq!(count("AttachVolume", "UNAUTHENTICATED"), 1.0);
+    assert_eq!(
+        m.sum(
+            "volume_reconciler_grpc_requests_total",
+            &[
+                ("service", "unknown"),
+                ("method", "unknown"),
+                ("code", "UNIMPLEMENTED")
+            ]
+        ),
+        1.0
+    );
+    // Every code label is a canonical name (never tonic's `Ok`).
+    const CANONICAL: &[&str] = &[
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    ];
+    for s in m.samples.iter().filter(|s| s.labels.contains_key("code")) {
+        assert!(CANONICAL.contains(&s.labels["code"].as_str()), "{s:?}");
+    }
+    // The latency histogram has one observation per answer, in seconds.
+    let hist = "volume_reconciler_grpc_request_duration_seconds";
+    assert_eq!(m.types[hist], "histogram");
+    for (method, code) in [
+        ("AttachVolume", "OK"),
+        ("AttachVolume", "CANCELLED"),
+        ("AttachVolume", "UNAUTHENTICATED"),
+        ("GetOperation", "INVALID_ARGUMENT"),
+    ] {
+        let l = [("service", SVC), ("method", method), ("code", code)];
+        assert_eq!(m.sum(&format!("{hist}_count"), &l), 1.0, "{method} {code}");
+        let inf: Vec<_> = m
+            .find(&format!("{hist}_bucket"), &l)
+            .into_iter()
+            .filter(|s| s.labels["le"] == "+Inf")
+            .collect();
+        assert_eq!(inf.len(), 1);
+        assert_eq!(inf[0].value, 1.0);
+        let secs = m.sum(&format!("{hist}_sum"), &l);
+        // Seconds, not milliseconds: each of these took well under 10 s.
+        assert!(secs > 0.0 && secs < 10.0, "{method} {code}: {secs}");
+    }
+    // The call that waited on Nova until it was cancelled took longer than
+    // the one answered at once (wide margin: it waited for the row).
+    let cancelled = m.sum(
+        &format!("{hist}_sum"),
+        &[("method", "AttachVolume"), ("code", "CANCELLED")],
+    );
+    let refused = m.sum(
+        &format!("{hist}_sum"),
+        &[("method", "AttachVolume"), ("code", "UNAUTHENTICATED")],
+    );
+    assert!(cancelled > refused, "{cancelled} vs {refused}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn build_info_process_metrics_readiness_and_the_unknown_backlog_are_exposed() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (text, m) = scrape(&app).await;
+
+    // build_info: 1, with the crate version and the commit.
+    let info = m.find("volume_reconciler_build_info", &[]);
+    assert_eq!(info.len(), 1, "{text}");
+    assert_eq!(info[0].value, 1.0);
+    assert_eq!(info[0].labels["version"], env!("CARGO_PKG_VERSION"));
+    let sha = &info[0].labels["git_sha"];
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(ROOT)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    match (std::env::var("VOLUME_RECONCILER_GIT_SHA"), head) {
+        (Ok(set), _) if !set.trim().is_empty() => assert_eq!(sha, set.trim()),
+        (_, Some(head)) => assert_eq!(sha, &head, "the build's commit is HEAD"),
+        (_, None) => assert_eq!(sha, "unknown"),
+    }
+
+    // Process metrics, under their standard names.
+    assert_eq!(m.types["process_cpu_seconds"], "counter");
+    assert!(m.one("process_cpu_seconds_total") > 0.0);
+    let rss = m.one("process_resident_memory_bytes");
+    assert!(rss > 1_000_000.0 && rss < 64e9, "{rss}");
+    assert!(m.one("process_virtual_memory_bytes") >= rss);
+    let (fds, max) = (m.one("process_open_fds"), m.one("process_max_fds"));
+    assert!(fds >= 3.0 && fds <= max, "{fds} of {max}");
+    assert!(m.one("process_threads") >= 1.0);
+    let now = Utc::now().timestamp() as f64;
+    let started = m.one("process_start_time_seconds");
+    assert!(
+        started <= now + 1.0 && started > now - 86_400.0,
+        "{started} vs {now}"
+    );
+
+    // Ready while serving.
+    assert_eq!(m.one("volume_reconciler_ready"), 1.0);
+
+    // The UNKNOWN backlog's age: 0 with none, then it grows with the
+    // oldest one's age, and falls back once it is decided.
+    assert_eq!(
+        m.one("volume_reconciler_oldest_unknown_operation_age_seconds"),
+        0.0
+    );
+    let id = seed_unknown(&app).await;
+    let a = &app;
+    support::eventually(
+        Duration::from_secs(15),
+        "the oldest UNKNOWN operation's age passes 1 s",
+        || async move {
+            scrape(a)
+                .await
+                .1
+                .one("volume_reconciler_oldest_unknown_operation_age_seconds")
+                >= 1.0
+        },
+    )
+    .await;
+    let m = scrape(&app).await.1;
+    let age = m.one("volume_reconciler_oldest_unknown_operation_age_seconds");
+    assert!(age < 60.0, "seconds, not milliseconds: {age}");
+    assert_eq!(
+        m.sum(
+            "volume_reconciler_operations",
+            &[("state", "unknown"), ("resolution", "")]
+        ),
+        1.0
+    );
+    app.store
+        .operation_resolve_by_operator(id, State::Failed, "checked by hand", "test-a", None)
+        .await
+        .unwrap();
+    let m = scrape(&app).await.1;
+    assert_eq!(
+        m.one("volume_reconciler_oldest_unknown_operation_age_seconds"),
+        0.0
+    );
+    app.stop().await;
+}
