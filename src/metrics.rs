@@ -35,8 +35,10 @@ pub use grpc::{GrpcMetricsLayer, code_name};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GrpcLabels {
     /// The full service name (`volume_reconciler.v1.VolumeReconciler`,
-    /// `grpc.health.v1.Health`, ...) or `unknown`.
-    pub service: String,
+    /// `grpc.health.v1.Health`, ...) or `unknown`. Not `service`: scrapes
+    /// through a Kubernetes Service add a `service` target label, which
+    /// would rename ours to `exported_service`.
+    pub grpc_service: String,
     pub method: String,
     /// Canonical code name: `OK`, `DEADLINE_EXCEEDED`, ...
     pub code: String,
@@ -168,12 +170,12 @@ impl Metrics {
             );
             r.register(
                 "grpc_requests",
-                "gRPC requests by service, method and canonical status code",
+                "gRPC requests by service (grpc_service), method and canonical status code",
                 m.grpc_requests.clone(),
             );
             r.register(
                 "grpc_request_duration_seconds",
-                "gRPC request latency from arrival to the last byte of the answer (streams: to their end), by service, method and canonical status code",
+                "gRPC request latency from arrival to the last byte of the answer (streams: to their end), by service (grpc_service), method and canonical status code",
                 m.grpc_duration.clone(),
             );
             r.register(
@@ -253,7 +255,7 @@ impl Metrics {
     /// One finished gRPC request (called by [`GrpcMetricsLayer`]).
     pub fn grpc_done(&self, service: &str, method: &str, code: tonic::Code, secs: f64) {
         let labels = GrpcLabels {
-            service: service.to_string(),
+            grpc_service: service.to_string(),
             method: method.to_string(),
             code: code_name(code).to_string(),
         };

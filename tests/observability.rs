@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -314,7 +314,7 @@ async fn every_answer_is_counted_and_timed_with_its_canonical_code() {
     let count = |method: &str, code: &str| {
         m.sum(
             "volume_reconciler_grpc_requests_total",
-            &[("service", SVC), ("method", method), ("code", code)],
+            &[("grpc_service", SVC), ("method", method), ("code", code)],
         )
     };
     assert_eq!(count("AttachVolume", "OK"), 1.0);
@@ -325,7 +325,7 @@ async fn every_answer_is_counted_and_timed_with_its_canonical_code() {
         m.sum(
             "volume_reconciler_grpc_requests_total",
             &[
-                ("service", "unknown"),
+                ("grpc_service", "unknown"),
                 ("method", "unknown"),
                 ("code", "UNIMPLEMENTED")
             ]
@@ -364,7 +364,7 @@ async fn every_answer_is_counted_and_timed_with_its_canonical_code() {
         ("AttachVolume", "UNAUTHENTICATED"),
         ("GetOperation", "INVALID_ARGUMENT"),
     ] {
-        let l = [("service", SVC), ("method", method), ("code", code)];
+        let l = [("grpc_service", SVC), ("method", method), ("code", code)];
         assert_eq!(m.sum(&format!("{hist}_count"), &l), 1.0, "{method} {code}");
         let inf: Vec<_> = m
             .find(&format!("{hist}_bucket"), &l)
@@ -474,4 +474,415 @@ async fn build_info_process_metrics_readiness_and_the_unknown_backlog_are_expose
         0.0
     );
     app.stop().await;
+}
+
+// ------------------------------------------------ dashboards and alert rules
+
+/// What one PromQL expression reads: each metric selector (the name and
+/// the label names it matches on), and the label names of its groupings
+/// (`by`, `without`, `on`, `ignoring`, `group_left`, `group_right`).
+#[derive(Debug, Default)]
+struct PromqlRefs {
+    selectors: Vec<(String, BTreeSet<String>)>,
+    grouping: BTreeSet<String>,
+}
+
+/// PromQL's functions and aggregations (an identifier before `(`).
+const PROMQL_FUNCTIONS: &[&str] = &[
+    "abs",
+    "absent",
+    "absent_over_time",
+    "avg",
+    "avg_over_time",
+    "ceil",
+    "changes",
+    "clamp",
+    "clamp_max",
+    "clamp_min",
+    "count",
+    "count_over_time",
+    "count_values",
+    "delta",
+    "deriv",
+    "exp",
+    "floor",
+    "group",
+    "histogram_quantile",
+    "idelta",
+    "increase",
+    "irate",
+    "label_join",
+    "label_replace",
+    "last_over_time",
+    "ln",
+    "max",
+    "max_over_time",
+    "min",
+    "min_over_time",
+    "predict_linear",
+    "quantile",
+    "quantile_over_time",
+    "rate",
+    "resets",
+    "round",
+    "scalar",
+    "sort",
+    "sort_desc",
+    "sqrt",
+    "stddev",
+    "sum",
+    "sum_over_time",
+    "time",
+    "timestamp",
+    "topk",
+    "bottomk",
+    "vector",
+];
+const PROMQL_GROUPING: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+const PROMQL_KEYWORDS: &[&str] = &["and", "or", "unless", "bool", "offset", "inf", "nan"];
+
+fn promql_refs(expr: &str) -> PromqlRefs {
+    let b = expr.as_bytes();
+    let mut refs = PromqlRefs::default();
+    let mut i = 0;
+    let ident_start = |c: u8| c.is_ascii_alphabetic() || c == b'_' || c == b':';
+    let ident_char = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
+    let skip_ws = |mut i: usize| {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    let skip_string = |i: usize| {
+        let q = b[i];
+        let mut j = i + 1;
+        while j < b.len() && b[j] != q {
+            if b[j] == b'\\' {
+                j += 1;
+            }
+            j += 1;
+        }
+        assert!(j < b.len(), "unterminated string in {expr}");
+        j + 1
+    };
+    // Label names in `{a="x", b!~"y"}` or `(a, b)`; returns them and the
+    // index after the closing bracket.
+    let label_list = |i: usize, close: u8| -> (BTreeSet<String>, usize) {
+        let mut names = BTreeSet::new();
+        let mut j = i + 1;
+        loop {
+            j = skip_ws(j);
+            assert!(j < b.len(), "unclosed {} in {expr}", close as char);
+            match b[j] {
+                c if c == close => return (names, j + 1),
+                b',' => j += 1,
+                b'"' | b'\'' | b'`' => j = skip_string(j),
+                b'=' | b'!' | b'~' => j += 1,
+                c if ident_start(c) => {
+                    let start = j;
+                    while j < b.len() && ident_char(b[j]) {
+                        j += 1;
+                    }
+                    names.insert(expr[start..j].to_string());
+                }
+                c => panic!("unexpected {:?} in a label list of {expr}", c as char),
+            }
+        }
+    };
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_whitespace() {
+            i += 1;
+        } else if c == b'"' || c == b'\'' || c == b'`' {
+            i = skip_string(i);
+        } else if c == b'#' {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else if c == b'$' {
+            // A Grafana variable: $name, ${name}, $__rate_interval.
+            i += 1;
+            if i < b.len() && b[i] == b'{' {
+                while b[i] != b'}' {
+                    i += 1;
+                }
+                i += 1;
+            } else {
+                while i < b.len() && ident_char(b[i]) {
+                    i += 1;
+                }
+            }
+        } else if c == b'[' {
+            while b[i] != b']' {
+                i += 1;
+            }
+            i += 1;
+        } else if c == b'{' {
+            panic!("a selector without a metric name in {expr}");
+        } else if c.is_ascii_digit() || c == b'.' {
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'.') {
+                i += 1;
+            }
+        } else if ident_start(c) {
+            let start = i;
+            while i < b.len() && ident_char(b[i]) {
+                i += 1;
+            }
+            let word = &expr[start..i];
+            let next = skip_ws(i);
+            // `sum by (x) (...)`: an aggregation whose modifier comes first.
+            let modifier_next = ["by", "without"].iter().any(|m| {
+                expr[next..].starts_with(m)
+                    && !expr[next + m.len()..]
+                        .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            });
+            let paren = (next < b.len() && b[next] == b'(') || modifier_next;
+            if PROMQL_GROUPING.contains(&word) {
+                if paren {
+                    let (names, after) = label_list(next, b')');
+                    refs.grouping.extend(names);
+                    i = after;
+                }
+            } else if PROMQL_KEYWORDS.contains(&word) {
+                if word == "offset" {
+                    // the duration after it
+                    i = skip_ws(i);
+                    while i < b.len() && b[i].is_ascii_alphanumeric() {
+                        i += 1;
+                    }
+                }
+            } else if paren {
+                assert!(
+                    PROMQL_FUNCTIONS.contains(&word),
+                    "{word}( is not a PromQL function, in {expr}"
+                );
+            } else {
+                let mut labels = BTreeSet::new();
+                if next < b.len() && b[next] == b'{' {
+                    let (names, after) = label_list(next, b'}');
+                    labels = names;
+                    i = after;
+                }
+                refs.selectors.push((word.to_string(), labels));
+            }
+        } else {
+            // operators, parentheses, commas
+            i += 1;
+        }
+    }
+    refs
+}
+
+/// Labels a scrape adds to every series (the job, the target, and what
+/// Kubernetes service discovery attaches).
+const TARGET_LABELS: &[&str] = &[
+    "job",
+    "instance",
+    "namespace",
+    "pod",
+    "service",
+    "container",
+    "endpoint",
+];
+
+/// PromQL expressions, each with where it comes from.
+type Exprs = Vec<(String, String)>;
+
+/// Every PromQL expression of the dashboard's panels and of the alert
+/// rules: (dashboard, rules).
+fn observability_exprs() -> (Exprs, Exprs) {
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!(
+            "{ROOT}/deploy/observability/grafana-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut dashboard = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            dashboard.push((
+                format!("panel {:?}", p["title"]),
+                t["expr"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    let alerts: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/deploy/observability/alerts.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut rules = Vec::new();
+    for g in alerts["groups"].as_sequence().unwrap() {
+        for r in g["rules"].as_sequence().unwrap() {
+            rules.push((
+                format!("alert {:?}", r["alert"]),
+                r["expr"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    (dashboard, rules)
+}
+
+#[tokio::test]
+async fn every_metric_the_dashboard_and_the_alerts_read_exists_in_a_live_metrics() {
+    // A short run that touches every metric family: a call through Nova,
+    // a lost response recovered by re-observation, an operation the
+    // reconciler decides.
+    let app = spawn_app(AppOptions::default().arg("--settle-window", "0s")).await;
+    let mut c = app.raw();
+    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::CloseAfterEffect).volume(volume));
+    c.attach_volume(with_timeout(
+        pb::AttachVolumeRequest {
+            idempotency_key: "d-1".into(),
+            server_id: server.to_string(),
+            volume_id: volume.to_string(),
+            ..Default::default()
+        },
+        Duration::from_secs(10),
+    ))
+    .await
+    .unwrap();
+    seed_unknown(&app).await;
+    let counts = app.reconciler.run_once().await.unwrap();
+    assert!(counts.failed + counts.succeeded >= 1, "{counts:?}");
+    let (text, m) = scrape(&app).await;
+    app.stop().await;
+
+    // name → label names seen on its samples
+    let mut live: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for s in &m.samples {
+        live.entry(&s.name)
+            .or_default()
+            .extend(s.labels.keys().map(String::as_str));
+    }
+    let (dashboard, rules) = observability_exprs();
+    assert!(dashboard.len() >= 20 && rules.len() >= 6);
+    let mut used = BTreeSet::new();
+    for (in_dashboard, exprs) in [(true, &dashboard), (false, &rules)] {
+        for (what, expr) in exprs {
+            let refs = promql_refs(expr);
+            assert!(
+                !refs.selectors.is_empty(),
+                "{what}: reads no metric: {expr}"
+            );
+            let mut available: BTreeSet<&str> = TARGET_LABELS.iter().copied().collect();
+            for (name, labels) in &refs.selectors {
+                // Histograms are read through _bucket/_sum/_count and
+                // counters through _total: only names with samples count.
+                let seen = live.get(name.as_str()).unwrap_or_else(|| {
+                    panic!("{what}: {name} is not in a live /metrics:\n{expr}\n\n{text}")
+                });
+                for l in labels {
+                    assert!(
+                        seen.contains(l.as_str()) || TARGET_LABELS.contains(&l.as_str()),
+                        "{what}: {name} has no label {l} (it has {seen:?})"
+                    );
+                }
+                // Every selector names its job: the dashboard's $job
+                // variable, the rules' job="volume-reconciler".
+                assert!(
+                    labels.contains("job"),
+                    "{what}: {name} without a job matcher"
+                );
+                available.extend(seen.iter().copied());
+                if in_dashboard {
+                    used.insert(name.clone());
+                }
+            }
+            for l in &refs.grouping {
+                assert!(
+                    available.contains(l.as_str()),
+                    "{what}: groups by {l}, a label none of its metrics has"
+                );
+            }
+        }
+    }
+    // The dashboard shows every family the service exports.
+    for (family, kind) in &m.types {
+        if !family.starts_with("volume_reconciler_") {
+            continue;
+        }
+        let names: Vec<String> = match kind.as_str() {
+            "counter" => vec![format!("{family}_total")],
+            "histogram" => ["_bucket", "_sum", "_count"]
+                .iter()
+                .map(|s| format!("{family}{s}"))
+                .collect(),
+            _ => vec![family.clone()],
+        };
+        assert!(
+            names.iter().any(|n| used.contains(n)),
+            "no dashboard panel shows {family}"
+        );
+    }
+}
+
+#[test]
+fn every_alert_rule_says_how_bad_it_is_and_what_to_do() {
+    let alerts: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/deploy/observability/alerts.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut names = BTreeSet::new();
+    for g in alerts["groups"].as_sequence().unwrap() {
+        for r in g["rules"].as_sequence().unwrap() {
+            let name = r["alert"].as_str().expect("alerting rules only");
+            assert!(names.insert(name.to_string()), "{name} twice");
+            assert!(
+                matches!(
+                    r["labels"]["severity"].as_str(),
+                    Some("critical" | "warning")
+                ),
+                "{name}: severity"
+            );
+            for a in ["summary", "description", "runbook"] {
+                let text = r["annotations"][a].as_str().unwrap_or("");
+                assert!(text.trim().len() > 10, "{name}: annotation {a}");
+            }
+            if let Some(f) = r["for"].as_str() {
+                humantime::parse_duration(f).unwrap_or_else(|e| panic!("{name}: for {f}: {e}"));
+            }
+        }
+    }
+    // The conditions an operator is paged or warned for.
+    for required in [
+        "VolumeReconcilerNoReadyReplica",
+        "VolumeReconcilerUnknownOperationsStuck",
+        "VolumeReconcilerDriftDetected",
+        "VolumeReconcilerVerificationFallingBehind",
+        "VolumeReconcilerNovaErrors",
+        "VolumeReconcilerLedgerWritesSlow",
+    ] {
+        assert!(names.contains(required), "no alert {required}");
+    }
+}
+
+#[test]
+fn the_promql_reader_finds_metrics_labels_and_groupings() {
+    let r = promql_refs(
+        r#"histogram_quantile(0.99, sum by (le, method) (rate(a_bucket{job=~"$job",code!="OK"}[$__rate_interval])))
+           / on (job) group_left (version) b_info{job="x"} > 0.5 or absent(c{job="x"}) offset 5m # c{d}"#,
+    );
+    let names: Vec<&str> = r.selectors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a_bucket", "b_info", "c"]);
+    assert_eq!(
+        r.selectors[0].1,
+        BTreeSet::from(["job".to_string(), "code".to_string()])
+    );
+    assert_eq!(
+        r.grouping,
+        ["le", "method", "job", "version"]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    );
 }
