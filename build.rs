@@ -33,6 +33,8 @@ fn git_sha() -> Option<String> {
     {
         return Some(sha.trim().to_string());
     }
+    // No git, or not a checkout (a source tarball): the sha is "unknown",
+    // which build_info then says plainly.
     let git = |args: &[&str]| -> Option<String> {
         let out = Command::new("git").args(args).output().ok()?;
         out.status

@@ -402,6 +402,7 @@ async fn build_info_process_metrics_readiness_and_the_unknown_backlog_are_expose
     assert_eq!(info[0].value, 1.0);
     assert_eq!(info[0].labels["version"], env!("CARGO_PKG_VERSION"));
     let sha = &info[0].labels["git_sha"];
+    // No git or no checkout here: the build could not read one either.
     let head = std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
         .current_dir(ROOT)

@@ -800,7 +800,7 @@ fn serve_container(
 }
 
 /// Everything a `serve` Deployment must agree on with the binary; returns
-/// the settings (flag → value) of its config file.
+/// what its container runs with.
 fn check_serve(objects: &[Value], external: &BTreeMap<String, BTreeMap<String, String>>) -> Serve {
     let sv = serve_container(objects, external);
     let (d, c) = (&sv.deployment, &sv.container);

@@ -26,7 +26,8 @@ pub struct ProcessStats {
 
 /// Parses `/proc/self/stat`. The second field (the command name, in
 /// parentheses) may itself hold spaces and parentheses, so fields are
-/// counted from the last `)`.
+/// counted from the last `)`. `None` (a field missing or not a number: not
+/// what Linux writes) leaves these metrics out of the scrape.
 pub fn parse_stat(stat: &str, ticks_per_second: f64, page_size: u64) -> Option<ProcessStats> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -41,7 +42,8 @@ pub fn parse_stat(stat: &str, ticks_per_second: f64, page_size: u64) -> Option<P
     })
 }
 
-/// The soft limit on open files from `/proc/self/limits`.
+/// The soft limit on open files from `/proc/self/limits`; `None` when it
+/// is "unlimited" or the line is missing (the metric is then left out).
 pub fn parse_max_fds(limits: &str) -> Option<u64> {
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
     let soft = line["Max open files".len()..].split_whitespace().next()?;
@@ -49,7 +51,8 @@ pub fn parse_max_fds(limits: &str) -> Option<u64> {
     soft.parse().ok()
 }
 
-/// The boot time (seconds since the epoch) from `/proc/stat`.
+/// The boot time (seconds since the epoch) from `/proc/stat`; `None` when
+/// the line is missing (no start time is reported then).
 pub fn parse_boot_time(stat: &str) -> Option<u64> {
     stat.lines()
         .find_map(|l| l.strip_prefix("btime "))
@@ -79,8 +82,11 @@ impl Default for ProcessCollector {
 
 impl ProcessCollector {
     pub fn new() -> Self {
+        // sysconf does not fail for these on Linux; the fallbacks are the
+        // values every Linux platform this builds for uses.
         let ticks_per_second = sysconf(libc::_SC_CLK_TCK).unwrap_or(100) as f64;
         let page_size = sysconf(libc::_SC_PAGESIZE).unwrap_or(4096);
+        // Unreadable: warned about below, and no process_* metrics.
         let stat = std::fs::read_to_string("/proc/self/stat")
             .ok()
             .and_then(|s| parse_stat(&s, ticks_per_second, page_size));
