@@ -20,8 +20,9 @@
 //! - [`sim`]: the Nova/Keystone simulator used by tests and the demo.
 //! - [`client`]: the Rust client with keyed, safe retries.
 //! - [`cli`]: the command line (`Cli`, every subcommand), operator
-//!   commands, the demo and the load generator.
-//! - [`metrics`]: Prometheus metrics.
+//!   commands, the demo, the load generator and the history checker.
+//! - [`metrics`]: Prometheus metrics: the service's own, the gRPC layer that
+//!   counts and times every answer, and the process metrics.
 
 pub mod cli;
 pub mod client;

@@ -1,5 +1,24 @@
 //! Prometheus metrics (served on the admin listener at `/metrics`). One
 //! struct owns the registry; no globals, so each test's server has its own.
+//!
+//! Conventions (README "Observability"):
+//! - the service's own metrics are prefixed `volume_reconciler_`; the
+//!   process metrics ([`process`]) carry the standard unprefixed `process_`
+//!   names, so stock dashboards and alerts work on them;
+//! - gRPC status codes are labelled in their canonical form (`OK`,
+//!   `DEADLINE_EXCEEDED`, ...), as every other gRPC implementation writes
+//!   them (tonic's `Code` Debug form would be `Ok`, `DeadlineExceeded`);
+//! - durations are in seconds;
+//! - label values come from bounded sets: method names are the ones the
+//!   server registers (anything else is `unknown`), never ids.
+//!
+//! The gRPC request counter and latency histogram are recorded by
+//! [`grpc::GrpcMetricsLayer`], outermost in the server chain, so they see
+//! every answer, including those of the layers in front of the handlers
+//! (authentication, load shedding, the deadline backstop).
+
+pub mod grpc;
+pub mod process;
 
 use std::sync::Mutex;
 
@@ -9,10 +28,19 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+pub use grpc::{GrpcMetricsLayer, code_name};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GrpcLabels {
+    /// The full service name (`volume_reconciler.v1.VolumeReconciler`,
+    /// `grpc.health.v1.Health`, ...) or `unknown`. Not `service`: scrapes
+    /// through a Kubernetes Service add a `service` target label, which
+    /// would rename ours to `exported_service`.
+    pub grpc_service: String,
     pub method: String,
+    /// Canonical code name: `OK`, `DEADLINE_EXCEEDED`, ...
     pub code: String,
 }
 
@@ -33,14 +61,33 @@ pub struct DecisionLabels {
     pub decision: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
+    pub git_sha: String,
+}
+
+/// The crate version, from Cargo.toml.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The commit the binary was built from: `VOLUME_RECONCILER_GIT_SHA` at
+/// build time (the image build passes it), else `git rev-parse HEAD` of the
+/// source tree, else `unknown` (see build.rs).
+pub const GIT_SHA: &str = env!("VOLUME_RECONCILER_GIT_SHA");
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     pub grpc_requests: Family<GrpcLabels, Counter>,
+    pub grpc_duration: Family<GrpcLabels, Histogram>,
     pub deadline_remaining: Histogram,
     pub requests_without_deadline: Counter,
     pub nova_outbound_deadline: Histogram,
     pub nova_latency: Family<NovaLabels, Histogram>,
     pub operations: Family<StateLabels, Gauge>,
+    /// Seconds since Nova was last asked about the oldest UNKNOWN operation
+    /// (since it was recorded, if no request went out); 0 when there is none.
+    /// Set at each scrape (see `startup`).
+    pub oldest_unknown_age: Gauge<f64, AtomicU64>,
     pub responses_lost: Counter,
     pub responses_recovered: Counter,
     pub reconciler_passes: Counter,
@@ -49,11 +96,25 @@ pub struct Metrics {
     pub drift_detected: Counter,
     pub verification_missed: Counter,
     pub ledger_write: Family<NovaLabels, Histogram>,
+    /// 1 while this replica would answer `/readyz` with 200. Set at each
+    /// scrape, so `sum()` over replicas counts the ready ones.
+    pub ready: Gauge,
+    pub build_info: Family<BuildLabels, Gauge>,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
     [
         0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+    ]
+    .into_iter()
+}
+
+/// Finer at the low end than [`seconds_buckets`]: most calls answer within
+/// milliseconds, a few wait for Nova up to their deadline.
+fn rpc_buckets() -> impl Iterator<Item = f64> {
+    [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        60.0, 300.0, 3600.0,
     ]
     .into_iter()
 }
@@ -67,13 +128,15 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let m = Self {
-            registry: Mutex::new(Registry::with_prefix("volume_reconciler")),
+            registry: Mutex::new(Registry::default()),
             grpc_requests: Family::default(),
+            grpc_duration: Family::new_with_constructor(|| Histogram::new(rpc_buckets())),
             deadline_remaining: Histogram::new(seconds_buckets()),
             requests_without_deadline: Counter::default(),
             nova_outbound_deadline: Histogram::new(seconds_buckets()),
             nova_latency: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
             operations: Family::default(),
+            oldest_unknown_age: Gauge::default(),
             responses_lost: Counter::default(),
             responses_recovered: Counter::default(),
             reconciler_passes: Counter::default(),
@@ -82,13 +145,38 @@ impl Metrics {
             drift_detected: Counter::default(),
             verification_missed: Counter::default(),
             ledger_write: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
+            ready: Gauge::default(),
+            build_info: Family::default(),
         };
+        m.build_info
+            .get_or_create(&BuildLabels {
+                version: VERSION.to_string(),
+                git_sha: GIT_SHA.to_string(),
+            })
+            .set(1);
         {
-            let mut r = m.registry.lock().unwrap_or_else(|p| p.into_inner());
+            let mut root = m.registry.lock().unwrap_or_else(|p| p.into_inner());
+            root.register_collector(Box::new(process::ProcessCollector::new()));
+            let r = root.sub_registry_with_prefix("volume_reconciler");
+            r.register(
+                "build_info",
+                "Always 1; the labels say which build this replica runs",
+                m.build_info.clone(),
+            );
+            r.register(
+                "ready",
+                "1 while this replica is ready (serving, not draining, database reachable)",
+                m.ready.clone(),
+            );
             r.register(
                 "grpc_requests",
-                "gRPC requests by method and status code",
+                "gRPC requests by service (grpc_service), method and canonical status code",
                 m.grpc_requests.clone(),
+            );
+            r.register(
+                "grpc_request_duration_seconds",
+                "gRPC request latency from arrival to the last byte of the answer (streams: to their end), by service (grpc_service), method and canonical status code",
+                m.grpc_duration.clone(),
             );
             r.register(
                 "grpc_deadline_remaining_seconds",
@@ -112,8 +200,13 @@ impl Metrics {
             );
             r.register(
                 "operations",
-                "Operations in the ledger by state and resolution",
+                "Operations in the ledger by state and resolution (the whole ledger: every replica reports the same numbers)",
                 m.operations.clone(),
+            );
+            r.register(
+                "oldest_unknown_operation_age_seconds",
+                "Seconds since Nova was last asked about the oldest UNKNOWN operation (0: none); a lower bound when more than 500 are UNKNOWN",
+                m.oldest_unknown_age.clone(),
             );
             r.register(
                 "responses_lost",
@@ -159,13 +252,15 @@ impl Metrics {
         m
     }
 
-    pub fn grpc(&self, method: &str, code: tonic::Code) {
-        self.grpc_requests
-            .get_or_create(&GrpcLabels {
-                method: method.to_string(),
-                code: format!("{code:?}"),
-            })
-            .inc();
+    /// One finished gRPC request (called by [`GrpcMetricsLayer`]).
+    pub fn grpc_done(&self, service: &str, method: &str, code: tonic::Code, secs: f64) {
+        let labels = GrpcLabels {
+            grpc_service: service.to_string(),
+            method: method.to_string(),
+            code: code_name(code).to_string(),
+        };
+        self.grpc_requests.get_or_create(&labels).inc();
+        self.grpc_duration.get_or_create(&labels).observe(secs);
     }
 
     pub fn nova(&self, operation: &str, outcome: &str, secs: f64) {

@@ -26,10 +26,18 @@ use crate::executor::Executor;
 use crate::grpc::deadline::DeadlineLayer;
 use crate::grpc::pb::volume_reconciler_server::VolumeReconcilerServer;
 use crate::grpc::{Api, pb};
-use crate::metrics::Metrics;
+use crate::metrics::{GrpcMetricsLayer, Metrics};
 use crate::nova::NovaClient;
 use crate::reconciler::Reconciler;
 use crate::store::Store;
+
+/// Every service the gRPC port serves: the metrics layer takes its method
+/// labels from them (any other path is labelled `unknown`).
+const SERVED_DESCRIPTOR_SETS: &[&[u8]] = &[
+    pb::FILE_DESCRIPTOR_SET,
+    tonic_health::pb::FILE_DESCRIPTOR_SET,
+    tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+];
 
 pub struct Application {
     cfg: ServeArgs,
@@ -359,7 +367,11 @@ fn spawn_grpc(
             "no caller authentication configured (--auth-tokens, --tls-client-ca): anyone who reaches the gRPC port can attach volumes"
         );
     }
+    // The metrics layer outermost: it sees every answer, those of the
+    // layers below included.
+    let grpc_metrics = GrpcMetricsLayer::new(metrics.clone(), SERVED_DESCRIPTOR_SETS)?;
     let router = builder
+        .layer(grpc_metrics)
         .layer(DeadlineLayer::new(
             cfg.default_deadline,
             cfg.budget_policy(),
@@ -406,13 +418,48 @@ async fn readyz(State(st): State<AdminState>) -> (StatusCode, &'static str) {
     }
 }
 
+/// How many UNKNOWN operations one scrape reads to find the oldest. The
+/// store has no "oldest open operation" query yet, so the age is the
+/// oldest of the newest this many: exact below it, a lower bound above.
+const OLDEST_UNKNOWN_SCAN: u32 = 500;
+
 async fn metrics_text(
     State(st): State<AdminState>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    match st.store.operation_count_by_state().await {
-        Ok(counts) => st.metrics.set_operation_counts(&counts),
-        Err(e) => tracing::warn!(error = %e, "metrics: could not count operations"),
-    }
+    let database_ok = match st.store.operation_count_by_state().await {
+        Ok(counts) => {
+            st.metrics.set_operation_counts(&counts);
+            let unknown: i64 = counts
+                .iter()
+                .filter(|c| c.state == crate::domain::State::Unknown.as_str())
+                .map(|c| c.count)
+                .sum();
+            let age = if unknown == 0 {
+                Ok(0.0)
+            } else {
+                oldest_unknown_age(st.store.as_ref()).await
+            };
+            match age {
+                Ok(secs) => {
+                    st.metrics.oldest_unknown_age.set(secs);
+                }
+                Err(e) => {
+                    // NaN, not a stale value: an alert on it stays quiet
+                    // rather than firing on (or hiding behind) old data.
+                    tracing::warn!(error = %e, "metrics: could not read the UNKNOWN operations");
+                    st.metrics.oldest_unknown_age.set(f64::NAN);
+                }
+            }
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: could not count operations");
+            false
+        }
+    };
+    st.metrics
+        .ready
+        .set(i64::from(st.ready.load(Ordering::SeqCst) && database_ok));
     (
         StatusCode::OK,
         [(
@@ -421,6 +468,28 @@ async fn metrics_text(
         )],
         st.metrics.render(),
     )
+}
+
+/// Seconds since Nova was last asked about the oldest UNKNOWN operation
+/// (since it was recorded, if it never was), among the newest
+/// [`OLDEST_UNKNOWN_SCAN`].
+async fn oldest_unknown_age(store: &dyn Store) -> Result<f64, crate::store::StoreError> {
+    let filter = crate::store::OperationFilter {
+        state: Some(crate::domain::State::Unknown),
+        ..Default::default()
+    };
+    let page = store
+        .operation_list(&filter, None, OLDEST_UNKNOWN_SCAN)
+        .await?;
+    let now = chrono::Utc::now();
+    Ok(page
+        .operations
+        .iter()
+        .map(|op| {
+            let since = op.last_request_at.unwrap_or(op.created_at);
+            (now - since).num_milliseconds().max(0) as f64 / 1000.0
+        })
+        .fold(0.0, f64::max))
 }
 
 /// Accepted plaintext gRPC connections, each with Nagle's algorithm off.

@@ -639,14 +639,14 @@ async fn metrics_and_health_are_exposed_after_a_scripted_run() {
     assert_eq!(
         sample(
             "volume_reconciler_grpc_requests",
-            "method=\"AttachVolume\",code=\"Ok\""
+            "method=\"AttachVolume\",code=\"OK\""
         ),
         2.0
     );
     assert_eq!(
         sample(
             "volume_reconciler_grpc_requests",
-            "code=\"InvalidArgument\""
+            "code=\"INVALID_ARGUMENT\""
         ),
         1.0
     );

@@ -1,0 +1,324 @@
+//! The gRPC request counter and latency histogram, as a tower layer placed
+//! outermost in the server chain (`startup`): it sees every answer, those of
+//! the handlers and those of the layers in front of them (authentication,
+//! load shedding, the deadline backstop), and times each request from its
+//! arrival to the last byte of its answer.
+//!
+//! The code is read where gRPC puts it: the `grpc-status` header of a
+//! trailers-only answer (every error tonic sends before a message), else the
+//! trailers at the end of the body. A request whose answer is dropped before
+//! its status went out (the client reset the stream, or went away) counts as
+//! `CANCELLED`; a body that ends or fails without a status as `UNKNOWN`.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use prost::Message as _;
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use super::Metrics;
+
+/// The canonical name of a gRPC status code, as the gRPC specification
+/// spells it (and every other implementation labels it).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// What an answer without `grpc-status` means, by its HTTP status (the
+/// gRPC specification's "HTTP to gRPC status code mapping").
+fn code_of_http_status(status: http::StatusCode) -> tonic::Code {
+    match status.as_u16() {
+        400 => tonic::Code::Internal,
+        401 => tonic::Code::Unauthenticated,
+        403 => tonic::Code::PermissionDenied,
+        404 => tonic::Code::Unimplemented,
+        429 | 502..=504 => tonic::Code::Unavailable,
+        _ => tonic::Code::Unknown,
+    }
+}
+
+const UNKNOWN: &str = "unknown";
+
+/// A method's labels: (full service name, method name).
+type MethodLabels = (Arc<str>, Arc<str>);
+
+/// Records each request's code and latency into [`Metrics`].
+#[derive(Clone)]
+pub struct GrpcMetricsLayer {
+    metrics: Arc<Metrics>,
+    /// `/package.Service/Method` → (service, method): only the methods the
+    /// server registers become label values, so a client probing random
+    /// paths cannot grow the label set.
+    methods: Arc<HashMap<String, MethodLabels>>,
+}
+
+impl GrpcMetricsLayer {
+    /// `descriptor_sets`: the encoded `FileDescriptorSet`s of the services
+    /// the server registers (the same ones reflection serves).
+    pub fn new(metrics: Arc<Metrics>, descriptor_sets: &[&[u8]]) -> anyhow::Result<Self> {
+        let mut methods = HashMap::new();
+        for set in descriptor_sets {
+            let set = prost_types::FileDescriptorSet::decode(*set)
+                .map_err(|e| anyhow::anyhow!("decoding a file descriptor set: {e}"))?;
+            for file in &set.file {
+                let package = file.package();
+                for service in &file.service {
+                    let full: Arc<str> = if package.is_empty() {
+                        service.name().into()
+                    } else {
+                        format!("{package}.{}", service.name()).into()
+                    };
+                    for method in &service.method {
+                        methods.insert(
+                            format!("/{full}/{}", method.name()),
+                            (full.clone(), Arc::<str>::from(method.name())),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            metrics,
+            methods: Arc::new(methods),
+        })
+    }
+
+    fn labels(&self, path: &str) -> MethodLabels {
+        self.methods
+            .get(path)
+            .cloned()
+            .unwrap_or_else(|| (UNKNOWN.into(), UNKNOWN.into()))
+    }
+}
+
+impl<S> Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcMetricsService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcMetricsService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct GrpcMetricsService<S> {
+    inner: S,
+    layer: GrpcMetricsLayer,
+}
+
+/// Records one request exactly once: by [`Recorder::finish`], or, if the
+/// request's future or its answer's body is dropped before the status went
+/// out, as `CANCELLED` when dropped.
+struct Recorder {
+    metrics: Arc<Metrics>,
+    service: Arc<str>,
+    method: Arc<str>,
+    started: Instant,
+    done: bool,
+}
+
+impl Recorder {
+    fn finish(&mut self, code: tonic::Code) {
+        if !self.done {
+            self.done = true;
+            self.metrics.grpc_done(
+                &self.service,
+                &self.method,
+                code,
+                self.started.elapsed().as_secs_f64(),
+            );
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.finish(tonic::Code::Cancelled);
+    }
+}
+
+fn status_in(headers: &http::HeaderMap) -> Option<tonic::Code> {
+    headers
+        .get("grpc-status")
+        .map(|v| tonic::Code::from_bytes(v.as_bytes()))
+}
+
+type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl<S, B, R> Service<http::Request<B>> for GrpcMetricsService<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>> + Send + 'static,
+    S::Future: Send + 'static,
+    R: Body<Data = Bytes> + Unpin + Send + 'static,
+{
+    type Response = http::Response<MeteredBody<R>>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let (service, method) = self.layer.labels(req.uri().path());
+        let mut recorder = Recorder {
+            metrics: self.layer.metrics.clone(),
+            service,
+            method,
+            started: Instant::now(),
+            done: false,
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            // Dropped here (the client reset the stream before the answer
+            // was ready): the recorder counts CANCELLED.
+            let result = fut.await;
+            match result {
+                Ok(response) => {
+                    if let Some(code) = status_in(response.headers()) {
+                        // Trailers-only: the whole answer is in the headers.
+                        recorder.finish(code);
+                    } else if response.status() != http::StatusCode::OK {
+                        recorder.finish(code_of_http_status(response.status()));
+                    } else if response.body().is_end_stream() {
+                        recorder.finish(tonic::Code::Unknown);
+                    }
+                    Ok(response.map(|inner| MeteredBody {
+                        inner,
+                        recorder: Some(recorder),
+                    }))
+                }
+                Err(e) => {
+                    // tonic turns a service error into an UNKNOWN status.
+                    recorder.finish(tonic::Code::Unknown);
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+/// The answer's body, passed through unchanged; the status in its
+/// trailers finishes the request's record.
+pub struct MeteredBody<B> {
+    inner: B,
+    recorder: Option<Recorder>,
+}
+
+impl<B> MeteredBody<B> {
+    fn finish(&mut self, code: tonic::Code) {
+        if let Some(mut r) = self.recorder.take() {
+            r.finish(code);
+        }
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(code) = frame.trailers_ref().and_then(status_in) {
+                    self.finish(code);
+                }
+            }
+            // The stream failed, or ended without a status.
+            Poll::Ready(Some(Err(_))) | Poll::Ready(None) => self.finish(tonic::Code::Unknown),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_its_canonical_name() {
+        for (n, name) in [
+            (0, "OK"),
+            (1, "CANCELLED"),
+            (2, "UNKNOWN"),
+            (3, "INVALID_ARGUMENT"),
+            (4, "DEADLINE_EXCEEDED"),
+            (5, "NOT_FOUND"),
+            (6, "ALREADY_EXISTS"),
+            (7, "PERMISSION_DENIED"),
+            (8, "RESOURCE_EXHAUSTED"),
+            (9, "FAILED_PRECONDITION"),
+            (10, "ABORTED"),
+            (11, "OUT_OF_RANGE"),
+            (12, "UNIMPLEMENTED"),
+            (13, "INTERNAL"),
+            (14, "UNAVAILABLE"),
+            (15, "DATA_LOSS"),
+            (16, "UNAUTHENTICATED"),
+        ] {
+            assert_eq!(code_name(tonic::Code::from_i32(n)), name);
+        }
+    }
+
+    #[test]
+    fn only_registered_methods_become_labels() {
+        let layer = GrpcMetricsLayer::new(
+            Arc::new(Metrics::new()),
+            &[
+                crate::grpc::pb::FILE_DESCRIPTOR_SET,
+                tonic_health::pb::FILE_DESCRIPTOR_SET,
+            ],
+        )
+        .unwrap();
+        let (s, m) = layer.labels("/volume_reconciler.v1.VolumeReconciler/AttachVolume");
+        assert_eq!(
+            (&*s, &*m),
+            ("volume_reconciler.v1.VolumeReconciler", "AttachVolume")
+        );
+        let (s, m) = layer.labels("/grpc.health.v1.Health/Check");
+        assert_eq!((&*s, &*m), ("grpc.health.v1.Health", "Check"));
+        let (s, m) = layer.labels("/volume_reconciler.v1.VolumeReconciler/Nope-123");
+        assert_eq!((&*s, &*m), ("unknown", "unknown"));
+    }
+}

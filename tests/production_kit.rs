@@ -1,0 +1,1184 @@
+//! The production kit cannot rot: the Kubernetes manifests under
+//! `deploy/kubernetes` (rendered here without a cluster) and the image
+//! (`Dockerfile`) must match the binary's own flags, probe paths and ports,
+//! and shutdown phases; the published proto compiles for Go and Java
+//! clients as it is; the LICENSE is the one Cargo.toml names.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use prost::Message as _;
+use volume_reconciler::config::ServeArgs;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn read(path: &str) -> String {
+    let p = Path::new(ROOT).join(path);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vr-{tag}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+// ---------------------------------------------------------------- packaging
+
+const PROTO: &str = "volume_reconciler/v1/reconciler.proto";
+
+fn proto_file(set: &prost_types::FileDescriptorSet) -> &prost_types::FileDescriptorProto {
+    set.file
+        .iter()
+        .find(|f| f.name() == PROTO)
+        .unwrap_or_else(|| panic!("{PROTO} not in the descriptor set"))
+}
+
+/// The options Go and Java code generators need, as the file declares them.
+fn assert_client_options(file: &prost_types::FileDescriptorProto, what: &str) {
+    let o = file
+        .options
+        .as_ref()
+        .unwrap_or_else(|| panic!("{what}: no file options"));
+    let (path, package) = o
+        .go_package()
+        .split_once(';')
+        .unwrap_or_else(|| panic!("{what}: go_package {:?} names no package", o.go_package()));
+    assert!(
+        path.ends_with("volume_reconciler/v1") && package == "reconcilerv1",
+        "{what}: go_package {:?}",
+        o.go_package()
+    );
+    assert_eq!(o.java_package(), "io.volumereconciler.v1", "{what}");
+    assert!(o.java_multiple_files(), "{what}: java_multiple_files");
+}
+
+#[test]
+fn the_proto_compiles_for_go_and_java_clients_as_published() {
+    let protoc = protoc_bin_vendored::protoc_bin_path().unwrap();
+    let include = protoc_bin_vendored::include_path().unwrap();
+    let out = temp_dir("protoc");
+    let set_path = out.join("set.bin");
+    let java = out.join("java");
+    std::fs::create_dir_all(&java).unwrap();
+    let run = Command::new(&protoc)
+        .arg(format!("-I{ROOT}/proto"))
+        .arg(format!("-I{}", include.display()))
+        .arg(format!("--java_out={}", java.display()))
+        .arg(format!("--descriptor_set_out={}", set_path.display()))
+        .arg(PROTO)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "protoc failed:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // Java: one file per message, in the declared package.
+    let dir = java.join("io/volumereconciler/v1");
+    for class in [
+        "AttachVolumeRequest",
+        "Operation",
+        "ListOperationsResponse",
+        "ReconcilerProto",
+    ] {
+        let file = dir.join(format!("{class}.java"));
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e} (java_multiple_files?)", file.display()));
+        assert!(
+            text.contains("package io.volumereconciler.v1;"),
+            "{}",
+            file.display()
+        );
+    }
+    // Go: protoc-gen-go reads go_package from the descriptor it is handed.
+    let set = prost_types::FileDescriptorSet::decode(std::fs::read(&set_path).unwrap().as_slice())
+        .unwrap();
+    assert_client_options(proto_file(&set), "protoc's descriptor");
+    // The server's own build (and the reflection it serves) carries them too.
+    let built =
+        prost_types::FileDescriptorSet::decode(volume_reconciler::grpc::pb::FILE_DESCRIPTOR_SET)
+            .unwrap();
+    assert_client_options(proto_file(&built), "the server's descriptor");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn the_license_file_is_the_apache_license_cargo_toml_names() {
+    let manifest: toml::Table = read("Cargo.toml").parse().unwrap();
+    assert_eq!(manifest["package"]["license"].as_str(), Some("Apache-2.0"));
+    let text = read("LICENSE");
+    let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let text = words(&text);
+    for needle in [
+        "Apache License Version 2.0, January 2004 http://www.apache.org/licenses/",
+        "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION",
+        "9. Accepting Warranty or Additional Liability.",
+        "END OF TERMS AND CONDITIONS",
+        "APPENDIX: How to apply the Apache License to your work.",
+    ] {
+        assert!(text.contains(needle), "LICENSE lacks {needle:?}");
+    }
+    // The whole standard text (apache.org's LICENSE-2.0.txt), not an excerpt.
+    assert_eq!(
+        text.split(' ').count(),
+        1581,
+        "word count of LICENSE-2.0.txt"
+    );
+}
+
+// ------------------------------------------------------- the binary's flags
+
+const BIN: &str = env!("CARGO_BIN_EXE_volume-reconciler");
+
+/// `serve`'s flags: long name → environment variable.
+fn serve_flags() -> BTreeMap<String, String> {
+    flags_of(<ServeArgs as clap::Args>::augment_args(clap::Command::new(
+        "serve",
+    )))
+}
+
+fn flags_of(cmd: clap::Command) -> BTreeMap<String, String> {
+    cmd.get_arguments()
+        .filter_map(|a| {
+            Some((
+                a.get_long()?.to_string(),
+                a.get_env()?.to_string_lossy().to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Every environment variable `serve` reads: its own flags' and the global
+/// ones (`--config`, `--log`, `--log-format`), as its `--help` lists them.
+fn serve_env_vars() -> BTreeSet<String> {
+    let mut vars: BTreeSet<String> = serve_flags().into_values().collect();
+    let out = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for part in help.split("[env: ").skip(1) {
+        let name: String = part
+            .chars()
+            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        vars.insert(name);
+    }
+    assert!(vars.contains("VOLUME_RECONCILER_CONFIG"), "{vars:?}");
+    vars
+}
+
+/// One line of `volume-reconciler config show`.
+#[derive(Debug, Clone)]
+struct Setting {
+    value: String,
+    source: String,
+}
+
+/// `config show` in exactly this environment (nothing inherited that the
+/// binary would read).
+fn config_show(env: &BTreeMap<String, String>) -> BTreeMap<String, Setting> {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["config", "show"]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("VOLUME_RECONCILER_") || k == "DATABASE_URL" || k.starts_with("OS_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env);
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "config show refused this environment {env:?}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let parts: Vec<&str> = l.split_whitespace().collect();
+            // name, value (may be empty), source, environment variable
+            let n = parts.len();
+            assert!(n >= 3, "{l:?}");
+            (
+                parts[0].to_string(),
+                Setting {
+                    value: parts[1..n - 2].join(" "),
+                    source: parts[n - 2].to_string(),
+                },
+            )
+        })
+        .collect()
+}
+
+fn duration(s: &str) -> Duration {
+    humantime::parse_duration(s).unwrap_or_else(|e| panic!("{s:?}: {e}"))
+}
+
+// --------------------------------------------------------------- the image
+
+/// The Dockerfile's instructions, continuation lines joined: (stage index,
+/// instruction, arguments).
+fn dockerfile() -> Vec<(usize, String, String)> {
+    let text = read("Dockerfile");
+    let mut joined = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if cur.is_empty() && (t.is_empty() || t.starts_with('#')) {
+            continue;
+        }
+        if let Some(head) = t.strip_suffix('\\') {
+            cur.push_str(head);
+            cur.push(' ');
+        } else {
+            cur.push_str(t);
+            joined.push(std::mem::take(&mut cur));
+        }
+    }
+    let mut stage = 0;
+    let mut out = Vec::new();
+    for l in joined {
+        let (instr, args) = l.split_once(' ').unwrap_or((&l, ""));
+        if instr == "FROM" {
+            stage += 1;
+        }
+        out.push((stage, instr.to_string(), args.trim().to_string()));
+    }
+    out
+}
+
+/// `KEY=VALUE` pairs of ENV/LABEL/ARG arguments (values may be quoted).
+fn pairs(args: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = args.trim();
+    while !rest.is_empty() {
+        let (key, after) = match rest.split_once('=') {
+            Some(kv) => kv,
+            None => (rest, ""),
+        };
+        let (value, after) = if let Some(q) = after.strip_prefix('"') {
+            let end = q.find('"').expect("closing quote");
+            (q[..end].to_string(), &q[end + 1..])
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            (after[..end].to_string(), &after[end..])
+        };
+        out.push((key.trim().to_string(), value));
+        rest = after.trim_start();
+    }
+    out
+}
+
+/// The runtime image's defaults: its ENV, its USER and its WORKDIR.
+struct Image {
+    env: BTreeMap<String, String>,
+    uid: i64,
+}
+
+fn image() -> Image {
+    let instr = dockerfile();
+    let last = instr.iter().map(|(s, _, _)| *s).max().unwrap();
+    let runtime: Vec<_> = instr.iter().filter(|(s, _, _)| *s == last).collect();
+    let env = runtime
+        .iter()
+        .filter(|(_, i, _)| i == "ENV")
+        .flat_map(|(_, _, a)| pairs(a))
+        .collect();
+    let user = runtime
+        .iter()
+        .find(|(_, i, _)| i == "USER")
+        .expect("the runtime stage sets USER");
+    let uid = user.2.split(':').next().unwrap().parse().unwrap();
+    Image { env, uid }
+}
+
+#[test]
+fn the_image_listens_for_probes_and_scrapes_and_says_what_it_is() {
+    let instr = dockerfile();
+    let stages = instr.iter().map(|(s, _, _)| *s).max().unwrap();
+    assert!(stages >= 2, "multi-stage");
+    let runtime: Vec<_> = instr.iter().filter(|(s, _, _)| *s == stages).collect();
+    let from = &runtime[0].2;
+    assert!(
+        !from.starts_with("rust"),
+        "the runtime base is not the toolchain image: {from}"
+    );
+
+    // Dependencies build in a layer of their own, before the sources come
+    // in: the first `cargo build` runs before `COPY src`, on a stub.
+    let build: Vec<_> = instr.iter().filter(|(s, _, _)| *s == 1).collect();
+    let pos = |pred: &dyn Fn(&(usize, String, String)) -> bool| {
+        build.iter().position(|i| pred(i)).unwrap()
+    };
+    let first_build = pos(&|(_, i, a)| i == "RUN" && a.contains("cargo build --release"));
+    let copy_src = pos(&|(_, i, a)| i == "COPY" && a.starts_with("src "));
+    assert!(first_build < copy_src, "dependency layer before COPY src");
+    assert!(
+        build[first_build].2.contains("fn main() {}"),
+        "the dependency layer builds a stub main"
+    );
+    assert!(
+        build[first_build]
+            .2
+            .contains("cargo clean --release --locked --package volume-reconciler"),
+        "the stub's own artifacts are dropped, so the real sources rebuild whatever their mtimes"
+    );
+    assert!(
+        build[copy_src..]
+            .iter()
+            .any(|(_, i, a)| i == "RUN" && a.contains("cargo build --release --locked")),
+        "the crate builds after its sources are copied"
+    );
+
+    // The admin listener is reachable from outside the container; both
+    // addresses are ones `serve` reads and parses.
+    let img = image();
+    let flags = serve_flags();
+    let env_to_flag: BTreeMap<&String, &String> = flags.iter().map(|(f, e)| (e, f)).collect();
+    let mut args = Vec::new();
+    for (k, v) in &img.env {
+        if k == "VOLUME_RECONCILER_LOG_FORMAT" {
+            continue; // a global flag, not `serve`'s
+        }
+        let flag = env_to_flag
+            .get(k)
+            .unwrap_or_else(|| panic!("ENV {k} is not a variable of `serve`"));
+        args.push(format!("--{flag}"));
+        args.push(v.clone());
+    }
+    let parsed = ServeArgs::from_args(args).unwrap();
+    assert!(parsed.admin_listen.ip().is_unspecified(), "{parsed:?}");
+    assert_eq!(parsed.admin_listen.port(), 9090);
+    assert!(parsed.listen.ip().is_unspecified());
+    assert!(img.uid > 0, "non-root");
+
+    // The embedded ledger's directory is a volume: the default database
+    // URL is relative to the runtime WORKDIR.
+    let workdir = &runtime.iter().find(|(_, i, _)| i == "WORKDIR").unwrap().2;
+    let volume = &runtime.iter().find(|(_, i, _)| i == "VOLUME").unwrap().2;
+    assert!(volume.contains(&format!("\"{workdir}\"")), "{volume}");
+    assert_eq!(
+        ServeArgs::from_args(Vec::<String>::new())
+            .unwrap()
+            .database_url,
+        "sqlite://volume-reconciler.db",
+        "the default ledger is a relative path (in the WORKDIR volume)"
+    );
+
+    // The health check's default URL is the admin listener's /readyz.
+    let hc = runtime.iter().find(|(_, i, _)| i == "HEALTHCHECK").unwrap();
+    assert!(hc.2.contains("[\"volume-reconciler\", \"healthcheck\"]"));
+    let out = Command::new(BIN)
+        .args(["healthcheck", "--help"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("http://127.0.0.1:9090/readyz"),
+        "healthcheck's default URL"
+    );
+
+    // OCI labels, their version and description those of Cargo.toml.
+    let manifest: toml::Table = read("Cargo.toml").parse().unwrap();
+    let labels: BTreeMap<String, String> = runtime
+        .iter()
+        .filter(|(_, i, _)| i == "LABEL")
+        .flat_map(|(_, _, a)| pairs(a))
+        .collect();
+    let args: BTreeMap<String, String> = runtime
+        .iter()
+        .filter(|(_, i, _)| i == "ARG")
+        .flat_map(|(_, _, a)| pairs(a))
+        .collect();
+    for key in [
+        "title",
+        "description",
+        "version",
+        "revision",
+        "created",
+        "source",
+        "licenses",
+    ] {
+        assert!(
+            labels.contains_key(&format!("org.opencontainers.image.{key}")),
+            "LABEL org.opencontainers.image.{key}"
+        );
+    }
+    assert_eq!(
+        labels["org.opencontainers.image.licenses"],
+        manifest["package"]["license"].as_str().unwrap()
+    );
+    assert_eq!(
+        labels["org.opencontainers.image.description"],
+        manifest["package"]["description"].as_str().unwrap()
+    );
+    assert_eq!(labels["org.opencontainers.image.version"], "${VERSION}");
+    assert_eq!(args["VERSION"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(labels["org.opencontainers.image.revision"], "${GIT_SHA}");
+    assert!(args.contains_key("GIT_SHA"));
+    // The build stage hands the commit to build.rs (build_info's git_sha).
+    assert!(
+        build
+            .iter()
+            .any(|(_, i, a)| i == "RUN" && a.contains("VOLUME_RECONCILER_GIT_SHA=${GIT_SHA}"))
+    );
+}
+
+// ------------------------------------------------- kustomize, without a cluster
+
+use serde::Deserialize as _;
+use serde_yaml::{Mapping, Value};
+
+/// The kustomization fields the renderer below models; any other field
+/// fails the test rather than being silently ignored.
+const KUSTOMIZE_FIELDS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "resources",
+    "namespace",
+    "images",
+    "configMapGenerator",
+    "secretGenerator",
+];
+
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or_else(|| panic!("not a string: {v:?}"))
+}
+
+fn seq(v: &Value) -> &[Value] {
+    v.as_sequence().map(Vec::as_slice).unwrap_or(&[])
+}
+
+/// Renders a kustomization directory as `kubectl apply -k` would, for the
+/// features the manifests here use: resources (files and directories),
+/// ConfigMap and Secret generators (create, replace, merge; files,
+/// literals, env files; options.labels), namespace and images. Generated
+/// names keep no hash suffix (kustomize adds one and rewrites every
+/// reference alike), and Secret values stay plain text in `data`.
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let k = &yaml_docs(&dir.join("kustomization.yaml"))[0];
+    for key in k.as_mapping().unwrap().keys() {
+        assert!(
+            KUSTOMIZE_FIELDS.contains(&s(key)),
+            "{}: the test's renderer does not model `{}`",
+            dir.display(),
+            s(key)
+        );
+    }
+    assert_eq!(s(&k["kind"]), "Kustomization");
+    let mut objects = Vec::new();
+    for r in seq(&k["resources"]) {
+        let path = dir.join(s(r));
+        if path.is_dir() {
+            objects.extend(kustomize(&path));
+        } else {
+            objects.extend(yaml_docs(&path));
+        }
+    }
+    for (field, kind) in [
+        ("configMapGenerator", "ConfigMap"),
+        ("secretGenerator", "Secret"),
+    ] {
+        for g in seq(&k[field]) {
+            generate(dir, kind, g, &mut objects);
+        }
+    }
+    if let Some(ns) = k["namespace"].as_str() {
+        for o in &mut objects {
+            if s(&o["kind"]) != "Namespace" {
+                o["metadata"]
+                    .as_mapping_mut()
+                    .unwrap()
+                    .insert("namespace".into(), ns.into());
+            }
+        }
+    }
+    for img in seq(&k["images"]) {
+        let name = s(&img["name"]);
+        for o in &mut objects {
+            for c in containers_mut(o) {
+                let image = s(&c["image"]).to_string();
+                let (base, tag) = match image.rsplit_once(':') {
+                    Some((b, t)) if !t.contains('/') => (b.to_string(), Some(t.to_string())),
+                    _ => (image.clone(), None),
+                };
+                if base != name {
+                    continue;
+                }
+                let new_base = img["newName"].as_str().unwrap_or(&base).to_string();
+                let new_tag = img["newTag"].as_str().map(str::to_string).or(tag);
+                c["image"] = match new_tag {
+                    Some(t) => format!("{new_base}:{t}").into(),
+                    None => new_base.into(),
+                };
+            }
+        }
+    }
+    objects
+}
+
+fn generate(dir: &Path, kind: &str, g: &Value, objects: &mut Vec<Value>) {
+    for key in g.as_mapping().unwrap().keys() {
+        assert!(
+            ["name", "behavior", "files", "literals", "envs", "options"].contains(&s(key)),
+            "{}: generator field `{}` is not modelled",
+            dir.display(),
+            s(key)
+        );
+    }
+    let name = s(&g["name"]);
+    let mut data = Mapping::new();
+    for f in seq(&g["files"]) {
+        let (key, path) = match s(f).split_once('=') {
+            Some((k, p)) => (k.to_string(), p.to_string()),
+            None => (
+                Path::new(s(f))
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .to_string(),
+                s(f).to_string(),
+            ),
+        };
+        assert!(
+            !path.starts_with("..") && !path.starts_with('/'),
+            "kustomize loads generator files only from within the kustomization: {path}"
+        );
+        let text = std::fs::read_to_string(dir.join(&path)).unwrap();
+        data.insert(key.into(), text.into());
+    }
+    let mut env_lines: Vec<String> = seq(&g["literals"])
+        .iter()
+        .map(|l| s(l).to_string())
+        .collect();
+    for e in seq(&g["envs"]) {
+        env_lines.extend(
+            std::fs::read_to_string(dir.join(s(e)))
+                .unwrap()
+                .lines()
+                .map(str::to_string),
+        );
+    }
+    for (k, v) in parse_env_lines(&env_lines.join("\n")) {
+        data.insert(k.into(), v.into());
+    }
+    let existing = objects
+        .iter_mut()
+        .find(|o| s(&o["kind"]) == kind && s(&o["metadata"]["name"]) == name);
+    match (g["behavior"].as_str().unwrap_or("create"), existing) {
+        ("create", None) => {
+            let mut meta = Mapping::new();
+            meta.insert("name".into(), name.into());
+            if let Some(labels) = g["options"]["labels"].as_mapping() {
+                meta.insert("labels".into(), Value::Mapping(labels.clone()));
+            }
+            let mut o = Mapping::new();
+            o.insert("apiVersion".into(), "v1".into());
+            o.insert("kind".into(), kind.into());
+            o.insert("metadata".into(), Value::Mapping(meta));
+            o.insert("data".into(), Value::Mapping(data));
+            objects.push(Value::Mapping(o));
+        }
+        ("replace", Some(o)) => o["data"] = Value::Mapping(data),
+        ("merge", Some(o)) => {
+            for (k, v) in data {
+                o["data"].as_mapping_mut().unwrap().insert(k, v);
+            }
+        }
+        (b, found) => panic!(
+            "{}: {kind} {name}: behavior {b} with the object {}",
+            dir.display(),
+            if found.is_some() { "present" } else { "absent" }
+        ),
+    }
+}
+
+/// `KEY=VALUE` lines (comments and blank lines skipped), as kustomize and
+/// `kubectl create secret --from-env-file` read them.
+fn parse_env_lines(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (k, v) = l
+                .split_once('=')
+                .unwrap_or_else(|| panic!("not KEY=VALUE: {l:?}"));
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn pod_spec_mut(o: &mut Value) -> Option<&mut Value> {
+    match o["kind"].as_str()? {
+        "Deployment" | "StatefulSet" | "DaemonSet" | "Job" => {
+            Some(&mut o["spec"]["template"]["spec"])
+        }
+        "Pod" => Some(&mut o["spec"]),
+        _ => None,
+    }
+}
+
+fn containers_mut(o: &mut Value) -> Vec<&mut Value> {
+    let Some(spec) = pod_spec_mut(o) else {
+        return Vec::new();
+    };
+    let spec = spec.as_mapping_mut().unwrap();
+    let mut out = Vec::new();
+    for (k, v) in spec.iter_mut() {
+        if k == "containers" || k == "initContainers" {
+            out.extend(v.as_sequence_mut().unwrap().iter_mut());
+        }
+    }
+    out
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| s(&o["kind"]) == kind && s(&o["metadata"]["name"]) == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the render"))
+}
+
+fn try_find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    objects
+        .iter()
+        .find(|o| s(&o["kind"]) == kind && s(&o["metadata"]["name"]) == name)
+}
+
+fn labels_match(selector: &Value, labels: &Value) -> bool {
+    let sel = selector.as_mapping().expect("a selector");
+    let labels = labels.as_mapping().expect("labels");
+    !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// A container's named port.
+fn port_named(container: &Value, name: &str) -> i64 {
+    seq(&container["ports"])
+        .iter()
+        .find(|p| s(&p["name"]) == name)
+        .unwrap_or_else(|| panic!("no container port named {name}"))["containerPort"]
+        .as_i64()
+        .unwrap()
+}
+
+/// A probe's or Service's port: a name of the container's, or a number.
+fn resolve_port(container: &Value, port: &Value) -> i64 {
+    match port {
+        Value::Number(n) => n.as_i64().unwrap(),
+        Value::String(name) => port_named(container, name),
+        other => panic!("port {other:?}"),
+    }
+}
+
+// ------------------------------------------------ the rendered deployments
+
+/// What the `serve` container of a render runs with.
+struct Serve {
+    deployment: Value,
+    container: Value,
+    /// The container's environment: the image's ENV, then `envFrom`, then
+    /// `env` (Kubernetes' precedence), with the config file's path.
+    env: BTreeMap<String, String>,
+    /// The TOML settings file the container reads (from its ConfigMap).
+    config_toml: String,
+    /// `config show` in exactly that environment, with that file.
+    settings: BTreeMap<String, Setting>,
+}
+
+/// A Secret's data: from the render, or (for one the operator creates
+/// before applying) from `external`.
+fn secret_data(
+    objects: &[Value],
+    name: &str,
+    external: &BTreeMap<String, BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
+    if let Some(secret) = try_find(objects, "Secret", name) {
+        return secret["data"]
+            .as_mapping()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (s(k).to_string(), s(v).to_string()))
+            .collect();
+    }
+    external
+        .get(name)
+        .unwrap_or_else(|| panic!("Secret {name} is neither in the render nor documented"))
+        .clone()
+}
+
+fn serve_container(
+    objects: &[Value],
+    external: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Serve {
+    let d = find(objects, "Deployment", "volume-reconciler").clone();
+    let pod = &d["spec"]["template"]["spec"];
+    let c = seq(&pod["containers"])
+        .iter()
+        .find(|c| s(&c["name"]) == "volume-reconciler")
+        .expect("the volume-reconciler container")
+        .clone();
+    assert_eq!(seq(&c["args"]).iter().map(s).collect::<Vec<_>>(), ["serve"]);
+    assert!(c["command"].is_null(), "the image's ENTRYPOINT runs");
+
+    let mut env = image().env;
+    for from in seq(&c["envFrom"]) {
+        let name = s(&from["secretRef"]["name"]);
+        env.extend(secret_data(objects, name, external));
+    }
+    for e in seq(&c["env"]) {
+        let name = s(&e["name"]).to_string();
+        let value = if let Some(v) = e["value"].as_str() {
+            v.to_string()
+        } else if let Some(field) = e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            assert_eq!(field, "metadata.name", "{name}");
+            "volume-reconciler-5d8f9c7b6-x2kqp".to_string()
+        } else if e["valueFrom"]["secretKeyRef"].is_mapping() {
+            let r = &e["valueFrom"]["secretKeyRef"];
+            let key = s(&r["key"]);
+            secret_data(objects, s(&r["name"]), external)
+                .get(key)
+                .unwrap_or_else(|| panic!("{name}: the Secret has no key {key}"))
+                .clone()
+        } else {
+            panic!("{name}: an env source the test does not model: {e:?}")
+        };
+        env.insert(name, value);
+    }
+
+    // The settings file: VOLUME_RECONCILER_CONFIG inside a mounted ConfigMap.
+    let path = env
+        .get("VOLUME_RECONCILER_CONFIG")
+        .expect("the container reads a config file")
+        .clone();
+    let mount = seq(&c["volumeMounts"])
+        .iter()
+        .find(|m| Path::new(&path).parent() == Some(Path::new(s(&m["mountPath"]))))
+        .unwrap_or_else(|| panic!("no volume mounted where {path} is"));
+    let volume = seq(&pod["volumes"])
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume");
+    let cm = find(objects, "ConfigMap", s(&volume["configMap"]["name"]));
+    let file = Path::new(&path).file_name().unwrap().to_str().unwrap();
+    let config_toml = cm["data"][file]
+        .as_str()
+        .unwrap_or_else(|| panic!("the ConfigMap has no {file}"))
+        .to_string();
+
+    let dir = temp_dir("k8s-config");
+    let local = dir.join(file);
+    std::fs::write(&local, &config_toml).unwrap();
+    let mut run_env = env.clone();
+    run_env.insert(
+        "VOLUME_RECONCILER_CONFIG".into(),
+        local.to_string_lossy().to_string(),
+    );
+    let settings = config_show(&run_env);
+    std::fs::remove_dir_all(&dir).unwrap();
+    Serve {
+        deployment: d,
+        container: c,
+        env,
+        config_toml,
+        settings,
+    }
+}
+
+/// Everything a `serve` Deployment must agree on with the binary; returns
+/// what its container runs with.
+fn check_serve(objects: &[Value], external: &BTreeMap<String, BTreeMap<String, String>>) -> Serve {
+    let sv = serve_container(objects, external);
+    let (d, c) = (&sv.deployment, &sv.container);
+    let pod = &d["spec"]["template"]["spec"];
+
+    // Every variable is one the binary reads.
+    let known = serve_env_vars();
+    for k in sv.env.keys() {
+        assert!(known.contains(k), "{k} is not a variable of `serve`");
+    }
+    // Every file setting is a flag, and the file's value is the one in
+    // force (no image ENV or container env silently overrides it).
+    let flags = serve_flags();
+    let table: toml::Table = sv.config_toml.parse().expect("config.toml is TOML");
+    assert!(!table.is_empty());
+    for key in table.keys() {
+        assert!(flags.contains_key(key), "config.toml: {key} is not a flag");
+        assert_eq!(
+            sv.settings[key].source, "file",
+            "config.toml: {key} is overridden by the environment ({})",
+            flags[key]
+        );
+    }
+
+    // Replicas share PostgreSQL, each named after its pod.
+    assert_eq!(d["spec"]["replicas"].as_i64(), Some(2));
+    assert!(
+        sv.settings["database-url"].value.starts_with("postgres://"),
+        "replicas need a shared PostgreSQL ledger: {}",
+        sv.settings["database-url"].value
+    );
+    assert_eq!(sv.settings["replica-id"].source, "env");
+
+    // Ports: what it listens on, on all interfaces, is what is declared.
+    let listen: std::net::SocketAddr = sv.settings["listen"].value.parse().unwrap();
+    let admin: std::net::SocketAddr = sv.settings["admin-listen"].value.parse().unwrap();
+    assert!(listen.ip().is_unspecified() && admin.ip().is_unspecified());
+    assert_eq!(port_named(c, "grpc"), i64::from(listen.port()));
+    assert_eq!(port_named(c, "admin"), i64::from(admin.port()));
+
+    // Probes ask the admin listener; readiness is /readyz (it turns 503
+    // at once when draining) and notices within shutdown-delay.
+    let delay = duration(&sv.settings["shutdown-delay"].value);
+    let drain = duration(&sv.settings["drain-timeout"].value);
+    for (probe, path) in [
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+        ("startupProbe", "/healthz"),
+    ] {
+        let get = &c[probe]["httpGet"];
+        assert_eq!(get["path"].as_str(), Some(path), "{probe}");
+        assert_eq!(
+            resolve_port(c, &get["port"]),
+            i64::from(admin.port()),
+            "{probe} asks the admin listener"
+        );
+    }
+    let r = &c["readinessProbe"];
+    let notice =
+        r["periodSeconds"].as_u64().unwrap_or(10) * r["failureThreshold"].as_u64().unwrap_or(3);
+    assert!(
+        Duration::from_secs(notice) < delay,
+        "readiness notices a drain in {notice}s, within shutdown-delay {delay:?}"
+    );
+
+    // The grace period covers delay + drain + time to hand over.
+    let grace = Duration::from_secs(pod["terminationGracePeriodSeconds"].as_u64().unwrap());
+    assert!(
+        grace >= delay + drain + Duration::from_secs(10),
+        "terminationGracePeriodSeconds {grace:?} < shutdown-delay {delay:?} + drain-timeout {drain:?} + 10s"
+    );
+
+    // Hardening and resources.
+    let img = image();
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    assert_eq!(pod["securityContext"]["runAsUser"].as_i64(), Some(img.uid));
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
+    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(seq(&sc["capabilities"]["drop"]), [Value::from("ALL")]);
+    for r in ["cpu", "memory"] {
+        assert!(
+            c["resources"]["requests"][r].is_string(),
+            "resources.requests.{r}"
+        );
+    }
+    assert_eq!(
+        s(&c["image"]),
+        format!("volume-reconciler:{}", env!("CARGO_PKG_VERSION"))
+    );
+
+    // Mounted volumes exist; ConfigMaps they name are in the render.
+    for m in seq(&c["volumeMounts"]) {
+        let v = seq(&pod["volumes"])
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .unwrap_or_else(|| panic!("volume {:?}", m["name"]));
+        if let Some(cm) = v["configMap"]["name"].as_str() {
+            find(objects, "ConfigMap", cm);
+        }
+    }
+
+    // Selectors: the Deployment's, the Services' and the budget's.
+    let labels = &d["spec"]["template"]["metadata"]["labels"];
+    assert!(labels_match(&d["spec"]["selector"]["matchLabels"], labels));
+    for (svc, port) in [
+        ("volume-reconciler", listen.port()),
+        ("volume-reconciler-admin", admin.port()),
+    ] {
+        let svc = find(objects, "Service", svc);
+        assert!(labels_match(&svc["spec"]["selector"], labels), "{svc:?}");
+        for p in seq(&svc["spec"]["ports"]) {
+            assert_eq!(resolve_port(c, &p["targetPort"]), i64::from(port), "{p:?}");
+        }
+    }
+    let pdb = find(objects, "PodDisruptionBudget", "volume-reconciler");
+    assert!(labels_match(
+        &pdb["spec"]["selector"]["matchLabels"],
+        labels
+    ));
+    assert_eq!(
+        pdb["spec"]["maxUnavailable"].as_i64(),
+        Some(1),
+        "one replica of two at a time"
+    );
+    let sa = s(&pod["serviceAccountName"]);
+    find(objects, "ServiceAccount", sa);
+    sv
+}
+
+fn base_dir() -> PathBuf {
+    Path::new(ROOT).join("deploy/kubernetes/base")
+}
+
+/// The Secret an operator creates for the base, as secret.example.env
+/// documents it.
+fn documented_secrets() -> BTreeMap<String, BTreeMap<String, String>> {
+    let example = read("deploy/kubernetes/base/secret.example.env");
+    BTreeMap::from([(
+        "volume-reconciler".to_string(),
+        parse_env_lines(&example).into_iter().collect(),
+    )])
+}
+
+#[tokio::test]
+async fn the_kubernetes_base_matches_the_binary_and_its_probes_answer_on_a_live_server() {
+    let objects = kustomize(&base_dir());
+    let secrets = documented_secrets();
+    // Every documented Secret key is a variable of `serve`.
+    let known = serve_env_vars();
+    for k in secrets["volume-reconciler"].keys() {
+        assert!(
+            known.contains(k),
+            "secret.example.env: {k} is not a variable of `serve`"
+        );
+    }
+    let sv = check_serve(&objects, &secrets);
+
+    // The real server, with the ConfigMap's settings (listeners, database
+    // and Nova those of the test): the probes' paths answer as the
+    // manifest expects, and the readiness path turns 503 when draining
+    // while the liveness path keeps answering (a failing liveness probe
+    // would kill a draining pod).
+    let table: toml::Table = sv.config_toml.parse().unwrap();
+    let mut opts = support::AppOptions::default();
+    for (k, v) in &table {
+        let v = match v {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            other => panic!("config.toml: {k} = {other:?}: not a flag value"),
+        };
+        opts = opts.arg(&format!("--{k}"), &v);
+    }
+    let app = support::spawn_app(opts.arg("--shutdown-delay", "3s")).await;
+    let c = &sv.container;
+    let get = |probe: &str| {
+        let url = format!("{}{}", app.admin_url, s(&c[probe]["httpGet"]["path"]));
+        async move { reqwest::get(url).await.unwrap().status().as_u16() }
+    };
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert_eq!(get(probe).await, 200, "{probe}");
+    }
+    let (ready_url, live_url) = (
+        format!(
+            "{}{}",
+            app.admin_url,
+            s(&c["readinessProbe"]["httpGet"]["path"])
+        ),
+        format!(
+            "{}{}",
+            app.admin_url,
+            s(&c["livenessProbe"]["httpGet"]["path"])
+        ),
+    );
+    let stopping = tokio::spawn(app.stop());
+    support::eventually(
+        Duration::from_secs(3),
+        "the readiness path answers 503 while draining",
+        || {
+            let url = ready_url.clone();
+            async move { reqwest::get(url).await.unwrap().status() == 503 }
+        },
+    )
+    .await;
+    assert_eq!(reqwest::get(&live_url).await.unwrap().status(), 200);
+    stopping.await.unwrap();
+}
+
+#[test]
+fn the_demo_overlay_wires_the_simulator_and_postgres_and_matches_the_binary() {
+    let dir = Path::new(ROOT).join("deploy/kubernetes/overlays/demo");
+    let objects = kustomize(&dir);
+    let sv = check_serve(&objects, &BTreeMap::new());
+    for o in &objects {
+        if s(&o["kind"]) != "Namespace" {
+            assert_eq!(
+                o["metadata"]["namespace"].as_str(),
+                Some("volume-reconciler-demo"),
+                "{:?}",
+                o["metadata"]["name"]
+            );
+        }
+    }
+    find(&objects, "Namespace", "volume-reconciler-demo");
+
+    // The demo's settings are the base's plus the simulator's URL.
+    let base: toml::Table = read("deploy/kubernetes/base/config.toml").parse().unwrap();
+    let mut demo: toml::Table = sv.config_toml.parse().unwrap();
+    let nova = demo.remove("nova-url").expect("the demo names its Nova");
+    assert_eq!(
+        demo, base,
+        "overlays/demo/config.toml drifted from the base's"
+    );
+
+    // Hosts in URLs are Services of the render, on the ports they serve.
+    let service_port = |url: &str| -> (String, i64) {
+        let rest = url.split("://").nth(1).unwrap();
+        let hostport = rest.rsplit('@').next().unwrap().split('/').next().unwrap();
+        let (host, port) = hostport.split_once(':').expect("an explicit port");
+        (host.to_string(), port.parse().unwrap())
+    };
+    for url in [
+        nova.as_str().unwrap().to_string(),
+        sv.env["DATABASE_URL"].clone(),
+    ] {
+        let (host, port) = service_port(&url);
+        let svc = find(&objects, "Service", &host);
+        assert!(
+            seq(&svc["spec"]["ports"])
+                .iter()
+                .any(|p| p["port"].as_i64() == Some(port)),
+            "{url}: Service {host} has no port {port}"
+        );
+        // ... and the Service selects a Deployment whose container has that port.
+        let target = objects
+            .iter()
+            .filter(|o| s(&o["kind"]) == "Deployment")
+            .find(|o| {
+                labels_match(
+                    &svc["spec"]["selector"],
+                    &o["spec"]["template"]["metadata"]["labels"],
+                )
+            })
+            .unwrap_or_else(|| panic!("Service {host} selects no Deployment"));
+        let c = &target["spec"]["template"]["spec"]["containers"][0];
+        let p = seq(&svc["spec"]["ports"])
+            .iter()
+            .find(|p| p["port"].as_i64() == Some(port))
+            .unwrap();
+        assert_eq!(resolve_port(c, &p["targetPort"]), port, "{host}");
+    }
+    // The database's password is the one PostgreSQL is started with.
+    let pg = find(&objects, "Deployment", "postgres");
+    let pg_env = &pg["spec"]["template"]["spec"]["containers"][0]["env"];
+    let pw_ref = &seq(pg_env)
+        .iter()
+        .find(|e| s(&e["name"]) == "POSTGRES_PASSWORD")
+        .unwrap()["valueFrom"]["secretKeyRef"];
+    let pw = &secret_data(&objects, s(&pw_ref["name"]), &BTreeMap::new())[s(&pw_ref["key"])];
+    assert!(
+        sv.env["DATABASE_URL"].contains(&format!(":{pw}@")),
+        "DATABASE_URL's password is POSTGRES_PASSWORD"
+    );
+
+    // The simulator runs the same image with variables of `nova-sim`.
+    let sim = find(&objects, "Deployment", "nova-sim");
+    let c = &sim["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        seq(&c["args"]).iter().map(s).collect::<Vec<_>>(),
+        ["nova-sim"]
+    );
+    assert_eq!(
+        s(&c["image"]),
+        format!("volume-reconciler:{}", env!("CARGO_PKG_VERSION"))
+    );
+    let sim_vars: BTreeSet<String> = flags_of(
+        <volume_reconciler::cli::nova_sim::SimArgs as clap::Args>::augment_args(
+            clap::Command::new("nova-sim"),
+        ),
+    )
+    .into_values()
+    .collect();
+    let mut listen = None;
+    for e in seq(&c["env"]) {
+        assert!(
+            sim_vars.contains(s(&e["name"])),
+            "{:?} is not a variable of `nova-sim`",
+            e["name"]
+        );
+        if s(&e["name"]) == "NOVA_SIM_LISTEN" {
+            listen = Some(s(&e["value"]).parse::<std::net::SocketAddr>().unwrap());
+        }
+    }
+    let listen = listen.expect("the simulator listens on all interfaces");
+    assert!(listen.ip().is_unspecified());
+    assert_eq!(port_named(c, "nova"), i64::from(listen.port()));
+    // The token the README's walk-through sends is an operator's.
+    use sha2::Digest as _;
+    let hash: String = sha2::Sha256::digest(b"demo-token")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        sv.env["VOLUME_RECONCILER_AUTH_TOKENS"],
+        format!("demo:operator:{hash}")
+    );
+}
+
+#[test]
+fn the_monitoring_kit_scrapes_the_admin_service_and_ships_the_dashboard_and_rules() {
+    let base = kustomize(&base_dir());
+    let obs = kustomize(&Path::new(ROOT).join("deploy/observability"));
+    let sm = find(&obs, "ServiceMonitor", "volume-reconciler");
+    let admin = find(&base, "Service", "volume-reconciler-admin");
+    let grpc = find(&base, "Service", "volume-reconciler");
+    let selector = &sm["spec"]["selector"]["matchLabels"];
+    assert!(labels_match(selector, &admin["metadata"]["labels"]));
+    assert!(
+        !labels_match(selector, &grpc["metadata"]["labels"]),
+        "the gRPC Service is not scraped"
+    );
+    let endpoints = seq(&sm["spec"]["endpoints"]);
+    assert!(!endpoints.is_empty());
+    for ep in endpoints {
+        assert!(
+            seq(&admin["spec"]["ports"])
+                .iter()
+                .any(|p| p["name"] == ep["port"]),
+            "ServiceMonitor port {:?} is not a port of the admin Service",
+            ep["port"]
+        );
+        // The path the admin router serves (tests/observability.rs scrapes it).
+        assert_eq!(ep["path"].as_str(), Some("/metrics"));
+    }
+    // The job label is the one the alert rules select.
+    let job_label = s(&sm["spec"]["jobLabel"]);
+    assert_eq!(
+        admin["metadata"]["labels"][job_label].as_str(),
+        Some("volume-reconciler")
+    );
+    assert!(read("deploy/observability/alerts.yaml").contains("job=\"volume-reconciler\""));
+
+    // The dashboard ConfigMap is the dashboard, labelled for Grafana's
+    // sidecar; the PrometheusRule carries alerts.yaml's groups.
+    let cm = find(&obs, "ConfigMap", "volume-reconciler-dashboard");
+    assert_eq!(
+        cm["data"]["volume-reconciler.json"].as_str(),
+        Some(read("deploy/observability/grafana-dashboard.json").as_str())
+    );
+    assert_eq!(
+        cm["metadata"]["labels"]["grafana_dashboard"].as_str(),
+        Some("1")
+    );
+    let rule = find(&obs, "PrometheusRule", "volume-reconciler");
+    let alerts: Value = serde_yaml::from_str(&read("deploy/observability/alerts.yaml")).unwrap();
+    assert_eq!(
+        rule["spec"]["groups"], alerts["groups"],
+        "prometheusrule.yaml and alerts.yaml hold the same rules"
+    );
+}
