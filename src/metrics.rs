@@ -49,6 +49,9 @@ pub struct Metrics {
     pub drift_detected: Counter,
     pub verification_missed: Counter,
     pub ledger_write: Family<NovaLabels, Histogram>,
+    /// 1 while Nova answers (any HTTP answer), 0 after a connection to it
+    /// failed or its version document could not be fetched at start.
+    pub nova_reachable: Gauge,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -82,6 +85,7 @@ impl Metrics {
             drift_detected: Counter::default(),
             verification_missed: Counter::default(),
             ledger_write: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
+            nova_reachable: Gauge::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|p| p.into_inner());
@@ -154,6 +158,11 @@ impl Metrics {
                 "ledger_write_duration_seconds",
                 "Durable ledger writes on the request path (intent, decision), queueing included",
                 m.ledger_write.clone(),
+            );
+            r.register(
+                "nova_reachable",
+                "1 while Nova answers, 0 since a connection to it failed (set at start by version discovery, then by every request)",
+                m.nova_reachable.clone(),
             );
         }
         m
