@@ -326,11 +326,12 @@ fn spawn_grpc(
     tls: Option<&Arc<crate::tls::Reloadable>>,
     drain: CancellationToken,
 ) -> anyhow::Result<GrpcServer> {
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let reflection_v1 = reflection()
         .build_v1()
-        .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("building the reflection service (v1): {e}"))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| anyhow::anyhow!("building the reflection service (v1alpha): {e}"))?;
     let service = VolumeReconcilerServer::new(api).max_decoding_message_size(cfg.max_message_bytes);
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(cfg.http2_keepalive_interval))
@@ -366,7 +367,8 @@ fn spawn_grpc(
             limit: cfg.max_message_bytes,
         })
         .add_service(health_svc)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(service);
     let shutdown = async move { drain.cancelled().await };
     Ok(match tls {
@@ -378,6 +380,22 @@ fn spawn_grpc(
             tokio::spawn(router.serve_with_incoming_shutdown(plain_incoming(listener), shutdown))
         }
     })
+}
+
+/// What reflection describes: the API, health, and the types an error's
+/// details are made of (`google.rpc.Status`, `ErrorInfo`, `BadRequest`...,
+/// with the well-known `Any` and `Duration` they import; `Timestamp` comes
+/// with the API), so a tool like grpcurl decodes `ErrorInfo` instead of
+/// printing bytes. Served as v1 and as v1alpha, which many clients
+/// (Postman, Kreya, older grpcurl) still ask for.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+        // Each version lists both reflection services, not only itself.
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
 async fn readyz(State(st): State<AdminState>) -> (StatusCode, &'static str) {

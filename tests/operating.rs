@@ -6,9 +6,132 @@ mod support;
 
 use std::time::Duration;
 
+use prost::Message as _;
 use support::{AppOptions, error_info, spawn_app, with_timeout};
 use uuid::Uuid;
 use volume_reconciler::grpc::pb;
+
+/// What one reflection exchange answered: the services listed, and the
+/// files (decoded) that a symbol and a file name resolve to.
+struct Reflected {
+    services: Vec<String>,
+    symbol_files: Result<Vec<prost_types::FileDescriptorProto>, String>,
+    dependency_files: Vec<Result<Vec<prost_types::FileDescriptorProto>, String>>,
+}
+
+fn decode_files(raw: &[Vec<u8>]) -> Vec<prost_types::FileDescriptorProto> {
+    raw.iter()
+        .map(|b| prost_types::FileDescriptorProto::decode(b.as_slice()).expect("a descriptor"))
+        .collect()
+}
+
+/// The v1 and v1alpha protocols are the same messages in two packages;
+/// one macro asks the same questions of either.
+macro_rules! ask {
+    ($version:ident, $channel:expr, $symbol:expr) => {{
+        use tonic_reflection::pb::$version::ServerReflectionRequest;
+        use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+        let mut client = ServerReflectionClient::new($channel);
+        let request = |m: MessageRequest| ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(m),
+        };
+        let mut one = async |m: MessageRequest| {
+            let mut stream = client
+                .server_reflection_info(tokio_stream::iter(vec![request(m)]))
+                .await
+                .expect("the reflection service answers")
+                .into_inner();
+            stream
+                .message()
+                .await
+                .expect("a reflection answer")
+                .expect("one message")
+                .message_response
+                .expect("a response")
+        };
+        let services = match one(MessageRequest::ListServices(String::new())).await {
+            MessageResponse::ListServicesResponse(l) => {
+                l.service.into_iter().map(|s| s.name).collect()
+            }
+            other => panic!("unexpected {other:?}"),
+        };
+        let files = |r: MessageResponse| match r {
+            MessageResponse::FileDescriptorResponse(f) => {
+                Ok(decode_files(&f.file_descriptor_proto))
+            }
+            MessageResponse::ErrorResponse(e) => {
+                Err(format!("{} {}", e.error_code, e.error_message))
+            }
+            other => panic!("unexpected {other:?}"),
+        };
+        let symbol_files = files(one(MessageRequest::FileContainingSymbol($symbol.into())).await);
+        let mut dependency_files = Vec::new();
+        if let Ok(found) = &symbol_files {
+            for dep in found.iter().flat_map(|f| f.dependency.clone()) {
+                dependency_files.push(files(one(MessageRequest::FileByFilename(dep)).await));
+            }
+        }
+        Reflected {
+            services,
+            symbol_files,
+            dependency_files,
+        }
+    }};
+}
+
+#[tokio::test]
+async fn reflection_v1_and_v1alpha_list_the_services_and_resolve_error_info() {
+    let app = spawn_app(AppOptions::default()).await;
+    let channel = tonic::transport::Endpoint::from_shared(app.grpc_url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let v1 = ask!(v1, channel.clone(), "google.rpc.ErrorInfo");
+    let v1alpha = ask!(v1alpha, channel.clone(), "google.rpc.ErrorInfo");
+    for (version, r) in [("v1", &v1), ("v1alpha", &v1alpha)] {
+        for service in [
+            "volume_reconciler.v1.VolumeReconciler",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ] {
+            assert!(
+                r.services.iter().any(|s| s == service),
+                "{version} lists {service}: {:?}",
+                r.services
+            );
+        }
+        let files = r
+            .symbol_files
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{version}: google.rpc.ErrorInfo unresolved: {e}"));
+        let error_info = files
+            .iter()
+            .flat_map(|f| f.message_type.iter().map(move |m| (f, m)))
+            .find(|(f, m)| f.package() == "google.rpc" && m.name() == "ErrorInfo")
+            .unwrap_or_else(|| panic!("{version}: no ErrorInfo in {files:?}"));
+        let fields: Vec<&str> = error_info.1.field.iter().map(|f| f.name()).collect();
+        assert_eq!(fields, ["reason", "domain", "metadata"], "{version}");
+        // A tool then fetches each import by name (Duration, for RetryInfo).
+        assert!(!r.dependency_files.is_empty(), "{version}: imports");
+        for dep in &r.dependency_files {
+            let dep = dep
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{version}: an import is missing: {e}"));
+            assert!(!dep.is_empty());
+        }
+    }
+    // The API's own types resolve too (Timestamp comes with them).
+    let api = ask!(v1alpha, channel, "volume_reconciler.v1.Operation");
+    let files = api.symbol_files.expect("the API resolves");
+    assert!(files.iter().any(|f| f.package() == "volume_reconciler.v1"));
+    assert!(api.dependency_files.iter().all(Result::is_ok));
+    app.stop().await;
+}
 
 #[tokio::test]
 async fn a_device_longer_than_novas_column_is_refused_naming_the_field() {
