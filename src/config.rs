@@ -27,6 +27,11 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 /// The embedded ledger by default (`serve` and `migrate`).
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://volume-reconciler.db";
 
+/// What a failure to open the ledger at start is said to be about (`serve`
+/// and `migrate`).
+pub const LEDGER_CONTEXT: &str =
+    "opening the ledger (--database-url; PostgreSQL is waited for up to --db-connect-timeout)";
+
 /// A duration as `duration` reads it back (`humantime`: `2m`, `50ms`): how
 /// a settings struct's default becomes a flag's default.
 pub fn render_duration(d: Duration) -> String {
@@ -100,6 +105,10 @@ pub struct ServeArgs {
         default_value_t = 16
     )]
     pub db_max_connections: u32,
+    /// At start, how long to wait for PostgreSQL to accept connections
+    /// (each try is logged); then exit with the last error.
+    #[arg(long, env = "VOLUME_RECONCILER_DB_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(crate::store::DEFAULT_CONNECT_TIMEOUT))]
+    pub db_connect_timeout: Duration,
     /// Nova's compute endpoint (direct mode, no Keystone), e.g. http://127.0.0.1:8774/v2.1.
     /// Without it, the endpoint comes from Keystone (OS_* variables).
     #[arg(long, env = "VOLUME_RECONCILER_NOVA_URL")]

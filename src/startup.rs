@@ -62,8 +62,13 @@ impl Application {
         let admin_listener = TcpListener::bind(cfg.admin_listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {} (admin): {e}", cfg.admin_listen))?;
-        let store: Arc<dyn Store> =
-            crate::store::open(&cfg.database_url, cfg.db_max_connections).await?;
+        let store: Arc<dyn Store> = crate::store::open_within(
+            &cfg.database_url,
+            cfg.db_max_connections,
+            cfg.db_connect_timeout,
+        )
+        .await
+        .map_err(|e| e.context(crate::config::LEDGER_CONTEXT))?;
         let metrics = Arc::new(Metrics::new());
         let slot_metrics = metrics.clone();
         let nova = Arc::new(NovaClient::new(nova_cfg).with_slot_wait_observer(Arc::new(
