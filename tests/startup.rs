@@ -43,13 +43,34 @@ fn command(args: &[&str]) -> Command {
     c
 }
 
-/// Runs the binary to its end off the async runtime.
+/// Runs the binary to its end, killing it after a minute (a start that
+/// should have failed and serves instead must not hang the test).
 async fn run(mut c: Command) -> (Output, Duration) {
-    let started = std::time::Instant::now();
-    let out = tokio::task::spawn_blocking(move || c.output().expect("the binary runs"))
-        .await
-        .unwrap();
-    (out, started.elapsed())
+    let started = Instant::now();
+    let (out_path, err_path) = (log_file("stdout"), log_file("stderr"));
+    let mut child = c
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("the binary runs");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            // Test cleanup: the assertions report what it printed.
+            drop(child.kill());
+            break child.wait().expect("wait");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let took = started.elapsed();
+    let out = Output {
+        status,
+        stdout: std::fs::read(&out_path).unwrap_or_default(),
+        stderr: std::fs::read(&err_path).unwrap_or_default(),
+    };
+    (out, took)
 }
 
 /// `url` with its host and port replaced by `addr`.
@@ -308,4 +329,252 @@ async fn a_database_that_refuses_for_good_is_not_waited_for() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A database file of its own, for starts whose subject is not the ledger.
+fn sqlite_url() -> String {
+    format!(
+        "sqlite://{}",
+        std::env::temp_dir()
+            .join(format!("vr-startup-{}.db", uuid::Uuid::new_v4().simple()))
+            .display()
+    )
+}
+
+#[tokio::test]
+async fn invalid_nova_settings_stop_the_start_naming_the_flag() {
+    let sim = volume_reconciler::sim::start(
+        "127.0.0.1:0".parse().unwrap(),
+        volume_reconciler::sim::SimConfig::default(),
+    )
+    .await
+    .unwrap();
+    let dead = free_addr();
+    let (grpc, admin) = (free_addr(), free_addr());
+    let serve = |nova_url: &str, extra: &[&str]| {
+        let mut args: Vec<String> = [
+            "serve",
+            "--database-url",
+            &sqlite_url(),
+            "--listen",
+            &grpc.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--nova-url",
+            nova_url,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let cases: Vec<(Vec<String>, &[&str])> = vec![
+        (serve("ftp://x", &[]), &["--nova-url", "ftp"]),
+        (serve("http://", &[]), &["--nova-url"]),
+        (
+            serve(&sim.nova_url, &["--nova-microversion", "banana"]),
+            &["--nova-microversion", "banana", "2.N"],
+        ),
+        // Well-formed, but more than this Nova supports.
+        (
+            serve(&sim.nova_url, &["--nova-microversion", "2.200"]),
+            &["--nova-microversion", "2.200", "2.1 to 2.104"],
+        ),
+        // `latest` needs the version document.
+        (
+            serve(
+                &format!("http://{dead}/v2.1"),
+                &["--nova-microversion", "latest"],
+            ),
+            &[
+                "--nova-microversion latest",
+                "version document",
+                "onnection refused",
+            ],
+        ),
+    ];
+    for (args, needles) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (out, took) = run(command(&args)).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} must not start:\n{stderr}");
+        assert!(took < Duration::from_secs(30), "{args:?} took {took:?}");
+        for needle in needles {
+            assert!(
+                stderr.contains(needle),
+                "{args:?}: no {needle:?} in:\n{stderr}"
+            );
+        }
+    }
+    // The same check applies to the environment variable.
+    let mut c = command(&["serve", "--database-url", &sqlite_url()]);
+    c.env("VOLUME_RECONCILER_NOVA_URL", "ftp://x");
+    let (out, _) = run(c).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--nova-url"));
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn latest_resolves_to_the_clouds_maximum_from_its_version_document() {
+    let app =
+        support::spawn_app(support::AppOptions::default().arg("--nova-microversion", "latest"))
+            .await;
+    assert_eq!(
+        app.exec.nova.microversion(),
+        "2.104",
+        "the simulator's maximum"
+    );
+    assert_eq!(
+        nova_reachable(&app.admin_url).await,
+        Some(1),
+        "the version document came: Nova is reachable"
+    );
+    let (s, v) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let op = app
+        .raw()
+        .attach_volume(support::with_timeout(
+            volume_reconciler::grpc::pb::AttachVolumeRequest {
+                idempotency_key: "latest-1".into(),
+                server_id: s.to_string(),
+                volume_id: v.to_string(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    // From 2.101 an attach is answered 202 and only the list tells.
+    assert_eq!(
+        (op.state, op.resolution),
+        (
+            volume_reconciler::grpc::pb::State::Succeeded as i32,
+            volume_reconciler::grpc::pb::Resolution::Reobserved as i32
+        )
+    );
+    assert_eq!(app.sim.attach_effects(v), 1);
+    app.stop().await;
+}
+
+/// The `volume_reconciler_nova_reachable` gauge as `/metrics` shows it.
+async fn nova_reachable(admin_url: &str) -> Option<i64> {
+    let text = reqwest::get(format!("{admin_url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix("volume_reconciler_nova_reachable "))
+        .map(|v| v.trim().parse().expect("a number"))
+}
+
+#[tokio::test]
+async fn a_nova_refusing_connections_for_the_whole_budget_is_unreachable_and_the_operation_failed()
+{
+    let nova = free_addr();
+    // Nobody listens: starting is a warning, not a crash.
+    let app = support::spawn_app(support::AppOptions {
+        nova_url: Some(format!("http://{nova}/v2.1")),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(nova_reachable(&app.admin_url).await, Some(0));
+    let (s, v) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let started = Instant::now();
+    let err = app
+        .raw()
+        .attach_volume(support::with_timeout(
+            volume_reconciler::grpc::pb::AttachVolumeRequest {
+                idempotency_key: "refused-all-along".into(),
+                server_id: s.to_string(),
+                volume_id: v.to_string(),
+                ..Default::default()
+            },
+            Duration::from_secs(3),
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "answered within the deadline"
+    );
+    let (reason, meta) = support::error_info(&err);
+    assert_eq!(
+        (err.code(), reason.as_str()),
+        (tonic::Code::Unavailable, "NOVA_UNREACHABLE"),
+        "a request provably never sent is not an unknown outcome: {err:?}"
+    );
+    assert_eq!(
+        meta.get("error_class").map(String::as_str),
+        Some("connect_failed"),
+        "{meta:?}"
+    );
+    let op = app
+        .store
+        .operation_get_by_key("refused-all-along")
+        .await
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(op.state, volume_reconciler::domain::State::Failed, "{op:?}");
+    assert_eq!(
+        op.last_error.as_ref().map(|e| e.reason.as_str()),
+        Some("NOVA_UNREACHABLE"),
+        "{op:?}"
+    );
+    assert!(
+        op.attempts >= 2,
+        "retried while the budget allowed: {}",
+        op.attempts
+    );
+    // Nova comes up: the next request reaches it and the gauge says so.
+    let h = volume_reconciler::sim::start(nova, volume_reconciler::sim::SimConfig::default())
+        .await
+        .unwrap();
+    let w = uuid::Uuid::new_v4();
+    let op = app
+        .raw()
+        .attach_volume(support::with_timeout(
+            volume_reconciler::grpc::pb::AttachVolumeRequest {
+                idempotency_key: "after-the-outage".into(),
+                server_id: s.to_string(),
+                volume_id: w.to_string(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        op.state,
+        volume_reconciler::grpc::pb::State::Succeeded as i32
+    );
+    assert_eq!(
+        h.sim.attach_effects(v),
+        0,
+        "the refused one never reached Nova"
+    );
+    assert_eq!(h.sim.attach_effects(w), 1);
+    assert_eq!(nova_reachable(&app.admin_url).await, Some(1));
+    // And goes away again: the next refused connection says so.
+    h.stop().await;
+    let gone = app
+        .raw()
+        .attach_volume(support::with_timeout(
+            volume_reconciler::grpc::pb::AttachVolumeRequest {
+                idempotency_key: "nova-gone-again".into(),
+                server_id: s.to_string(),
+                volume_id: uuid::Uuid::new_v4().to_string(),
+                ..Default::default()
+            },
+            Duration::from_secs(2),
+        ))
+        .await;
+    assert!(gone.is_err(), "{gone:?}");
+    assert_eq!(nova_reachable(&app.admin_url).await, Some(0));
+    app.stop().await;
 }
