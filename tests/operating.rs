@@ -193,3 +193,122 @@ async fn a_device_longer_than_novas_column_is_refused_naming_the_field() {
     assert_eq!(app.sim.attach_effects(v), 1);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn ops_show_prints_the_global_and_novas_request_ids() {
+    use volume_reconciler::sim::{Fault, FaultOp, FaultRule, SimConfig};
+    let app = spawn_app(AppOptions {
+        sim: SimConfig {
+            record_history: true,
+            ..SimConfig::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let (s, v) = (Uuid::new_v4(), Uuid::new_v4());
+    // A 500 first (nothing done), then the retry succeeds: two requests,
+    // two of Nova's ids, one global id.
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Attach,
+            Fault::Status {
+                code: 500,
+                effect: false,
+            },
+        )
+        .volume(v)
+        .times(1),
+    );
+    let op = app
+        .raw()
+        .attach_volume(with_timeout(
+            pb::AttachVolumeRequest {
+                idempotency_key: "ids-1".into(),
+                server_id: s.to_string(),
+                volume_id: v.to_string(),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.state, pb::State::Succeeded as i32);
+    // What Nova saw: the ids it was sent and the ids it answered under.
+    let seen: Vec<_> = app
+        .sim
+        .truth()
+        .requests
+        .into_iter()
+        .filter(|r| r.volume_id == v)
+        .collect();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let global = format!("req-{}", op.id);
+    for r in &seen {
+        assert_eq!(r.global_id.as_deref(), Some(global.as_str()), "{r:?}");
+    }
+
+    let show = |json: bool| {
+        let (url, id) = (app.grpc_url.clone(), op.id.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec!["ops", "show", id.as_str(), "--server", url.as_str()];
+            if json {
+                args.extend(["--output", "json"]);
+            }
+            std::process::Command::new(env!("CARGO_BIN_EXE_volume-reconciler"))
+                .args(args)
+                .output()
+                .unwrap()
+        })
+    };
+    let out = show(false).await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary = text
+        .lines()
+        .skip_while(|l| !l.starts_with("request ids"))
+        .take(3)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(summary.contains(&format!("global  {global}")), "{text}");
+    for r in &seen {
+        assert!(
+            summary.contains(&r.local_id),
+            "Nova's id {} in the summary:\n{text}",
+            r.local_id
+        );
+    }
+    // Each event carries its own: the request its global id, the answers
+    // (the failure, the successful response) Nova's.
+    let log = text.split("reconcile log:").nth(1).expect("a log");
+    assert_eq!(
+        log.matches(&format!("global request id {global}")).count(),
+        2,
+        "both requests:\n{log}"
+    );
+    for r in &seen {
+        assert!(
+            log.contains(&format!("Nova's request id {}", r.local_id)),
+            "{}:\n{log}",
+            r.local_id
+        );
+    }
+    // The same for scripts.
+    let out = show(true).await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["request_ids"]["global"], serde_json::json!([global]));
+    let nova: Vec<&str> = v["request_ids"]["nova"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    for r in &seen {
+        assert!(nova.contains(&r.local_id.as_str()), "{nova:?}");
+    }
+    app.stop().await;
+}
