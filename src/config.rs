@@ -571,6 +571,7 @@ impl OpenStackArgs {
                 missing.join(", ")
             );
         }
+        // Every key read below was checked present above (or has a default).
         let text = |k: &str| r.get(k).unwrap_or_default().to_string();
         let auth_url = http_url(&text("auth_url"))
             .map_err(|e| anyhow::anyhow!("{}: {e}", r.describe("auth_url")))?;

@@ -376,7 +376,7 @@ async fn os_cloud_with_secure_yaml_resolves_shows_and_serves() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         resolved(&text, "interface"),
-        ("public".into(), "flag/env".into()),
+        ("public".into(), "explicit".into()),
         "{text}"
     );
     // A cloud that is not there is named, with those that are.

@@ -27,7 +27,7 @@ pub enum Source {
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Source::Given => f.write_str("flag/env"),
+            Source::Given => f.write_str("explicit"),
             Source::Clouds(p) => write!(f, "clouds.yaml ({})", p.display()),
             Source::Secure(p) => write!(f, "secure.yaml ({})", p.display()),
             Source::Default => f.write_str("default"),
@@ -260,6 +260,8 @@ fn cloud_entry(path: &Path, cloud: &str) -> anyhow::Result<Option<Value>> {
     Ok(doc.get("clouds").and_then(|c| c.get(cloud)).cloned())
 }
 
+/// The clouds a file names, for an error about a cloud it does not name
+/// (the file was just read; if it cannot be now, the error lists none).
 fn cloud_names(path: &Path) -> Vec<String> {
     read_yaml(path)
         .ok()

@@ -731,6 +731,7 @@ impl NovaClient {
 /// URL up to its version segment (`http://h:8774/v2.1/<project>` →
 /// `http://h:8774/`, `https://cloud/compute/v2.1` → `https://cloud/compute/`).
 fn version_root(compute: &str) -> String {
+    // Not a URL: the request to it fails and says so, naming it.
     let Ok(mut url) = reqwest::Url::parse(compute) else {
         return compute.to_string();
     };
@@ -741,6 +742,7 @@ fn version_root(compute: &str) -> String {
                     .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
         })
     };
+    // No segments only for URLs that cannot be a base (not http).
     let segments: Vec<String> = url
         .path_segments()
         .map(|s| s.map(str::to_string).collect())

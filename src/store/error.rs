@@ -157,6 +157,7 @@ impl StoreError {
                 _ => io.to_string(),
             }),
             sqlx::Error::Database(db) => {
+                // No SQLSTATE: nothing says waiting would help.
                 let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
                 // 57P03 cannot_connect_now (starting up, in recovery),
                 // 57P01/02 shutting down, 53300 too many connections, 08

@@ -62,6 +62,7 @@ pub(super) async fn issue_token(
         }
         _ => {}
     }
+    // A body that is not JSON names no credential: refused below (401).
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let identity = &v["auth"]["identity"];
     let by_credential = identity["methods"]
