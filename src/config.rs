@@ -10,14 +10,20 @@
 //! conversions of an empty command line equal the structs' defaults.
 //! Durations are written like `500ms`, `30s`, `5m`.
 
+pub mod clouds;
+
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, ValueEnum};
 
 use crate::domain::BudgetPolicy;
 use crate::executor::ExecSettings;
-use crate::nova::{KeystoneConfig, NovaConfig, NovaEndpoint, Secret};
+use crate::nova::{
+    CaBundle, Credential, KeystoneConfig, Microversion, NovaConfig, NovaEndpoint, Secret, TlsTrust,
+};
 use crate::reconciler::ReconcilerSettings;
 
 /// The gRPC listen address by default; also where the clients look first.
@@ -26,6 +32,11 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 /// The embedded ledger by default (`serve` and `migrate`).
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://volume-reconciler.db";
+
+/// What a failure to open the ledger at start is said to be about (`serve`
+/// and `migrate`).
+pub const LEDGER_CONTEXT: &str =
+    "opening the ledger (--database-url; PostgreSQL is waited for up to --db-connect-timeout)";
 
 /// A duration as `duration` reads it back (`humantime`: `2m`, `50ms`): how
 /// a settings struct's default becomes a flag's default.
@@ -70,6 +81,28 @@ pub fn fraction(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Parses an http:// or https:// URL with a host (Nova's and Keystone's
+/// endpoints); anything else is refused at start, not discovered later as
+/// lost responses.
+pub fn http_url(s: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(s).map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "{s:?} has the scheme {:?}; use http:// or https://",
+            url.scheme()
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{s:?} has no host"));
+    }
+    Ok(s.to_string())
+}
+
+/// Parses a Nova microversion: `2.N` or `latest`.
+pub fn microversion(s: &str) -> Result<Microversion, String> {
+    s.parse()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     /// Human-readable on a terminal, JSON otherwise.
@@ -112,19 +145,32 @@ pub struct ServeArgs {
         default_value_t = 16
     )]
     pub db_max_connections: u32,
+    /// At start, how long to wait for PostgreSQL to accept connections
+    /// (each try is logged); then exit with the last error.
+    #[arg(long, env = "VOLUME_RECONCILER_DB_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(crate::store::DEFAULT_CONNECT_TIMEOUT))]
+    pub db_connect_timeout: Duration,
     /// Nova's compute endpoint (direct mode, no Keystone), e.g. http://127.0.0.1:8774/v2.1.
     /// Without it, the endpoint comes from Keystone (OS_* variables).
-    #[arg(long, env = "VOLUME_RECONCILER_NOVA_URL")]
+    #[arg(long, env = "VOLUME_RECONCILER_NOVA_URL", value_parser = http_url)]
     pub nova_url: Option<String>,
     /// This instance's name in leases and the reconcile log (default: host-pid).
     #[arg(long, env = "VOLUME_RECONCILER_REPLICA_ID")]
     pub replica_id: Option<String>,
+    /// The compute API microversion: 2.N, or latest (the cloud's maximum,
+    /// read from Nova's version document at start). Checked at start
+    /// against the range Nova's version document gives.
     #[arg(
         long,
         env = "VOLUME_RECONCILER_NOVA_MICROVERSION",
+        value_parser = microversion,
         default_value_t = NovaConfig::default().microversion
     )]
-    pub nova_microversion: String,
+    pub nova_microversion: Microversion,
+    /// At start, the bound of fetching Nova's version document (a token
+    /// from Keystone first, in Keystone mode). Nova unreachable then is a
+    /// warning (and the `nova_reachable` metric), not a failure.
+    #[arg(long, env = "VOLUME_RECONCILER_NOVA_DISCOVERY_TIMEOUT", value_parser = duration, default_value = render_duration(NOVA_DISCOVERY_TIMEOUT))]
+    pub nova_discovery_timeout: Duration,
     /// Concurrent Nova requests per host; waiting for a slot counts against the deadline.
     #[arg(
         long,
@@ -286,19 +332,24 @@ pub struct ServeArgs {
 const KEYSTONE_RENEWAL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Renew a token this long before it expires (keystoneauth uses 120 s).
 const KEYSTONE_RENEW_BEFORE: Duration = Duration::from_secs(120);
-/// Keystone's default domain name (OS_USER_DOMAIN_NAME, OS_PROJECT_DOMAIN_NAME).
-const DEFAULT_DOMAIN: &str = "Default";
-/// The catalog interface by default (OS_INTERFACE).
-const DEFAULT_INTERFACE: &str = "public";
+/// Fetching Nova's version document at start, at most, by default.
+pub const NOVA_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The standard OpenStack variables, for Keystone mode.
+/// The standard OpenStack settings, for Keystone mode. Each has its `OS_*`
+/// variable; with `OS_CLOUD`, clouds.yaml (and secure.yaml) fill what these
+/// leave unset. Defaults apply last, so an explicit setting always wins
+/// over the file, even when it equals the default.
 #[derive(Debug, Clone, Args)]
 pub struct OpenStackArgs {
     /// A cloud of clouds.yaml (OS_CLIENT_CONFIG_FILE, ./clouds.yaml,
-    /// ~/.config/openstack/clouds.yaml, /etc/openstack/clouds.yaml); the
-    /// OS_* settings below override its values.
+    /// ~/.config/openstack/clouds.yaml, /etc/openstack/clouds.yaml), with
+    /// secure.yaml from the same places (OS_CLIENT_SECURE_FILE) over it;
+    /// the OS_* settings below override both.
     #[arg(long, env = "OS_CLOUD")]
     pub os_cloud: Option<String>,
+    /// password (the default) or v3applicationcredential.
+    #[arg(long, env = "OS_AUTH_TYPE")]
+    pub os_auth_type: Option<String>,
     #[arg(long, env = "OS_AUTH_URL")]
     pub os_auth_url: Option<String>,
     #[arg(long, env = "OS_USERNAME")]
@@ -307,14 +358,34 @@ pub struct OpenStackArgs {
     pub os_password: Option<String>,
     #[arg(long, env = "OS_PROJECT_NAME")]
     pub os_project_name: Option<String>,
-    #[arg(long, env = "OS_USER_DOMAIN_NAME", default_value = DEFAULT_DOMAIN)]
-    pub os_user_domain_name: String,
-    #[arg(long, env = "OS_PROJECT_DOMAIN_NAME", default_value = DEFAULT_DOMAIN)]
-    pub os_project_domain_name: String,
+    /// The user's domain (default: Default).
+    #[arg(long, env = "OS_USER_DOMAIN_NAME")]
+    pub os_user_domain_name: Option<String>,
+    /// The project's domain (default: Default).
+    #[arg(long, env = "OS_PROJECT_DOMAIN_NAME")]
+    pub os_project_domain_name: Option<String>,
+    /// An application credential's id (v3applicationcredential).
+    #[arg(long, env = "OS_APPLICATION_CREDENTIAL_ID")]
+    pub os_application_credential_id: Option<String>,
+    /// An application credential's name; with it, OS_USERNAME (and
+    /// OS_USER_DOMAIN_NAME) name its owner.
+    #[arg(long, env = "OS_APPLICATION_CREDENTIAL_NAME")]
+    pub os_application_credential_name: Option<String>,
+    #[arg(long, env = "OS_APPLICATION_CREDENTIAL_SECRET", hide_env_values = true)]
+    pub os_application_credential_secret: Option<String>,
     #[arg(long, env = "OS_REGION_NAME")]
     pub os_region_name: Option<String>,
-    #[arg(long, env = "OS_INTERFACE", default_value = DEFAULT_INTERFACE)]
-    pub os_interface: String,
+    /// The catalog interface: public (the default), internal or admin.
+    #[arg(long, env = "OS_INTERFACE")]
+    pub os_interface: Option<String>,
+    /// The CA bundle (PEM) that Keystone's and Nova's certificates must
+    /// chain to, instead of the system's roots.
+    #[arg(long, env = "OS_CACERT")]
+    pub os_cacert: Option<PathBuf>,
+    /// Accept any TLS certificate from Keystone and Nova (clouds.yaml
+    /// `verify: false`). Anyone on the path can then read the tokens.
+    #[arg(long, env = "OS_INSECURE", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub os_insecure: Option<bool>,
     /// Bound of one Keystone token renewal (its own clock, shared by all callers).
     #[arg(long, env = "VOLUME_RECONCILER_KEYSTONE_TIMEOUT", value_parser = duration, default_value = render_duration(KEYSTONE_RENEWAL_TIMEOUT))]
     pub keystone_timeout: Duration,
@@ -418,45 +489,31 @@ impl ServeArgs {
         }
     }
 
-    /// The Nova endpoint: `--nova-url`, else Keystone from the OS_* settings.
+    /// The Nova endpoint: `--nova-url`, else Keystone from the OS_*
+    /// settings (with clouds.yaml under `OS_CLOUD`).
     pub fn nova_config(&self) -> anyhow::Result<NovaConfig> {
-        let endpoint = match &self.nova_url {
-            Some(url) => NovaEndpoint::Direct(url.clone()),
+        let (endpoint, tls) = match &self.nova_url {
+            // Direct mode reads no clouds.yaml: only the explicit TLS settings.
+            Some(url) => (
+                NovaEndpoint::Direct(url.clone()),
+                self.openstack.tls(
+                    &self
+                        .openstack
+                        .resolve_in(None, &clouds::Search::standard())?,
+                )?,
+            ),
             None => {
-                let o = &self.openstack.resolved()?;
-                let missing: Vec<&str> = [
-                    ("OS_AUTH_URL", o.os_auth_url.is_none()),
-                    ("OS_USERNAME", o.os_username.is_none()),
-                    ("OS_PASSWORD", o.os_password.is_none()),
-                    ("OS_PROJECT_NAME", o.os_project_name.is_none()),
-                ]
-                .into_iter()
-                .filter(|(_, m)| *m)
-                .map(|(n, _)| n)
-                .collect();
-                if !missing.is_empty() {
-                    anyhow::bail!(
-                        "no Nova endpoint: give --nova-url (direct mode) or the Keystone settings; missing: {}",
-                        missing.join(", ")
-                    );
-                }
-                NovaEndpoint::Keystone(KeystoneConfig {
-                    auth_url: o.os_auth_url.clone().unwrap_or_default(),
-                    username: o.os_username.clone().unwrap_or_default(),
-                    password: Secret::new(o.os_password.clone().unwrap_or_default()),
-                    project_name: o.os_project_name.clone().unwrap_or_default(),
-                    user_domain_name: o.os_user_domain_name.clone(),
-                    project_domain_name: o.os_project_domain_name.clone(),
-                    region: o.os_region_name.clone(),
-                    interface: o.os_interface.clone(),
-                    renewal_timeout: o.keystone_timeout,
-                    renew_before: KEYSTONE_RENEW_BEFORE,
-                })
+                let r = self.openstack.resolve()?;
+                (
+                    NovaEndpoint::Keystone(self.openstack.keystone(&r)?),
+                    self.openstack.tls(&r)?,
+                )
             }
         };
         Ok(NovaConfig {
             endpoint,
-            microversion: self.nova_microversion.clone(),
+            microversion: self.nova_microversion,
+            tls,
             max_concurrent_per_host: self.nova_max_concurrency,
             connect_timeout: self.nova_connect_timeout,
             tls_handshake_timeout: self.nova_tls_handshake_timeout,
@@ -464,94 +521,182 @@ impl ServeArgs {
     }
 }
 
-#[derive(Debug, Default, serde::Deserialize)]
-struct CloudsFile {
-    #[serde(default)]
-    clouds: std::collections::BTreeMap<String, CloudEntry>,
-}
-
-#[derive(Debug, Default, serde::Deserialize)]
-struct CloudEntry {
-    #[serde(default)]
-    auth: CloudAuth,
-    region_name: Option<String>,
-    interface: Option<String>,
-}
-
-#[derive(Debug, Default, serde::Deserialize)]
-struct CloudAuth {
-    auth_url: Option<String>,
-    username: Option<String>,
-    password: Option<String>,
-    project_name: Option<String>,
-    user_domain_name: Option<String>,
-    project_domain_name: Option<String>,
-}
-
-/// Where openstacksdk looks for clouds.yaml, in order.
-fn clouds_yaml_paths() -> Vec<std::path::PathBuf> {
-    let mut v = Vec::new();
-    if let Some(p) = std::env::var_os("OS_CLIENT_CONFIG_FILE") {
-        v.push(std::path::PathBuf::from(p));
-    }
-    v.push("clouds.yaml".into());
-    if let Some(home) = std::env::var_os("HOME") {
-        v.push(std::path::PathBuf::from(home).join(".config/openstack/clouds.yaml"));
-    }
-    v.push("/etc/openstack/clouds.yaml".into());
-    v
+/// How Keystone is asked for a token (`OS_AUTH_TYPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AuthType {
+    Password,
+    ApplicationCredential,
 }
 
 impl OpenStackArgs {
-    /// Fills what the OS_* settings leave open from `OS_CLOUD`'s entry.
-    pub fn resolved(&self) -> anyhow::Result<OpenStackArgs> {
-        self.resolved_from(&clouds_yaml_paths())
+    /// The explicit settings, by openstacksdk key.
+    fn given(&self) -> BTreeMap<&'static str, String> {
+        let mut m = BTreeMap::new();
+        let mut put = |k: &'static str, v: &Option<String>| {
+            if let Some(v) = v {
+                m.insert(k, v.clone());
+            }
+        };
+        put("auth_type", &self.os_auth_type);
+        put("auth_url", &self.os_auth_url);
+        put("username", &self.os_username);
+        put("password", &self.os_password);
+        put("project_name", &self.os_project_name);
+        put("user_domain_name", &self.os_user_domain_name);
+        put("project_domain_name", &self.os_project_domain_name);
+        put(
+            "application_credential_id",
+            &self.os_application_credential_id,
+        );
+        put(
+            "application_credential_name",
+            &self.os_application_credential_name,
+        );
+        put(
+            "application_credential_secret",
+            &self.os_application_credential_secret,
+        );
+        put("region_name", &self.os_region_name);
+        put("interface", &self.os_interface);
+        put(
+            "cacert",
+            &self.os_cacert.as_ref().map(|p| p.display().to_string()),
+        );
+        put(
+            "verify",
+            &self.os_insecure.map(|insecure| (!insecure).to_string()),
+        );
+        m
     }
 
-    /// As `resolved`, looking for clouds.yaml in `paths` (in order).
-    pub fn resolved_from(&self, paths: &[std::path::PathBuf]) -> anyhow::Result<OpenStackArgs> {
-        let mut o = self.clone();
-        let Some(cloud) = &self.os_cloud else {
-            return Ok(o);
+    /// The settings resolved: explicit ones over `OS_CLOUD`'s entry of
+    /// clouds.yaml and secure.yaml (openstacksdk's search path) over the
+    /// defaults.
+    pub fn resolve(&self) -> anyhow::Result<clouds::Resolved> {
+        self.resolve_in(self.os_cloud.as_deref(), &clouds::Search::standard())
+    }
+
+    /// As `resolve`, for `cloud`, looking for the files in `search`.
+    pub fn resolve_in(
+        &self,
+        cloud: Option<&str>,
+        search: &clouds::Search,
+    ) -> anyhow::Result<clouds::Resolved> {
+        clouds::resolve(cloud, &self.given(), search)
+    }
+
+    fn auth_type(r: &clouds::Resolved) -> anyhow::Result<AuthType> {
+        match r.get("auth_type") {
+            Some("password" | "v3password") => Ok(AuthType::Password),
+            Some(
+                "v3applicationcredential" | "applicationcredential" | "application_credential",
+            ) => Ok(AuthType::ApplicationCredential),
+            Some(other) => anyhow::bail!(
+                "{} is {other:?}; this service speaks password and v3applicationcredential",
+                r.describe("auth_type")
+            ),
+            // Unsaid: an application credential when one is all there is.
+            None if r.get("application_credential_secret").is_some()
+                && r.get("password").is_none() =>
+            {
+                Ok(AuthType::ApplicationCredential)
+            }
+            None => Ok(AuthType::Password),
+        }
+    }
+
+    /// The Keystone settings from resolved values; every error names the
+    /// setting (and the file a value came from).
+    pub fn keystone(&self, r: &clouds::Resolved) -> anyhow::Result<KeystoneConfig> {
+        let auth_type = Self::auth_type(r)?;
+        let need: &[&str] = match auth_type {
+            AuthType::Password => &["auth_url", "username", "password", "project_name"],
+            AuthType::ApplicationCredential => &["auth_url", "application_credential_secret"],
         };
-        let path = paths.iter().find(|p| p.exists()).ok_or_else(|| {
-            anyhow::anyhow!("OS_CLOUD={cloud}, but no clouds.yaml was found (looked in {paths:?})")
-        })?;
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-        let file: CloudsFile =
-            serde_yaml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let entry = file.clouds.get(cloud).ok_or_else(|| {
-            anyhow::anyhow!(
-                "cloud {cloud:?} is not in {} (it has: {:?})",
-                path.display(),
-                file.clouds.keys().collect::<Vec<_>>()
-            )
-        })?;
-        let a = &entry.auth;
-        o.os_auth_url = o.os_auth_url.or_else(|| a.auth_url.clone());
-        o.os_username = o.os_username.or_else(|| a.username.clone());
-        o.os_password = o.os_password.or_else(|| a.password.clone());
-        o.os_project_name = o.os_project_name.or_else(|| a.project_name.clone());
-        o.os_region_name = o.os_region_name.or_else(|| entry.region_name.clone());
-        // The two domains and the interface have defaults; the file only
-        // replaces a default, never an explicit setting.
-        if o.os_user_domain_name == DEFAULT_DOMAIN
-            && let Some(d) = &a.user_domain_name
+        let mut missing: Vec<String> = need
+            .iter()
+            .filter(|k| r.get(k).is_none())
+            .map(|k| r.describe(k))
+            .collect();
+        if auth_type == AuthType::ApplicationCredential
+            && r.get("application_credential_id").is_none()
         {
-            o.os_user_domain_name = d.clone();
+            if r.get("application_credential_name").is_none() {
+                missing.push("OS_APPLICATION_CREDENTIAL_ID (or OS_APPLICATION_CREDENTIAL_NAME with OS_USERNAME)".into());
+            } else if r.get("username").is_none() {
+                missing.push("OS_USERNAME (the owner of the application credential OS_APPLICATION_CREDENTIAL_NAME names)".into());
+            }
         }
-        if o.os_project_domain_name == DEFAULT_DOMAIN
-            && let Some(d) = &a.project_domain_name
-        {
-            o.os_project_domain_name = d.clone();
+        if !missing.is_empty() {
+            anyhow::bail!(
+                "no Nova endpoint: give --nova-url (direct mode) or the Keystone settings; for {} authentication, missing: {}",
+                match auth_type {
+                    AuthType::Password => "password",
+                    AuthType::ApplicationCredential => "application credential",
+                },
+                missing.join(", ")
+            );
         }
-        if o.os_interface == DEFAULT_INTERFACE
-            && let Some(i) = &entry.interface
-        {
-            o.os_interface = i.clone();
-        }
-        Ok(o)
+        // Every key read below was checked present above (or has a default).
+        let text = |k: &str| r.get(k).unwrap_or_default().to_string();
+        let auth_url = http_url(&text("auth_url"))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", r.describe("auth_url")))?;
+        let credential = match auth_type {
+            AuthType::Password => Credential::Password {
+                username: text("username"),
+                user_domain_name: text("user_domain_name"),
+                password: Secret::new(text("password")),
+                project_name: text("project_name"),
+                project_domain_name: text("project_domain_name"),
+            },
+            AuthType::ApplicationCredential => match r.get("application_credential_id") {
+                Some(id) => Credential::ApplicationCredentialId {
+                    id: id.to_string(),
+                    secret: Secret::new(text("application_credential_secret")),
+                },
+                None => Credential::ApplicationCredentialName {
+                    name: text("application_credential_name"),
+                    username: text("username"),
+                    user_domain_name: text("user_domain_name"),
+                    secret: Secret::new(text("application_credential_secret")),
+                },
+            },
+        };
+        let interface = match text("interface").trim_end_matches("URL") {
+            i @ ("public" | "internal" | "admin") => i.to_string(),
+            other => anyhow::bail!(
+                "{} is {other:?}; use public, internal or admin",
+                r.describe("interface")
+            ),
+        };
+        Ok(KeystoneConfig {
+            auth_url,
+            credential,
+            region: r.get("region_name").map(str::to_string),
+            interface,
+            renewal_timeout: self.keystone_timeout,
+            renew_before: KEYSTONE_RENEW_BEFORE,
+        })
+    }
+
+    /// How TLS servers are trusted: `cacert` and `verify` as resolved.
+    pub fn tls(&self, r: &clouds::Resolved) -> anyhow::Result<TlsTrust> {
+        let ca = match r.get("cacert") {
+            Some(path) => Some(
+                CaBundle::from_file(std::path::Path::new(path))
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", r.describe("cacert")))?,
+            ),
+            None => None,
+        };
+        let insecure = match r.get("verify") {
+            Some("false" | "False") => true,
+            Some("true" | "True") | None => false,
+            Some(other) => anyhow::bail!(
+                "{}: verify is {other:?}; write true or false (a CA bundle goes in cacert)",
+                r.describe("verify")
+            ),
+        };
+        Ok(TlsTrust { ca, insecure })
     }
 }
 
@@ -614,43 +759,324 @@ mod tests {
         }
     }
 
-    #[test]
-    fn os_cloud_fills_what_the_os_variables_leave_open() {
+    /// A directory of its own with these files in it.
+    fn files(files: &[(&str, &str)]) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("vr-clouds-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("clouds.yaml");
-        std::fs::write(
-            &file,
-            "clouds:\n  prod:\n    auth:\n      auth_url: https://keystone.example/v3\n      username: svc\n      password: from-file\n      project_name: storage\n      user_domain_name: Corp\n      project_domain_name: Corp\n    region_name: RegionTwo\n    interface: internal\n",
-        )
-        .unwrap();
-        let args =
-            ServeArgs::from_args(["--os-cloud", "prod", "--os-password", "from-flag"]).unwrap();
-        let o = args
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        dir
+    }
+
+    fn search(dir: &std::path::Path) -> clouds::Search {
+        clouds::Search {
+            clouds: vec![dir.join("clouds.yaml")],
+            secure: vec![dir.join("secure.yaml")],
+        }
+    }
+
+    fn keystone_of(flags: &[&str], dir: &std::path::Path) -> anyhow::Result<KeystoneConfig> {
+        let args = ServeArgs::from_args(flags.iter().copied()).unwrap();
+        let r = args
             .openstack
-            .resolved_from(std::slice::from_ref(&file))
-            .unwrap();
+            .resolve_in(args.openstack.os_cloud.as_deref(), &search(dir))?;
+        args.openstack.keystone(&r)
+    }
+
+    const PROD: &str = "clouds:\n  prod:\n    auth:\n      auth_url: https://keystone.example/v3\n      username: svc\n      password: from-file\n      project_name: storage\n      user_domain_name: Corp\n      project_domain_name: Corp\n    region_name: RegionTwo\n    interface: internal\n    identity_api_version: 3\n";
+
+    #[test]
+    fn os_cloud_fills_what_the_os_variables_leave_open() {
+        let dir = files(&[("clouds.yaml", PROD)]);
+        let k = keystone_of(&["--os-cloud", "prod", "--os-password", "from-flag"], &dir).unwrap();
+        assert_eq!(k.auth_url, "https://keystone.example/v3");
+        let Credential::Password {
+            username,
+            password,
+            user_domain_name,
+            project_name,
+            project_domain_name,
+        } = &k.credential
+        else {
+            panic!("{k:?}")
+        };
+        assert_eq!(username, "svc");
         assert_eq!(
-            o.os_auth_url.as_deref(),
-            Some("https://keystone.example/v3")
-        );
-        assert_eq!(o.os_username.as_deref(), Some("svc"));
-        assert_eq!(
-            o.os_password.as_deref(),
-            Some("from-flag"),
+            password.expose(),
+            "from-flag",
             "an explicit setting wins over the file"
         );
         assert_eq!(
-            (o.os_user_domain_name.as_str(), o.os_interface.as_str()),
-            ("Corp", "internal")
+            (
+                user_domain_name.as_str(),
+                project_name.as_str(),
+                project_domain_name.as_str()
+            ),
+            ("Corp", "storage", "Corp")
         );
-        assert_eq!(o.os_region_name.as_deref(), Some("RegionTwo"));
-        let missing = ServeArgs::from_args(["--os-cloud", "staging"]).unwrap();
-        let err = missing
-            .openstack
-            .resolved_from(std::slice::from_ref(&file))
+        assert_eq!(
+            (k.region.as_deref(), k.interface.as_str()),
+            (Some("RegionTwo"), "internal")
+        );
+        let err = keystone_of(&["--os-cloud", "staging"], &dir)
             .unwrap_err()
             .to_string();
         assert!(err.contains("staging") && err.contains("prod"), "{err}");
+    }
+
+    #[test]
+    fn an_explicit_setting_wins_over_the_file_even_when_it_equals_the_default() {
+        let dir = files(&[("clouds.yaml", PROD)]);
+        let k = keystone_of(
+            &[
+                "--os-cloud",
+                "prod",
+                "--os-interface",
+                "public",
+                "--os-user-domain-name",
+                "Default",
+            ],
+            &dir,
+        )
+        .unwrap();
+        assert_eq!(k.interface, "public");
+        let Credential::Password {
+            user_domain_name,
+            project_domain_name,
+            ..
+        } = &k.credential
+        else {
+            panic!("{k:?}")
+        };
+        assert_eq!(user_domain_name, "Default");
+        assert_eq!(project_domain_name, "Corp", "unset: the file's");
+        // With nothing said anywhere, the defaults.
+        let k = keystone_of(
+            &[
+                "--os-auth-url",
+                "http://k/v3",
+                "--os-username",
+                "u",
+                "--os-password",
+                "p",
+                "--os-project-name",
+                "x",
+            ],
+            &dir,
+        )
+        .unwrap();
+        assert_eq!(k.interface, "public");
+    }
+
+    #[test]
+    fn secure_yaml_overrides_clouds_yaml_key_by_key_for_the_same_cloud() {
+        let dir = files(&[
+            ("clouds.yaml", PROD),
+            (
+                "secure.yaml",
+                "clouds:\n  prod:\n    auth:\n      password: from-secure\n  other:\n    auth:\n      username: nobody\n",
+            ),
+        ]);
+        let args = ServeArgs::from_args(["--os-cloud", "prod"]).unwrap();
+        let r = args
+            .openstack
+            .resolve_in(Some("prod"), &search(&dir))
+            .unwrap();
+        assert_eq!(r.get("password"), Some("from-secure"));
+        assert_eq!(
+            r.source("password"),
+            Some(&clouds::Source::Secure(dir.join("secure.yaml")))
+        );
+        assert_eq!(
+            r.get("username"),
+            Some("svc"),
+            "the rest stays clouds.yaml's"
+        );
+        assert_eq!(
+            r.source("username"),
+            Some(&clouds::Source::Clouds(dir.join("clouds.yaml")))
+        );
+        assert_eq!(r.files, [dir.join("clouds.yaml"), dir.join("secure.yaml")]);
+        let shown = format!("{:?}", r.rows());
+        assert!(!shown.contains("from-secure"), "masked: {shown}");
+        // A secure.yaml without this cloud changes nothing.
+        let dir = files(&[
+            ("clouds.yaml", PROD),
+            (
+                "secure.yaml",
+                "clouds:\n  other:\n    auth:\n      password: x\n",
+            ),
+        ]);
+        let r = args
+            .openstack
+            .resolve_in(Some("prod"), &search(&dir))
+            .unwrap();
+        assert_eq!(r.get("password"), Some("from-file"));
+        assert_eq!(r.files, [dir.join("clouds.yaml")]);
+    }
+
+    #[test]
+    fn application_credentials_by_id_or_by_name_and_user() {
+        let dir = files(&[(
+            "clouds.yaml",
+            "clouds:\n  svc:\n    auth_type: v3applicationcredential\n    auth:\n      auth_url: http://k/v3\n      application_credential_id: 423f19a4\n      application_credential_secret: s3cr3t\n",
+        )]);
+        let k = keystone_of(&["--os-cloud", "svc"], &dir).unwrap();
+        assert!(
+            matches!(&k.credential, Credential::ApplicationCredentialId { id, secret } if id == "423f19a4" && secret.expose() == "s3cr3t"),
+            "{k:?}"
+        );
+        let by_name = [
+            "--os-auth-url",
+            "http://k/v3",
+            "--os-auth-type",
+            "v3applicationcredential",
+            "--os-application-credential-name",
+            "monitoring",
+            "--os-application-credential-secret",
+            "s",
+        ];
+        let err = keystone_of(&by_name, &dir).unwrap_err().to_string();
+        assert!(err.contains("OS_USERNAME"), "the owner is needed: {err}");
+        let mut with_user = by_name.to_vec();
+        with_user.extend(["--os-username", "svc"]);
+        let k = keystone_of(&with_user, &dir).unwrap();
+        assert!(
+            matches!(&k.credential, Credential::ApplicationCredentialName { name, username, user_domain_name, .. }
+                if name == "monitoring" && username == "svc" && user_domain_name == "Default"),
+            "{k:?}"
+        );
+        // Unsaid, an application credential is inferred when it is all there is.
+        let k = keystone_of(
+            &[
+                "--os-auth-url",
+                "http://k/v3",
+                "--os-application-credential-id",
+                "abc",
+                "--os-application-credential-secret",
+                "s",
+            ],
+            &dir,
+        )
+        .unwrap();
+        assert!(matches!(
+            k.credential,
+            Credential::ApplicationCredentialId { .. }
+        ));
+        let err = keystone_of(
+            &["--os-auth-type", "token", "--os-auth-url", "http://k/v3"],
+            &dir,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("OS_AUTH_TYPE") && err.contains("v3applicationcredential"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_named_with_the_file_they_came_from() {
+        let dir = files(&[(
+            "clouds.yaml",
+            "clouds:\n  bad:\n    auth:\n      auth_url: ftp://keystone/v3\n      username: u\n      password: p\n      project_name: x\n    cacert: /nonexistent/ca.pem\n",
+        )]);
+        let err = keystone_of(&["--os-cloud", "bad"], &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("OS_AUTH_URL") && err.contains("clouds.yaml") && err.contains("ftp"),
+            "{err}"
+        );
+        let args = ServeArgs::from_args(["--os-cloud", "bad"]).unwrap();
+        let r = args
+            .openstack
+            .resolve_in(Some("bad"), &search(&dir))
+            .unwrap();
+        let err = args.openstack.tls(&r).unwrap_err().to_string();
+        assert!(
+            err.contains("OS_CACERT") && err.contains("/nonexistent/ca.pem"),
+            "{err}"
+        );
+        let err = keystone_of(
+            &[
+                "--os-cloud",
+                "bad",
+                "--os-auth-url",
+                "http://k/v3",
+                "--os-interface",
+                "private",
+            ],
+            &dir,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("OS_INTERFACE"), "{err}");
+    }
+
+    #[test]
+    fn verify_false_and_insecure_turn_certificate_checks_off() {
+        let dir = files(&[(
+            "clouds.yaml",
+            "clouds:\n  a:\n    verify: false\n  b:\n    insecure: true\n  c: {}\n",
+        )]);
+        for (cloud, flags, insecure) in [
+            ("a", vec![], true),
+            ("b", vec![], true),
+            ("c", vec![], false),
+            ("c", vec!["--os-insecure"], true),
+            ("a", vec!["--os-insecure", "false"], false),
+        ] {
+            let mut argv = vec!["--os-cloud", cloud];
+            argv.extend(flags.iter().copied());
+            let args = ServeArgs::from_args(argv.clone()).unwrap();
+            let r = args
+                .openstack
+                .resolve_in(Some(cloud), &search(&dir))
+                .unwrap();
+            assert_eq!(
+                args.openstack.tls(&r).unwrap().insecure,
+                insecure,
+                "{argv:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn nova_urls_and_microversions_are_checked_naming_the_flag() {
+        for (flags, needle) in [
+            (vec!["--nova-url", "ftp://x"], "--nova-url"),
+            (vec!["--nova-url", "not a url"], "--nova-url"),
+            (
+                vec![
+                    "--nova-url",
+                    "http://127.0.0.1:8774/v2.1",
+                    "--nova-microversion",
+                    "banana",
+                ],
+                "--nova-microversion",
+            ),
+            (
+                vec![
+                    "--nova-url",
+                    "http://127.0.0.1:8774/v2.1",
+                    "--nova-microversion",
+                    "2.0",
+                ],
+                "--nova-microversion",
+            ),
+        ] {
+            let err = ServeArgs::from_args(flags.clone()).unwrap_err().to_string();
+            assert!(err.contains(needle), "{flags:?}: {err}");
+        }
+        let ok = ServeArgs::from_args([
+            "--nova-url",
+            "https://nova.example/compute/v2.1",
+            "--nova-microversion",
+            "latest",
+        ])
+        .unwrap();
+        assert_eq!(ok.nova_microversion, Microversion::Latest);
     }
 }

@@ -100,6 +100,9 @@ pub struct Metrics {
     /// scrape, so `sum()` over replicas counts the ready ones.
     pub ready: Gauge,
     pub build_info: Family<BuildLabels, Gauge>,
+    /// 1 while Nova answers (any HTTP answer), 0 after a connection to it
+    /// failed or its version document could not be fetched at start.
+    pub nova_reachable: Gauge,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -147,6 +150,7 @@ impl Metrics {
             ledger_write: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
             ready: Gauge::default(),
             build_info: Family::default(),
+            nova_reachable: Gauge::default(),
         };
         m.build_info
             .get_or_create(&BuildLabels {
@@ -247,6 +251,11 @@ impl Metrics {
                 "ledger_write_duration_seconds",
                 "Durable ledger writes on the request path (intent, decision), queueing included",
                 m.ledger_write.clone(),
+            );
+            r.register(
+                "nova_reachable",
+                "1 while Nova answers, 0 since a connection to it failed (set at start by version discovery, then by every request)",
+                m.nova_reachable.clone(),
             );
         }
         m

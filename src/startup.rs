@@ -27,7 +27,7 @@ use crate::grpc::deadline::DeadlineLayer;
 use crate::grpc::pb::volume_reconciler_server::VolumeReconcilerServer;
 use crate::grpc::{Api, pb};
 use crate::metrics::{GrpcMetricsLayer, Metrics};
-use crate::nova::NovaClient;
+use crate::nova::{Microversion, NovaClient};
 use crate::reconciler::Reconciler;
 use crate::store::Store;
 
@@ -50,6 +50,8 @@ pub struct Application {
     /// The TLS configuration, when TLS is on (reloadable).
     pub tls: Option<Arc<crate::tls::Reloadable>>,
     ready: Arc<AtomicBool>,
+    /// Stops background work started by `build` (Nova's version re-check).
+    background: CancellationToken,
 }
 
 #[derive(Clone)]
@@ -65,19 +67,57 @@ impl Application {
     pub async fn build(cfg: ServeArgs) -> anyhow::Result<Self> {
         cfg.validate()?;
         let nova_cfg = cfg.nova_config()?;
+        if nova_cfg.tls.insecure {
+            tracing::warn!(
+                "TLS CERTIFICATE VERIFICATION IS OFF for Keystone and Nova (verify: false / OS_INSECURE): \
+                 anyone on the network path can impersonate them and read the credentials and tokens; \
+                 give their CA with OS_CACERT (or cacert in clouds.yaml) instead"
+            );
+        }
+        if let crate::nova::NovaEndpoint::Keystone(k) = &nova_cfg.endpoint {
+            tracing::info!(
+                auth_url = %k.auth_url,
+                credential = %k.credential.describe(),
+                interface = %k.interface,
+                region = k.region.as_deref().unwrap_or("-"),
+                "Keystone mode"
+            );
+        }
         let grpc_listener = TcpListener::bind(cfg.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {} (gRPC): {e}", cfg.listen))?;
         let admin_listener = TcpListener::bind(cfg.admin_listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {} (admin): {e}", cfg.admin_listen))?;
-        let store: Arc<dyn Store> =
-            crate::store::open(&cfg.database_url, cfg.db_max_connections).await?;
+        let store: Arc<dyn Store> = crate::store::open_within(
+            &cfg.database_url,
+            cfg.db_max_connections,
+            cfg.db_connect_timeout,
+        )
+        .await
+        .map_err(|e| e.context(crate::config::LEDGER_CONTEXT))?;
         let metrics = Arc::new(Metrics::new());
         let slot_metrics = metrics.clone();
-        let nova = Arc::new(NovaClient::new(nova_cfg).with_slot_wait_observer(Arc::new(
-            move |waited| slot_metrics.nova_slot_wait.observe(waited.as_secs_f64()),
-        )));
+        let reach_metrics = metrics.clone();
+        let mut nova = NovaClient::new(nova_cfg)
+            .with_slot_wait_observer(Arc::new(move |waited| {
+                slot_metrics.nova_slot_wait.observe(waited.as_secs_f64())
+            }))
+            .with_reachability_observer(Arc::new(move |answered| {
+                // `set` answers the previous value, of no use here.
+                reach_metrics.nova_reachable.set(i64::from(answered));
+            }));
+        let checked = check_nova(&mut nova, &cfg).await?;
+        let nova = Arc::new(nova);
+        let background = CancellationToken::new();
+        if !checked {
+            tokio::spawn(recheck_nova(
+                nova.clone(),
+                cfg.nova_microversion,
+                cfg.nova_discovery_timeout,
+                background.clone(),
+            ));
+        }
         let exec = Executor::new(
             store.clone(),
             nova,
@@ -105,6 +145,7 @@ impl Application {
             reconciler,
             metrics,
             ready: Arc::new(AtomicBool::new(false)),
+            background,
         })
     }
 
@@ -133,6 +174,7 @@ impl Application {
             metrics,
             tls,
             ready,
+            background,
         } = self;
         let (health, health_svc) = tonic_health::server::health_reporter();
         health.set_serving::<VolumeReconcilerServer<Api>>().await;
@@ -197,6 +239,7 @@ impl Application {
         // The reconciler stops; operation tasks get what is left of the
         // drain budget, then their leases go to other replicas.
         reconciler_stop.cancel();
+        background.cancel();
         if let Some(t) = reconciler_task
             && let Err(e) = t.await
         {
@@ -216,6 +259,102 @@ impl Application {
         store.close().await;
         tracing::info!(phase = "stopped", "shutdown complete");
         Ok(())
+    }
+}
+
+/// Reads Nova's version document at start (`--nova-discovery-timeout`):
+/// logs the range it supports, and speaks `--nova-microversion` only if it
+/// lies in it (`latest`: its maximum). `Ok(false)`: Nova or Keystone could
+/// not be reached, which is a warning (and `nova_reachable` 0), not a
+/// failure — unless the microversion is `latest`, which needs the
+/// document.
+async fn check_nova(nova: &mut NovaClient, cfg: &ServeArgs) -> anyhow::Result<bool> {
+    let wanted = cfg.nova_microversion;
+    let deadline = Instant::now() + cfg.nova_discovery_timeout;
+    match nova.discover(deadline).await {
+        Ok((url, range)) => {
+            nova.adopt(range).map_err(|e| {
+                anyhow::anyhow!("--nova-microversion: {e} (its version document: {url})")
+            })?;
+            tracing::info!(
+                url = %url,
+                supported = %range,
+                using = %nova.microversion(),
+                "Nova's microversions"
+            );
+            Ok(true)
+        }
+        Err(e) if wanted == Microversion::Latest => anyhow::bail!(
+            "--nova-microversion latest needs Nova's version document at start, and it could not be read: {e}"
+        ),
+        Err(e) if e.status.is_some() => {
+            tracing::warn!(
+                error = %e,
+                microversion = %wanted,
+                "Nova answered, but not with a version document: --nova-microversion is not checked"
+            );
+            Ok(true)
+        }
+        Err(e) if e.kind == crate::nova::NovaErrorKind::AuthFailed => {
+            tracing::warn!(
+                error = %e,
+                "no Keystone token at start; serving anyway: requests fail with KEYSTONE_AUTH_FAILED until Keystone answers"
+            );
+            Ok(false)
+        }
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "Nova is unreachable at start; serving anyway: requests fail with NOVA_UNREACHABLE until it answers"
+            );
+            Ok(false)
+        }
+    }
+}
+
+/// After an unreachable start: fetches Nova's version document again,
+/// backing off to 30 s, until Nova answers; then says whether the
+/// configured microversion is one it supports (it is too late to refuse
+/// to start: the answer is an error in the log).
+async fn recheck_nova(
+    nova: Arc<NovaClient>,
+    wanted: Microversion,
+    timeout: Duration,
+    stop: CancellationToken,
+) {
+    use backon::BackoffBuilder as _;
+    let mut pauses = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(30))
+        .with_jitter()
+        .without_max_times()
+        .build();
+    loop {
+        let pause = pauses.next().unwrap_or(Duration::from_secs(30));
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        let found = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = nova.discover(Instant::now() + timeout) => r,
+        };
+        match found {
+            Ok((url, range)) => {
+                match range.choose(wanted) {
+                    Ok(_) => {
+                        tracing::info!(url = %url, supported = %range, using = %nova.microversion(), "Nova answers; its microversions")
+                    }
+                    Err(e) => tracing::error!(
+                        url = %url,
+                        "--nova-microversion: {e}: Nova refuses every request (406) until the setting is changed and the service restarted"
+                    ),
+                }
+                return;
+            }
+            Err(e) if e.status.is_some() => return,
+            Err(e) => tracing::debug!(error = %e, "Nova's version document: still unreachable"),
+        }
     }
 }
 
@@ -343,11 +482,12 @@ fn spawn_grpc(
     tls: Option<&Arc<crate::tls::Reloadable>>,
     drain: CancellationToken,
 ) -> anyhow::Result<GrpcServer> {
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let reflection_v1 = reflection()
         .build_v1()
-        .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("building the reflection service (v1): {e}"))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| anyhow::anyhow!("building the reflection service (v1alpha): {e}"))?;
     let service = VolumeReconcilerServer::new(api).max_decoding_message_size(cfg.max_message_bytes);
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(cfg.http2_keepalive_interval))
@@ -387,7 +527,8 @@ fn spawn_grpc(
             limit: cfg.max_message_bytes,
         })
         .add_service(health_svc)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(service);
     let shutdown = async move { drain.cancelled().await };
     Ok(match tls {
@@ -399,6 +540,22 @@ fn spawn_grpc(
             tokio::spawn(router.serve_with_incoming_shutdown(plain_incoming(listener), shutdown))
         }
     })
+}
+
+/// What reflection describes: the API, health, and the types an error's
+/// details are made of (`google.rpc.Status`, `ErrorInfo`, `BadRequest`...,
+/// with the well-known `Any` and `Duration` they import; `Timestamp` comes
+/// with the API), so a tool like grpcurl decodes `ErrorInfo` instead of
+/// printing bytes. Served as v1 and as v1alpha, which many clients
+/// (Postman, Kreya, older grpcurl) still ask for.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+        // Each version lists both reflection services, not only itself.
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
 async fn readyz(State(st): State<AdminState>) -> (StatusCode, &'static str) {

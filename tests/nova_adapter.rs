@@ -13,8 +13,8 @@ use uuid::Uuid;
 use volume_reconciler::domain::RequestParams;
 use volume_reconciler::nova::types::{AttachBody, AttachmentEnvelope, AttachmentList};
 use volume_reconciler::nova::{
-    AttachAnswer, KeystoneConfig, NovaClient, NovaConfig, NovaEndpoint, NovaErrorKind, Rejection,
-    Secret, Stage,
+    AttachAnswer, Credential, KeystoneConfig, NovaClient, NovaConfig, NovaEndpoint, NovaErrorKind,
+    Rejection, Secret, Stage,
 };
 use volume_reconciler::sim::{self, Fault, FaultOp, FaultRule, SimConfig, SimHandle};
 
@@ -25,7 +25,7 @@ async fn sim_and_client(cfg: SimConfig, microversion: &str) -> (SimHandle, NovaC
         .unwrap();
     let client = NovaClient::new(NovaConfig {
         endpoint: NovaEndpoint::Direct(h.nova_url.clone()),
-        microversion: microversion.into(),
+        microversion: microversion.parse().expect("a microversion"),
         ..NovaConfig::default()
     });
     (h, client)
@@ -460,7 +460,7 @@ async fn microversion_2_101_answers_202_and_the_list_tells_the_outcome() {
     // At 2.1, items carry `id`.
     let old = NovaClient::new(NovaConfig {
         endpoint: NovaEndpoint::Direct(h.nova_url.clone()),
-        microversion: "2.1".into(),
+        microversion: "2.1".parse().expect("a microversion"),
         ..NovaConfig::default()
     });
     let items = old.list(s, in_secs(2.0)).await.unwrap();
@@ -504,11 +504,13 @@ async fn waiting_for_a_connection_slot_counts_against_the_deadline() {
 fn keystone(h: &SimHandle) -> KeystoneConfig {
     KeystoneConfig {
         auth_url: h.auth_url.clone(),
-        username: "demo".into(),
-        password: Secret::new("secret"),
-        project_name: "demo".into(),
-        user_domain_name: "Default".into(),
-        project_domain_name: "Default".into(),
+        credential: Credential::Password {
+            username: "demo".into(),
+            user_domain_name: "Default".into(),
+            password: Secret::new("secret"),
+            project_name: "demo".into(),
+            project_domain_name: "Default".into(),
+        },
         region: Some("RegionOne".into()),
         interface: "public".into(),
         renewal_timeout: Duration::from_secs(10),
@@ -598,7 +600,9 @@ async fn wrong_credentials_fail_authentication_with_keystones_reason() {
     };
     let (h, _) = sim_and_client(cfg, "2.89").await;
     let mut k = keystone(&h);
-    k.password = Secret::new("wrong");
+    if let Credential::Password { password, .. } = &mut k.credential {
+        *password = Secret::new("wrong");
+    }
     let client = NovaClient::new(NovaConfig {
         endpoint: NovaEndpoint::Keystone(k),
         ..NovaConfig::default()

@@ -166,8 +166,9 @@ pub async fn run(invocation: Invocation) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
-        Command::Config(ConfigCommand::Show(_)) => {
+        Command::Config(ConfigCommand::Show(args)) => {
             print!("{}", settings::show(&sources));
+            print!("{}", settings::show_openstack(&args));
             Ok(())
         }
     }

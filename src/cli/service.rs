@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::config::{DEFAULT_ADMIN_LISTEN, DEFAULT_DATABASE_URL, ServeArgs};
+use crate::config::{
+    DEFAULT_ADMIN_LISTEN, DEFAULT_DATABASE_URL, LEDGER_CONTEXT, ServeArgs, duration,
+    render_duration,
+};
 use crate::{nova, startup, store};
 
 #[derive(Debug, Clone, Args)]
@@ -17,6 +20,10 @@ pub struct MigrateArgs {
         default_value = DEFAULT_DATABASE_URL
     )]
     pub database_url: String,
+    /// How long to wait for PostgreSQL to accept connections (each try is
+    /// logged); then exit with the last error.
+    #[arg(long, env = "VOLUME_RECONCILER_DB_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(store::DEFAULT_CONNECT_TIMEOUT))]
+    pub db_connect_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -39,7 +46,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// Applies pending migrations (opening the store does) and exits.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
-    let store = store::open(&args.database_url, 1).await?;
+    let store = store::open_within(&args.database_url, 1, args.db_connect_timeout)
+        .await
+        .map_err(|e| e.context(LEDGER_CONTEXT))?;
     store.close().await;
     tracing::info!("migrations applied");
     Ok(())

@@ -17,12 +17,18 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
 use super::{Cli, Invocation};
+use crate::config::ServeArgs;
+use crate::nova::Credential;
 
 /// The environment variable naming the config file.
 pub const CONFIG_ENV: &str = "VOLUME_RECONCILER_CONFIG";
 
 /// Settings whose values never appear in output.
-const SECRET_IDS: &[&str] = &["os_password", "auth_tokens"];
+const SECRET_IDS: &[&str] = &[
+    "os_password",
+    "os_application_credential_secret",
+    "auth_tokens",
+];
 
 /// The subcommands whose defaults the file replaces (paths from the top).
 const TARGETS: &[&[&str]] = &[&["serve"], &["config", "show"]];
@@ -205,6 +211,69 @@ pub fn show(sources: &Sources) -> String {
         table.add_row([long.to_string(), shown, source.to_string(), env]);
     }
     format!("{}\n", table.trim_fmt())
+}
+
+/// `config show`'s second part: where Nova is and, in Keystone mode, every
+/// OpenStack setting as resolved (`OS_CLOUD`'s clouds.yaml and
+/// secure.yaml under the explicit settings) with its source, secrets
+/// masked; then what keeps these settings from working, if anything (the
+/// check `serve` makes at start). Shown, not failed: a configuration that
+/// does not work yet is when this is read.
+pub fn show_openstack(args: &ServeArgs) -> String {
+    let mut out = String::new();
+    match &args.nova_url {
+        Some(url) => out.push_str(&format!(
+            "\nNova: direct mode, {} (no Keystone; of the OS_* settings only OS_CACERT and OS_INSECURE apply)\n",
+            mask_url(url)
+        )),
+        None => match args.openstack.resolve() {
+            Ok(r) => out.push_str(&resolved_cloud(args, &r)),
+            Err(e) => out.push_str(&format!("\nOpenStack (Keystone mode): {e:#}\n")),
+        },
+    }
+    match args.nova_config() {
+        Ok(nova) if nova.tls.insecure => {
+            out.push_str("\nWARNING: TLS certificate verification is off for Keystone and Nova\n")
+        }
+        Ok(_) => {}
+        Err(e) => out.push_str(&format!("\nproblem: {e:#}\n")),
+    }
+    out
+}
+
+/// The resolved OpenStack settings as a table.
+fn resolved_cloud(args: &ServeArgs, r: &crate::config::clouds::Resolved) -> String {
+    let mut out = match (&r.cloud, r.files.as_slice()) {
+        (Some(cloud), files) => format!(
+            "\nOpenStack (Keystone mode): OS_CLOUD={cloud} from {}\n",
+            files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" + ")
+        ),
+        (None, _) => "\nOpenStack (Keystone mode), no OS_CLOUD:\n".to_string(),
+    };
+    let mut table = super::output::plain_table(["KEY", "VALUE", "SOURCE"]);
+    if r.get("auth_type").is_none()
+        && let Ok(k) = args.openstack.keystone(r)
+    {
+        let inferred = match k.credential {
+            Credential::Password { .. } => "password",
+            _ => "v3applicationcredential",
+        };
+        table.add_row(["auth_type", inferred, "default"]);
+    }
+    for (key, value, source) in r.rows() {
+        let value = if key.ends_with("url") {
+            mask_url(&value)
+        } else {
+            value
+        };
+        table.add_row([key.to_string(), value, source]);
+    }
+    out.push_str(&format!("{}\n", table.trim_fmt()));
+    out
 }
 
 #[cfg(test)]

@@ -87,13 +87,28 @@ impl fmt::Display for IdempotencyKey {
 
 /// A device path in the shape Nova accepts:
 /// `^(/dev/x{0,1}[a-z]{0,1}d{0,1})([a-z]+)[0-9]*$`, which reduces to
-/// `/dev/` followed by lowercase letters and then optional digits.
+/// `/dev/` followed by lowercase letters and then optional digits, and no
+/// longer than the column Nova keeps it in (`device_name`, 255).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DevicePath(String);
 
 impl DevicePath {
+    /// Nova's block-device-mapping column holds this many characters.
+    pub const MAX_LEN: usize = 255;
+
     pub fn parse(value: &str) -> Result<Self, InvalidField> {
         const FIELD: &str = "device";
+        // Counted before the shape: a huge value is not echoed back whole.
+        let n = value.chars().count();
+        if n > Self::MAX_LEN {
+            return Err(InvalidField::new(
+                FIELD,
+                format!(
+                    "is {n} characters long; Nova keeps at most {} (a path like /dev/vdb)",
+                    Self::MAX_LEN
+                ),
+            ));
+        }
         let bad = || {
             InvalidField::new(
                 FIELD,
@@ -165,6 +180,17 @@ mod tests {
             let e = DevicePath::parse(bad).unwrap_err();
             assert_eq!(e.field, "device", "{bad}");
         }
+    }
+
+    #[test]
+    fn device_paths_fit_novas_column() {
+        let longest = format!("/dev/vd{}", "b".repeat(DevicePath::MAX_LEN - 7));
+        assert_eq!(longest.len(), 255);
+        assert!(DevicePath::parse(&longest).is_ok());
+        let e = DevicePath::parse(&format!("/dev/vd{}", "b".repeat(300))).unwrap_err();
+        assert_eq!(e.field, "device");
+        assert!(e.reason.contains("307 characters"), "{}", e.reason);
+        assert!(e.reason.contains("255"), "{}", e.reason);
     }
 
     #[test]

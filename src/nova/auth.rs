@@ -1,5 +1,8 @@
-//! Keystone v3 password authentication with project scope. The token is
-//! cached and shared; it is renewed before it expires and once on a 401.
+//! Keystone v3 authentication: a password with project scope, or an
+//! application credential (what OpenStack recommends for services; its
+//! token is scoped by the credential itself, so the request names no
+//! scope). The token is cached and shared; it is renewed before it
+//! expires and once on a 401.
 //! A renewal runs in its own task on its own bounded timeout, detached from
 //! any caller: one caller's short deadline or cancellation never kills the
 //! renewal others wait on, and concurrent callers start one renewal.
@@ -35,15 +38,105 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// The standard `OS_*` settings.
+/// How to ask Keystone for a token.
+#[derive(Debug, Clone)]
+pub enum Credential {
+    /// `OS_AUTH_TYPE=password`: a user's password, scoped to a project.
+    Password {
+        username: String,
+        user_domain_name: String,
+        password: Secret,
+        project_name: String,
+        project_domain_name: String,
+    },
+    /// `OS_AUTH_TYPE=v3applicationcredential` with
+    /// `OS_APPLICATION_CREDENTIAL_ID`.
+    ApplicationCredentialId { id: String, secret: Secret },
+    /// The same with `OS_APPLICATION_CREDENTIAL_NAME`, which is unique
+    /// only per user: the user is named too.
+    ApplicationCredentialName {
+        name: String,
+        username: String,
+        user_domain_name: String,
+        secret: Secret,
+    },
+}
+
+impl Credential {
+    /// `POST /v3/auth/tokens`'s body. An application credential's token
+    /// is scoped by the credential: Keystone refuses a scope beside it.
+    pub fn request_body(&self) -> serde_json::Value {
+        let identity = match self {
+            Credential::Password {
+                username,
+                user_domain_name,
+                password,
+                ..
+            } => serde_json::json!({
+                "methods": ["password"],
+                "password": {"user": {
+                    "name": username,
+                    "domain": {"name": user_domain_name},
+                    "password": password.expose(),
+                }}
+            }),
+            Credential::ApplicationCredentialId { id, secret } => serde_json::json!({
+                "methods": ["application_credential"],
+                "application_credential": {"id": id, "secret": secret.expose()}
+            }),
+            Credential::ApplicationCredentialName {
+                name,
+                username,
+                user_domain_name,
+                secret,
+            } => serde_json::json!({
+                "methods": ["application_credential"],
+                "application_credential": {
+                    "name": name,
+                    "user": {"name": username, "domain": {"name": user_domain_name}},
+                    "secret": secret.expose(),
+                }
+            }),
+        };
+        match self {
+            Credential::Password {
+                project_name,
+                project_domain_name,
+                ..
+            } => serde_json::json!({"auth": {
+                "identity": identity,
+                "scope": {"project": {
+                    "name": project_name,
+                    "domain": {"name": project_domain_name},
+                }}
+            }}),
+            _ => serde_json::json!({"auth": {"identity": identity}}),
+        }
+    }
+
+    /// How this credential is named in logs (never the secret).
+    pub fn describe(&self) -> String {
+        match self {
+            Credential::Password {
+                username,
+                project_name,
+                ..
+            } => format!("password of user {username} for project {project_name}"),
+            Credential::ApplicationCredentialId { id, .. } => {
+                format!("application credential {id}")
+            }
+            Credential::ApplicationCredentialName { name, username, .. } => {
+                format!("application credential {name} of user {username}")
+            }
+        }
+    }
+}
+
+/// Keystone mode's settings (the standard `OS_*` ones, resolved).
 #[derive(Debug, Clone)]
 pub struct KeystoneConfig {
     pub auth_url: String,
-    pub username: String,
-    pub password: Secret,
-    pub project_name: String,
-    pub user_domain_name: String,
-    pub project_domain_name: String,
+    pub credential: Credential,
     pub region: Option<String>,
     pub interface: String,
     /// How long one renewal may take (its own clock, not a caller's).
@@ -235,22 +328,7 @@ impl KeystoneAuth {
         } else {
             format!("{}/v3/auth/tokens", self.cfg.auth_url.trim_end_matches('/'))
         };
-        let body = serde_json::json!({
-            "auth": {
-                "identity": {
-                    "methods": ["password"],
-                    "password": {"user": {
-                        "name": self.cfg.username,
-                        "domain": {"name": self.cfg.user_domain_name},
-                        "password": self.cfg.password.expose(),
-                    }}
-                },
-                "scope": {"project": {
-                    "name": self.cfg.project_name,
-                    "domain": {"name": self.cfg.project_domain_name},
-                }}
-            }
-        });
+        let body = self.cfg.credential.request_body();
         let resp = self
             .http
             .post(&url)
@@ -327,6 +405,64 @@ mod tests {
         let url = compute_endpoint(&parsed.token.catalog, "public", Some("RegionOne")).unwrap();
         assert!(url.starts_with("http://23.253.248.171:8774/v2.1/"), "{url}");
         assert!(compute_endpoint(&parsed.token.catalog, "public", Some("Elsewhere")).is_none());
+    }
+
+    #[test]
+    fn an_application_credential_asks_for_no_scope() {
+        let by_id = Credential::ApplicationCredentialId {
+            id: "423f19a4ac1e4f48bbb4180756e6eb6c".into(),
+            secret: Secret::new("rEaqvJka48mpv"),
+        };
+        assert_eq!(
+            by_id.request_body(),
+            serde_json::json!({"auth": {"identity": {
+                "methods": ["application_credential"],
+                "application_credential": {"id": "423f19a4ac1e4f48bbb4180756e6eb6c", "secret": "rEaqvJka48mpv"}
+            }}})
+        );
+        let by_name = Credential::ApplicationCredentialName {
+            name: "monitoring".into(),
+            username: "svc".into(),
+            user_domain_name: "Default".into(),
+            secret: Secret::new("s"),
+        };
+        let body = by_name.request_body();
+        assert!(body["auth"].get("scope").is_none(), "{body}");
+        assert_eq!(
+            body["auth"]["identity"]["application_credential"]["user"],
+            serde_json::json!({"name": "svc", "domain": {"name": "Default"}})
+        );
+        assert!(
+            !format!("{by_name:?}").contains("\"s\""),
+            "secrets stay hidden"
+        );
+    }
+
+    #[test]
+    fn a_password_asks_for_the_project_scope() {
+        let body = Credential::Password {
+            username: "svc".into(),
+            user_domain_name: "Corp".into(),
+            password: Secret::new("pw"),
+            project_name: "storage".into(),
+            project_domain_name: "Corp".into(),
+        }
+        .request_body();
+        let sample: serde_json::Value = serde_json::from_str(include_str!(
+            "../../tests/fixtures/keystone/auth/requests/project-name-password.json"
+        ))
+        .unwrap();
+        // The same shape as Keystone's own sample request.
+        assert_eq!(
+            body["auth"]["identity"]["methods"],
+            sample["auth"]["identity"]["methods"]
+        );
+        assert_eq!(body["auth"]["scope"]["project"]["name"], "storage");
+        assert_eq!(body["auth"]["scope"]["project"]["domain"]["name"], "Corp");
+        assert_eq!(
+            body["auth"]["identity"]["password"]["user"]["password"],
+            "pw"
+        );
     }
 
     #[test]

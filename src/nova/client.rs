@@ -31,11 +31,147 @@ pub enum NovaEndpoint {
     Keystone(KeystoneConfig),
 }
 
+/// The microversion the service asks for: an exact `2.N`, or `latest`,
+/// which start-up resolves to the cloud's maximum (Nova's own `latest`
+/// would change under the service at the cloud's next upgrade).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Microversion {
+    Latest,
+    Exact(u32, u32),
+}
+
+impl Microversion {
+    /// What the service speaks unless told otherwise: 2.89 lists the
+    /// Cinder attachment and BDM ids and still answers an attach with 200.
+    pub const DEFAULT: Self = Self::Exact(2, 89);
+}
+
+impl std::str::FromStr for Microversion {
+    type Err = String;
+
+    /// `latest` or `2.N` (Nova's compute API microversions, N from 1).
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "latest" {
+            return Ok(Self::Latest);
+        }
+        let number = |p: &str| {
+            (!p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| p.parse::<u32>().ok())
+                .flatten()
+        };
+        match s.split_once('.').map(|(a, b)| (number(a), number(b))) {
+            Some((Some(2), Some(minor))) if minor >= 1 => Ok(Self::Exact(2, minor)),
+            _ => Err(format!(
+                "{s:?} is not a Nova microversion: write 2.N (like 2.89) or latest"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Microversion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Latest => f.write_str("latest"),
+            Self::Exact(major, minor) => write!(f, "{major}.{minor}"),
+        }
+    }
+}
+
+/// The microversions a Nova supports, from its version document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionRange {
+    pub min: (u32, u32),
+    pub max: (u32, u32),
+}
+
+impl VersionRange {
+    /// The version to speak when `wanted` is asked for: `latest` is the
+    /// maximum; an exact version must lie in the range.
+    pub fn choose(&self, wanted: Microversion) -> Result<(u32, u32), String> {
+        match wanted {
+            Microversion::Latest => Ok(self.max),
+            Microversion::Exact(major, minor)
+                if (major, minor) < self.min || (major, minor) > self.max =>
+            {
+                Err(format!(
+                    "microversion {wanted} is outside what this Nova supports ({} to {})",
+                    show(self.min),
+                    show(self.max)
+                ))
+            }
+            Microversion::Exact(major, minor) => Ok((major, minor)),
+        }
+    }
+}
+
+impl std::fmt::Display for VersionRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} to {}", show(self.min), show(self.max))
+    }
+}
+
+fn show((major, minor): (u32, u32)) -> String {
+    format!("{major}.{minor}")
+}
+
+/// How the HTTP client trusts TLS servers (Keystone's and Nova's).
+#[derive(Debug, Clone, Default)]
+pub struct TlsTrust {
+    /// Trust only these CAs (`cacert`, `OS_CACERT`), as openstacksdk
+    /// does; none: the system's roots.
+    pub ca: Option<CaBundle>,
+    /// `verify: false` / `OS_INSECURE`: accept any certificate.
+    pub insecure: bool,
+}
+
+/// CA certificates read from a PEM file, each checked to be a certificate
+/// a TLS client can trust: made only by `from_file`, so building the HTTP
+/// client with it cannot fail.
+#[derive(Debug, Clone)]
+pub struct CaBundle {
+    pub path: std::path::PathBuf,
+    certs: Vec<reqwest::Certificate>,
+}
+
+impl CaBundle {
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject as _;
+        let pem =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut roots = rustls::RootCertStore::empty();
+        let mut certs = Vec::new();
+        for der in CertificateDer::pem_slice_iter(&pem) {
+            let der = der.map_err(|e| format!("{}: not PEM: {e}", path.display()))?;
+            roots.add(der.clone()).map_err(|e| {
+                format!(
+                    "{}: a certificate is not usable as a CA: {e}",
+                    path.display()
+                )
+            })?;
+            certs.push(
+                reqwest::Certificate::from_der(&der)
+                    .map_err(|e| format!("{}: {e}", path.display()))?,
+            );
+        }
+        if certs.is_empty() {
+            return Err(format!("{} holds no PEM certificate", path.display()));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            certs,
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct NovaConfig {
     pub endpoint: NovaEndpoint,
-    /// `X-OpenStack-Nova-API-Version`, e.g. "2.89".
-    pub microversion: String,
+    /// `X-OpenStack-Nova-API-Version` asked for (`latest` is resolved at
+    /// start; see `NovaClient::adopt`).
+    pub microversion: Microversion,
+    /// Trust for TLS connections to Keystone and Nova.
+    pub tls: TlsTrust,
     pub max_concurrent_per_host: usize,
     /// Bound of a TCP connect (connection setup only).
     pub connect_timeout: Duration,
@@ -47,7 +183,8 @@ impl Default for NovaConfig {
     fn default() -> Self {
         Self {
             endpoint: NovaEndpoint::Direct("http://127.0.0.1:8774/v2.1".into()),
-            microversion: "2.89".into(),
+            microversion: Microversion::DEFAULT,
+            tls: TlsTrust::default(),
             max_concurrent_per_host: 128,
             connect_timeout: Duration::from_secs(3),
             tls_handshake_timeout: Duration::from_secs(5),
@@ -102,13 +239,23 @@ pub struct Answered<T> {
 /// Told how long each request waited for a connection slot.
 pub type SlotWaitObserver = Arc<dyn Fn(Duration) + Send + Sync>;
 
+/// Told, after each request, whether Nova answered (`true`: any HTTP
+/// answer) or could not be connected to (`false`).
+pub type ReachabilityObserver = Arc<dyn Fn(bool) + Send + Sync>;
+
 pub struct NovaClient {
     slot_wait: Option<SlotWaitObserver>,
+    reachability: Option<ReachabilityObserver>,
     http: reqwest::Client,
     cfg: NovaConfig,
     auth: Option<Arc<KeystoneAuth>>,
     slots: Arc<Semaphore>,
+    /// The microversion spoken: the configured one, or the cloud's maximum
+    /// once `latest` is resolved (until then, the newest behaviour is
+    /// assumed and `latest` is sent).
     microversion: (u32, u32),
+    /// The header value: `2.N`, or `latest` while unresolved.
+    microversion_header: String,
 }
 
 /// Builds the shared HTTP client. Deliberately no `timeout`, no
@@ -121,14 +268,22 @@ pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
         cfg.connect_timeout
     };
     install_crypto_provider();
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .connect_timeout(connect)
         .pool_max_idle_per_host(cfg.max_concurrent_per_host)
         .tcp_nodelay(true)
-        .user_agent(concat!("volume-reconciler/", env!("CARGO_PKG_VERSION")))
+        .user_agent(concat!("volume-reconciler/", env!("CARGO_PKG_VERSION")));
+    if let Some(ca) = &cfg.tls.ca {
+        builder = builder.tls_certs_only(ca.certs.iter().cloned());
+    }
+    if cfg.tls.insecure {
+        builder = builder.danger_accept_invalid_certs(true);
+    }
+    builder
         .build()
-        // Building fails only when the TLS backend cannot initialize, which
-        // is a broken installation, not a runtime condition.
+        // Building fails only when the TLS backend cannot initialize (a
+        // broken installation, not a runtime condition) or a CA is unusable,
+        // which `CaBundle::from_file` rules out.
         .expect("the HTTP client must build (TLS provider available)")
 }
 
@@ -136,11 +291,6 @@ pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
 pub fn install_crypto_provider() {
     // Err means one is installed already: that one serves as well.
     drop(rustls::crypto::ring::default_provider().install_default());
-}
-
-fn parse_microversion(s: &str) -> (u32, u32) {
-    let mut it = s.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (it.next().unwrap_or(2), it.next().unwrap_or(1))
 }
 
 impl NovaClient {
@@ -154,13 +304,92 @@ impl NovaClient {
             NovaEndpoint::Keystone(k) => Some(KeystoneAuth::new(http.clone(), k.clone())),
             NovaEndpoint::Direct(_) => None,
         };
+        let (microversion, microversion_header) = match cfg.microversion {
+            Microversion::Exact(major, minor) => ((major, minor), format!("{major}.{minor}")),
+            Microversion::Latest => ((2, u32::MAX), "latest".to_string()),
+        };
         Self {
             slot_wait: None,
+            reachability: None,
             slots: Arc::new(Semaphore::new(cfg.max_concurrent_per_host.max(1))),
-            microversion: parse_microversion(&cfg.microversion),
+            microversion,
+            microversion_header,
             http,
             auth,
             cfg,
+        }
+    }
+
+    /// Reports whether each request reached Nova to `observer`.
+    pub fn with_reachability_observer(mut self, observer: ReachabilityObserver) -> Self {
+        self.reachability = Some(observer);
+        self
+    }
+
+    /// The microversion spoken (`latest` until `adopt` resolved it).
+    pub fn microversion(&self) -> String {
+        self.microversion_header.clone()
+    }
+
+    /// Speaks what `range` allows of the configured microversion: `latest`
+    /// becomes the cloud's maximum; an exact version outside the range is
+    /// an error (Nova would answer every request 406).
+    pub fn adopt(&mut self, range: VersionRange) -> Result<(), String> {
+        let (major, minor) = range.choose(self.cfg.microversion)?;
+        self.microversion = (major, minor);
+        self.microversion_header = format!("{major}.{minor}");
+        Ok(())
+    }
+
+    /// Nova's version document (`GET /` of the compute endpoint's root; in
+    /// Keystone mode the catalog names the endpoint, so this authenticates
+    /// first): the microversions it supports. One request, under
+    /// `deadline`.
+    pub async fn discover(&self, deadline: Instant) -> Result<(String, VersionRange), NovaError> {
+        let call = Call {
+            method: "GET",
+            started: Instant::now(),
+            deadline,
+        };
+        let (base, _) = self.base_and_token(deadline).await.map_err(|cause| {
+            let kind = if Instant::now() >= deadline {
+                NovaErrorKind::DeadlineExceeded
+            } else {
+                NovaErrorKind::AuthFailed
+            };
+            call.error(kind, Stage::Authenticate, "/", false, cause)
+        })?;
+        let url = version_root(&base);
+        let req = self
+            .http
+            .get(&url)
+            .header("Accept", "application/json")
+            .header("X-OpenStack-Request-ID", RequestId::fresh().as_str());
+        let raw = call.send(req, &url).await;
+        self.observe_reachability(&raw);
+        let raw = raw?;
+        if !(200..300).contains(&raw.status) && raw.status != 300 {
+            return Err(self.rejection("GET", url, &raw, call.started, deadline));
+        }
+        parse_versions(&raw.body)
+            .map(|range| (url.clone(), range))
+            .map_err(|cause| {
+                let mut e =
+                    call.error(NovaErrorKind::Undecodable, Stage::Decode, &url, true, cause);
+                e.status = Some(raw.status);
+                e
+            })
+    }
+
+    fn observe_reachability<T>(&self, result: &Result<T, NovaError>) {
+        let Some(observe) = &self.reachability else {
+            return;
+        };
+        match result {
+            Ok(_) => observe(true),
+            Err(e) if e.kind == NovaErrorKind::ConnectFailed => observe(false),
+            // Sent and then lost or timed out: says nothing sure either way.
+            Err(_) => {}
         }
     }
 
@@ -466,10 +695,10 @@ impl NovaClient {
             let mut req = self
                 .http
                 .request(method.clone(), &url)
-                .header("X-OpenStack-Nova-API-Version", &self.cfg.microversion)
+                .header("X-OpenStack-Nova-API-Version", &self.microversion_header)
                 .header(
                     "OpenStack-API-Version",
-                    format!("compute {}", self.cfg.microversion),
+                    format!("compute {}", self.microversion_header),
                 )
                 .header("Accept", "application/json")
                 .header("X-OpenStack-Request-ID", rid.as_str());
@@ -479,7 +708,9 @@ impl NovaClient {
             if let Some(b) = body {
                 req = req.json(b);
             }
-            let raw = call.send(req, &url).await?;
+            let raw = call.send(req, &url).await;
+            self.observe_reachability(&raw);
+            let raw = raw?;
             if raw.status == 401
                 && !replayed
                 && let (Some(auth), Some(t)) = (&self.auth, &token)
@@ -494,6 +725,90 @@ impl NovaClient {
             return Ok((url, raw));
         }
     }
+}
+
+/// Where Nova's version document is: the compute endpoint's root, the
+/// URL up to its version segment (`http://h:8774/v2.1/<project>` →
+/// `http://h:8774/`, `https://cloud/compute/v2.1` → `https://cloud/compute/`).
+fn version_root(compute: &str) -> String {
+    // Not a URL: the request to it fails and says so, naming it.
+    let Ok(mut url) = reqwest::Url::parse(compute) else {
+        return compute.to_string();
+    };
+    let is_version = |seg: &str| {
+        seg.strip_prefix('v').is_some_and(|v| {
+            !v.is_empty()
+                && v.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+    };
+    // No segments only for URLs that cannot be a base (not http).
+    let segments: Vec<String> = url
+        .path_segments()
+        .map(|s| s.map(str::to_string).collect())
+        .unwrap_or_default();
+    let keep = segments
+        .iter()
+        .position(|s| is_version(s))
+        .unwrap_or(segments.len());
+    let mut path = segments[..keep]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("/{s}"))
+        .collect::<String>();
+    path.push('/');
+    url.set_path(&path);
+    url.set_query(None);
+    url.to_string()
+}
+
+#[derive(serde::Deserialize)]
+struct VersionsDoc {
+    #[serde(default)]
+    versions: Vec<VersionEntry>,
+    version: Option<VersionEntry>,
+}
+
+#[derive(serde::Deserialize)]
+struct VersionEntry {
+    id: String,
+    #[serde(default)]
+    version: String,
+    #[serde(default)]
+    min_version: String,
+}
+
+/// The v2.1 API's range from a version document: the root's list
+/// (`{"versions": [...]}`) or one version (`{"version": {...}}`). An API
+/// without microversions (empty `version`) supports only 2.1.
+fn parse_versions(body: &[u8]) -> Result<VersionRange, String> {
+    let doc: VersionsDoc = serde_json::from_slice(body)
+        .map_err(|e| format!("the version document is not what Nova answers: {e}"))?;
+    let entry = doc
+        .versions
+        .iter()
+        .chain(doc.version.as_ref())
+        .find(|v| v.id == "v2.1")
+        .ok_or("the version document has no v2.1 API")?;
+    let parse = |s: &str, what: &str| match s.parse::<Microversion>() {
+        Ok(Microversion::Exact(major, minor)) => Ok((major, minor)),
+        _ => Err(format!(
+            "the version document's {what} {s:?} is not a microversion"
+        )),
+    };
+    if entry.version.is_empty() {
+        return Ok(VersionRange {
+            min: (2, 1),
+            max: (2, 1),
+        });
+    }
+    let max = parse(&entry.version, "version")?;
+    let min = if entry.min_version.is_empty() {
+        (2, 1)
+    } else {
+        parse(&entry.min_version, "min_version")?
+    };
+    Ok(VersionRange { min, max })
 }
 
 fn method_name(method: &Method) -> &'static str {
@@ -626,6 +941,69 @@ async fn read_body(mut resp: reqwest::Response, deadline: Instant) -> Result<Byt
             Ok(Err(e)) => return Err(BodyError::Lost(buf.len(), error_chain(&e))),
             Ok(Ok(None)) => return Ok(Bytes::from(buf)),
             Ok(Ok(Some(chunk))) => buf.extend_from_slice(&chunk),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn microversions_are_2_n_or_latest() {
+        assert_eq!("2.89".parse(), Ok(Microversion::Exact(2, 89)));
+        assert_eq!("2.1".parse(), Ok(Microversion::Exact(2, 1)));
+        assert_eq!("latest".parse(), Ok(Microversion::Latest));
+        for bad in [
+            "banana", "", "2", "2.", ".5", "2.0", "3.1", "2.x", "+2.5", "2.5.1", " 2.5", "Latest",
+        ] {
+            let e = bad.parse::<Microversion>().unwrap_err();
+            assert!(e.contains("2.N"), "{bad}: {e}");
+        }
+        assert_eq!(Microversion::DEFAULT.to_string(), "2.89");
+        assert_eq!(Microversion::Latest.to_string(), "latest");
+    }
+
+    #[test]
+    fn the_version_document_is_read_from_the_contract_samples() {
+        let root = include_bytes!("../../tests/fixtures/nova/versions/versions-get-resp.json");
+        let range = parse_versions(root).unwrap();
+        assert_eq!(
+            range,
+            VersionRange {
+                min: (2, 1),
+                max: (2, 104)
+            }
+        );
+        let one = include_bytes!("../../tests/fixtures/nova/versions/v21-version-get-resp.json");
+        assert_eq!(parse_versions(one).unwrap(), range);
+        assert_eq!(range.choose(Microversion::Latest), Ok((2, 104)));
+        assert_eq!(range.choose(Microversion::Exact(2, 89)), Ok((2, 89)));
+        let e = range.choose(Microversion::Exact(2, 105)).unwrap_err();
+        assert!(e.contains("2.1 to 2.104"), "{e}");
+        assert!(parse_versions(b"{\"versions\": []}").is_err());
+        assert!(parse_versions(b"<html>").is_err());
+    }
+
+    #[test]
+    fn the_version_root_is_the_endpoint_up_to_its_version() {
+        for (endpoint, root) in [
+            ("http://127.0.0.1:8774/v2.1", "http://127.0.0.1:8774/"),
+            (
+                "http://h:8774/v2.1/a6944d763bf64ee6a275f1263fae0352",
+                "http://h:8774/",
+            ),
+            (
+                "https://cloud.example/compute/v2.1",
+                "https://cloud.example/compute/",
+            ),
+            (
+                "https://cloud.example/compute/v2/abc",
+                "https://cloud.example/compute/",
+            ),
+            ("http://h:8774", "http://h:8774/"),
+        ] {
+            assert_eq!(version_root(endpoint), root, "{endpoint}");
         }
     }
 }

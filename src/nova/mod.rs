@@ -6,9 +6,10 @@ pub mod client;
 pub mod error;
 pub mod types;
 
-pub use auth::{KeystoneConfig, Secret};
+pub use auth::{Credential, KeystoneConfig, Secret};
 pub use client::{
-    Answered, AttachAnswer, NovaClient, NovaConfig, NovaEndpoint, RequestId, build_http_client,
+    Answered, AttachAnswer, CaBundle, Microversion, NovaClient, NovaConfig, NovaEndpoint,
+    RequestId, TlsTrust, VersionRange, build_http_client,
 };
 pub use error::{NovaError, NovaErrorKind, Rejection, Stage};
 pub use types::NovaAttachment;

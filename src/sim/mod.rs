@@ -55,6 +55,8 @@ pub struct SimConfig {
     pub username: String,
     pub password: String,
     pub project_name: String,
+    /// An application credential of `username` Keystone also accepts: (id, name, secret).
+    pub application_credential: Option<(String, String, String)>,
 }
 
 impl Default for SimConfig {
@@ -71,6 +73,7 @@ impl Default for SimConfig {
             username: "demo".into(),
             password: "secret".into(),
             project_name: "demo".into(),
+            application_credential: None,
         }
     }
 }

@@ -140,6 +140,41 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// Why a connection could not be opened at start, when waiting may
+    /// cure it: the server is not there (yet), starting up, shutting down
+    /// or full. `None` for an answer that waiting does not change (wrong
+    /// password, no such database, a TLS or URL mistake).
+    pub(in crate::store) fn worth_waiting_for(e: &sqlx::Error) -> Option<String> {
+        match e {
+            sqlx::Error::Io(io) => Some(match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
+                std::io::ErrorKind::ConnectionReset => "connection reset".into(),
+                std::io::ErrorKind::TimedOut => "connection timed out".into(),
+                std::io::ErrorKind::HostUnreachable => "host unreachable".into(),
+                std::io::ErrorKind::NetworkUnreachable => "network unreachable".into(),
+                std::io::ErrorKind::NotFound => format!("no such socket: {io}"),
+                _ => io.to_string(),
+            }),
+            sqlx::Error::Database(db) => {
+                // No SQLSTATE: nothing says waiting would help.
+                let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+                // 57P03 cannot_connect_now (starting up, in recovery),
+                // 57P01/02 shutting down, 53300 too many connections, 08
+                // connection exceptions.
+                (code == "57P03"
+                    || code == "57P01"
+                    || code == "57P02"
+                    || code == "53300"
+                    || code.starts_with("08"))
+                .then(|| format!("{} (SQLSTATE {code})", db.message()))
+            }
+            sqlx::Error::PoolTimedOut => Some("timed out".into()),
+            _ => None,
+        }
+    }
+}
+
 fn classify(what: &'static str, e: sqlx::Error) -> StoreError {
     let (kind, sqlstate) = match &e {
         sqlx::Error::Database(db) => {
@@ -221,6 +256,20 @@ mod tests {
         assert_eq!(sqlite_kind("5"), DbFailure::Contention);
         assert_eq!(sqlite_kind("517"), DbFailure::Contention);
         assert_eq!(sqlite_kind("1"), DbFailure::Other);
+    }
+
+    #[test]
+    fn only_a_server_that_is_not_up_yet_is_waited_for() {
+        let refused = sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused (os error 111)",
+        ));
+        assert_eq!(
+            StoreError::worth_waiting_for(&refused).as_deref(),
+            Some("connection refused")
+        );
+        let bad_url = sqlx::Error::Configuration("invalid port number".into());
+        assert_eq!(StoreError::worth_waiting_for(&bad_url), None);
     }
 
     #[test]

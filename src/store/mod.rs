@@ -31,15 +31,35 @@ use crate::domain::{
     Resolution, State,
 };
 
+/// How long opening the store waits, by default, for a database that does
+/// not accept connections yet (`--db-connect-timeout`).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Opens the store a URL names: `postgres://...` (production, several
-/// replicas) or `sqlite://FILE` (embedded, one process). Applies migrations.
+/// replicas) or `sqlite://FILE` (embedded, one process). Applies
+/// migrations. Waits up to `DEFAULT_CONNECT_TIMEOUT` for PostgreSQL.
 pub async fn open(url: &str, max_connections: u32) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+    open_within(url, max_connections, DEFAULT_CONNECT_TIMEOUT).await
+}
+
+/// As `open`, waiting up to `connect_timeout` for a PostgreSQL server that
+/// is not up yet (each try is logged: "waiting for PostgreSQL at
+/// host:port (connection refused)"), then failing with the last error. An
+/// embedded file opens at once or not at all.
+pub async fn open_within(
+    url: &str,
+    max_connections: u32,
+    connect_timeout: Duration,
+) -> anyhow::Result<std::sync::Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(std::sync::Arc::new(
-            PgStore::connect(&PgSettings {
-                url: url.to_string(),
-                max_connections,
-            })
+            PgStore::connect_within(
+                &PgSettings {
+                    url: url.to_string(),
+                    max_connections,
+                },
+                connect_timeout,
+            )
             .await?,
         ))
     } else if url.starts_with("sqlite:") {

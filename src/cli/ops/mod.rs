@@ -15,7 +15,8 @@ use crate::client::{CallError, Client};
 use crate::config::duration;
 use crate::grpc::pb;
 use render::{
-    event_json, list_table, op_json, print_events, print_op, resolution_name, state_name, ts,
+    event_json, list_table, op_json, print_events, print_op, request_ids, resolution_name,
+    state_name, ts,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -200,7 +201,12 @@ impl Ops {
             .events;
         if self.json {
             let evs: Vec<_> = events.iter().map(event_json).collect();
-            return print_json(&serde_json::json!({"operation": op_json(&op), "events": evs}));
+            let (global, nova) = request_ids(&events);
+            return print_json(&serde_json::json!({
+                "operation": op_json(&op),
+                "request_ids": {"global": global, "nova": nova},
+                "events": evs,
+            }));
         }
         print_op(&op);
         print_events(&events);

@@ -131,21 +131,86 @@ const EVENT_KEYS: &[&str] = &[
     "cause",
 ];
 
+/// An event's request ids: the global one the service sent
+/// (`X-OpenStack-Request-ID`, `req-<operation id>`) and the one Nova
+/// answered under, each when recorded.
+fn event_ids(e: &pb::OperationEvent) -> (Option<&str>, Option<&str>) {
+    let id = |k: &str| {
+        e.metadata
+            .get(k)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty() && *v != "-")
+    };
+    (id("request_id"), id("nova_request_id"))
+}
+
+/// The request ids an operation's events carry: the global ones (one per
+/// operation, normally) and Nova's own, each once, in order.
+pub fn request_ids(events: &[pb::OperationEvent]) -> (Vec<String>, Vec<String>) {
+    let (mut global, mut nova) = (Vec::new(), Vec::new());
+    for e in events {
+        let (g, n) = event_ids(e);
+        for (id, into) in [(g, &mut global), (n, &mut nova)] {
+            if let Some(id) = id
+                && !into.iter().any(|x| x == id)
+            {
+                into.push(id.to_string());
+            }
+        }
+    }
+    (global, nova)
+}
+
+/// The reconcile log: one row per event, its detail, its notable fields,
+/// and the request ids that find it in Nova's logs.
 pub fn print_events(events: &[pb::OperationEvent]) {
+    let (global, nova) = request_ids(events);
+    if !global.is_empty() || !nova.is_empty() {
+        println!();
+        println!("request ids (to find them in Nova's logs):");
+        let none = || "-".to_string();
+        println!(
+            "  global  {}  (X-OpenStack-Request-ID sent with every Nova request)",
+            if global.is_empty() {
+                none()
+            } else {
+                global.join(", ")
+            }
+        );
+        println!(
+            "  nova    {}  (Nova's own, one per answer)",
+            if nova.is_empty() {
+                none()
+            } else {
+                nova.join(", ")
+            }
+        );
+    }
     println!();
     println!("reconcile log:");
     let mut table = plain_table(["AT", "REPLICA", "EVENT", "DETAIL"]);
     for e in events {
+        let mut lines = vec![e.detail.clone()];
         let extras: Vec<String> = EVENT_KEYS
             .iter()
             .filter_map(|k| e.metadata.get(*k).map(|v| format!("{k}={v}")))
             .collect();
-        let detail = if extras.is_empty() {
-            e.detail.clone()
-        } else {
-            format!("{}\n{}", e.detail, extras.join(" "))
-        };
-        table.add_row([ts(&e.at), e.replica.clone(), e.kind.clone(), detail]);
+        if !extras.is_empty() {
+            lines.push(extras.join(" "));
+        }
+        let (global, nova) = event_ids(e);
+        if let Some(g) = global {
+            lines.push(format!("global request id {g}"));
+        }
+        if let Some(n) = nova {
+            lines.push(format!("Nova's request id {n}"));
+        }
+        table.add_row([
+            ts(&e.at),
+            e.replica.clone(),
+            e.kind.clone(),
+            lines.join("\n"),
+        ]);
     }
     for line in table.lines() {
         println!(" {}", line.trim_end());
@@ -203,6 +268,35 @@ pub fn list_table(ops: &[pb::Operation]) -> comfy_table::Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(kind: &str, meta: &[(&str, &str)]) -> pb::OperationEvent {
+        pb::OperationEvent {
+            kind: kind.into(),
+            metadata: meta
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn request_ids_are_collected_once_each_in_order() {
+        let events = [
+            event("request_sent", &[("request_id", "req-op")]),
+            event("request_failed", &[("nova_request_id", "req-n1")]),
+            event("observed", &[("nova_request_id", "-")]),
+            event("request_sent", &[("request_id", "req-op")]),
+            event("response", &[("nova_request_id", "req-n2")]),
+        ];
+        assert_eq!(
+            request_ids(&events),
+            (
+                vec!["req-op".to_string()],
+                vec!["req-n1".to_string(), "req-n2".to_string()]
+            )
+        );
+    }
 
     #[test]
     fn json_timestamps_are_rfc3339_in_utc() {

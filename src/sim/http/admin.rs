@@ -62,25 +62,53 @@ pub(super) async fn issue_token(
         }
         _ => {}
     }
+    // A body that is not JSON names no credential: refused below (401).
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-    let user = &v["auth"]["identity"]["password"]["user"];
-    let name = user["name"].as_str().unwrap_or("");
-    let password = user["password"].as_str().unwrap_or("");
-    let Some((token, expires)) = st.sim.issue_token(name, password) else {
-        return json(
-            401,
-            serde_json::json!({"error": {"code": 401, "title": "Unauthorized",
-                "message": "The request you have made requires authentication."}}),
-            (0, 0),
-        );
+    let identity = &v["auth"]["identity"];
+    let by_credential = identity["methods"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|m| m == "application_credential"));
+    let cfg = st.sim.config();
+    let (name, password) = if by_credential {
+        // Keystone: "Application credentials cannot request a scope."
+        if v["auth"].get("scope").is_some() {
+            return unauthorized_token("Application credentials cannot request a scope.");
+        }
+        // The credential stands for its user: the token is the user's.
+        let ac = &identity["application_credential"];
+        let accepted = cfg
+            .application_credential
+            .as_ref()
+            .is_some_and(|(id, name, secret)| {
+                let user = &ac["user"];
+                let owner = user["name"] == cfg.username.as_str()
+                    && (user["domain"]["name"] == "Default" || user["domain"]["id"] == "default");
+                ac["secret"] == secret.as_str()
+                    && (ac["id"] == id.as_str() || (ac["name"] == name.as_str() && owner))
+            });
+        if accepted {
+            (cfg.username.clone(), cfg.password.clone())
+        } else {
+            // Counted as a refused request, like a wrong password.
+            (String::new(), String::new())
+        }
+    } else {
+        let user = &identity["password"]["user"];
+        (
+            user["name"].as_str().unwrap_or("").to_string(),
+            user["password"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    let Some((token, expires)) = st.sim.issue_token(&name, &password) else {
+        return unauthorized_token("The request you have made requires authentication.");
     };
     let compute = format!("{}/v2.1", st.base_url);
     let endpoint = |iface: &str| {
         serde_json::json!({"id": Uuid::new_v4().simple().to_string(), "interface": iface,
         "region": "RegionOne", "region_id": "RegionOne", "url": compute})
     };
-    let body = serde_json::json!({"token": {
-        "methods": ["password"],
+    let mut body = serde_json::json!({"token": {
+        "methods": [if by_credential { "application_credential" } else { "password" }],
         "expires_at": expires.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         "issued_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         "project": {"domain": {"id": "default", "name": "Default"}, "id": "a6944d763bf64ee6a275f1263fae0352", "name": st.sim.config().project_name},
@@ -89,11 +117,28 @@ pub(super) async fn issue_token(
         "catalog": [{"type": "compute", "name": "nova", "id": "a226b3eeb5594f50bf8b6df94636ed28",
             "endpoints": [endpoint("public"), endpoint("internal"), endpoint("admin")]}],
     }});
+    if let Some((id, name, _)) = cfg
+        .application_credential
+        .as_ref()
+        .filter(|_| by_credential)
+    {
+        body["token"]["application_credential"] =
+            serde_json::json!({"id": id, "name": name, "restricted": true});
+    }
     let mut r = json(201, body, (0, 0));
     if let Ok(v) = token.parse() {
         r.headers_mut().insert("x-subject-token", v);
     }
     r
+}
+
+/// Keystone's 401 for a token request.
+fn unauthorized_token(message: &str) -> Response<Body> {
+    json(
+        401,
+        serde_json::json!({"error": {"code": 401, "title": "Unauthorized", "message": message}}),
+        (0, 0),
+    )
 }
 
 async fn add_fault(

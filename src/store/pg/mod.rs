@@ -9,6 +9,7 @@ mod batch;
 mod conns;
 mod listen;
 mod statements;
+mod wait;
 
 pub use statements::{DECISION_PARAMETER_TYPES, decision_statement, pgbench_script};
 
@@ -44,6 +45,11 @@ type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 /// that waits this long for the group commit is given up and reported.
 const APPEND_DEADLINE: Duration = Duration::from_secs(60);
 
+/// Opening a connection once the server accepted one at start (the pool's
+/// first, the listener's): a server that vanished right then is reported
+/// within this, not after the pool's hour.
+const SETUP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Pool settings. The acquire timeout is a liveness backstop only: every
 /// request-path wait is bounded by its own deadline through `within`.
 #[derive(Debug, Clone)]
@@ -60,15 +66,27 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    /// Connects, applies pending migrations (serialized across replicas by
-    /// sqlx's advisory lock) and starts the change listener.
+    /// Connects (waiting up to `super::DEFAULT_CONNECT_TIMEOUT` for a
+    /// server that is not up yet), applies pending migrations and starts
+    /// the change listener: `connect_within` with the default wait.
     pub async fn connect(settings: &PgSettings) -> anyhow::Result<Self> {
+        Self::connect_within(settings, super::DEFAULT_CONNECT_TIMEOUT).await
+    }
+
+    /// Connects, waiting up to `wait` for the server to accept connections
+    /// (logging each try), then applies pending migrations (serialized
+    /// across replicas by sqlx's advisory lock; not bounded by `wait`: a
+    /// long migration is work, not a server that is down) and starts the
+    /// change listener.
+    pub async fn connect_within(settings: &PgSettings, wait: Duration) -> anyhow::Result<Self> {
         let options = PgConnectOptions::from_str(&settings.url)
             .map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?
             .application_name("volume-reconciler")
             // The hot statements are prepared once per connection and their
             // shape never changes: plan them once, not at every execution.
             .options([("plan_cache_mode", "force_generic_plan")]);
+        wait::until_accepting(&options, wait).await?;
+        let server = wait::server_of(&options);
         let writer_options = options.clone();
         // A few writers, so one batch forms while another commits; they hold
         // connections of their own (writers + 1), the pool the rest.
@@ -79,16 +97,38 @@ impl PgStore {
             // Not a request bound (those use the request's deadline); only a
             // backstop for background work if the database is gone.
             .acquire_timeout(Duration::from_secs(3600))
-            .connect_with(options)
+            .connect_lazy_with(options);
+        // The server just accepted a connection; if it went away again
+        // meanwhile, say so within the bound of one more connect rather
+        // than the pool's hour.
+        let conn = tokio::time::timeout(SETUP_CONNECT_TIMEOUT, pool.acquire())
             .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"))?;
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "PostgreSQL at {server} accepted a connection, then none within {SETUP_CONNECT_TIMEOUT:?}"
+                )
+            })?
+            .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {server}: {e}"))?;
+        // Back to the pool, which the migrator takes it from: running it on
+        // `&mut *conn` makes this future not `Send` (sqlx's `Acquire` is
+        // not general enough over the connection's lifetime).
+        drop(conn);
         MIGRATOR
             .run(&pool)
             .await
             .map_err(|e| anyhow::anyhow!("applying migrations: {e}"))?;
         let (changes, _) = broadcast::channel(4096);
         let stop = CancellationToken::new();
-        listen::spawn_listener(pool.clone(), changes.clone(), stop.clone()).await?;
+        tokio::time::timeout(
+            SETUP_CONNECT_TIMEOUT,
+            listen::spawn_listener(pool.clone(), changes.clone(), stop.clone()),
+        )
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "PostgreSQL at {server}: no LISTEN connection within {SETUP_CONNECT_TIMEOUT:?}"
+            )
+        })??;
         let writer = Writer::start(writer_options, writers as usize, stop.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL (ledger writer): {e}"))?;
