@@ -69,6 +69,7 @@ impl Application {
         let nova = Arc::new(NovaClient::new(nova_cfg).with_slot_wait_observer(Arc::new(
             move |waited| slot_metrics.nova_slot_wait.observe(waited.as_secs_f64()),
         )));
+        nova.announce_confirmation();
         let exec = Executor::new(
             store.clone(),
             nova,

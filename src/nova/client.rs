@@ -1,26 +1,32 @@
-//! The Nova client. Each request takes its deadline as an argument; no
-//! transport constant can end a request earlier. Connection setup (TCP
-//! connect, TLS handshake) keeps its own short bounds because it is not
-//! the server's working time. One connection pool per endpoint, shared by
-//! all requests, with a cap on concurrent requests per host whose wait
-//! counts against the request's deadline.
+//! The Nova client, and the OpenStack adapter's front: it owns the Cinder
+//! client too (they share Keystone and the connection pool), and says how
+//! an attach or detach is confirmed ([`NovaClient::confirmation`]).
+//!
+//! Each request takes its deadline as an argument; no transport constant
+//! can end a request earlier. Connection setup (TCP connect, TLS handshake)
+//! keeps its own short bounds because it is not the server's working time.
+//! One connection pool per endpoint, shared by all requests, with a cap on
+//! concurrent requests per host whose wait counts against the request's
+//! deadline (`http.rs` holds this machinery for both services).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use reqwest::Method;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::auth::{KeystoneAuth, KeystoneConfig, Secret, error_chain};
+use super::auth::{KeystoneAuth, KeystoneConfig};
+use super::cinder::{CinderClient, CinderError};
 use super::error::{NovaError, NovaErrorKind, Rejection, Stage};
+use super::http::{Base, CatalogService, Failure, FailureKind, RawResponse, Service};
 use super::types::{
     AttachBody, AttachSpec, AttachmentEnvelope, AttachmentList, NovaAttachment, classify,
     parse_fault,
 };
 use crate::domain::RequestParams;
+
+pub use super::http::{SlotWaitObserver, build_http_client, install_crypto_provider};
 
 /// Where Nova is.
 #[derive(Debug, Clone)]
@@ -29,6 +35,28 @@ pub enum NovaEndpoint {
     Direct(String),
     /// The compute endpoint comes from the Keystone catalog.
     Keystone(KeystoneConfig),
+}
+
+/// How the executor confirms that an attach or detach took effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfirmWith {
+    /// Cinder's view of the volume, as cinder-csi does: attached means
+    /// listed in the volume's attachments (attach_status `attached`);
+    /// detached means no longer listed.
+    Cinder,
+    /// Nova's attachment list: a block-device mapping exists from the
+    /// reservation on (below 2.101, before the 200), so it shows an attach
+    /// that may still fail in the hypervisor and be rolled back.
+    NovaList,
+}
+
+impl ConfirmWith {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfirmWith::Cinder => "cinder",
+            ConfirmWith::NovaList => "nova-list",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -41,6 +69,26 @@ pub struct NovaConfig {
     pub connect_timeout: Duration,
     /// Bound of a TLS handshake (connection setup only).
     pub tls_handshake_timeout: Duration,
+    /// `--cinder-url`: Cinder's v3 endpoint with the project id (e.g.
+    /// `http://host:8776/v3/<project_id>`), instead of the catalog's.
+    pub cinder_url: Option<String>,
+    /// `OpenStack-API-Version: volume <this>` on every Cinder request.
+    pub cinder_microversion: String,
+    /// `--confirm-with`; `None`: Cinder when it can be found (`--cinder-url`
+    /// or a block-storage endpoint in the catalog), else Nova's list.
+    pub confirm_with: Option<ConfirmWith>,
+}
+
+impl NovaConfig {
+    /// Cinder's microversion by default: 3.27, the version of the
+    /// attachments API (the attach flow Nova has used since Queens, in
+    /// which a volume is `reserved`, then `attaching`, then `in-use`). The
+    /// fields read (`status`, `attachments`, `multiattach`) are the same in
+    /// every 3.x; pinning the lowest version with that flow works on every
+    /// cloud that has it and keeps the answer's shape fixed across cloud
+    /// upgrades. A cloud too old for it answers 406, which names the range
+    /// it serves.
+    pub const DEFAULT_CINDER_MICROVERSION: &'static str = "3.27";
 }
 
 impl Default for NovaConfig {
@@ -51,6 +99,27 @@ impl Default for NovaConfig {
             max_concurrent_per_host: 128,
             connect_timeout: Duration::from_secs(3),
             tls_handshake_timeout: Duration::from_secs(5),
+            cinder_url: None,
+            cinder_microversion: Self::DEFAULT_CINDER_MICROVERSION.into(),
+            confirm_with: None,
+        }
+    }
+}
+
+const NO_CINDER_DIRECT: &str = "no Cinder endpoint (--cinder-url in direct mode): attaches and detaches are confirmed with Nova's attachment list, which shows a reservation, not a usable attachment";
+const NO_CINDER_CATALOG: &str = "the Keystone catalog has no block-storage (or volumev3) endpoint: attaches and detaches are confirmed with Nova's attachment list, which shows a reservation, not a usable attachment";
+
+/// How to confirm an attach or detach now, and with which client.
+pub enum Confirmation<'a> {
+    Cinder(&'a CinderClient),
+    NovaList,
+}
+
+impl Confirmation<'_> {
+    pub fn with(&self) -> ConfirmWith {
+        match self {
+            Confirmation::Cinder(_) => ConfirmWith::Cinder,
+            Confirmation::NovaList => ConfirmWith::NovaList,
         }
     }
 }
@@ -62,13 +131,6 @@ pub enum AttachAnswer {
     Attached(NovaAttachment),
     /// 202 (microversion >= 2.101): accepted; only the list can tell.
     Accepted,
-}
-
-struct RawResponse {
-    status: u16,
-    body: Bytes,
-    /// Nova's own (local) id of the request, from its answer.
-    nova_request_id: Option<String>,
 }
 
 /// A global request id (`X-OpenStack-Request-ID: req-<uuid>`, honoured by
@@ -99,43 +161,12 @@ pub struct Answered<T> {
     pub nova_request_id: Option<String>,
 }
 
-/// Told how long each request waited for a connection slot.
-pub type SlotWaitObserver = Arc<dyn Fn(Duration) + Send + Sync>;
-
 pub struct NovaClient {
-    slot_wait: Option<SlotWaitObserver>,
     http: reqwest::Client,
     cfg: NovaConfig,
-    auth: Option<Arc<KeystoneAuth>>,
-    slots: Arc<Semaphore>,
+    service: Service,
+    cinder: Option<CinderClient>,
     microversion: (u32, u32),
-}
-
-/// Builds the shared HTTP client. Deliberately no `timeout`, no
-/// `read_timeout`: the only bound of a request is its deadline. The connect
-/// bound covers TCP (and TLS for https) and nothing after it.
-pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
-    let connect = if https {
-        cfg.connect_timeout + cfg.tls_handshake_timeout
-    } else {
-        cfg.connect_timeout
-    };
-    install_crypto_provider();
-    reqwest::Client::builder()
-        .connect_timeout(connect)
-        .pool_max_idle_per_host(cfg.max_concurrent_per_host)
-        .tcp_nodelay(true)
-        .user_agent(concat!("volume-reconciler/", env!("CARGO_PKG_VERSION")))
-        .build()
-        // Building fails only when the TLS backend cannot initialize, which
-        // is a broken installation, not a runtime condition.
-        .expect("the HTTP client must build (TLS provider available)")
-}
-
-/// rustls needs one process-wide crypto provider; ring is the lean one.
-pub fn install_crypto_provider() {
-    // Err means one is installed already: that one serves as well.
-    drop(rustls::crypto::ring::default_provider().install_default());
 }
 
 fn parse_microversion(s: &str) -> (u32, u32) {
@@ -148,26 +179,140 @@ impl NovaClient {
         let https = match &cfg.endpoint {
             NovaEndpoint::Direct(u) => u.starts_with("https"),
             NovaEndpoint::Keystone(k) => k.auth_url.starts_with("https"),
-        };
+        } || cfg
+            .cinder_url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("https"));
         let http = build_http_client(&cfg, https);
-        let auth = match &cfg.endpoint {
-            NovaEndpoint::Keystone(k) => Some(KeystoneAuth::new(http.clone(), k.clone())),
-            NovaEndpoint::Direct(_) => None,
+        let (auth, base) = match &cfg.endpoint {
+            NovaEndpoint::Keystone(k) => (
+                Some(KeystoneAuth::new(http.clone(), k.clone())),
+                Base::Catalog(CatalogService::Compute),
+            ),
+            NovaEndpoint::Direct(url) => (None, Base::Direct(url.clone())),
         };
+        let service = Service::new(
+            http.clone(),
+            auth.clone(),
+            base,
+            vec![
+                ("X-OpenStack-Nova-API-Version", cfg.microversion.clone()),
+                (
+                    "OpenStack-API-Version",
+                    format!("compute {}", cfg.microversion),
+                ),
+            ],
+            cfg.max_concurrent_per_host,
+        );
+        // Cinder is reachable when given directly, or in Keystone mode
+        // (whether the catalog has it is known once a token is); never when
+        // confirmation by Nova's list was chosen.
+        let cinder_base = match (&cfg.cinder_url, &auth) {
+            _ if cfg.confirm_with == Some(ConfirmWith::NovaList) => None,
+            (Some(url), _) => Some(Base::Direct(url.clone())),
+            (None, Some(_)) => Some(Base::Catalog(CatalogService::BlockStorage)),
+            (None, None) => None,
+        };
+        let cinder = cinder_base.map(|base| {
+            CinderClient::new(Service::new(
+                http.clone(),
+                auth.clone(),
+                base,
+                vec![(
+                    "OpenStack-API-Version",
+                    format!("volume {}", cfg.cinder_microversion),
+                )],
+                cfg.max_concurrent_per_host,
+            ))
+        });
         Self {
-            slot_wait: None,
-            slots: Arc::new(Semaphore::new(cfg.max_concurrent_per_host.max(1))),
             microversion: parse_microversion(&cfg.microversion),
             http,
-            auth,
+            service,
+            cinder,
             cfg,
         }
     }
 
-    /// Reports every slot wait (the per-host cap's queue) to `observer`.
+    /// Reports every slot wait (the per-host cap's queue) of Nova requests
+    /// to `observer`.
     pub fn with_slot_wait_observer(mut self, observer: SlotWaitObserver) -> Self {
-        self.slot_wait = Some(observer);
+        self.service.set_slot_wait_observer(observer);
         self
+    }
+
+    /// The Cinder client: `None` when Cinder cannot be reached (direct mode
+    /// without `--cinder-url`) or is not wanted (`--confirm-with
+    /// nova-list`). Whether a catalog has Cinder is for
+    /// [`Self::confirmation`] to find out.
+    pub fn cinder(&self) -> Option<&CinderClient> {
+        self.cinder.as_ref()
+    }
+
+    /// How to confirm an attach or detach now. Fixed by the configuration,
+    /// except in Keystone mode without `--cinder-url` or `--confirm-with`:
+    /// then Cinder when the token's catalog has a block-storage endpoint,
+    /// else Nova's list. That needs a token (normally the cached one,
+    /// waiting at most until `deadline` for a renewal); when none can be
+    /// had, the error says why and nothing is guessed.
+    pub async fn confirmation(&self, deadline: Instant) -> Result<Confirmation<'_>, CinderError> {
+        let Some(cinder) = &self.cinder else {
+            return Ok(Confirmation::NovaList);
+        };
+        if self.cfg.confirm_with.is_some() || self.cfg.cinder_url.is_some() {
+            return Ok(Confirmation::Cinder(cinder));
+        }
+        match cinder.endpoint(deadline).await? {
+            Some(_) => Ok(Confirmation::Cinder(cinder)),
+            None => Ok(Confirmation::NovaList),
+        }
+    }
+
+    /// Logs how attaches and detaches will be confirmed, once at startup: a
+    /// warning when it is Nova's list because no Cinder can be found. In
+    /// Keystone mode without a fixed choice the catalog decides, so a task
+    /// fetches a token (on Keystone's own renewal clock) and reports then;
+    /// a Keystone that is down delays the report, never the start.
+    pub fn announce_confirmation(self: &Arc<Self>) {
+        let fixed = self.cfg.confirm_with.is_some() || self.cfg.cinder_url.is_some();
+        match (&self.cinder, self.cfg.confirm_with) {
+            (None, Some(ConfirmWith::NovaList)) => tracing::info!(
+                confirm_with = ConfirmWith::NovaList.as_str(),
+                "attaches and detaches are confirmed with Nova's attachment list, as configured"
+            ),
+            (None, _) => tracing::warn!("{NO_CINDER_DIRECT}"),
+            (Some(_), _) if fixed => tracing::info!(
+                confirm_with = ConfirmWith::Cinder.as_str(),
+                cinder_url = self.cfg.cinder_url.as_deref().unwrap_or("(catalog)"),
+                "attaches and detaches are confirmed with Cinder, as configured"
+            ),
+            (Some(_), _) => {
+                let me = self.clone();
+                tokio::spawn(async move { me.announce_from_catalog().await });
+            }
+        }
+    }
+
+    async fn announce_from_catalog(&self) {
+        let Some(cinder) = &self.cinder else { return };
+        // A renewal always ends (its own clock bounds it); this waits for
+        // one renewal's worth and a second more.
+        let renewal = match &self.cfg.endpoint {
+            NovaEndpoint::Keystone(k) => k.renewal_timeout,
+            NovaEndpoint::Direct(_) => Duration::ZERO,
+        };
+        let deadline = Instant::now() + renewal + Duration::from_secs(1);
+        match cinder.endpoint(deadline).await {
+            Ok(Some(url)) => tracing::info!(
+                cinder_url = %url,
+                "attaches and detaches are confirmed with Cinder (block-storage endpoint from the catalog)"
+            ),
+            Ok(None) => tracing::warn!("{NO_CINDER_CATALOG}"),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "could not read the Keystone catalog yet; each operation will find out whether Cinder confirms it"
+            ),
+        }
     }
 
     pub fn config(&self) -> &NovaConfig {
@@ -179,12 +324,12 @@ impl NovaClient {
     }
 
     pub fn auth(&self) -> Option<&Arc<KeystoneAuth>> {
-        self.auth.as_ref()
+        self.service.auth()
     }
 
-    /// Requests waiting for or holding a slot right now.
+    /// Nova requests waiting for or holding a slot right now.
     pub fn slots_in_use(&self) -> usize {
-        self.cfg.max_concurrent_per_host.max(1) - self.slots.available_permits()
+        self.service.slots_in_use()
     }
 
     pub fn answers_async(&self) -> bool {
@@ -241,7 +386,7 @@ impl NovaClient {
             202 => AttachAnswer::Accepted,
             _ => return Err(self.rejection("POST", url, &raw, started, deadline)),
         };
-        Ok(raw.answered(value))
+        Ok(answered(&raw, value))
     }
 
     /// `GET /servers/{id}/os-volume_attachments`: one request, no `limit`
@@ -269,7 +414,7 @@ impl NovaClient {
             .await?;
         match raw.status {
             200 => serde_json::from_slice::<AttachmentList>(&raw.body)
-                .map(|l| raw.answered(l.volume_attachments))
+                .map(|l| answered(&raw, l.volume_attachments))
                 .map_err(|e| self.decode_error("GET", url, &raw, started, deadline, e)),
             _ => Err(self.rejection("GET", url, &raw, started, deadline)),
         }
@@ -321,7 +466,7 @@ impl NovaClient {
             .execute::<()>(rid, Method::DELETE, &path, None, deadline)
             .await?;
         match raw.status {
-            202 | 204 | 200 => Ok(raw.answered(())),
+            202 | 204 | 200 => Ok(answered(&raw, ())),
             _ => Err(self.rejection("DELETE", url, &raw, started, deadline)),
         }
     }
@@ -341,7 +486,7 @@ impl NovaClient {
             method,
             url,
             status: Some(raw.status),
-            nova_request_id: raw.nova_request_id.clone(),
+            nova_request_id: raw.request_id.clone(),
             nova_fault: None,
             nova_message: None,
             elapsed: started.elapsed(),
@@ -369,7 +514,7 @@ impl NovaClient {
             method,
             url,
             status: Some(status),
-            nova_request_id: raw.nova_request_id.clone(),
+            nova_request_id: raw.request_id.clone(),
             cause: format!("HTTP {status}"),
             nova_fault: fault.name,
             nova_message: fault.message,
@@ -378,22 +523,7 @@ impl NovaClient {
         }
     }
 
-    async fn base_and_token(&self, deadline: Instant) -> Result<(String, Option<Secret>), String> {
-        match (&self.cfg.endpoint, &self.auth) {
-            (NovaEndpoint::Direct(url), _) => Ok((url.trim_end_matches('/').to_string(), None)),
-            (NovaEndpoint::Keystone(_), Some(auth)) => {
-                let t = auth.token(deadline).await?;
-                Ok((t.compute_url.clone(), Some(t.id)))
-            }
-            (NovaEndpoint::Keystone(_), None) => {
-                Err("Keystone endpoint without an authenticator".into())
-            }
-        }
-    }
-
-    /// Sends one request under `deadline`, reading the whole body under the
-    /// same deadline. A 401 from the auth middleware (the request never
-    /// reached Nova) re-authenticates and replays once.
+    /// Sends one request under `deadline` (see `http::Service::execute`).
     async fn execute<B: serde::Serialize>(
         &self,
         rid: &RequestId,
@@ -402,230 +532,43 @@ impl NovaClient {
         body: Option<&B>,
         deadline: Instant,
     ) -> Result<(String, RawResponse), NovaError> {
-        let call = Call {
-            method: method_name(&method),
-            started: Instant::now(),
-            deadline,
-        };
-        // The wait for a slot counts against the request's deadline.
-        let _permit =
-            match tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await {
-                Ok(Ok(p)) => p,
-                Ok(Err(_)) => {
-                    return Err(call.error(
-                        NovaErrorKind::ConnectFailed,
-                        Stage::AcquireSlot,
-                        path,
-                        false,
-                        "the client is shutting down".into(),
-                    ));
-                }
-                Err(_) => {
-                    return Err(call.error(
-                        NovaErrorKind::DeadlineExceeded,
-                        Stage::AcquireSlot,
-                        path,
-                        false,
-                        format!(
-                            "all {} connection slots stayed busy",
-                            self.cfg.max_concurrent_per_host
-                        ),
-                    ));
-                }
-            };
-        if let Some(observe) = &self.slot_wait {
-            observe(call.started.elapsed());
-        }
-        // Only the slot wait is inline: a request queued behind the cap keeps
-        // a small future; the send's state is allocated once it may run.
-        Box::pin(self.send_with_replay(&call, rid, method, path, body)).await
-    }
-
-    async fn send_with_replay<B: serde::Serialize>(
-        &self,
-        call: &Call,
-        rid: &RequestId,
-        method: Method,
-        path: &str,
-        body: Option<&B>,
-    ) -> Result<(String, RawResponse), NovaError> {
-        let mut replayed = false;
-        loop {
-            let (base, token) = match self.base_and_token(call.deadline).await {
-                Ok(x) => x,
-                Err(cause) => {
-                    let kind = if Instant::now() >= call.deadline {
-                        NovaErrorKind::DeadlineExceeded
-                    } else {
-                        NovaErrorKind::AuthFailed
-                    };
-                    return Err(call.error(kind, Stage::Authenticate, path, false, cause));
-                }
-            };
-            let url = format!("{base}{path}");
-            let mut req = self
-                .http
-                .request(method.clone(), &url)
-                .header("X-OpenStack-Nova-API-Version", &self.cfg.microversion)
-                .header(
-                    "OpenStack-API-Version",
-                    format!("compute {}", self.cfg.microversion),
-                )
-                .header("Accept", "application/json")
-                .header("X-OpenStack-Request-ID", rid.as_str());
-            if let Some(t) = &token {
-                req = req.header("X-Auth-Token", t.expose());
-            }
-            if let Some(b) = body {
-                req = req.json(b);
-            }
-            let raw = call.send(req, &url).await?;
-            if raw.status == 401
-                && !replayed
-                && let (Some(auth), Some(t)) = (&self.auth, &token)
-            {
-                // keystonemiddleware refused the token: Nova never saw the
-                // request, so replaying it once is safe even for a POST.
-                tracing::info!(url = %url, "Nova answered 401; re-authenticating and replaying once");
-                auth.invalidate(t);
-                replayed = true;
-                continue;
-            }
-            return Ok((url, raw));
-        }
+        self.service
+            .execute(rid.as_str(), method, path, body, deadline)
+            .await
+            .map_err(NovaError::from)
     }
 }
 
-fn method_name(method: &Method) -> &'static str {
-    match *method {
-        Method::POST => "POST",
-        Method::GET => "GET",
-        Method::DELETE => "DELETE",
-        Method::PUT => "PUT",
-        _ => "OTHER",
+/// `value`, answered under `raw`'s request id.
+fn answered<T>(raw: &RawResponse, value: T) -> Answered<T> {
+    Answered {
+        value,
+        nova_request_id: raw.request_id.clone(),
     }
 }
 
-impl RawResponse {
-    fn answered<T>(&self, value: T) -> Answered<T> {
-        Answered {
-            value,
-            nova_request_id: self.nova_request_id.clone(),
-        }
-    }
-}
-
-/// One request's clocks: every error it ends with says how long it ran of
-/// the budget it had.
-struct Call {
-    method: &'static str,
-    started: Instant,
-    deadline: Instant,
-}
-
-impl Call {
-    fn error(
-        &self,
-        kind: NovaErrorKind,
-        stage: Stage,
-        url: &str,
-        may_have_reached_nova: bool,
-        cause: String,
-    ) -> NovaError {
+impl From<Failure> for NovaError {
+    fn from(f: Failure) -> Self {
         NovaError {
-            kind,
-            stage,
-            method: self.method,
-            url: url.to_string(),
-            status: None,
-            nova_request_id: None,
+            kind: match f.kind {
+                FailureKind::DeadlineExceeded => NovaErrorKind::DeadlineExceeded,
+                FailureKind::ConnectFailed => NovaErrorKind::ConnectFailed,
+                FailureKind::ResponseLost => NovaErrorKind::ResponseLost,
+                // Nova's endpoint is required when the token is issued, so
+                // a missing one is a failed authentication.
+                FailureKind::AuthFailed | FailureKind::NoEndpoint => NovaErrorKind::AuthFailed,
+            },
+            stage: f.stage,
+            method: f.method,
+            url: f.url,
+            status: f.status,
+            nova_request_id: f.request_id,
             nova_fault: None,
             nova_message: None,
-            elapsed: self.started.elapsed(),
-            budget: self.deadline.saturating_duration_since(self.started),
-            may_have_reached_nova,
-            cause,
-        }
-    }
-
-    /// Sends and reads the whole answer, both under the deadline.
-    async fn send(
-        &self,
-        req: reqwest::RequestBuilder,
-        url: &str,
-    ) -> Result<RawResponse, NovaError> {
-        let resp = match tokio::time::timeout_at(self.deadline, req.send()).await {
-            Err(_) => {
-                return Err(self.error(
-                    NovaErrorKind::DeadlineExceeded,
-                    Stage::AwaitHeaders,
-                    url,
-                    true,
-                    "no response headers before the outbound deadline".into(),
-                ));
-            }
-            Ok(Err(e)) if e.is_connect() => {
-                return Err(self.error(
-                    NovaErrorKind::ConnectFailed,
-                    Stage::Connect,
-                    url,
-                    false,
-                    error_chain(&e),
-                ));
-            }
-            Ok(Err(e)) => {
-                return Err(self.error(
-                    NovaErrorKind::ResponseLost,
-                    Stage::AwaitHeaders,
-                    url,
-                    true,
-                    error_chain(&e),
-                ));
-            }
-            Ok(Ok(r)) => r,
-        };
-        let status = resp.status().as_u16();
-        let nova_request_id = ["x-openstack-request-id", "x-compute-request-id"]
-            .iter()
-            .find_map(|h| resp.headers().get(*h)?.to_str().ok())
-            .map(str::to_string);
-        let (kind, cause) = match read_body(resp, self.deadline).await {
-            Ok(body) => {
-                return Ok(RawResponse {
-                    status,
-                    body,
-                    nova_request_id,
-                });
-            }
-            Err(BodyError::Deadline(got)) => (
-                NovaErrorKind::DeadlineExceeded,
-                format!("body still incomplete after {got} bytes at the outbound deadline"),
-            ),
-            Err(BodyError::Lost(got, cause)) => (
-                NovaErrorKind::ResponseLost,
-                format!("body cut off after {got} bytes: {cause}"),
-            ),
-        };
-        let mut e = self.error(kind, Stage::ReadBody, url, true, cause);
-        e.status = Some(status);
-        e.nova_request_id = nova_request_id;
-        Err(e)
-    }
-}
-
-enum BodyError {
-    Deadline(usize),
-    Lost(usize, String),
-}
-
-async fn read_body(mut resp: reqwest::Response, deadline: Instant) -> Result<Bytes, BodyError> {
-    let mut buf = Vec::new();
-    loop {
-        match tokio::time::timeout_at(deadline, resp.chunk()).await {
-            Err(_) => return Err(BodyError::Deadline(buf.len())),
-            Ok(Err(e)) => return Err(BodyError::Lost(buf.len(), error_chain(&e))),
-            Ok(Ok(None)) => return Ok(Bytes::from(buf)),
-            Ok(Ok(Some(chunk))) => buf.extend_from_slice(&chunk),
+            elapsed: f.elapsed,
+            budget: f.budget,
+            may_have_reached_nova: f.may_have_reached,
+            cause: f.cause,
         }
     }
 }
