@@ -256,15 +256,22 @@ async fn a_rolled_back_attach_leaves_the_volume_available_or_in_error_attaching(
         ),
         "{e}"
     );
-    // `cinder reset-state`, over the simulator's admin API.
+    // `cinder reset-state --state available`, over the simulator's admin
+    // API; the next attach then goes through and its transitions show.
     let reset = reqwest::Client::new()
         .post(format!("{}/sim/cinder/volumes/{volume}/status", h.base_url))
-        .json(&serde_json::json!({"status": null}))
+        .json(&serde_json::json!({"status": "available"}))
         .send()
         .await
         .unwrap();
     assert_eq!(reset.status(), 204);
     assert_eq!(look(&c, volume).await.status, VolumeStatus::Available);
+    let mut cfg = h.sim.config();
+    cfg.rollback_share = 0.0;
+    h.sim.set_config(cfg);
+    attach(&c, server, volume).await;
+    let v = until_status(&c, volume, "in-use").await;
+    assert_eq!(v.attach_progress(server), AttachProgress::Attached);
     h.stop().await;
 }
 

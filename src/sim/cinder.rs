@@ -44,9 +44,26 @@ struct VolumeRecord {
     downloaded: Instant,
     /// Set by a delete; the volume is removed when it completes.
     deleting: bool,
-    /// Shown instead of the derived status until reset (`os-reset_status`,
-    /// or `error_attaching` after a failed attach when configured).
-    forced: Option<String>,
+    /// A status set by hand (`os-reset_status`) or by a failed attach
+    /// (`error_attaching`, when configured), with the attachments as they
+    /// were then: shown until they change, as Cinder's next transition
+    /// overwrites a reset status.
+    forced: Option<(String, Snapshot)>,
+}
+
+/// A volume's attachments and their states, in attachment-id order.
+type Snapshot = Vec<(Uuid, AttachState)>;
+
+fn snapshot(w: &World, volume: Uuid) -> Snapshot {
+    let mut snap: Snapshot = w
+        .attachments
+        .holders(volume)
+        .into_iter()
+        .filter_map(|s| w.attachments.find(s, volume))
+        .map(|a| (a.attachment_id, a.state))
+        .collect();
+    snap.sort_unstable_by_key(|(id, _)| *id);
+    snap
 }
 
 #[derive(Default)]
@@ -120,11 +137,21 @@ impl VolumeRecord {
         }
     }
 
-    /// The status that does not depend on attachments, if any.
-    fn own_status(&self, now: Instant) -> Option<&str> {
+    /// A status set by hand that still holds for attachments `now`.
+    fn forced(&self, now: &Snapshot) -> Option<&str> {
+        match &self.forced {
+            Some((status, then)) if then == now => Some(status),
+            _ => None,
+        }
+    }
+
+    /// The status that does not follow from the attachments, if any:
+    /// deleting, set by hand (while they are as they were), or still being
+    /// made.
+    fn own_status(&self, now: Instant, attachments: &Snapshot) -> Option<&str> {
         if self.deleting {
             Some("deleting")
-        } else if let Some(s) = &self.forced {
+        } else if let Some(s) = self.forced(attachments) {
             Some(s)
         } else if now < self.created {
             Some("creating")
@@ -156,6 +183,7 @@ impl Sim {
             .filter_map(|s| w.attachments.find(s, volume).cloned())
             .collect();
         let multiattach = w.multiattach.contains(&volume);
+        let snap = snapshot(&w, volume);
         let c = self.cinder();
         drop(w);
         let record = c.volumes.get(&volume);
@@ -172,11 +200,11 @@ impl Sim {
         // say; then a volume still being made; else it is available.
         let now = Instant::now();
         let pinned = record
-            .filter(|r| r.deleting || r.forced.is_some())
-            .and_then(|r| r.own_status(now));
+            .filter(|r| r.deleting || r.forced(&snap).is_some())
+            .and_then(|r| r.own_status(now, &snap));
         let status = pinned
             .or(from_attachments)
-            .or_else(|| record.and_then(|r| r.own_status(now)))
+            .or_else(|| record.and_then(|r| r.own_status(now, &snap)))
             .unwrap_or("available")
             .to_string();
         Some(CinderVolume {
@@ -298,13 +326,20 @@ impl Sim {
     }
 
     /// Sets the status Cinder shows for `volume` (as `os-reset_status`
-    /// does), or with `None` goes back to the derived one.
+    /// does) until its attachments change, or with `None` goes back to the
+    /// derived one.
     pub fn force_volume_status(&self, volume: Uuid, status: Option<String>) {
+        let w = self.world();
+        self.set_forced(&w, volume, status);
+    }
+
+    fn set_forced(&self, w: &World, volume: Uuid, status: Option<String>) {
+        let snap = snapshot(w, volume);
         self.cinder()
             .volumes
             .entry(volume)
             .or_insert_with(VolumeRecord::old)
-            .forced = status;
+            .forced = status.map(|s| (s, snap));
     }
 
     /// Cinder's refusal to reserve the volume for an attach (what Nova
@@ -313,16 +348,18 @@ impl Sim {
     /// attachments decide). Called with the world locked.
     pub(crate) fn cinder_reserve_refusal(&self, w: &World, volume: Uuid) -> Option<Answer> {
         let multiattach = w.multiattach.contains(&volume);
+        let snap = snapshot(w, volume);
         let c = self.cinder();
-        let status = c.volumes.get(&volume)?.own_status(Instant::now())?;
-        if status == "downloading" {
+        let status = c.volumes.get(&volume)?.own_status(Instant::now(), &snap)?;
+        let allowed: &[&str] = if multiattach {
+            &["available", "in-use", "downloading"]
+        } else {
+            &["available", "downloading"]
+        };
+        if allowed.contains(&status) {
             return None;
         }
-        let allowed = if multiattach {
-            "available or in-use or downloading"
-        } else {
-            "available or downloading"
-        };
+        let allowed = allowed.join(" or ");
         Some(fault(
             400,
             format!(
@@ -334,11 +371,12 @@ impl Sim {
 
     /// The hypervisor attach failed and Nova removed the attachment: Cinder
     /// shows `rollback_status` (`available` by default; `error_attaching`
-    /// sticks until reset). Called with the world locked.
-    pub(crate) fn cinder_attach_failed(&self, volume: Uuid) {
+    /// sticks until reset or the next attach). Called with the world
+    /// locked, after the attachment was removed.
+    pub(crate) fn cinder_attach_failed(&self, w: &World, volume: Uuid) {
         let status = self.config().rollback_status;
         if status != "available" {
-            self.force_volume_status(volume, Some(status));
+            self.set_forced(w, volume, Some(status));
         }
     }
 

@@ -112,7 +112,7 @@ impl Sim {
             let mut w = sim.world();
             if rollback {
                 w.detach_by_id(volume, id, Cause::RolledBack);
-                sim.cinder_attach_failed(volume);
+                sim.cinder_attach_failed(&w, volume);
             } else if let Some(a) = w.attachments.find_by_id_mut(volume, id) {
                 a.state = AttachState::InUse;
             }
