@@ -878,8 +878,7 @@ async fn keystone_failures_are_reported_not_guessed_and_a_401_is_replayed_once()
     let e = c
         .confirmation(in_secs(5.0))
         .await
-        .err()
-        .expect("no token, no answer");
+        .expect_err("no token, no answer");
     assert_eq!(
         (e.kind, e.stage),
         (CinderErrorKind::AuthFailed, Stage::Authenticate),

@@ -115,6 +115,12 @@ pub enum Confirmation<'a> {
     NovaList,
 }
 
+impl std::fmt::Debug for Confirmation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.with().as_str())
+    }
+}
+
 impl Confirmation<'_> {
     pub fn with(&self) -> ConfirmWith {
         match self {
