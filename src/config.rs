@@ -22,7 +22,8 @@ use clap::{Args, Parser, ValueEnum};
 use crate::domain::BudgetPolicy;
 use crate::executor::ExecSettings;
 use crate::nova::{
-    CaBundle, Credential, KeystoneConfig, Microversion, NovaConfig, NovaEndpoint, Secret, TlsTrust,
+    CaBundle, ConfirmWith, Credential, KeystoneConfig, Microversion, NovaConfig, NovaEndpoint,
+    Secret, TlsTrust,
 };
 use crate::reconciler::ReconcilerSettings;
 
@@ -101,6 +102,33 @@ pub fn http_url(s: &str) -> Result<String, String> {
 /// Parses a Nova microversion: `2.N` or `latest`.
 pub fn microversion(s: &str) -> Result<Microversion, String> {
     s.parse()
+}
+
+/// Parses a Cinder microversion: `3.N` (never `latest`, whose answers may
+/// change shape under a cloud upgrade).
+pub fn cinder_microversion(s: &str) -> Result<String, String> {
+    match s.split_once('.') {
+        Some(("3", minor)) if !minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok(s.to_string())
+        }
+        _ => Err("must be 3.N, e.g. 3.27 (the block-storage v3 API)".into()),
+    }
+}
+
+/// `--confirm-with`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConfirmArg {
+    Cinder,
+    NovaList,
+}
+
+impl From<ConfirmArg> for ConfirmWith {
+    fn from(a: ConfirmArg) -> Self {
+        match a {
+            ConfirmArg::Cinder => ConfirmWith::Cinder,
+            ConfirmArg::NovaList => ConfirmWith::NovaList,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -184,6 +212,27 @@ pub struct ServeArgs {
     /// Bound of a TLS handshake with Nova/Keystone (connection setup only).
     #[arg(long, env = "VOLUME_RECONCILER_NOVA_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = render_duration(NovaConfig::default().tls_handshake_timeout))]
     pub nova_tls_handshake_timeout: Duration,
+    /// Cinder's v3 endpoint with the project id (direct mode, like --nova-url),
+    /// e.g. http://127.0.0.1:8776/v3/PROJECT_ID. Without it, the catalog's
+    /// block-storage (or volumev3) endpoint in Keystone mode, none in direct mode.
+    #[arg(long, env = "VOLUME_RECONCILER_CINDER_URL", value_parser = http_url)]
+    pub cinder_url: Option<String>,
+    /// How attaches and detaches are confirmed: by Cinder's view of the volume
+    /// (attached to the server, as cinder-csi waits for) or by Nova's attachment
+    /// list (a reservation shows there before the attach is usable). Default:
+    /// cinder when --cinder-url is given or the catalog has block-storage, else
+    /// nova-list (with a warning at startup).
+    #[arg(long, env = "VOLUME_RECONCILER_CONFIRM_WITH", value_enum)]
+    pub confirm_with: Option<ConfirmArg>,
+    /// `OpenStack-API-Version: volume X` on Cinder requests (3.27: the attachments
+    /// API, whose reserved/attaching/in-use flow Nova uses).
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_CINDER_MICROVERSION",
+        value_parser = cinder_microversion,
+        default_value = NovaConfig::DEFAULT_CINDER_MICROVERSION
+    )]
+    pub cinder_microversion: String,
 
     /// Deadline applied only when a caller sends none.
     #[arg(long, env = "VOLUME_RECONCILER_DEFAULT_DEADLINE", value_parser = duration, default_value = "5m")]
@@ -490,8 +539,17 @@ impl ServeArgs {
     }
 
     /// The Nova endpoint: `--nova-url`, else Keystone from the OS_*
-    /// settings (with clouds.yaml under `OS_CLOUD`).
+    /// settings (with clouds.yaml under `OS_CLOUD`); Cinder's: `--cinder-url`,
+    /// else the catalog's (Keystone mode only).
     pub fn nova_config(&self) -> anyhow::Result<NovaConfig> {
+        if self.confirm_with == Some(ConfirmArg::Cinder)
+            && self.nova_url.is_some()
+            && self.cinder_url.is_none()
+        {
+            anyhow::bail!(
+                "--confirm-with cinder in direct mode (--nova-url) needs --cinder-url: there is no catalog to find Cinder in"
+            );
+        }
         let (endpoint, tls) = match &self.nova_url {
             // Direct mode reads no clouds.yaml: only the explicit TLS settings.
             Some(url) => (
@@ -517,6 +575,9 @@ impl ServeArgs {
             max_concurrent_per_host: self.nova_max_concurrency,
             connect_timeout: self.nova_connect_timeout,
             tls_handshake_timeout: self.nova_tls_handshake_timeout,
+            cinder_url: self.cinder_url.clone(),
+            cinder_microversion: self.cinder_microversion.clone(),
+            confirm_with: self.confirm_with.map(ConfirmWith::from),
         })
     }
 }
@@ -744,6 +805,45 @@ mod tests {
                 }
             ),
         );
+    }
+
+    #[test]
+    fn cinder_settings_reach_the_nova_config_and_contradictions_are_refused() {
+        let args = ServeArgs::from_args([
+            "--nova-url",
+            "http://n:8774/v2.1",
+            "--cinder-url",
+            "http://c:8776/v3/p",
+            "--confirm-with",
+            "cinder",
+            "--cinder-microversion",
+            "3.60",
+        ])
+        .unwrap();
+        let cfg = args.nova_config().unwrap();
+        assert_eq!(cfg.cinder_url.as_deref(), Some("http://c:8776/v3/p"));
+        assert_eq!(cfg.confirm_with, Some(ConfirmWith::Cinder));
+        assert_eq!(cfg.cinder_microversion, "3.60");
+        let args = ServeArgs::from_args(["--nova-url", "http://n", "--confirm-with", "nova-list"])
+            .unwrap();
+        assert_eq!(
+            args.nova_config().unwrap().confirm_with,
+            Some(ConfirmWith::NovaList)
+        );
+        // Direct mode has no catalog to find Cinder in.
+        let err = ServeArgs::from_args(["--nova-url", "http://n", "--confirm-with", "cinder"])
+            .unwrap()
+            .nova_config()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--cinder-url"), "{err}");
+        for bad in ["latest", "2.89", "3", "3.", "3.x", "volume 3.27"] {
+            assert!(
+                ServeArgs::from_args(["--nova-url", "http://n", "--cinder-microversion", bad])
+                    .is_err(),
+                "{bad} was accepted"
+            );
+        }
     }
 
     #[test]

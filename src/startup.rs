@@ -109,6 +109,7 @@ impl Application {
             }));
         let checked = check_nova(&mut nova, &cfg).await?;
         let nova = Arc::new(nova);
+        nova.announce_confirmation();
         let background = CancellationToken::new();
         if !checked {
             tokio::spawn(recheck_nova(

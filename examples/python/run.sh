@@ -10,7 +10,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -c 'import grpc, grpc_tools, grpc_status' 2>/dev/null || \
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check 'grpcio>=1.60' 'grpcio-tools>=1.60' 'grpcio-status>=1.60'
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check 'grpcio>=1.60' 'grpcio-tools>=1.60' 'grpcio-status>=1.60'
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 "$VENV/bin/python" -m grpc_tools.protoc -I "$ROOT/proto" --python_out="$OUT" --grpc_python_out="$OUT" \

@@ -1,4 +1,4 @@
-//! `nova-sim`: the Nova/Keystone simulator as a process of its own (the
+//! `nova-sim`: the Nova/Cinder/Keystone simulator as a process of its own (the
 //! demo and the tests start it in-process). Its flags' defaults are the
 //! simulator's own `SimConfig::default()`.
 
@@ -68,10 +68,10 @@ impl SimArgs {
 /// Serves until SIGTERM/SIGINT.
 pub async fn run(args: SimArgs) -> anyhow::Result<()> {
     let handle = sim::start(args.listen, args.sim_config()).await?;
-    tracing::info!(nova_url = %handle.nova_url, auth_url = %handle.auth_url, "nova-sim listening");
+    tracing::info!(nova_url = %handle.nova_url, cinder_url = %handle.cinder_url, auth_url = %handle.auth_url, "nova-sim listening");
     println!(
-        "nova-sim: Nova at {}  Keystone at {}  admin at {}/sim",
-        handle.nova_url, handle.auth_url, handle.base_url
+        "nova-sim: Nova at {}  Cinder at {}  Keystone at {}  admin at {}/sim",
+        handle.nova_url, handle.cinder_url, handle.auth_url, handle.base_url
     );
     startup::shutdown_signal().await;
     handle.stop().await;

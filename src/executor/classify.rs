@@ -291,6 +291,13 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
                 Action::Attach => Next::Decide(Verdict::Failed { reason: e.reason() }),
             }
         }
+        // An error status (`error_attaching`) stays until an operator
+        // resets it: waiting does not cure it.
+        NovaErrorKind::Rejected(Rejection::VolumeNotReady { status })
+            if status.starts_with("error") =>
+        {
+            Next::Refuse(e.reason())
+        }
         NovaErrorKind::Rejected(Rejection::VolumeNotReady { .. }) => Next::Retry {
             why: "the volume is not ready yet (creating, downloading or reserved)",
             otherwise: Box::new(Next::Refuse(e.reason())),

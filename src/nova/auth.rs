@@ -150,6 +150,9 @@ pub struct Token {
     pub id: Secret,
     pub expires_at: Option<DateTime<Utc>>,
     pub compute_url: String,
+    /// Cinder's v3 endpoint (`block-storage`, else `volumev3`), when the
+    /// catalog has one for the interface and region.
+    pub block_storage_url: Option<String>,
 }
 
 impl fmt::Debug for Token {
@@ -158,6 +161,7 @@ impl fmt::Debug for Token {
             .field("id", &self.id)
             .field("expires_at", &self.expires_at)
             .field("compute_url", &self.compute_url)
+            .field("block_storage_url", &self.block_storage_url)
             .finish()
     }
 }
@@ -207,23 +211,51 @@ pub struct CatalogEndpoint {
     pub url: String,
 }
 
+/// The catalog types of Cinder's v3 API, in order of preference: the
+/// official `block-storage`, then the older `volumev3`. Never `volume` or
+/// `volumev2`: those name the v1/v2 APIs, whose answers differ.
+pub const BLOCK_STORAGE_TYPES: &[&str] = &["block-storage", "volumev3"];
+
+/// The URL of the first endpoint of a service of one of `kinds` (in that
+/// order of preference) with `interface` and, when given, `region`.
+pub fn catalog_endpoint(
+    catalog: &[CatalogEntry],
+    kinds: &[&str],
+    interface: &str,
+    region: Option<&str>,
+) -> Option<String> {
+    kinds.iter().find_map(|kind| {
+        catalog
+            .iter()
+            .filter(|e| e.kind == *kind)
+            .flat_map(|e| e.endpoints.iter())
+            .find(|ep| {
+                ep.interface == interface
+                    && region.is_none_or(|r| {
+                        ep.region.as_deref() == Some(r) || ep.region_id.as_deref() == Some(r)
+                    })
+            })
+            .map(|ep| ep.url.trim_end_matches('/').to_string())
+    })
+}
+
 /// Picks the compute endpoint by interface and (when given) region.
 pub fn compute_endpoint(
     catalog: &[CatalogEntry],
     interface: &str,
     region: Option<&str>,
 ) -> Option<String> {
-    catalog
-        .iter()
-        .filter(|e| e.kind == "compute")
-        .flat_map(|e| e.endpoints.iter())
-        .find(|ep| {
-            ep.interface == interface
-                && region.is_none_or(|r| {
-                    ep.region.as_deref() == Some(r) || ep.region_id.as_deref() == Some(r)
-                })
-        })
-        .map(|ep| ep.url.trim_end_matches('/').to_string())
+    catalog_endpoint(catalog, &["compute"], interface, region)
+}
+
+/// Picks Cinder's v3 endpoint by interface and (when given) region, by the
+/// same rules as compute's.
+pub fn block_storage_endpoint(
+    catalog: &[CatalogEntry],
+    interface: &str,
+    region: Option<&str>,
+) -> Option<String> {
+    catalog_endpoint(catalog, BLOCK_STORAGE_TYPES, interface, region)
 }
 
 impl KeystoneAuth {
@@ -369,10 +401,16 @@ impl KeystoneAuth {
                 self.cfg.interface, self.cfg.region
             )
         })?;
+        let block_storage_url = block_storage_endpoint(
+            &parsed.token.catalog,
+            &self.cfg.interface,
+            self.cfg.region.as_deref(),
+        );
         Ok(Token {
             id: Secret::new(id),
             expires_at: parsed.token.expires_at,
             compute_url,
+            block_storage_url,
         })
     }
 }
@@ -405,6 +443,63 @@ mod tests {
         let url = compute_endpoint(&parsed.token.catalog, "public", Some("RegionOne")).unwrap();
         assert!(url.starts_with("http://23.253.248.171:8774/v2.1/"), "{url}");
         assert!(compute_endpoint(&parsed.token.catalog, "public", Some("Elsewhere")).is_none());
+        // The sample's Cinder is `volume`/`volumev2` only: a v1/v2 API is
+        // never taken for the v3 one.
+        assert!(
+            block_storage_endpoint(&parsed.token.catalog, "public", Some("RegionOne")).is_none()
+        );
+    }
+
+    fn entry(kind: &str, endpoints: &[(&str, &str, &str)]) -> CatalogEntry {
+        CatalogEntry {
+            kind: kind.into(),
+            endpoints: endpoints
+                .iter()
+                .map(|(interface, region, url)| CatalogEndpoint {
+                    interface: (*interface).into(),
+                    region: Some((*region).into()),
+                    region_id: Some((*region).into()),
+                    url: (*url).into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn block_storage_prefers_its_official_type_and_follows_interface_and_region() {
+        let catalog = vec![
+            entry("volumev2", &[("public", "RegionOne", "http://c:8776/v2/p")]),
+            entry(
+                "volumev3",
+                &[
+                    ("public", "RegionOne", "http://old:8776/v3/p"),
+                    ("internal", "RegionOne", "http://old-internal:8776/v3/p"),
+                ],
+            ),
+            entry(
+                "block-storage",
+                &[
+                    ("public", "RegionTwo", "http://two:8776/v3/p/"),
+                    ("public", "RegionOne", "http://one:8776/v3/p"),
+                ],
+            ),
+        ];
+        let pick = |i, r| block_storage_endpoint(&catalog, i, r);
+        assert_eq!(
+            pick("public", Some("RegionOne")).as_deref(),
+            Some("http://one:8776/v3/p")
+        );
+        assert_eq!(
+            pick("public", Some("RegionTwo")).as_deref(),
+            Some("http://two:8776/v3/p")
+        );
+        // Only volumev3 has an internal endpoint.
+        assert_eq!(
+            pick("internal", Some("RegionOne")).as_deref(),
+            Some("http://old-internal:8776/v3/p")
+        );
+        assert_eq!(pick("admin", None), None);
+        assert_eq!(pick("public", Some("RegionThree")), None);
     }
 
     #[test]

@@ -1,15 +1,29 @@
-//! The only place with HTTP to OpenStack: the Nova client, Keystone
-//! authentication, Nova's wire types and the adapter's error.
+//! The only place with HTTP to OpenStack: the Nova client (the adapter's
+//! front), the Cinder client it owns, Keystone authentication, the HTTP
+//! machinery both share, Nova's wire types and the adapters' errors.
+//!
+//! - `http.rs`: one request under one deadline (slots, token, replay,
+//!   stages and clocks), shared by Nova and Cinder.
+//! - `client.rs`: Nova's calls; how an attach or detach is confirmed.
+//! - `cinder.rs`: Cinder's view of a volume, and its errors.
+//! - `auth.rs`: Keystone tokens and the service catalog.
 
 pub mod auth;
+pub mod cinder;
 pub mod client;
 pub mod error;
+mod http;
 pub mod types;
+mod version;
 
 pub use auth::{Credential, KeystoneConfig, Secret};
+pub use cinder::{
+    AttachProgress, CinderAttachment, CinderClient, CinderError, CinderErrorKind, DetachProgress,
+    VolumeStatus, VolumeView,
+};
 pub use client::{
-    Answered, AttachAnswer, CaBundle, Microversion, NovaClient, NovaConfig, NovaEndpoint,
-    RequestId, TlsTrust, VersionRange, build_http_client,
+    Answered, AttachAnswer, CaBundle, ConfirmWith, Confirmation, Microversion, NovaClient,
+    NovaConfig, NovaEndpoint, RequestId, TlsTrust, VersionRange, build_http_client,
 };
 pub use error::{NovaError, NovaErrorKind, Rejection, Stage};
 pub use types::NovaAttachment;

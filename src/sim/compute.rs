@@ -47,6 +47,12 @@ impl Sim {
         if let Some(refused) = attach_refusal(&w, server, volume) {
             return refused;
         }
+        // Below 2.101 Cinder's reservation runs before the answer.
+        if mv < (2, 101)
+            && let Some(refused) = self.cinder_reserve_refusal(&w, volume)
+        {
+            return refused;
+        }
         let Some(cause) = cause else {
             return Answer::Accepted;
         };
@@ -71,7 +77,11 @@ impl Sim {
                 tokio::time::sleep(delay).await;
                 // When conductor's own checks fail nothing happens: Nova's
                 // asynchronous attach reports nothing back.
-                let refused = attach_refusal(&sim.world(), server, volume).is_some();
+                let refused = {
+                    let w = sim.world();
+                    attach_refusal(&w, server, volume).is_some()
+                        || sim.cinder_reserve_refusal(&w, volume).is_some()
+                };
                 if !refused {
                     sim.materialize(att, cause);
                 }
@@ -102,6 +112,7 @@ impl Sim {
             let mut w = sim.world();
             if rollback {
                 w.detach_by_id(volume, id, Cause::RolledBack);
+                sim.cinder_attach_failed(&w, volume);
             } else if let Some(a) = w.attachments.find_by_id_mut(volume, id) {
                 a.state = AttachState::InUse;
             }

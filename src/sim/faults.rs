@@ -14,6 +14,8 @@ pub enum FaultOp {
     Show,
     /// Keystone token requests.
     Auth,
+    /// Cinder's volume show (`GET /v3/{project_id}/volumes/{id}`).
+    Cinder,
     Any,
 }
 

@@ -11,11 +11,16 @@
 //! - `faults.rs`: what can go wrong, per request.
 //! - `world.rs`: the state and the ground truth (effects, requests).
 //! - `compute.rs`: Nova's behaviour, call by call.
-//! - `http/`: the HTTP face (Nova, Keystone, the `/sim` admin API).
+//! - `cinder.rs`: Cinder's view of the volumes (derived from the world),
+//!   volumes created and deleted through Cinder.
+//! - `servers.rs`: the servers clients can look up and list.
+//! - `http/`: the HTTP face (Nova, Cinder, Keystone, the `/sim` admin API).
 
+mod cinder;
 mod compute;
 mod faults;
 mod http;
+mod servers;
 mod world;
 
 use std::sync::{Arc, Mutex};
@@ -23,8 +28,10 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use cinder::{CinderAttachmentView, CinderRead, CinderVolume, PROJECT_ID, VolumeSpec};
 pub use faults::{Fault, FaultOp, FaultRule};
 pub use http::{SimHandle, start};
+pub use servers::ServerView;
 pub use world::{AttachState, Cause, Change, Effect, RequestRecord, SimAttachment, Truth};
 
 pub(crate) use compute::{AttachParams, DetachEnd};
@@ -45,6 +52,19 @@ pub struct SimConfig {
     /// vanish from the list, as Nova rolls them back.
     pub rollback_share: f64,
     pub rollback_delay_ms: u64,
+    /// What Cinder shows after a rolled-back attach: `available` (Nova
+    /// deleted the attachment), or e.g. `error_attaching`, which sticks
+    /// (and refuses the next reservation) until the status is reset.
+    pub rollback_status: String,
+    /// How long a volume created through Cinder stays `creating`.
+    pub cinder_create_ms: u64,
+    /// How long a volume created from an image then stays `downloading`.
+    pub cinder_download_ms: u64,
+    /// How long a deleted volume stays `deleting` before it is gone.
+    pub cinder_delete_ms: u64,
+    /// The catalog type of Cinder's endpoint in tokens: `block-storage`,
+    /// `volumev3`, or `none` (a cloud without Cinder v3 in its catalog).
+    pub catalog_block_storage: String,
     /// Keep every effect and request (`Truth::effects`, `requests`): for
     /// tests that check histories; off by default so a long-running
     /// simulator (benchmarks) stays bounded.
@@ -67,6 +87,11 @@ impl Default for SimConfig {
             attach_complete_ms: 0,
             rollback_share: 0.0,
             rollback_delay_ms: 100,
+            rollback_status: "available".into(),
+            cinder_create_ms: 0,
+            cinder_download_ms: 0,
+            cinder_delete_ms: 0,
+            catalog_block_storage: "block-storage".into(),
             record_history: false,
             require_auth: false,
             token_ttl_secs: 3600,
@@ -82,6 +107,10 @@ impl Default for SimConfig {
 pub struct Sim {
     world: Mutex<World>,
     cfg: Mutex<SimConfig>,
+    /// Cinder's own state (lock after the world, never before).
+    cinder: Mutex<cinder::CinderState>,
+    /// Servers registered by name (lock after the world, never before).
+    servers: Mutex<servers::Servers>,
 }
 
 /// The outcome of processing an attach or detach, before faults on the way
@@ -124,6 +153,8 @@ impl Sim {
         Arc::new(Self {
             world: Mutex::new(world),
             cfg: Mutex::new(cfg),
+            cinder: Mutex::default(),
+            servers: Mutex::default(),
         })
     }
 
@@ -143,13 +174,16 @@ impl Sim {
     }
 
     /// Forgets every attachment, fault and count (benchmark rounds start
-    /// from the same empty cloud). Removed/locked servers are forgotten too.
+    /// from the same empty cloud). Removed/locked servers are forgotten too,
+    /// and so are Cinder's volumes and the servers registered by name.
     pub fn reset(&self) {
         let history = self.config().record_history;
         *self.world() = World {
             history,
             ..World::default()
         };
+        self.cinder_reset();
+        self.servers_reset();
     }
 
     pub fn add_fault(&self, rule: FaultRule) {

@@ -111,6 +111,11 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    // Its own simulator serves Cinder too, as a cloud does (a test that
+    // wants Nova's list passes `--confirm-with nova-list`).
+    if let Some(h) = &sim_handle {
+        args.extend(["--cinder-url".to_string(), h.cinder_url.clone()]);
+    }
     // Later flags win: tests may override any of the above.
     args.extend(opts.args);
     let cfg = ServeArgs::from_args(dedupe_flags(args)).expect("test flags parse");

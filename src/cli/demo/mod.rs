@@ -119,6 +119,8 @@ async fn start_service(setup: &Setup, replica: &str) -> anyhow::Result<Running> 
         &setup.db,
         "--nova-url",
         &setup.sim.nova_url,
+        "--cinder-url",
+        &setup.sim.cinder_url,
         "--replica-id",
         replica,
         "--settle-window",

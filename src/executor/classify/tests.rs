@@ -75,6 +75,13 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
             },
             400,
         ),
+        (
+            "400 volume in an error status",
+            Rejection::VolumeNotReady {
+                status: "error_attaching".into(),
+            },
+            400,
+        ),
         ("5xx, a proxy's page", Rejection::ServerError, 504),
         ("other status, a proxy's page", Rejection::Other, 418),
     ];
@@ -157,7 +164,7 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
 type FailureSample = (&'static str, NovaErrorKind, Stage, Option<u16>, bool);
 
 fn sample_map(
-    rejections: [(&'static str, Rejection, u16); 15],
+    rejections: [(&'static str, Rejection, u16); 16],
     failures: [FailureSample; 8],
 ) -> BTreeMap<&'static str, Option<NovaError>> {
     let mut m: BTreeMap<&'static str, Option<NovaError>> =

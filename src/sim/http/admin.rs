@@ -33,14 +33,77 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/sim/tokens/expire", post(expire_tokens))
 }
 
+/// Nova's version documents (doc/api_samples/versions/), pointing at this
+/// simulator: `GET /` lists the versions, `GET /v2.1[/]` is v2.1's.
+fn nova_v21(base_url: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": "v2.1",
+        "links": [
+            {"href": format!("{base_url}/v2.1/"), "rel": "self"},
+            {"href": "http://docs.openstack.org/", "rel": "describedby", "type": "text/html"},
+        ],
+        "media-types": [{"base": "application/json",
+            "type": "application/vnd.openstack.compute+json;version=2.1"}],
+        "status": "CURRENT",
+        "version": "2.104",
+        "min_version": "2.1",
+        "updated": "2013-07-23T11:33:21Z",
+    })
+}
+
 pub(super) async fn versions(State(st): State<AppState>) -> Response<Body> {
+    let mut v21 = nova_v21(&st.base_url);
+    // The list's entries carry only the self link.
+    v21["links"] = serde_json::json!([{"href": format!("{}/v2.1/", st.base_url), "rel": "self"}]);
+    if let Some(m) = v21.as_object_mut() {
+        m.remove("media-types");
+    }
     json(
         200,
-        serde_json::json!({"versions": [{
-            "id": "v2.1", "status": "CURRENT", "version": "2.104", "min_version": "2.1",
-            "updated": "2013-07-23T11:33:21Z",
-            "links": [{"href": format!("{}/v2.1/", st.base_url), "rel": "self"}]
-        }]}),
+        serde_json::json!({"versions": [
+            {"id": "v2.0", "links": [{"href": format!("{}/v2/", st.base_url), "rel": "self"}],
+             "status": "DEPRECATED", "version": "", "min_version": "",
+             "updated": "2025-07-04T12:00:00Z"},
+            v21,
+        ]}),
+        (0, 0),
+    )
+}
+
+pub(super) async fn version_v21(State(st): State<AppState>) -> Response<Body> {
+    json(
+        200,
+        serde_json::json!({ "version": nova_v21(&st.base_url) }),
+        (0, 0),
+    )
+}
+
+/// Keystone's v3 version document (what keystoneauth reads at the auth URL
+/// before it authenticates).
+fn identity_v3(base_url: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": "v3.14",
+        "status": "stable",
+        "updated": "2020-04-07T00:00:00Z",
+        "links": [{"rel": "self", "href": format!("{base_url}/identity/v3/")}],
+        "media-types": [{"base": "application/json",
+            "type": "application/vnd.openstack.identity-v3+json"}],
+    })
+}
+
+pub(super) async fn identity_version(State(st): State<AppState>) -> Response<Body> {
+    json(
+        200,
+        serde_json::json!({ "version": identity_v3(&st.base_url) }),
+        (0, 0),
+    )
+}
+
+/// `GET /identity`: Keystone answers its version list with 300.
+pub(super) async fn identity_versions(State(st): State<AppState>) -> Response<Body> {
+    json(
+        300,
+        serde_json::json!({"versions": {"values": [identity_v3(&st.base_url)]}}),
         (0, 0),
     )
 }
@@ -102,20 +165,41 @@ pub(super) async fn issue_token(
     let Some((token, expires)) = st.sim.issue_token(&name, &password) else {
         return unauthorized_token("The request you have made requires authentication.");
     };
-    let compute = format!("{}/v2.1", st.base_url);
-    let endpoint = |iface: &str| {
+    let cfg = st.sim.config();
+    let endpoint = |iface: &str, url: &str| {
         serde_json::json!({"id": Uuid::new_v4().simple().to_string(), "interface": iface,
-        "region": "RegionOne", "region_id": "RegionOne", "url": compute})
+        "region": "RegionOne", "region_id": "RegionOne", "url": url})
     };
+    let service = |kind: &str, name: &str, id: &str, url: String| {
+        serde_json::json!({"type": kind, "name": name, "id": id,
+            "endpoints": [endpoint("public", &url), endpoint("internal", &url), endpoint("admin", &url)]})
+    };
+    let mut catalog = vec![service(
+        "compute",
+        "nova",
+        "a226b3eeb5594f50bf8b6df94636ed28",
+        format!("{}/v2.1", st.base_url),
+    )];
+    // Cinder v3 under its official type or the older alias, or absent.
+    if cfg.catalog_block_storage != "none" {
+        catalog.push(service(
+            &cfg.catalog_block_storage,
+            "cinder",
+            "5c5e0e3c9bb34c5c9e0b3e8e0e2f2b6d",
+            format!("{}/v3/{}", st.base_url, crate::sim::PROJECT_ID),
+        ));
+    }
     let mut body = serde_json::json!({"token": {
         "methods": [if by_credential { "application_credential" } else { "password" }],
         "expires_at": expires.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         "issued_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        "project": {"domain": {"id": "default", "name": "Default"}, "id": "a6944d763bf64ee6a275f1263fae0352", "name": st.sim.config().project_name},
-        "user": {"domain": {"id": "default", "name": "Default"}, "id": "ee4dfb6e5540447cb3741905149d9b6e", "name": name},
+        "project": {"domain": {"id": "default", "name": "Default"}, "id": crate::sim::PROJECT_ID, "name": cfg.project_name},
+        "user": {"domain": {"id": "default", "name": "Default"}, "id": crate::sim::cinder::USER_ID, "name": name},
+        "roles": [{"id": "51cc68287d524c759f47c811e6463340", "name": "member"},
+                  {"id": "8f1b0b1c2e3d4c5b9a8e7f6d5c4b3a29", "name": "reader"}],
         "audit_ids": ["3T2dc1CGQxyJsHdDu1xkcw"],
-        "catalog": [{"type": "compute", "name": "nova", "id": "a226b3eeb5594f50bf8b6df94636ed28",
-            "endpoints": [endpoint("public"), endpoint("internal"), endpoint("admin")]}],
+        "is_domain": false,
+        "catalog": catalog,
     }});
     if let Some((id, name, _)) = cfg
         .application_credential

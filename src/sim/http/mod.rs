@@ -1,14 +1,20 @@
-//! The simulator's HTTP face: Nova under `/v2.1`, Keystone under
-//! `/identity/v3`, and an admin API under `/sim` for faults and truth.
-//! Served by its own accept loop so a fault can close a connection without
-//! answering, the way a lost response looks on the wire.
+//! The simulator's HTTP face: Nova under `/v2.1`, Cinder under `/v3`,
+//! Keystone under `/identity/v3`, and an admin API under `/sim` for faults
+//! and truth. Served by its own accept loop so a fault can close a
+//! connection without answering, the way a lost response looks on the wire.
+//! One listener serves all three, each at the paths a real cloud's
+//! catalog and version documents point clients to.
 //!
-//! - `nova.rs`: the compute API's handlers.
+//! - `nova.rs`: the compute API's volume-attachment handlers.
+//! - `servers.rs`: the compute API's server lookups and lists.
+//! - `cinder.rs`: the block-storage v3 API (volumes, version discovery).
 //! - `wire.rs`: faults applied on the wire (stalls, cuts, proxy pages).
 //! - `admin.rs`: version discovery, Keystone, the `/sim` admin API.
 
 mod admin;
+mod cinder;
 mod nova;
+mod servers;
 mod wire;
 
 use std::net::SocketAddr;
@@ -46,6 +52,8 @@ pub struct SimHandle {
     pub nova_url: String,
     /// The Keystone endpoint for `OS_AUTH_URL`: `{base_url}/identity/v3`.
     pub auth_url: String,
+    /// Cinder's v3 endpoint for `--cinder-url`: `{base_url}/v3/{project_id}`.
+    pub cinder_url: String,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -80,6 +88,7 @@ pub async fn start(listen: SocketAddr, cfg: SimConfig) -> anyhow::Result<SimHand
         addr,
         nova_url: format!("{base_url}/v2.1"),
         auth_url: format!("{base_url}/identity/v3"),
+        cinder_url: format!("{base_url}/v3/{}", super::PROJECT_ID),
         base_url,
         stop,
         task,
@@ -135,6 +144,14 @@ async fn serve_connection(stream: tokio::net::TcpStream, router: Router, stop: C
 fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(admin::versions))
+        .route("/v2.1", get(admin::version_v21))
+        .route("/v2.1/", get(admin::version_v21))
+        .route("/v2.1/servers", get(servers::index))
+        .route("/v2.1/servers/detail", get(servers::detail))
+        .route("/v2.1/servers/{server_id}", get(servers::show))
+        .route("/v2.1/{project}/servers", get(servers::index_p))
+        .route("/v2.1/{project}/servers/detail", get(servers::detail_p))
+        .route("/v2.1/{project}/servers/{server_id}", get(servers::show_p))
         .route(
             "/v2.1/servers/{server_id}/os-volume_attachments",
             post(nova::attach).get(nova::list),
@@ -154,6 +171,27 @@ fn router(state: AppState) -> Router {
             get(nova::show_p).delete(nova::detach_p),
         )
         .route("/identity/v3/auth/tokens", post(admin::issue_token))
+        .route("/identity", get(admin::identity_versions))
+        .route("/identity/", get(admin::identity_versions))
+        .route("/identity/v3", get(admin::identity_version))
+        .route("/identity/v3/", get(admin::identity_version))
+        .route("/v3", get(cinder::versions))
+        .route("/v3/", get(cinder::versions))
+        .route("/v3/volumes/{volume_id}", get(cinder::show))
+        .route(
+            "/v3/{project}/volumes",
+            get(cinder::list_p).post(cinder::create_p),
+        )
+        .route("/v3/{project}/volumes/detail", get(cinder::detail_p))
+        .route(
+            "/v3/{project}/volumes/{volume_id}",
+            get(cinder::show_p).delete(cinder::delete_p),
+        )
+        .route(
+            "/sim/cinder/volumes/{volume_id}/status",
+            post(cinder::force_status),
+        )
+        .route("/sim/servers", post(servers::register))
         .merge(admin::routes())
         .with_state(state)
 }

@@ -1,0 +1,560 @@
+//! The HTTP machinery every OpenStack adapter shares (Nova's and
+//! Cinder's): one request under one deadline, from the wait for a
+//! connection slot to the last byte of the body, with the token and the
+//! endpoint from Keystone (or a direct URL) and one replay after a 401 from
+//! the auth middleware. Every way a request can end that is not an answer
+//! becomes a [`Failure`]: which stage, which clock, whether the request may
+//! have reached the service, and how long it ran of the budget it had. The
+//! adapters turn answers into their own values and errors.
+//!
+//! No transport constant bounds a request: the client has no total, read or
+//! response-header timeout; only connection setup (TCP connect, TLS
+//! handshake) keeps its own short bound, because it is not the service's
+//! working time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::Method;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use super::auth::{KeystoneAuth, Secret, Token, error_chain};
+use super::client::NovaConfig;
+use super::error::Stage;
+
+/// Told how long each request waited for a connection slot.
+pub type SlotWaitObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
+/// Builds the shared HTTP client. Deliberately no `timeout`, no
+/// `read_timeout`: the only bound of a request is its deadline. The connect
+/// bound covers TCP (and TLS for https) and nothing after it.
+pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
+    let connect = if https {
+        cfg.connect_timeout + cfg.tls_handshake_timeout
+    } else {
+        cfg.connect_timeout
+    };
+    install_crypto_provider();
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(connect)
+        .pool_max_idle_per_host(cfg.max_concurrent_per_host)
+        .tcp_nodelay(true)
+        .user_agent(concat!("volume-reconciler/", env!("CARGO_PKG_VERSION")));
+    if let Some(ca) = &cfg.tls.ca {
+        builder = builder.tls_certs_only(ca.certs.iter().cloned());
+    }
+    if cfg.tls.insecure {
+        builder = builder.danger_accept_invalid_certs(true);
+    }
+    builder
+        .build()
+        // Building fails only when the TLS backend cannot initialize (a
+        // broken installation, not a runtime condition) or a CA is unusable,
+        // which `CaBundle::from_file` rules out.
+        .expect("the HTTP client must build (TLS provider available)")
+}
+
+/// How the HTTP client trusts TLS servers (Keystone's and Nova's).
+#[derive(Debug, Clone, Default)]
+pub struct TlsTrust {
+    /// Trust only these CAs (`cacert`, `OS_CACERT`), as openstacksdk
+    /// does; none: the system's roots.
+    pub ca: Option<CaBundle>,
+    /// `verify: false` / `OS_INSECURE`: accept any certificate.
+    pub insecure: bool,
+}
+
+/// CA certificates read from a PEM file, each checked to be a certificate
+/// a TLS client can trust: made only by `from_file`, so building the HTTP
+/// client with it cannot fail.
+#[derive(Debug, Clone)]
+pub struct CaBundle {
+    pub path: std::path::PathBuf,
+    certs: Vec<reqwest::Certificate>,
+}
+
+impl CaBundle {
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject as _;
+        let pem =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut roots = rustls::RootCertStore::empty();
+        let mut certs = Vec::new();
+        for der in CertificateDer::pem_slice_iter(&pem) {
+            let der = der.map_err(|e| format!("{}: not PEM: {e}", path.display()))?;
+            roots.add(der.clone()).map_err(|e| {
+                format!(
+                    "{}: a certificate is not usable as a CA: {e}",
+                    path.display()
+                )
+            })?;
+            certs.push(
+                reqwest::Certificate::from_der(&der)
+                    .map_err(|e| format!("{}: {e}", path.display()))?,
+            );
+        }
+        if certs.is_empty() {
+            return Err(format!("{} holds no PEM certificate", path.display()));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            certs,
+        })
+    }
+}
+
+/// rustls needs one process-wide crypto provider; ring is the lean one.
+pub fn install_crypto_provider() {
+    // Err means one is installed already: that one serves as well.
+    drop(rustls::crypto::ring::default_provider().install_default());
+}
+
+/// How a request ended without an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailureKind {
+    /// The outbound deadline expired.
+    DeadlineExceeded,
+    /// TCP or TLS failed: nothing was sent.
+    ConnectFailed,
+    /// Sent, but no complete answer came (reset, closed, cut body).
+    ResponseLost,
+    /// Keystone gave no token.
+    AuthFailed,
+    /// The token's catalog has no endpoint for the service.
+    NoEndpoint,
+}
+
+/// A request that ended without an answer, with all its context.
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    pub kind: FailureKind,
+    pub stage: Stage,
+    pub method: &'static str,
+    pub url: String,
+    /// Set when the headers had arrived (a body cut off or late).
+    pub status: Option<u16>,
+    /// The service's own request id, when its headers arrived.
+    pub request_id: Option<String>,
+    pub elapsed: Duration,
+    pub budget: Duration,
+    /// False only when the request provably never left this process.
+    pub may_have_reached: bool,
+    pub cause: String,
+}
+
+/// A whole answer: status, body, and the service's own request id.
+pub(crate) struct RawResponse {
+    pub status: u16,
+    pub body: Bytes,
+    pub request_id: Option<String>,
+}
+
+/// Where the service is: a URL given directly, or the token's catalog.
+#[derive(Debug, Clone)]
+pub(crate) enum Base {
+    Direct(String),
+    Catalog(CatalogService),
+}
+
+/// The services whose endpoint the catalog gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CatalogService {
+    Compute,
+    BlockStorage,
+}
+
+impl CatalogService {
+    fn pick(self, token: &Token) -> Option<&str> {
+        match self {
+            CatalogService::Compute => Some(token.compute_url.as_str()),
+            CatalogService::BlockStorage => token.block_storage_url.as_deref(),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            CatalogService::Compute => "compute",
+            CatalogService::BlockStorage => "block-storage (or volumev3)",
+        }
+    }
+}
+
+/// One OpenStack service as a client sees it: the shared HTTP client and
+/// Keystone, its own endpoint, its own cap on concurrent requests, and the
+/// headers every request to it carries (its microversion).
+pub(crate) struct Service {
+    http: reqwest::Client,
+    auth: Option<Arc<KeystoneAuth>>,
+    base: Base,
+    headers: Vec<(&'static str, String)>,
+    slots: Arc<Semaphore>,
+    max_concurrent: usize,
+    slot_wait: Option<SlotWaitObserver>,
+}
+
+impl Service {
+    pub fn new(
+        http: reqwest::Client,
+        auth: Option<Arc<KeystoneAuth>>,
+        base: Base,
+        headers: Vec<(&'static str, String)>,
+        max_concurrent: usize,
+    ) -> Self {
+        let max_concurrent = max_concurrent.max(1);
+        Self {
+            http,
+            auth,
+            base,
+            headers,
+            slots: Arc::new(Semaphore::new(max_concurrent)),
+            max_concurrent,
+            slot_wait: None,
+        }
+    }
+
+    /// Replaces the headers every request carries (a microversion resolved
+    /// at start).
+    pub fn set_headers(&mut self, headers: Vec<(&'static str, String)>) {
+        self.headers = headers;
+    }
+
+    /// `GET url_of(base)`: a document beside the service's API rather than
+    /// under it (Nova's version document at its root), with the token, no
+    /// slot (it is not the service's work) and no replay.
+    pub async fn get_at(
+        &self,
+        request_id: &str,
+        url_of: fn(&str) -> String,
+        deadline: Instant,
+    ) -> Result<(String, RawResponse), Failure> {
+        let call = Call {
+            method: "GET",
+            started: Instant::now(),
+            deadline,
+        };
+        let (base, token) = self
+            .base_and_token(deadline)
+            .await
+            .map_err(|(kind, cause)| {
+                let kind = if Instant::now() >= deadline {
+                    FailureKind::DeadlineExceeded
+                } else {
+                    kind
+                };
+                call.failure(kind, Stage::Authenticate, "/", false, cause)
+            })?;
+        let url = url_of(&base);
+        let mut req = self
+            .http
+            .get(&url)
+            .header("Accept", "application/json")
+            .header("X-OpenStack-Request-ID", request_id);
+        if let Some(t) = &token {
+            req = req.header("X-Auth-Token", t.expose());
+        }
+        let raw = call.send(req, &url).await?;
+        Ok((url, raw))
+    }
+
+    pub fn set_slot_wait_observer(&mut self, observer: SlotWaitObserver) {
+        self.slot_wait = Some(observer);
+    }
+
+    pub fn auth(&self) -> Option<&Arc<KeystoneAuth>> {
+        self.auth.as_ref()
+    }
+
+    /// Requests waiting for or holding a slot right now.
+    pub fn slots_in_use(&self) -> usize {
+        self.max_concurrent - self.slots.available_permits()
+    }
+
+    /// The base URL and token a request uses now: a direct URL (with a
+    /// token when Keystone is configured too), or the catalog's.
+    async fn base_and_token(
+        &self,
+        deadline: Instant,
+    ) -> Result<(String, Option<Secret>), (FailureKind, String)> {
+        let token = match &self.auth {
+            Some(auth) => Some(
+                auth.token(deadline)
+                    .await
+                    .map_err(|e| (FailureKind::AuthFailed, e))?,
+            ),
+            None => None,
+        };
+        let url = match (&self.base, &token) {
+            (Base::Direct(url), _) => url.clone(),
+            (Base::Catalog(which), Some(t)) => which
+                .pick(t)
+                .ok_or_else(|| {
+                    (
+                        FailureKind::NoEndpoint,
+                        format!("the Keystone catalog has no {} endpoint", which.describe()),
+                    )
+                })?
+                .to_string(),
+            (Base::Catalog(which), None) => {
+                return Err((
+                    FailureKind::AuthFailed,
+                    format!(
+                        "the {} endpoint comes from Keystone, but no Keystone is configured",
+                        which.describe()
+                    ),
+                ));
+            }
+        };
+        Ok((
+            url.trim_end_matches('/').to_string(),
+            token.map(|t| t.id.clone()),
+        ))
+    }
+
+    /// The base URL requests go to now: `None` when the token's catalog has
+    /// no endpoint for the service. Needs a token in catalog mode (the
+    /// cached one, or a renewal waited for until `deadline`).
+    pub async fn endpoint(&self, deadline: Instant) -> Result<Option<String>, Failure> {
+        if let Base::Direct(url) = &self.base {
+            return Ok(Some(url.trim_end_matches('/').to_string()));
+        }
+        let call = Call {
+            method: "GET",
+            started: Instant::now(),
+            deadline,
+        };
+        match self.base_and_token(deadline).await {
+            Ok((url, _)) => Ok(Some(url)),
+            Err((FailureKind::NoEndpoint, _)) => Ok(None),
+            Err((kind, cause)) => {
+                let kind = if Instant::now() >= deadline {
+                    FailureKind::DeadlineExceeded
+                } else {
+                    kind
+                };
+                Err(call.failure(kind, Stage::Authenticate, "(catalog)", false, cause))
+            }
+        }
+    }
+
+    /// Sends one request under `deadline`, reading the whole body under the
+    /// same deadline: `(url, answer)`. A 401 from the auth middleware (the
+    /// request never reached the service) re-authenticates and replays once.
+    pub async fn execute<B: serde::Serialize>(
+        &self,
+        request_id: &str,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        deadline: Instant,
+    ) -> Result<(String, RawResponse), Failure> {
+        let call = Call {
+            method: method_name(&method),
+            started: Instant::now(),
+            deadline,
+        };
+        // The wait for a slot counts against the request's deadline.
+        let _permit =
+            match tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => {
+                    return Err(call.failure(
+                        FailureKind::ConnectFailed,
+                        Stage::AcquireSlot,
+                        path,
+                        false,
+                        "the client is shutting down".into(),
+                    ));
+                }
+                Err(_) => {
+                    return Err(call.failure(
+                        FailureKind::DeadlineExceeded,
+                        Stage::AcquireSlot,
+                        path,
+                        false,
+                        format!("all {} connection slots stayed busy", self.max_concurrent),
+                    ));
+                }
+            };
+        if let Some(observe) = &self.slot_wait {
+            observe(call.started.elapsed());
+        }
+        // Only the slot wait is inline: a request queued behind the cap keeps
+        // a small future; the send's state is allocated once it may run.
+        Box::pin(self.send_with_replay(&call, request_id, method, path, body)).await
+    }
+
+    async fn send_with_replay<B: serde::Serialize>(
+        &self,
+        call: &Call,
+        request_id: &str,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<(String, RawResponse), Failure> {
+        let mut replayed = false;
+        loop {
+            let (base, token) = match self.base_and_token(call.deadline).await {
+                Ok(x) => x,
+                Err((kind, cause)) => {
+                    let kind = if kind == FailureKind::AuthFailed && Instant::now() >= call.deadline
+                    {
+                        FailureKind::DeadlineExceeded
+                    } else {
+                        kind
+                    };
+                    return Err(call.failure(kind, Stage::Authenticate, path, false, cause));
+                }
+            };
+            let url = format!("{base}{path}");
+            let mut req = self
+                .http
+                .request(method.clone(), &url)
+                .header("Accept", "application/json")
+                .header("X-OpenStack-Request-ID", request_id);
+            for (name, value) in &self.headers {
+                req = req.header(*name, value);
+            }
+            if let Some(t) = &token {
+                req = req.header("X-Auth-Token", t.expose());
+            }
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            let raw = call.send(req, &url).await?;
+            if raw.status == 401
+                && !replayed
+                && let (Some(auth), Some(t)) = (&self.auth, &token)
+            {
+                // keystonemiddleware refused the token: the service never saw
+                // the request, so replaying it once is safe even for a POST.
+                tracing::info!(url = %url, "answered 401; re-authenticating and replaying once");
+                auth.invalidate(t);
+                replayed = true;
+                continue;
+            }
+            return Ok((url, raw));
+        }
+    }
+}
+
+fn method_name(method: &Method) -> &'static str {
+    match *method {
+        Method::POST => "POST",
+        Method::GET => "GET",
+        Method::DELETE => "DELETE",
+        Method::PUT => "PUT",
+        _ => "OTHER",
+    }
+}
+
+/// One request's clocks: every failure it ends with says how long it ran
+/// of the budget it had.
+struct Call {
+    method: &'static str,
+    started: Instant,
+    deadline: Instant,
+}
+
+impl Call {
+    fn failure(
+        &self,
+        kind: FailureKind,
+        stage: Stage,
+        url: &str,
+        may_have_reached: bool,
+        cause: String,
+    ) -> Failure {
+        Failure {
+            kind,
+            stage,
+            method: self.method,
+            url: url.to_string(),
+            status: None,
+            request_id: None,
+            elapsed: self.started.elapsed(),
+            budget: self.deadline.saturating_duration_since(self.started),
+            may_have_reached,
+            cause,
+        }
+    }
+
+    /// Sends and reads the whole answer, both under the deadline.
+    async fn send(&self, req: reqwest::RequestBuilder, url: &str) -> Result<RawResponse, Failure> {
+        let resp = match tokio::time::timeout_at(self.deadline, req.send()).await {
+            Err(_) => {
+                return Err(self.failure(
+                    FailureKind::DeadlineExceeded,
+                    Stage::AwaitHeaders,
+                    url,
+                    true,
+                    "no response headers before the outbound deadline".into(),
+                ));
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                return Err(self.failure(
+                    FailureKind::ConnectFailed,
+                    Stage::Connect,
+                    url,
+                    false,
+                    error_chain(&e),
+                ));
+            }
+            Ok(Err(e)) => {
+                return Err(self.failure(
+                    FailureKind::ResponseLost,
+                    Stage::AwaitHeaders,
+                    url,
+                    true,
+                    error_chain(&e),
+                ));
+            }
+            Ok(Ok(r)) => r,
+        };
+        let status = resp.status().as_u16();
+        let request_id = ["x-openstack-request-id", "x-compute-request-id"]
+            .iter()
+            .find_map(|h| resp.headers().get(*h)?.to_str().ok())
+            .map(str::to_string);
+        let (kind, cause) = match read_body(resp, self.deadline).await {
+            Ok(body) => {
+                return Ok(RawResponse {
+                    status,
+                    body,
+                    request_id,
+                });
+            }
+            Err(BodyError::Deadline(got)) => (
+                FailureKind::DeadlineExceeded,
+                format!("body still incomplete after {got} bytes at the outbound deadline"),
+            ),
+            Err(BodyError::Lost(got, cause)) => (
+                FailureKind::ResponseLost,
+                format!("body cut off after {got} bytes: {cause}"),
+            ),
+        };
+        let mut f = self.failure(kind, Stage::ReadBody, url, true, cause);
+        f.status = Some(status);
+        f.request_id = request_id;
+        Err(f)
+    }
+}
+
+enum BodyError {
+    Deadline(usize),
+    Lost(usize, String),
+}
+
+async fn read_body(mut resp: reqwest::Response, deadline: Instant) -> Result<Bytes, BodyError> {
+    let mut buf = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Err(_) => return Err(BodyError::Deadline(buf.len())),
+            Ok(Err(e)) => return Err(BodyError::Lost(buf.len(), error_chain(&e))),
+            Ok(Ok(None)) => return Ok(Bytes::from(buf)),
+            Ok(Ok(Some(chunk))) => buf.extend_from_slice(&chunk),
+        }
+    }
+}
