@@ -131,7 +131,9 @@ impl Reconciler {
             .map(|(server, pending)| {
                 let this = self.clone();
                 async move {
-                    let seen = this.observe_server(server).await;
+                    let seen = this
+                        .observe_server(server, super::look_trace(pending.iter().map(|p| &p.op)))
+                        .await;
                     let mut d = 0;
                     for p in pending {
                         match this.verify_with(&p.op, &seen, p.stage).await {
@@ -181,7 +183,9 @@ impl Reconciler {
         if explained {
             return Ok(false);
         }
-        let seen = self.observe_server(op.server_id).await;
+        let seen = self
+            .observe_server(op.server_id, super::look_trace([&op]))
+            .await;
         Ok(self.verify_with(&op, &seen, 0).await.unwrap_or(false))
     }
 

@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 use crate::domain::{
     Action, AttachmentInfo, NewEvent, Operation, OperationError, OperationEvent, RequestParams,
-    Resolution, State,
+    Resolution, State, TraceContext,
 };
 
 /// How long opening the store waits, by default, for a database that does
@@ -94,6 +94,9 @@ pub struct NewOperation {
     pub lease_for: Duration,
     /// Who asked: keys are unique per caller.
     pub caller: Option<String>,
+    /// The trace it belongs to, with this service's span (kept with the
+    /// row: the reconciler's later requests carry it too).
+    pub trace: Option<TraceContext>,
     pub replica: String,
     pub events: Vec<NewEvent>,
 }

@@ -22,7 +22,7 @@ use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
     request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
     completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes, escalated_at, \
-    escalation, verify_expect";
+    escalation, verify_expect, trace_parent, trace_state";
 
 /// "Not decided yet", as the partial indexes of open operations say it.
 pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
@@ -136,6 +136,8 @@ pub(super) struct OperationRow {
     escalated_at: Option<Time>,
     escalation: Option<String>,
     verify_expect: Option<bool>,
+    trace_parent: Option<String>,
+    trace_state: Option<String>,
 }
 
 /// One `operation_events` row as read.
@@ -254,6 +256,11 @@ impl OperationRow {
             escalated_at: self.escalated_at.map(|t| t.0),
             escalation: self.escalation,
             verify_expect: self.verify_expect,
+            // A trace that does not read back is dropped, not a corrupt
+            // row: the operation is whole without it.
+            trace: self.trace_parent.as_deref().and_then(|tp| {
+                crate::domain::TraceContext::from_stored(tp, self.trace_state.as_deref())
+            }),
         })
     }
 }

@@ -57,21 +57,24 @@ static CREATE_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH ins AS (
         INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
-            request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller)
+            request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller,
+            trace_parent, trace_state)
         SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
             now() + u.deadline_ms * interval '1 millisecond', CASE WHEN u.attempts > 0 THEN now() END,
-            u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller
+            u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller, u.trace_parent,
+            u.trace_state
         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::uuid[],
-                    $8::jsonb[], $9::int4[], $10::float8[], $11::text[], $12::float8[], $13::text[])
+                    $8::jsonb[], $9::int4[], $10::float8[], $11::text[], $12::float8[], $13::text[],
+                    $14::text[], $15::text[])
              AS u(id, key, fp, action, state, server_id, volume_id, request, attempts, deadline_ms,
-                  lease_owner, lease_ms, caller)
+                  lease_owner, lease_ms, caller, trace_parent, trace_state)
         ON CONFLICT DO NOTHING
         RETURNING *
      ), ev AS (
         {events}
      )
      SELECT {COLUMNS} FROM ins",
-        events = insert_events(14, "JOIN ins ON ins.id = e.operation_id"),
+        events = insert_events(16, "JOIN ins ON ins.id = e.operation_id"),
     )
 });
 
@@ -249,7 +252,13 @@ pub(super) fn creates(news: &[&NewOperation]) -> Batch {
         .bind(col(news, |n| n.deadline_in.as_secs_f64() * 1000.0))
         .bind(col(news, |n| n.lease_owner.clone()))
         .bind(col(news, |n| n.lease_for.as_secs_f64() * 1000.0))
-        .bind(col(news, |n| n.caller.clone()));
+        .bind(col(news, |n| n.caller.clone()))
+        .bind(col(news, |n| n.trace.as_ref().map(|t| t.traceparent())))
+        .bind(col(news, |n| {
+            n.trace
+                .as_ref()
+                .and_then(|t| t.tracestate().map(str::to_string))
+        }));
     Batch {
         q,
         events: EventCols::of(news),
@@ -343,6 +352,8 @@ pub fn pgbench_script() -> String {
             "ARRAY[30000::float8]",
             "ARRAY['pgbench']",
             "ARRAY[3000::float8]",
+            "ARRAY[NULL::text]",
+            "ARRAY['00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01']",
             "ARRAY[NULL::text]",
             "ARRAY[__OPID__]",
             "ARRAY['recorded']",

@@ -70,8 +70,8 @@ pub(super) async fn insert_intent(
     let inserted = sqlx::query(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
-            lease_expires_at, caller)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            lease_expires_at, caller, trace_parent, trace_state)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT DO NOTHING",
     )
     .bind(new.id.to_string())
@@ -90,6 +90,8 @@ pub(super) async fn insert_intent(
     .bind(&new.lease_owner)
     .bind(now + new.lease_for.as_micros() as i64)
     .bind(&new.caller)
+    .bind(new.trace.as_ref().map(|t| t.traceparent()))
+    .bind(new.trace.as_ref().and_then(|t| t.tracestate()))
     .execute(&mut **tx)
     .await
     .map_err(db("recording the operation"))?;

@@ -1,0 +1,8 @@
+-- The trace each operation belongs to (W3C Trace Context): this service's
+-- own span as a `traceparent` (00-<trace id>-<span id>-<flags>) and the
+-- caller's `tracestate`, so the reconciler's later requests for the
+-- operation carry the same trace id as the first. Kept in columns rather
+-- than in the intent event: the reconciler reads it with the row it
+-- claims, without a second query. NULL for operations recorded before.
+ALTER TABLE operations ADD COLUMN trace_parent TEXT;
+ALTER TABLE operations ADD COLUMN trace_state TEXT;
