@@ -54,9 +54,12 @@ fn attach(
 /// The simulator's log of every request the operation's global request id
 /// names.
 fn requests_of(app: &TestApp, op: &str) -> Vec<HttpRecord> {
+    requests_of_sim(&app.sim, op)
+}
+
+fn requests_of_sim(sim: &volume_reconciler::sim::Sim, op: &str) -> Vec<HttpRecord> {
     let rid = format!("req-{op}");
-    app.sim
-        .truth()
+    sim.truth()
         .http
         .into_iter()
         .filter(|r| r.request_id.as_deref() == Some(rid.as_str()))
@@ -283,73 +286,123 @@ async fn a_malformed_traceparent_is_ignored_and_a_trace_begun() {
     app.stop().await;
 }
 
+/// The service as its own process (JSON logs at info into a file of its
+/// own, no reconciler), against `nova`, with `env` set; ready when this
+/// returns.
+struct Service {
+    child: Option<std::process::Child>,
+    grpc: std::net::SocketAddr,
+    log: std::path::PathBuf,
+}
+
+impl Service {
+    async fn start(nova: &str, env: &[(&str, String)]) -> Self {
+        support::init_logs();
+        let db = support::pg::fresh_database().await;
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        };
+        let (grpc, admin) = (free(), free());
+        let log = std::env::temp_dir().join(format!("vr-trace-{}.log", Uuid::new_v4().simple()));
+        let child = Command::new(BIN)
+            .args(["serve", "--listen", &grpc.to_string(), "--admin-listen"])
+            .arg(admin.to_string())
+            .args(["--database-url", &db, "--nova-url", nova])
+            .args([
+                "--no-reconciler",
+                "--log-format",
+                "json",
+                "--shutdown-delay",
+                "0s",
+            ])
+            .env("VOLUME_RECONCILER_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let ready = format!("http://{admin}/readyz");
+        support::eventually(Duration::from_secs(30), "the service is ready", || {
+            let url = ready.clone();
+            async move { matches!(reqwest::get(&url).await, Ok(r) if r.status() == 200) }
+        })
+        .await;
+        Self {
+            child: Some(child),
+            grpc,
+            log,
+        }
+    }
+
+    fn client(&self) -> volume_reconciler::client::Client {
+        volume_reconciler::client::Client::connect_lazy(&format!("http://{}", self.grpc)).unwrap()
+    }
+
+    /// The JSON log lines about operation `id` (its fields or its span's).
+    fn lines_of(&self, id: &str) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter(|v: &serde_json::Value| {
+                v["operation_id"] == id || v["span"]["operation_id"] == id
+            })
+            .collect()
+    }
+
+    /// SIGTERM, and a clean exit.
+    async fn stop(mut self) {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+            .await
+            .unwrap();
+        assert!(status.success(), "{status}");
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // Test cleanup after a failure: the process may be gone already.
+            drop(c.kill());
+            drop(c.wait());
+        }
+        drop(std::fs::remove_file(&self.log));
+    }
+}
+
 #[tokio::test]
 async fn the_operations_json_log_lines_carry_its_trace_id() {
     let sim = sim::start("127.0.0.1:0".parse().unwrap(), history())
         .await
         .unwrap();
-    let db = support::pg::fresh_database().await;
-    let grpc = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let admin = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let log = std::env::temp_dir().join(format!("vr-trace-{}.log", Uuid::new_v4().simple()));
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", &grpc.to_string(), "--admin-listen"])
-        .arg(admin.to_string())
-        .args(["--database-url", &db, "--nova-url", &sim.nova_url])
-        .args(["--no-reconciler", "--log-format", "json"])
-        .env("VOLUME_RECONCILER_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let ready = format!("http://{admin}/readyz");
-    support::eventually(Duration::from_secs(30), "the service is ready", || {
-        let url = ready.clone();
-        async move { matches!(reqwest::get(&url).await, Ok(r) if r.status() == 200) }
-    })
-    .await;
+    let service = Service::start(&sim.nova_url, &[]).await;
     let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
     // A lost answer: the operation logs the failure and its decision.
     sim.sim
         .add_fault(FaultRule::new(FaultOp::Attach, Fault::CloseAfterEffect).volume(volume));
-    let client =
-        volume_reconciler::client::Client::connect_lazy(&format!("http://{grpc}")).unwrap();
     let tp = traceparent();
-    let op = client
+    let op = service
+        .client()
         .raw()
         .attach_volume(attach("j-1", server, volume, &[("traceparent", &tp)]))
         .await
         .unwrap()
         .into_inner();
-    // The decision is logged before the answer leaves; give the writer a
-    // moment to flush by waiting for the line itself.
-    let lines = || -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .filter(|v: &serde_json::Value| {
-                v["operation_id"] == op.id.as_str() || v["span"]["operation_id"] == op.id.as_str()
-            })
-            .collect()
-    };
     support::eventually(Duration::from_secs(10), "the decision is logged", || {
-        let found = lines().iter().any(|v| v["message"] == "operation decided");
+        let found = service
+            .lines_of(&op.id)
+            .iter()
+            .any(|v| v["message"] == "operation decided");
         async move { found }
     })
     .await;
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    tokio::task::spawn_blocking(move || child.wait().unwrap())
-        .await
-        .unwrap();
-    let of_op = lines();
+    let of_op = service.lines_of(&op.id);
     assert!(
         of_op.iter().any(|v| v["message"] == "Nova request failed"),
         "{of_op:#?}"
@@ -357,6 +410,74 @@ async fn the_operations_json_log_lines_carry_its_trace_id() {
     for v in &of_op {
         assert_eq!(v["span"]["trace_id"], TRACE, "{v}");
     }
-    drop(std::fs::remove_file(&log));
+    service.stop().await;
+    sim.stop().await;
+}
+
+/// With the `otlp` feature (`cargo test --features otlp --test tracing`):
+/// the operation's span reaches an OTLP collector under the ids its
+/// requests carry.
+#[cfg(feature = "otlp")]
+#[tokio::test]
+async fn with_otlp_the_operations_span_reaches_the_collector_under_the_requests_ids() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+    // A collector: what is POSTed to /v1/traces.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<bytes::Bytes>();
+    let collector = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            // The test may have stopped listening: fine.
+            drop(tx.send(body));
+            async { "" }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, collector).await.unwrap() });
+
+    let sim = sim::start("127.0.0.1:0".parse().unwrap(), history())
+        .await
+        .unwrap();
+    let service = Service::start(&sim.nova_url, &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)]).await;
+    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
+    let tp = traceparent();
+    let op = service
+        .client()
+        .raw()
+        .attach_volume(attach("o-1", server, volume, &[("traceparent", &tp)]))
+        .await
+        .unwrap()
+        .into_inner();
+    // What Nova saw: the parent id the span must have as its own.
+    let post = requests_of_sim(&sim.sim, &op.id)
+        .into_iter()
+        .find(|r| r.method == "POST")
+        .expect("the attach");
+    let (_, ours, _) = parts(post.traceparent.as_deref().unwrap());
+    // The batch is sent at shutdown at the latest.
+    service.stop().await;
+    let mut spans = Vec::new();
+    while let Ok(body) = rx.try_recv() {
+        let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+        for rs in req.resource_spans {
+            for ss in rs.scope_spans {
+                spans.extend(ss.spans);
+            }
+        }
+    }
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let span = spans
+        .iter()
+        .find(|s| s.name == "run operation")
+        .unwrap_or_else(|| panic!("no operation span exported: {spans:#?}"));
+    assert_eq!(hex(&span.trace_id), TRACE);
+    assert_eq!(
+        hex(&span.span_id),
+        ours,
+        "the span Nova's requests name as parent"
+    );
+    assert_eq!(hex(&span.parent_span_id), CALLER_SPAN);
+    assert!(span.attributes.iter().any(|kv| kv.key == "operation.id"));
     sim.stop().await;
 }

@@ -36,7 +36,8 @@ pub async fn within_opt<F: Future>(ctx: Option<TraceContext>, fut: F) -> F::Outp
 
 /// An operation's own task (the executor's run, a reconciler's re-send):
 /// under its trace, in the span `run operation` whose fields every log
-/// line of the task carries.
+/// line of the task carries. With the `otlp` feature, the span is also
+/// exported, under the ids the requests carry.
 pub async fn operation_task<F: Future>(
     operation_id: Uuid,
     action: &'static str,
@@ -50,5 +51,7 @@ pub async fn operation_task<F: Future>(
         trace_id = %ctx.trace_id(),
         span_id = %ctx.span_id(),
     );
+    #[cfg(feature = "otlp")]
+    let _exported = super::otlp::Exported::start("run operation", operation_id, action, &ctx);
     within(ctx, fut.instrument(span)).await
 }

@@ -4,8 +4,12 @@
 //! its ledger).
 //!
 //! - `context.rs`: the trace context an operation's task runs under.
+//! - `otlp.rs` (cargo feature `otlp`): operation spans exported to an
+//!   OTLP collector (`OTEL_EXPORTER_OTLP_ENDPOINT`).
 
 pub mod context;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 
 use std::io::IsTerminal;
 
