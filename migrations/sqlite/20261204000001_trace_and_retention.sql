@@ -6,3 +6,13 @@
 -- claims, without a second query. NULL for operations recorded before.
 ALTER TABLE operations ADD COLUMN trace_parent TEXT;
 ALTER TABLE operations ADD COLUMN trace_state TEXT;
+
+-- Retention: see migrations/pg. The key's hash is computed by the store
+-- (SQLite has no SHA-256), the same bytes as PostgreSQL's.
+CREATE TABLE idempotency_tombstones (
+    key_hash   BLOB PRIMARY KEY,
+    decided_at INTEGER NOT NULL,
+    pruned_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX idempotency_tombstones_decided ON idempotency_tombstones (decided_at);
+CREATE INDEX operations_decided ON operations (completed_at) WHERE completed_at IS NOT NULL;

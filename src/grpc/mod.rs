@@ -243,10 +243,23 @@ impl VolumeReconciler for Api {
                             )));
                         }
                     };
-                    store
+                    let found = store
                         .operation_get_by_key(whose.as_deref(), key.as_str())
                         .await
-                        .map_err(status::from_store)?
+                        .map_err(status::from_store)?;
+                    if found.is_none()
+                        && let Some(pruned_at) = store
+                            .operation_key_expired(whose.as_deref(), key.as_str())
+                            .await
+                            .map_err(status::from_store)?
+                    {
+                        // Pruned by retention: say so, not "no such key".
+                        return Err(status::from_store(crate::store::StoreError::KeyExpired {
+                            key: key.as_str().to_string(),
+                            pruned_at,
+                        }));
+                    }
+                    found
                 }
                 _ => {
                     return Err(status::invalid(InvalidField::new(

@@ -24,6 +24,19 @@ pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, stat
     completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes, escalated_at, \
     escalation, verify_expect, trace_parent, trace_state";
 
+/// The tombstone key of a (caller, key): 16 bytes of SHA-256 of the
+/// caller's length, `:`, the caller and the key (the length keeps
+/// ("ab", "c") and ("a", "bc") apart). PostgreSQL computes the same bytes
+/// in SQL (`volume_reconciler_key_hash`).
+pub(super) fn key_hash(caller: Option<&str>, key: &str) -> [u8; 16] {
+    use sha2::Digest as _;
+    let caller = caller.unwrap_or("");
+    let digest = sha2::Sha256::digest(format!("{}:{caller}{key}", caller.len()));
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&digest[..16]);
+    out
+}
+
 /// "Not decided yet", as the partial indexes of open operations say it.
 pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
 

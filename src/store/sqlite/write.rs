@@ -60,6 +60,24 @@ pub(super) async fn insert_events(
     Ok(())
 }
 
+/// When the intent's key was pruned, if its tombstone stands.
+pub(super) async fn tombstone_of(
+    tx: &mut Transaction<'static, Sqlite>,
+    new: &NewOperation,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let us: Option<i64> =
+        sqlx::query_scalar("SELECT pruned_at FROM idempotency_tombstones WHERE key_hash = ?")
+            .bind(rows::key_hash(new.caller.as_deref(), &new.idempotency_key).to_vec())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db("recording the operation"))?;
+    us.map(|us| {
+        DateTime::from_timestamp_micros(us)
+            .ok_or_else(|| corrupt("idempotency_tombstones", format!("pruned_at {us} µs")))
+    })
+    .transpose()
+}
+
 /// Inserts an intent row; `false` when a unique key (its key, its
 /// volume's one open operation, its id) stood in the way.
 pub(super) async fn insert_intent(
