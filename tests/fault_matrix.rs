@@ -397,9 +397,21 @@ async fn a_refused_connection_is_retried_until_nova_is_up() {
     app.stop().await;
 }
 
+/// Confirming with Nova's list, Nova's 400 "already attached" decides
+/// (its servers looked at); with Cinder, its pre-check does, before any
+/// request (cinder-csi's check).
 #[tokio::test]
 async fn already_attached_here_is_success_and_attached_elsewhere_is_a_failure_naming_the_server() {
-    let app = spawn_app(AppOptions::default()).await;
+    for (mode, failed_by, requests) in [
+        ("nova-list", Resolution::Response, 1),
+        ("cinder", Resolution::Reobserved, 0),
+    ] {
+        already_attached(mode, failed_by, requests).await;
+    }
+}
+
+async fn already_attached(mode: &str, failed_by: Resolution, requests: u32) {
+    let app = spawn_app(AppOptions::default().arg("--confirm-with", mode)).await;
     let (s, v) = ids();
     app.sim.seed_attachment(s, v);
     let op = app
@@ -438,8 +450,11 @@ async fn already_attached_here_is_success_and_attached_elsewhere_is_a_failure_na
     let r = row_by_key(&app, "else-1").await;
     assert_eq!(
         (r.state, r.resolution),
-        (State::Failed, Some(Resolution::Response))
+        (State::Failed, Some(failed_by)),
+        "{mode}"
     );
+    assert_eq!(app.sim.attach_requests(v2), requests, "{mode}");
+    assert_eq!(app.sim.attach_requests(v), requests, "{mode}");
     assert!(!app.sim.is_attached(s, v2));
     app.stop().await;
 }
@@ -750,22 +765,41 @@ async fn detach_waits_until_the_volume_is_gone_and_recovers_lost_responses() {
         "no duplicate detach: {log:#?}"
     );
 
-    // A detach from a server that no longer exists has succeeded: nothing
-    // is attached to a server that is gone.
-    let (s3, v3) = ids();
-    app.sim.remove_server(s3);
-    let op = app
-        .raw()
-        .detach_volume(with_timeout(detach("d-4", s3, v3), Duration::from_secs(10)))
-        .await
-        .expect("a detach from a deleted server succeeds")
-        .into_inner();
-    assert_eq!(
-        (op.state, op.resolution),
-        (pb::State::Succeeded as i32, pb::Resolution::Response as i32)
-    );
-    assert_eq!(app.sim.detach_requests(v3), 1);
     app.stop().await;
+}
+
+/// A detach from a server that no longer exists has succeeded: nothing is
+/// attached to a server that is gone. Confirming with Nova's list, Nova's
+/// 404 says so; with Cinder, its pre-check sees the volume attached
+/// nowhere and nothing is sent.
+#[tokio::test]
+async fn a_detach_from_a_deleted_server_succeeds_in_both_confirmation_modes() {
+    for (mode, resolution, requests) in [
+        ("nova-list", pb::Resolution::Response, 1),
+        ("cinder", pb::Resolution::Reobserved, 0),
+    ] {
+        let app = spawn_app(AppOptions::default().arg("--confirm-with", mode)).await;
+        let (s, v) = ids();
+        app.sim.seed_attachment(s, v);
+        app.sim.remove_server(s);
+        let op = app
+            .raw()
+            .detach_volume(with_timeout(
+                detach("d-gone", s, v),
+                Duration::from_secs(10),
+            ))
+            .await
+            .expect("a detach from a deleted server succeeds")
+            .into_inner();
+        assert_eq!(
+            (op.state, op.resolution),
+            (pb::State::Succeeded as i32, resolution as i32),
+            "{mode}"
+        );
+        assert_eq!(app.sim.detach_requests(v), requests, "{mode}");
+        assert!(!app.sim.is_attached(s, v));
+        app.stop().await;
+    }
 }
 
 #[tokio::test]

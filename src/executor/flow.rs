@@ -200,7 +200,7 @@ impl Executor {
                             ctx.attachment = Some(a);
                             *attached
                         }
-                        Ok(Seen::Absent) => *absent,
+                        Ok(Seen::Absent | Seen::ServerGone) => *absent,
                         Err(_) => *error,
                     }
                 }
