@@ -227,7 +227,8 @@ impl Reconciler {
                     async move {
                         let seen = this.observe_server(server, look_trace(&ops)).await;
                         futures_util::future::join_all(
-                            ops.into_iter().map(|op| this.pass_with(op, &seen, db_now)),
+                            ops.into_iter()
+                                .map(|op| this.pass_traced(op, &seen, db_now)),
                         )
                         .await
                     }
@@ -272,7 +273,7 @@ impl Reconciler {
                 let hold = self.exec.hold(op.id);
                 let db_now = store.now().await?;
                 let seen = self.observe_server(op.server_id, look_trace([&op])).await;
-                self.pass_with(op, &seen, db_now).await;
+                self.pass_traced(op, &seen, db_now).await;
                 drop(hold);
             }
             None => {
@@ -301,6 +302,19 @@ impl Reconciler {
             .operation_get(id)
             .await?
             .ok_or(StoreError::NotFound(id))
+    }
+
+    /// A pass over `op` under its trace: the requests it sends (Cinder's
+    /// confirmation, a re-send's own task aside) carry the operation's trace
+    /// id, as the list did.
+    async fn pass_traced(
+        self: &Arc<Self>,
+        op: Operation,
+        seen: &Observation,
+        db_now: DateTime<Utc>,
+    ) -> PassResult {
+        let trace = look_trace([&op]);
+        crate::telemetry::context::within_opt(trace, self.pass_with(op, seen, db_now)).await
     }
 
     /// Lists a server's attachments under the global rate limit, under
