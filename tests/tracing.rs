@@ -236,6 +236,67 @@ async fn the_reconcilers_later_looks_carry_the_operations_trace() {
     app.stop().await;
 }
 
+/// Cinder's requests about the volume, from the `from`th request of the
+/// simulator's log on.
+fn cinder_requests(app: &TestApp, volume: Uuid, from: usize) -> Vec<HttpRecord> {
+    let volume = volume.to_string();
+    app.sim
+        .truth()
+        .http
+        .into_iter()
+        .skip(from)
+        .filter(|r| r.path.contains("/volumes/") && r.path.contains(&volume))
+        .collect()
+}
+
+#[tokio::test]
+async fn cinder_hears_the_trace_at_the_call_and_from_the_reconcilers_confirmation() {
+    // Confirmed with Cinder (the default with a Cinder URL); the attach
+    // takes 4 s to be in-use, longer than the caller waits.
+    let app = spawn_app(AppOptions {
+        sim: SimConfig {
+            attach_complete_ms: 4_000,
+            ..history()
+        },
+        ..Default::default()
+    })
+    .await;
+    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
+    let tp = traceparent();
+    let err = app
+        .raw()
+        .attach_volume(attach("c-1", server, volume, &[("traceparent", &tp)]))
+        .await
+        .expect_err("still attaching at the deadline");
+    let (reason, meta) = support::error_info(&err);
+    assert_eq!(reason, "OUTCOME_UNKNOWN", "{err:?}");
+    let id: Uuid = meta["operation_id"].parse().unwrap();
+    let at_call = cinder_requests(&app, volume, 0);
+    let before = app.sim.truth().http.len();
+    support::eventually(Duration::from_secs(30), "the reconciler confirms", || {
+        let app = &app;
+        async move {
+            app.reconciler.run_once().await.unwrap();
+            let op = app.store.operation_get(id).await.unwrap().unwrap();
+            op.state.is_terminal()
+        }
+    })
+    .await;
+    let later = cinder_requests(&app, volume, before);
+    assert!(
+        !at_call.is_empty() && !later.is_empty(),
+        "{at_call:#?} {later:#?}"
+    );
+    for r in at_call.iter().chain(&later) {
+        let tp = r
+            .traceparent
+            .as_deref()
+            .unwrap_or_else(|| panic!("{} {} without traceparent", r.method, r.path));
+        assert_eq!(parts(tp).0, TRACE, "{r:?}");
+    }
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn a_malformed_traceparent_is_ignored_and_a_trace_begun() {
     let app = spawn_app(AppOptions {
