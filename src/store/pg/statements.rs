@@ -49,8 +49,9 @@ fn insert_events(first: usize, filter: &str) -> String {
 
 /// Intent rows of a batch, inserted by one statement; a row that hits a
 /// unique constraint (key replayed, volume busy, or its own id: a re-run
-/// whose first run committed) or a pruned key's tombstone is skipped with
-/// its events and reported as `None` (its caller looks up why). Events keep their order. Not notified:
+/// whose first run committed) or a pruned key's tombstone (refused, never
+/// run again) is skipped with its events and reported as `None` (its
+/// caller looks up why). Events keep their order. Not notified:
 /// nobody can be waiting on an operation whose id has not been handed out
 /// yet (watchers and replays look for decisions, which are).
 static CREATE_MANY: LazyLock<String> = LazyLock::new(|| {
@@ -68,7 +69,6 @@ static CREATE_MANY: LazyLock<String> = LazyLock::new(|| {
                     $14::text[], $15::text[])
              AS u(id, key, fp, action, state, server_id, volume_id, request, attempts, deadline_ms,
                   lease_owner, lease_ms, caller, trace_parent, trace_state)
-        -- A pruned key is refused (its tombstone), never run again.
         WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t
                           WHERE t.key_hash = volume_reconciler_key_hash(u.caller, u.key))
         ON CONFLICT DO NOTHING
