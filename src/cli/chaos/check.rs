@@ -103,7 +103,6 @@ fn own_request(op: Uuid) -> String {
 }
 
 /// Whether the attach `effects[i]` was the one Nova rolled back next.
-
 fn rolled_back(effects: &[Effect], i: usize) -> bool {
     let e = &effects[i];
     e.change == Change::Attached
