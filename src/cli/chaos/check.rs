@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::play::{Outcome, Played, Recorded, Windows};
-use crate::domain::{Action, Operation, Resolution, State, event};
+use crate::domain::{Action, Operation, Reason, Resolution, State, event};
 use crate::sim::{Cause, Change, Effect};
 
 /// The invariants, by name.
@@ -205,6 +205,10 @@ impl Checker<'_> {
             }
             // A refused attach may find the volume attached by someone
             // else: FAILED says this operation did nothing, and it did not.
+            // A detach the deadline stopped before its first request
+            // (NOT_SENT, BUDGET_EXHAUSTED with no attempt) says the same:
+            // nothing was done, whatever the volume's state.
+            (Action::Detach, State::Failed) if self.nothing_sent(op) => None,
             (Action::Detach, State::Failed) => {
                 (!t.ever(true, from, to)).then_some("FAILED, but the volume was detached all along")
             }
@@ -293,7 +297,21 @@ impl Checker<'_> {
         };
         let changed =
             t.effects.iter().filter(unexplained).count() > 0 && t.ever(!baseline, done, end);
-        if op.drifted && !changed {
+        // A last look that ran late (a loaded machine) sees changes up to
+        // its own instant: real drift too, unless a later operation began
+        // before it.
+        let seen_late = || {
+            let Some(seen) = r.events.iter().find(|e| e.kind == event::DRIFT_DETECTED) else {
+                return false;
+            };
+            let late_end = explained_from.map_or(seen.at, |n| n.min(seen.at));
+            late_end > end
+                && t.effects.iter().any(|e| {
+                    e.at > done && e.at <= late_end + ms(TOLERANCE_MS) && !self.explained(e, done)
+                })
+                && t.ever(!baseline, done, late_end)
+        };
+        if op.drifted && !changed && !seen_late() {
             self.fail(
                 "drift-is-real",
                 Some(op.id),
@@ -308,7 +326,13 @@ impl Checker<'_> {
                 && t.at(from) != baseline
                 && !t.effects.iter().any(|e| e.at > from && e.at <= end)
         };
-        if !op.drifted && changed && stood(first_look - ms(TOLERANCE_MS)) {
+        // A replica killed meanwhile takes its round's looks with it; the
+        // next one may find a later operation that explains the volume.
+        let killed = self
+            .kills
+            .iter()
+            .any(|k| k.at >= first_look - ms(1000) && k.at <= end + ms(TOLERANCE_MS));
+        if !op.drifted && changed && !killed && stood(first_look - ms(TOLERANCE_MS)) {
             self.fail(
                 "drift-is-seen",
                 Some(op.id),
@@ -509,6 +533,20 @@ impl Checker<'_> {
                 ),
             );
         }
+    }
+
+    /// Decided FAILED before its first request reached Nova: it claims
+    /// nothing about the volume, only that this operation did nothing.
+    fn nothing_sent(&self, op: &Operation) -> bool {
+        let own = own_request(op.id);
+        op.last_error
+            .as_ref()
+            .is_some_and(|e| matches!(e.reason, Reason::NotSent | Reason::BudgetExhausted))
+            && !self
+                .p
+                .requests
+                .iter()
+                .any(|q| q.global_id.as_deref() == Some(own.as_str()))
     }
 
     fn killed_between(&self, replica: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> bool {
