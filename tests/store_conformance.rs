@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -938,6 +939,136 @@ async fn a_write_made_twice_applies_once(store: Arc<dyn Store>) {
     );
 }
 
+/// The ledger by (state, resolution), read from its rows (every page): what
+/// the kept counts must equal.
+async fn counted_from_rows(store: &dyn Store) -> BTreeMap<(String, String), i64> {
+    let mut out = BTreeMap::new();
+    let mut cursor = None;
+    loop {
+        let page = store
+            .operation_list(&OperationFilter::default(), cursor, 500)
+            .await
+            .unwrap();
+        for op in &page.operations {
+            let res = op.resolution.map(|r| r.as_str().to_string());
+            *out.entry((op.state.as_str().to_string(), res.unwrap_or_default()))
+                .or_insert(0) += 1;
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return out,
+        }
+    }
+}
+
+async fn kept_counts(store: &dyn Store) -> BTreeMap<(String, String), i64> {
+    let counts = store.operation_count_by_state().await.unwrap();
+    counts
+        .into_iter()
+        .map(|c| ((c.state, c.resolution.unwrap_or_default()), c.count))
+        .collect()
+}
+
+async fn assert_counts_exact(store: &dyn Store, when: &str) {
+    assert_eq!(
+        kept_counts(store).await,
+        counted_from_rows(store).await,
+        "{when}"
+    );
+}
+
+async fn state_counts_follow_every_change(store: Arc<dyn Store>) {
+    assert!(kept_counts(store.as_ref()).await.is_empty(), "empty ledger");
+    let mut ops = Vec::new();
+    for (i, state) in [State::Pending, State::InProgress, State::Unknown]
+        .into_iter()
+        .cycle()
+        .take(12)
+        .enumerate()
+    {
+        ops.push(
+            create(
+                store.as_ref(),
+                new_op(&format!("c{i}"), Uuid::new_v4(), state),
+            )
+            .await,
+        );
+    }
+    // A replay joins the existing row: nothing more to count.
+    let replay = NewOperation {
+        id: Uuid::now_v7(),
+        ..new_op("c0", ops[0].volume_id, State::Pending)
+    };
+    assert!(matches!(
+        store.operation_create(replay, soon()).await.unwrap(),
+        CreateOutcome::Existing(_)
+    ));
+    assert_counts_exact(store.as_ref(), "after the intents").await;
+    // Claims change leases, not states.
+    let claimed = store
+        .operation_claim("rc", Duration::from_secs(60), 100)
+        .await
+        .unwrap();
+    assert!(!claimed.is_empty());
+    assert_counts_exact(store.as_ref(), "after a claim").await;
+    // Concurrent decisions (group-committed together on PostgreSQL), each
+    // under the epoch its claim took.
+    let decide = claimed.iter().take(6).enumerate().map(|(i, op)| {
+        let store = store.clone();
+        let state = if i % 2 == 0 {
+            State::Succeeded
+        } else {
+            State::Failed
+        };
+        let t = finish(op, state);
+        async move { store.operation_transition(t, soon()).await.unwrap() }
+    });
+    let decided = futures_util::future::join_all(decide).await;
+    assert!(decided.iter().all(Option::is_some));
+    assert_counts_exact(store.as_ref(), "after concurrent decisions").await;
+    // Read twice in a row (the second read finds the first's fold).
+    assert_counts_exact(store.as_ref(), "read again").await;
+    let open = claimed.iter().skip(6).find(|o| o.state == State::Unknown);
+    let open = open.expect("an UNKNOWN operation left open");
+    store
+        .operation_resolve_by_operator(open.id, State::Failed, "checked", "r0", None)
+        .await
+        .unwrap();
+    assert_counts_exact(store.as_ref(), "after an operator's decision").await;
+    let released = store.operation_release_leases("rc").await.unwrap();
+    assert!(released > 0);
+    assert_counts_exact(store.as_ref(), "after releasing leases").await;
+}
+
+async fn the_oldest_unknown_operation_is_found(store: Arc<dyn Store>) {
+    assert_eq!(store.oldest_unknown_since().await.unwrap(), None);
+    let first = create(store.as_ref(), new_op("u1", Uuid::new_v4(), State::Unknown)).await;
+    // Others, later, of every open state: the oldest UNKNOWN stays the first.
+    for (i, state) in [
+        State::Unknown,
+        State::Pending,
+        State::InProgress,
+        State::Unknown,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        create(
+            store.as_ref(),
+            new_op(&format!("u{}", i + 2), Uuid::new_v4(), state),
+        )
+        .await;
+    }
+    let since = first.last_request_at.unwrap_or(first.created_at);
+    assert_eq!(store.oldest_unknown_since().await.unwrap(), Some(since));
+    store
+        .operation_resolve_by_operator(first.id, State::Failed, "checked", "r0", None)
+        .await
+        .unwrap();
+    let next = store.oldest_unknown_since().await.unwrap().unwrap();
+    assert!(next > since, "{next} after {since}");
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -965,6 +1096,8 @@ conformance!(
     every_decision_of_a_concurrent_burst_is_notified,
     appended_events_land_in_order_even_when_batched,
     a_write_made_twice_applies_once,
+    state_counts_follow_every_change,
+    the_oldest_unknown_operation_is_found,
 );
 
 #[tokio::test]

@@ -41,6 +41,10 @@ column!(Postgres, Json, serde_json::Value, |v| Ok(Json::Value(v)));
 
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
+/// The advisory lock the folds of the state counts take turns on (any
+/// number unique to this schema: "vrcounts" in ASCII).
+const COUNTS_FOLD_LOCK: i64 = 0x7672_636f_756e_7473;
+
 /// Appending events has no caller's deadline (background work); a write
 /// that waits this long for the group commit is given up and reported.
 const APPEND_DEADLINE: Duration = Duration::from_secs(60);
@@ -564,11 +568,38 @@ impl Store for PgStore {
     }
 
     async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
-        let rows = sqlx::query(rows::COUNT_BY_STATE)
-            .fetch_all(&self.pool)
+        const WHAT: &str = "counting operations";
+        // Sums the deltas the triggers left (see the migration
+        // 20261203000001) and folds them into one row per pair, so a scrape
+        // reads as many rows as changes happened since the last one. Folds
+        // of two replicas take turns: a fold that ran beside another would
+        // miss the rows that one deleted and re-inserted. The lock is taken
+        // before the fold's statement, whose snapshot then sees the other's.
+        let mut tx = self.pool.begin().await.map_err(StoreError::db(WHAT))?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(COUNTS_FOLD_LOCK)
+            .execute(&mut *tx)
             .await
-            .map_err(StoreError::db("counting operations"))?;
+            .map_err(StoreError::db(WHAT))?;
+        let rows = sqlx::query(
+            "WITH d AS (DELETE FROM operation_counts RETURNING state, resolution, n),
+                  s AS (SELECT state, resolution, sum(n)::int8 AS n FROM d
+                        GROUP BY state, resolution HAVING sum(n) <> 0),
+                  i AS (INSERT INTO operation_counts (state, resolution, n) SELECT * FROM s)
+             SELECT state, resolution, n FROM s ORDER BY state, resolution",
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(StoreError::db(WHAT))?;
+        tx.commit().await.map_err(StoreError::db(WHAT))?;
         rows::counts(&rows)
+    }
+
+    async fn oldest_unknown_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(rows::OLDEST_UNKNOWN.as_str()))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(StoreError::db("reading the oldest UNKNOWN operation"))
     }
 
     async fn volumes_latest_operation(
