@@ -1264,6 +1264,95 @@ async fn postgres_decisions_find_their_rows_by_key_whatever_the_statistics() {
     store.close().await;
 }
 
+/// Every listing `ops list` can ask for finds its page through an index
+/// under the generic plans the service's connections use (written as one
+/// statement with `$n IS NULL OR …` for every filter, each listing read
+/// the whole table and sorted it).
+#[tokio::test]
+async fn postgres_listings_use_an_index_whatever_the_filter() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let store = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let mut admin = support::pg::Admin::connect(&url).await;
+    for sql in [
+        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, resolution,
+            server_id, volume_id, deadline_at, completed_at)
+         SELECT gen_random_uuid(), 'done-' || g, 'f', 'attach', 'succeeded', 'response',
+            gen_random_uuid(), gen_random_uuid(), now(), now() FROM generate_series(1, 20000) g",
+        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
+            volume_id, deadline_at, lease_owner, lease_expires_at)
+         SELECT gen_random_uuid(), 'open-' || g, 'f', 'attach', 'unknown', gen_random_uuid(),
+            gen_random_uuid(), now(), 'r', now() FROM generate_series(1, 50) g",
+        "ANALYZE operations",
+        "SET plan_cache_mode = force_generic_plan",
+    ] {
+        admin.run(sql).await;
+    }
+    let any = Uuid::new_v4();
+    let cases: [(OperationFilter, Option<i64>, &str, &str); 6] = [
+        (OperationFilter::default(), None, "", "operations_seq_key"),
+        (
+            OperationFilter::default(),
+            Some(10),
+            "bigint",
+            "operations_seq_key",
+        ),
+        (
+            OperationFilter {
+                server_id: Some(any),
+                ..Default::default()
+            },
+            None,
+            "uuid",
+            "operations_server",
+        ),
+        (
+            OperationFilter {
+                volume_id: Some(any),
+                ..Default::default()
+            },
+            None,
+            "uuid",
+            "operations_volume",
+        ),
+        (
+            OperationFilter {
+                state: Some(State::Unknown),
+                ..Default::default()
+            },
+            None,
+            "text",
+            "operations_open_by_lease",
+        ),
+        (
+            OperationFilter {
+                state: Some(State::Failed),
+                ..Default::default()
+            },
+            None,
+            "text",
+            "operations_seq_key",
+        ),
+    ];
+    for (i, (filter, after, types, index)) in cases.iter().enumerate() {
+        let sql = volume_reconciler::store::list_statement(filter, *after, 50);
+        let (decl, args) = match *types {
+            "" => (String::new(), String::new()),
+            "uuid" => ("(uuid)".to_string(), format!("('{any}')")),
+            "text" => ("(text)".to_string(), "('unknown')".to_string()),
+            t => (format!("({t})"), "(10)".to_string()),
+        };
+        admin.run(&format!("PREPARE list{i}{decl} AS {sql}")).await;
+        let plan = admin
+            .texts(&format!("EXPLAIN EXECUTE list{i}{args}"))
+            .await
+            .join("\n");
+        assert!(plan.contains(index), "{filter:?}: {plan}");
+        assert!(!plan.contains("Seq Scan"), "{filter:?}: {plan}");
+    }
+    store.close().await;
+}
+
 fn request_sent(n: usize) -> impl Fn(&volume_reconciler::domain::OperationEvent) -> bool {
     move |e| e.kind == "request_sent" && e.metadata.get("attempt") == Some(&n.to_string())
 }

@@ -15,7 +15,10 @@ mod rows;
 pub mod sqlite;
 
 pub use error::{DbFailure, StoreError};
-pub use pg::{DECISION_PARAMETER_TYPES, PgSettings, PgStore, decision_statement, pgbench_script};
+pub use pg::{
+    DECISION_PARAMETER_TYPES, PgSettings, PgStore, decision_statement, list_statement,
+    pgbench_script,
+};
 pub use sqlite::SqliteStore;
 
 use std::time::Duration;

@@ -173,6 +173,83 @@ impl PgStore {
     }
 }
 
+/// The list query for `filter`, naming only the conditions it sets: under
+/// the connection's generic plans, a condition written `($1 IS NULL OR
+/// server_id = $1)` can use no index, and every listing read the whole
+/// table (measured: a sequential scan and a sort at 50,000 rows). An open
+/// state is also looked for among the open operations (their partial
+/// index); a terminal one walks `seq` backwards, as unfiltered pages do.
+fn list_query(filter: &OperationFilter, after: Option<i64>, limit: u32) -> Query<'static> {
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(list_statement(filter, after, limit)));
+    // Bound in the order `list_statement` numbers them.
+    if let Some(state) = filter.state {
+        q = q.bind(state.as_str());
+    }
+    if let Some(server) = filter.server_id {
+        q = q.bind(server);
+    }
+    if let Some(volume) = filter.volume_id {
+        q = q.bind(volume);
+    }
+    if let Some(after) = after {
+        q = q.bind(after);
+    }
+    if let Some(caller) = &filter.caller {
+        q = q.bind(caller.clone());
+    }
+    q
+}
+
+/// The statement `operation_list` runs (public for plan tests): `$1`… are
+/// the state, server, volume, position and caller, those `filter` and
+/// `after` set, in that order.
+pub fn list_statement(filter: &OperationFilter, after: Option<i64>, limit: u32) -> String {
+    // Conditions on a parameter (`?`, numbered below), then the others.
+    let mut with_param: Vec<&str> = Vec::new();
+    let mut plain: Vec<&str> = Vec::new();
+    if let Some(state) = filter.state {
+        with_param.push("state = ?");
+        if !state.is_terminal() {
+            plain.push(OPEN);
+        }
+    }
+    if filter.server_id.is_some() {
+        with_param.push("server_id = ?");
+    }
+    if filter.volume_id.is_some() {
+        with_param.push("volume_id = ?");
+    }
+    if after.is_some() {
+        with_param.push("seq < ?");
+    }
+    if filter.caller.is_some() {
+        with_param.push("COALESCE(caller, '') = ?");
+    }
+    if filter.drifted_only {
+        plain.push("drifted");
+    }
+    if filter.escalated_only {
+        plain.push("escalated_at IS NOT NULL");
+    }
+    let conds: Vec<String> = with_param
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.replace('?', &format!("${}", i + 1)))
+        .chain(plain.iter().map(|c| c.to_string()))
+        .collect();
+    format!(
+        "SELECT {COLUMNS}, seq FROM operations {where_} ORDER BY seq DESC LIMIT {limit}",
+        where_ = if conds.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conds.join(" AND "))
+        },
+        // A number, not a parameter: a generic plan with LIMIT $n cannot
+        // tell a page from the whole table.
+        limit = u64::from(limit) + 1,
+    )
+}
+
 /// Leases the rows `target` (a query of ids) selects to replica `$1` for
 /// `$2` milliseconds, each under a new epoch, where `also` holds; returns
 /// the claimed rows. A claim that takes over a lease somebody held (its
@@ -307,27 +384,8 @@ impl Store for PgStore {
         after: Option<i64>,
         limit: u32,
     ) -> Result<OperationPage, StoreError> {
-        let sql = format!(
-            "SELECT {COLUMNS}, seq FROM operations
-             WHERE ($1::text IS NULL OR state = $1)
-               AND ($2::uuid IS NULL OR server_id = $2)
-               AND ($3::uuid IS NULL OR volume_id = $3)
-               AND ($4::bigint IS NULL OR seq < $4)
-               AND (NOT $5 OR drifted)
-               AND (NOT $7 OR escalated_at IS NOT NULL)
-               AND ($8::text IS NULL OR COALESCE(caller, '') = $8)
-             ORDER BY seq DESC
-             LIMIT $6"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(filter.state.map(|s| s.as_str()))
-            .bind(filter.server_id)
-            .bind(filter.volume_id)
-            .bind(after)
-            .bind(filter.drifted_only)
-            .bind(i64::from(limit) + 1)
-            .bind(filter.escalated_only)
-            .bind(filter.caller.as_deref())
+        let q = list_query(filter, after, limit);
+        let rows = q
             .fetch_all(&self.pool)
             .await
             .map_err(StoreError::db("listing operations"))?;
@@ -570,7 +628,7 @@ impl Store for PgStore {
     async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
         const WHAT: &str = "counting operations";
         // Sums the deltas the triggers left (see the migration
-        // 20261203000001) and folds them into one row per pair, so a scrape
+        // 20261203000001_lean_ledger) and folds them into one row per pair, so a scrape
         // reads as many rows as changes happened since the last one. Folds
         // of two replicas take turns: a fold that ran beside another would
         // miss the rows that one deleted and re-inserted. The lock is taken

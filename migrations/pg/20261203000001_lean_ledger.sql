@@ -53,3 +53,17 @@ SELECT state, resolution, count(*) FROM operations GROUP BY state, resolution;
 -- The oldest UNKNOWN operation (the backlog alert) is found among the open
 -- ones through their partial index (operations_open_by_lease): they are
 -- few, whatever the size of the ledger.
+
+-- Less work per operation (measured per statement: BENCHMARKS.md). Every
+-- intent and every decision (which changes indexed columns, so is never a
+-- HOT update) writes an entry into each index of `operations`, and every
+-- event one into each index of `operation_events`:
+-- - operations_state (state, seq) served no query: listings by state walk
+--   `seq` backwards (a terminal state) or the open operations' partial
+--   index (an open one), as does the oldest-UNKNOWN query.
+-- - operation_events' primary key (id) served no query: the log is read
+--   by operation, in order, through operation_events_by_operation
+--   (operation_id, id), which keeps the order; ids stay unique (an
+--   identity column, never written by the application).
+DROP INDEX operations_state;
+ALTER TABLE operation_events DROP CONSTRAINT operation_events_pkey;
