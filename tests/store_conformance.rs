@@ -1353,6 +1353,45 @@ async fn postgres_listings_use_an_index_whatever_the_filter() {
     store.close().await;
 }
 
+/// Taking the decisions due for verification starts at the stage's cursor,
+/// whatever the number of decisions verified before it (it read them all).
+#[tokio::test]
+async fn postgres_verification_starts_at_its_cursor() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let store = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let mut admin = support::pg::Admin::connect(&url).await;
+    for sql in [
+        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, resolution,
+            server_id, volume_id, deadline_at, completed_at, verify_expect)
+         SELECT gen_random_uuid(), 'done-' || g, 'f', 'attach', 'succeeded', 'response',
+            gen_random_uuid(), gen_random_uuid(), now(), now() - interval '1 hour', true
+         FROM generate_series(1, 20000) g",
+        "ANALYZE operations",
+        "SET plan_cache_mode = force_generic_plan",
+    ] {
+        admin.run(sql).await;
+    }
+    let sql = volume_reconciler::store::verification_statement();
+    admin
+        .run(&format!(
+            "PREPARE due(timestamptz, uuid, float8, int8) AS {sql}"
+        ))
+        .await;
+    let plan = admin
+        .texts(
+            "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE due(now(), '00000000-0000-0000-0000-000000000000', 0, 256)",
+        )
+        .await
+        .join("\n");
+    assert!(
+        plan.contains("Index Cond: ((ROW(completed_at, id) > ROW($1, $2))"),
+        "{plan}"
+    );
+    assert!(!plan.contains("Rows Removed"), "{plan}");
+    store.close().await;
+}
+
 fn request_sent(n: usize) -> impl Fn(&volume_reconciler::domain::OperationEvent) -> bool {
     move |e| e.kind == "request_sent" && e.metadata.get("attempt") == Some(&n.to_string())
 }

@@ -17,7 +17,7 @@ pub mod sqlite;
 pub use error::{DbFailure, StoreError};
 pub use pg::{
     DECISION_PARAMETER_TYPES, PgSettings, PgStore, decision_statement, list_statement,
-    pgbench_script,
+    pgbench_script, verification_statement,
 };
 pub use sqlite::SqliteStore;
 

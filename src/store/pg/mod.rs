@@ -250,6 +250,24 @@ pub fn list_statement(filter: &OperationFilter, after: Option<i64>, limit: u32) 
     )
 }
 
+/// The decisions due for a verification stage after its cursor (`$1`
+/// decision time, `$2` id), decided at least `$3` milliseconds ago, at most
+/// `$4` (public for plan tests). The position is given as parameters, not
+/// joined from the cursor row: so the index scan starts at the cursor;
+/// joined, it read every verified decision since the first and filtered
+/// them (measured: 54 ms at 50,000 decided operations, linear, while
+/// holding the cursor's lock).
+pub fn verification_statement() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM operations
+         WHERE verify_expect IS NOT NULL
+           AND (completed_at, id) > ($1, $2)
+           AND completed_at <= now() - $3 * interval '1 millisecond'
+         ORDER BY completed_at, id
+         LIMIT $4"
+    )
+}
+
 /// Leases the rows `target` (a query of ids) selects to replica `$1` for
 /// `$2` milliseconds, each under a new epoch, where `also` holds; returns
 /// the claimed rows. A claim that takes over a lease somebody held (its
@@ -518,17 +536,22 @@ impl Store for PgStore {
         // The cursor row is locked for the length of this short transaction:
         // replicas take consecutive slices, never the same one.
         let mut tx = self.pool.begin().await.map_err(StoreError::db(WHAT))?;
-        let due = format!(
-            "WITH c AS (SELECT decided_at, last_id FROM verification_cursors WHERE stage = $1 FOR UPDATE)
-             SELECT {COLUMNS} FROM operations, c
-             WHERE verify_expect IS NOT NULL
-               AND (completed_at, id) > (c.decided_at, c.last_id)
-               AND completed_at <= now() - $2 * interval '1 millisecond'
-             ORDER BY completed_at, id
-             LIMIT $3"
-        );
+        let (decided_at, last_id): (DateTime<Utc>, Uuid) = sqlx::query_as(
+            "SELECT decided_at, last_id FROM verification_cursors WHERE stage = $1 FOR UPDATE",
+        )
+        .bind(i16::from(stage))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(StoreError::db(WHAT))?;
+        // The position as parameters, not joined from the cursor row: with
+        // the row comparison on parameters the index scan starts at the
+        // cursor; joined, it read every verified decision since the first
+        // and filtered them (measured: 54 ms at 50,000 decided operations,
+        // linear, while holding the cursor's lock).
+        let due = verification_statement();
         let rows = sqlx::query(sqlx::AssertSqlSafe(due))
-            .bind(i16::from(stage))
+            .bind(decided_at)
+            .bind(last_id)
             .bind(delay.as_secs_f64() * 1000.0)
             .bind(i64::from(limit))
             .fetch_all(&mut *tx)
