@@ -657,6 +657,14 @@ impl Store for PgStore {
         // miss the rows that one deleted and re-inserted. The lock is taken
         // before the fold's statement, whose snapshot then sees the other's.
         let mut tx = self.pool.begin().await.map_err(StoreError::db(WHAT))?;
+        // A fold only rearranges committed deltas, atomically: lost in a
+        // crash, the deltas are still there. So the scrape does not wait for
+        // its WAL flush (measured: 3 to 15 ms of a loaded disk's fsync, for
+        // a fold that takes 0.5 ms).
+        sqlx::query("SET LOCAL synchronous_commit = off")
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::db(WHAT))?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(COUNTS_FOLD_LOCK)
             .execute(&mut *tx)
