@@ -586,11 +586,6 @@ async fn readyz(State(st): State<AdminState>) -> (StatusCode, &'static str) {
     }
 }
 
-/// How many UNKNOWN operations one scrape reads to find the oldest. The
-/// store has no "oldest open operation" query yet, so the age is the
-/// oldest of the newest this many: exact below it, a lower bound above.
-const OLDEST_UNKNOWN_SCAN: u32 = 500;
-
 async fn metrics_text(
     State(st): State<AdminState>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
@@ -662,25 +657,12 @@ async fn retention_age(st: &AdminState) {
 }
 
 /// Seconds since Nova was last asked about the oldest UNKNOWN operation
-/// (since it was recorded, if it never was), among the newest
-/// [`OLDEST_UNKNOWN_SCAN`].
+/// (since it was recorded, if it never was).
 async fn oldest_unknown_age(store: &dyn Store) -> Result<f64, crate::store::StoreError> {
-    let filter = crate::store::OperationFilter {
-        state: Some(crate::domain::State::Unknown),
-        ..Default::default()
-    };
-    let page = store
-        .operation_list(&filter, None, OLDEST_UNKNOWN_SCAN)
-        .await?;
-    let now = chrono::Utc::now();
-    Ok(page
-        .operations
-        .iter()
-        .map(|op| {
-            let since = op.last_request_at.unwrap_or(op.created_at);
-            (now - since).num_milliseconds().max(0) as f64 / 1000.0
-        })
-        .fold(0.0, f64::max))
+    Ok(match store.oldest_unknown_since().await? {
+        Some(since) => (chrono::Utc::now() - since).num_milliseconds().max(0) as f64 / 1000.0,
+        None => 0.0,
+    })
 }
 
 /// Accepted plaintext gRPC connections, each with Nagle's algorithm off.

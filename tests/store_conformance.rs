@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -939,6 +940,136 @@ async fn a_write_made_twice_applies_once(store: Arc<dyn Store>) {
     );
 }
 
+/// The ledger by (state, resolution), read from its rows (every page): what
+/// the kept counts must equal.
+async fn counted_from_rows(store: &dyn Store) -> BTreeMap<(String, String), i64> {
+    let mut out = BTreeMap::new();
+    let mut cursor = None;
+    loop {
+        let page = store
+            .operation_list(&OperationFilter::default(), cursor, 500)
+            .await
+            .unwrap();
+        for op in &page.operations {
+            let res = op.resolution.map(|r| r.as_str().to_string());
+            *out.entry((op.state.as_str().to_string(), res.unwrap_or_default()))
+                .or_insert(0) += 1;
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return out,
+        }
+    }
+}
+
+async fn kept_counts(store: &dyn Store) -> BTreeMap<(String, String), i64> {
+    let counts = store.operation_count_by_state().await.unwrap();
+    counts
+        .into_iter()
+        .map(|c| ((c.state, c.resolution.unwrap_or_default()), c.count))
+        .collect()
+}
+
+async fn assert_counts_exact(store: &dyn Store, when: &str) {
+    assert_eq!(
+        kept_counts(store).await,
+        counted_from_rows(store).await,
+        "{when}"
+    );
+}
+
+async fn state_counts_follow_every_change(store: Arc<dyn Store>) {
+    assert!(kept_counts(store.as_ref()).await.is_empty(), "empty ledger");
+    let mut ops = Vec::new();
+    for (i, state) in [State::Pending, State::InProgress, State::Unknown]
+        .into_iter()
+        .cycle()
+        .take(12)
+        .enumerate()
+    {
+        ops.push(
+            create(
+                store.as_ref(),
+                new_op(&format!("c{i}"), Uuid::new_v4(), state),
+            )
+            .await,
+        );
+    }
+    // A replay joins the existing row: nothing more to count.
+    let replay = NewOperation {
+        id: Uuid::now_v7(),
+        ..new_op("c0", ops[0].volume_id, State::Pending)
+    };
+    assert!(matches!(
+        store.operation_create(replay, soon()).await.unwrap(),
+        CreateOutcome::Existing(_)
+    ));
+    assert_counts_exact(store.as_ref(), "after the intents").await;
+    // Claims change leases, not states.
+    let claimed = store
+        .operation_claim("rc", Duration::from_secs(60), 100)
+        .await
+        .unwrap();
+    assert!(!claimed.is_empty());
+    assert_counts_exact(store.as_ref(), "after a claim").await;
+    // Concurrent decisions (group-committed together on PostgreSQL), each
+    // under the epoch its claim took.
+    let decide = claimed.iter().take(6).enumerate().map(|(i, op)| {
+        let store = store.clone();
+        let state = if i % 2 == 0 {
+            State::Succeeded
+        } else {
+            State::Failed
+        };
+        let t = finish(op, state);
+        async move { store.operation_transition(t, soon()).await.unwrap() }
+    });
+    let decided = futures_util::future::join_all(decide).await;
+    assert!(decided.iter().all(Option::is_some));
+    assert_counts_exact(store.as_ref(), "after concurrent decisions").await;
+    // Read twice in a row (the second read finds the first's fold).
+    assert_counts_exact(store.as_ref(), "read again").await;
+    let open = claimed.iter().skip(6).find(|o| o.state == State::Unknown);
+    let open = open.expect("an UNKNOWN operation left open");
+    store
+        .operation_resolve_by_operator(open.id, State::Failed, "checked", "r0", None)
+        .await
+        .unwrap();
+    assert_counts_exact(store.as_ref(), "after an operator's decision").await;
+    let released = store.operation_release_leases("rc").await.unwrap();
+    assert!(released > 0);
+    assert_counts_exact(store.as_ref(), "after releasing leases").await;
+}
+
+async fn the_oldest_unknown_operation_is_found(store: Arc<dyn Store>) {
+    assert_eq!(store.oldest_unknown_since().await.unwrap(), None);
+    let first = create(store.as_ref(), new_op("u1", Uuid::new_v4(), State::Unknown)).await;
+    // Others, later, of every open state: the oldest UNKNOWN stays the first.
+    for (i, state) in [
+        State::Unknown,
+        State::Pending,
+        State::InProgress,
+        State::Unknown,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        create(
+            store.as_ref(),
+            new_op(&format!("u{}", i + 2), Uuid::new_v4(), state),
+        )
+        .await;
+    }
+    let since = first.last_request_at.unwrap_or(first.created_at);
+    assert_eq!(store.oldest_unknown_since().await.unwrap(), Some(since));
+    store
+        .operation_resolve_by_operator(first.id, State::Failed, "checked", "r0", None)
+        .await
+        .unwrap();
+    let next = store.oldest_unknown_since().await.unwrap().unwrap();
+    assert!(next > since, "{next} after {since}");
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -966,6 +1097,8 @@ conformance!(
     every_decision_of_a_concurrent_burst_is_notified,
     appended_events_land_in_order_even_when_batched,
     a_write_made_twice_applies_once,
+    state_counts_follow_every_change,
+    the_oldest_unknown_operation_is_found,
 );
 
 #[tokio::test]
@@ -1129,6 +1262,134 @@ async fn postgres_decisions_find_their_rows_by_key_whatever_the_statistics() {
         .join("\n");
     assert!(plan.contains("operations_pkey"), "{plan}");
     assert!(!plan.contains("operations_open_by_lease"), "{plan}");
+    store.close().await;
+}
+
+/// Every listing `ops list` can ask for finds its page through an index
+/// under the generic plans the service's connections use (written as one
+/// statement with `$n IS NULL OR …` for every filter, each listing read
+/// the whole table and sorted it).
+#[tokio::test]
+async fn postgres_listings_use_an_index_whatever_the_filter() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let store = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let mut admin = support::pg::Admin::connect(&url).await;
+    for sql in [
+        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, resolution,
+            server_id, volume_id, deadline_at, completed_at)
+         SELECT gen_random_uuid(), 'done-' || g, 'f', 'attach', 'succeeded', 'response',
+            gen_random_uuid(), gen_random_uuid(), now(), now() FROM generate_series(1, 20000) g",
+        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
+            volume_id, deadline_at, lease_owner, lease_expires_at)
+         SELECT gen_random_uuid(), 'open-' || g, 'f', 'attach', 'unknown', gen_random_uuid(),
+            gen_random_uuid(), now(), 'r', now() FROM generate_series(1, 50) g",
+        "ANALYZE operations",
+        "SET plan_cache_mode = force_generic_plan",
+    ] {
+        admin.run(sql).await;
+    }
+    let any = Uuid::new_v4();
+    let cases: [(OperationFilter, Option<i64>, &str, &str); 6] = [
+        (OperationFilter::default(), None, "", "operations_seq_key"),
+        (
+            OperationFilter::default(),
+            Some(10),
+            "bigint",
+            "operations_seq_key",
+        ),
+        (
+            OperationFilter {
+                server_id: Some(any),
+                ..Default::default()
+            },
+            None,
+            "uuid",
+            "operations_server",
+        ),
+        (
+            OperationFilter {
+                volume_id: Some(any),
+                ..Default::default()
+            },
+            None,
+            "uuid",
+            "operations_volume",
+        ),
+        (
+            OperationFilter {
+                state: Some(State::Unknown),
+                ..Default::default()
+            },
+            None,
+            "text",
+            "operations_open_by_lease",
+        ),
+        (
+            OperationFilter {
+                state: Some(State::Failed),
+                ..Default::default()
+            },
+            None,
+            "text",
+            "operations_seq_key",
+        ),
+    ];
+    for (i, (filter, after, types, index)) in cases.iter().enumerate() {
+        let sql = volume_reconciler::store::list_statement(filter, *after, 50);
+        let (decl, args) = match *types {
+            "" => (String::new(), String::new()),
+            "uuid" => ("(uuid)".to_string(), format!("('{any}')")),
+            "text" => ("(text)".to_string(), "('unknown')".to_string()),
+            t => (format!("({t})"), "(10)".to_string()),
+        };
+        admin.run(&format!("PREPARE list{i}{decl} AS {sql}")).await;
+        let plan = admin
+            .texts(&format!("EXPLAIN EXECUTE list{i}{args}"))
+            .await
+            .join("\n");
+        assert!(plan.contains(index), "{filter:?}: {plan}");
+        assert!(!plan.contains("Seq Scan"), "{filter:?}: {plan}");
+    }
+    store.close().await;
+}
+
+/// Taking the decisions due for verification starts at the stage's cursor,
+/// whatever the number of decisions verified before it (it read them all).
+#[tokio::test]
+async fn postgres_verification_starts_at_its_cursor() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let store = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let mut admin = support::pg::Admin::connect(&url).await;
+    for sql in [
+        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, resolution,
+            server_id, volume_id, deadline_at, completed_at, verify_expect)
+         SELECT gen_random_uuid(), 'done-' || g, 'f', 'attach', 'succeeded', 'response',
+            gen_random_uuid(), gen_random_uuid(), now(), now() - interval '1 hour', true
+         FROM generate_series(1, 20000) g",
+        "ANALYZE operations",
+        "SET plan_cache_mode = force_generic_plan",
+    ] {
+        admin.run(sql).await;
+    }
+    let sql = volume_reconciler::store::verification_statement();
+    admin
+        .run(&format!(
+            "PREPARE due(timestamptz, uuid, float8, int8) AS {sql}"
+        ))
+        .await;
+    let plan = admin
+        .texts(
+            "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE due(now(), '00000000-0000-0000-0000-000000000000', 0, 256)",
+        )
+        .await
+        .join("\n");
+    assert!(
+        plan.contains("Index Cond: ((ROW(completed_at, id) > ROW($1, $2))"),
+        "{plan}"
+    );
+    assert!(!plan.contains("Rows Removed"), "{plan}");
     store.close().await;
 }
 

@@ -15,7 +15,10 @@ mod rows;
 pub mod sqlite;
 
 pub use error::{DbFailure, StoreError};
-pub use pg::{DECISION_PARAMETER_TYPES, PgSettings, PgStore, decision_statement, pgbench_script};
+pub use pg::{
+    DECISION_PARAMETER_TYPES, PgSettings, PgStore, decision_statement, list_statement,
+    pgbench_script, verification_statement,
+};
 pub use sqlite::SqliteStore;
 
 use std::time::Duration;
@@ -373,7 +376,14 @@ pub trait Store: Send + Sync + 'static {
     /// become claimable by any reconciler at once.
     async fn operation_release_leases(&self, replica: &str) -> Result<u64, StoreError>;
 
+    /// Operations by state and resolution, kept as they change (never a
+    /// scan of the ledger: /metrics asks at every scrape).
     async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError>;
+
+    /// When Nova was last asked about the oldest UNKNOWN operation (when it
+    /// was recorded, if it never was); `None` when none is UNKNOWN. Reads
+    /// the open operations only, through their index.
+    async fn oldest_unknown_since(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
 
     /// For each of `volumes`, when its latest operation was created (the
     /// verifier: a change after a later operation began is explained).

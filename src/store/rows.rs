@@ -70,8 +70,17 @@ pub(super) fn conflict_sql() -> String {
 pub(super) const EVENTS: &str = "SELECT at, kind, detail, metadata, replica FROM operation_events
      WHERE operation_id = $1 ORDER BY id";
 
-pub(super) const COUNT_BY_STATE: &str = "SELECT state, resolution, count(*) AS n FROM operations
-     GROUP BY state, resolution ORDER BY state, resolution";
+pub(super) const COUNT_BY_STATE: &str = "SELECT state, NULLIF(resolution, '') AS resolution, n
+     FROM operation_counts WHERE n <> 0 ORDER BY state, resolution";
+
+/// The oldest UNKNOWN operation's last request (or recording): the test on
+/// `OPEN` lets the planner use the open operations' partial index.
+pub(super) static OLDEST_UNKNOWN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT min(COALESCE(last_request_at, created_at)) FROM operations
+         WHERE {OPEN} AND state = 'unknown'"
+    )
+});
 
 /// An id column (PostgreSQL `uuid`, SQLite canonical text).
 pub(super) struct Id(pub Uuid);

@@ -560,6 +560,20 @@ impl Store for SqliteStore {
         rows::counts(&rows)
     }
 
+    async fn oldest_unknown_since(&self) -> Result<Option<DateTime<chrono::Utc>>, StoreError> {
+        let since: Option<i64> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(rows::OLDEST_UNKNOWN.as_str()))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(db("reading the oldest UNKNOWN operation"))?;
+        since
+            .map(|us| {
+                DateTime::from_timestamp_micros(us)
+                    .ok_or_else(|| corrupt("oldest UNKNOWN", format!("timestamp {us} µs")))
+            })
+            .transpose()
+    }
+
     async fn volumes_latest_operation(
         &self,
         volumes: &[Uuid],
