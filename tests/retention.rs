@@ -175,6 +175,14 @@ async fn old_decisions_age_out_and_their_keys_are_refused(app: TestApp) {
     );
     assert_eq!(sample("volume_reconciler_retention_keep_seconds"), 86400.0);
     assert!(sample("volume_reconciler_retention_last_round_timestamp_seconds") > 0.0);
+    // The ledger's counts by state follow the deletions: only the open
+    // operation is left to count.
+    let counted: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("volume_reconciler_operations{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, 1.0, "operations by state after pruning:\n{text}");
 
     // A year on (--retain-keys), the tombstone goes; the key is free again.
     let c = round(&app, 366 * DAY).await;

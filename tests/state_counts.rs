@@ -109,6 +109,7 @@ async fn seed_unknown(app: &TestApp) -> Uuid {
         lease_owner: "crashed".into(),
         lease_for: Duration::ZERO,
         caller: None,
+        trace: None,
         replica: "crashed".into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],
     };
