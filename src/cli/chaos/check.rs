@@ -112,6 +112,17 @@ fn rolled_back(effects: &[Effect], i: usize) -> bool {
             .is_some_and(|n| n.cause == Cause::RolledBack)
 }
 
+/// Whether the attach `effects[i]` was undone next by deleting its server
+/// or its volume: what a look could have seen of it is gone with them.
+fn deleted_after(effects: &[Effect], i: usize) -> bool {
+    let e = &effects[i];
+    e.change == Change::Attached
+        && effects[i + 1..]
+            .iter()
+            .find(|n| n.server_id == e.server_id && n.volume_id == e.volume_id)
+            .is_some_and(|n| matches!(n.cause, Cause::ServerDeleted | Cause::VolumeDeleted))
+}
+
 fn caused_by(e: &Effect, op: Uuid) -> bool {
     matches!(&e.cause, Cause::Request { request_id: Some(id) } if *id == own_request(op))
 }
@@ -188,7 +199,17 @@ impl Checker<'_> {
         };
         let t = Timeline::of(&self.p.effects, op.server_id, op.volume_id);
         let (from, to) = (op.created_at - ms(TOLERANCE_MS), done + ms(TOLERANCE_MS));
-        let own = self.standing_effects(op.id);
+        // A server or volume that no longer exists is an answer: the
+        // attach FAILED (NOVA_SERVER_NOT_FOUND / NOVA_VOLUME_NOT_FOUND),
+        // whether or not it had taken effect before the deletion undid it.
+        let gone = op.last_error.as_ref().is_some_and(|e| {
+            matches!(
+                e.reason,
+                crate::domain::Reason::NovaServerNotFound
+                    | crate::domain::Reason::NovaVolumeNotFound
+            )
+        });
+        let own = self.standing_effects(op.id, gone);
         let wrong = match (op.action, op.state) {
             (Action::Attach, State::Succeeded) => (!t.ever(true, from, to)).then_some(
                 "SUCCEEDED, but the volume was never attached to the server while it ran",
@@ -200,7 +221,9 @@ impl Checker<'_> {
             }
             // A refused attach may find the volume attached by someone
             // else: FAILED says this operation did nothing, and it did not.
-            (Action::Detach, State::Failed) => {
+            // A detach none of whose requests reached Nova did nothing
+            // either (out of time before sending), whatever the volume was.
+            (Action::Detach, State::Failed) if self.received(op.id) > 0 => {
                 (!t.ever(true, from, to)).then_some("FAILED, but the volume was detached all along")
             }
             _ => None,
@@ -220,12 +243,65 @@ impl Checker<'_> {
     }
 
     /// The effects of `op`'s own requests that Nova did not roll back
-    /// itself (a hypervisor that failed the attach).
-    fn standing_effects(&self, op: Uuid) -> usize {
+    /// itself (a hypervisor that failed the attach), nor, when `gone`, a
+    /// deletion of the server or volume undid.
+    fn standing_effects(&self, op: Uuid, gone: bool) -> usize {
         let effects = &self.p.effects;
         (0..effects.len())
-            .filter(|i| caused_by(&effects[*i], op) && !rolled_back(effects, *i))
+            .filter(|i| {
+                let undone = rolled_back(effects, *i)
+                    || (gone && deleted_after(effects, *i))
+                    || self.undone_unseen(*i);
+                caused_by(&effects[*i], op) && !undone
+            })
             .count()
+    }
+
+    /// Whether `effects[i]` was undone by someone else's hand less than a
+    /// settle window later: a late effect that stood between two looks
+    /// (one of which may have failed) is invisible to the attachment list,
+    /// so a decision taken after it cannot be held to it.
+    fn undone_unseen(&self, i: usize) -> bool {
+        let effects = &self.p.effects;
+        let e = &effects[i];
+        effects[i + 1..]
+            .iter()
+            .find(|n| n.server_id == e.server_id && n.volume_id == e.volume_id)
+            .is_some_and(|n| n.cause == Cause::OutOfBand && n.at - e.at < dur(self.windows.settle))
+    }
+
+    /// How many of `op`'s requests Nova received.
+    fn received(&self, op: Uuid) -> usize {
+        let own = own_request(op);
+        self.p
+            .requests
+            .iter()
+            .filter(|q| q.global_id.as_deref() == Some(own.as_str()))
+            .count()
+    }
+
+    /// When the verifier recorded `r`'s drift (its look; the end of the
+    /// window at the earliest, later by a round or the rate limit).
+    fn drift_seen_at(r: &Recorded) -> Option<DateTime<Utc>> {
+        r.events
+            .iter()
+            .filter(|e| e.kind == event::DRIFT_DETECTED)
+            .map(|e| e.at)
+            .min()
+    }
+
+    /// The end of what a drift recorded at `seen` could have seen: `end`,
+    /// or the look when it came later, but never past the next operation
+    /// on the volume.
+    fn looked_until(
+        end: DateTime<Utc>,
+        seen: Option<DateTime<Utc>>,
+        next: Option<DateTime<Utc>>,
+    ) -> DateTime<Utc> {
+        match seen {
+            Some(s) if s > end => next.map_or(s, |n| n.min(s)).max(end),
+            _ => end,
+        }
     }
 
     /// The first operation on the same volume created after `r` was
@@ -261,7 +337,19 @@ impl Checker<'_> {
         };
         let changed =
             t.effects.iter().filter(unexplained).count() > 0 && t.ever(!baseline, done, end);
-        if op.drifted && !changed {
+        // A drift is real if it stood when the verifier looked, which may
+        // be after the window's end; a change may also come between the
+        // effect and the decision's write (its stamp is its transaction's
+        // start).
+        let looked = Self::looked_until(end, Self::drift_seen_at(r), explained_from);
+        let since = done - ms(TOLERANCE_MS);
+        let seen_change = t.effects.iter().any(|e| {
+            e.at > since
+                && e.at <= looked + ms(TOLERANCE_MS)
+                && !caused_by(e, op.id)
+                && !self.explained(e, done)
+        }) && t.ever(!baseline, done, looked + ms(TOLERANCE_MS));
+        if op.drifted && !seen_change {
             self.fail(
                 "drift-is-real",
                 Some(op.id),
@@ -310,15 +398,17 @@ impl Checker<'_> {
     fn drift_of_failed(&mut self, r: &Recorded) {
         let op = &r.op;
         let Some(done) = op.completed_at else { return };
-        let end = self
-            .next_on_volume(r)
-            .map_or(done + dur(self.windows.verify_window), |n| {
-                n.min(done + dur(self.windows.verify_window))
-            });
+        let next = self.next_on_volume(r);
+        let window_end = done + dur(self.windows.verify_window);
+        let end = Self::looked_until(
+            next.map_or(window_end, |n| n.min(window_end)),
+            Self::drift_seen_at(r),
+            next,
+        );
         let any = self.p.effects.iter().any(|e| {
             e.server_id == op.server_id
                 && e.volume_id == op.volume_id
-                && e.at > done
+                && e.at > done - ms(TOLERANCE_MS)
                 && e.at <= end + ms(TOLERANCE_MS)
                 && !self.explained(e, done)
         });
@@ -524,12 +614,7 @@ impl Checker<'_> {
                     && e.metadata.get("may_have_reached_nova").map(String::as_str) == Some("false")
             })
             .count();
-        let received = self
-            .p
-            .requests
-            .iter()
-            .filter(|q| q.global_id.as_deref() == Some(own_request(r.op.id).as_str()))
-            .count();
+        let received = self.received(r.op.id);
         if logged > received + never_left {
             self.fail(
                 "story-in-order",
