@@ -797,13 +797,14 @@ async fn a_detach_answered_504_while_nova_goes_on_is_unknown_then_succeeded_sent
 /// as kill -9 kills a process), the chaos run's cluster.
 async fn cluster(
     db: &str,
-    nova_url: &str,
+    sim: &volume_reconciler::sim::SimHandle,
     skews: Vec<chrono::Duration>,
 ) -> volume_reconciler::cli::chaos::cluster::Cluster {
     use volume_reconciler::cli::chaos::cluster::{Cluster, ClusterConfig};
     Cluster::start(ClusterConfig {
         database_url: db.to_string(),
-        nova_url: nova_url.to_string(),
+        nova_url: sim.nova_url.clone(),
+        cinder_url: sim.cinder_url.clone(),
         replicas: skews.len(),
         clients: 1,
         skews,
@@ -866,7 +867,7 @@ async fn a_killed_replicas_operation_is_taken_over_within_three_heartbeats() {
     .await
     .unwrap();
     let db = support::pg::fresh_database().await;
-    let cluster = cluster(&db, &sim.nova_url, vec![chrono::Duration::zero(); 2]).await;
+    let cluster = cluster(&db, &sim, vec![chrono::Duration::zero(); 2]).await;
     let store = volume_reconciler::store::open(&db, 2).await.unwrap();
     let (s, v) = ids();
     // Nova takes 6 s to attach; the caller allows two minutes.
@@ -961,7 +962,7 @@ async fn a_replica_whose_clock_is_off_takes_over_no_live_work() {
     .unwrap();
     let db = support::pg::fresh_database().await;
     let skews = vec![chrono::Duration::zero(), chrono::Duration::minutes(2)];
-    let cluster = cluster(&db, &sim.nova_url, skews).await;
+    let cluster = cluster(&db, &sim, skews).await;
     let store = volume_reconciler::store::open(&db, 2).await.unwrap();
     // Operations whose holder died (their leases ran out), taken one a
     // round: the skewed replica's reconciler takes some, proof that it

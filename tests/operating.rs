@@ -206,18 +206,12 @@ async fn ops_show_prints_the_global_and_novas_request_ids() {
     })
     .await;
     let (s, v) = (Uuid::new_v4(), Uuid::new_v4());
-    // A 500 first (nothing done), then the retry succeeds: two requests,
-    // two of Nova's ids, one global id.
+    // A 409 first (the server is locked: certainly not done), then the
+    // retry succeeds: two requests, two of Nova's ids, one global id.
     app.sim.add_fault(
-        FaultRule::new(
-            FaultOp::Attach,
-            Fault::Status {
-                code: 500,
-                effect: false,
-            },
-        )
-        .volume(v)
-        .times(1),
+        FaultRule::new(FaultOp::Attach, Fault::Conflict)
+            .volume(v)
+            .times(1),
     );
     let op = app
         .raw()

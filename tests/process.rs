@@ -585,12 +585,16 @@ async fn ops_show_tells_the_story_of_a_lost_response() {
             "`ops show` lacks {needle:?}:\n{text}"
         );
     }
-    // The request comes before the loss, the loss before the look, the look before the decision.
+    // Cinder's pre-check before the request, the request before the loss,
+    // the loss before the look, the look before Cinder's confirmation, and
+    // that before the decision.
     let pos = |n: &str| text.find(n).unwrap();
     assert!(
-        pos(" request_sent ") < pos(" request_failed ")
-            && pos(" request_failed ") < pos(" observed ")
-            && pos(" observed ") < pos(" resolved "),
+        pos("Cinder before sending") < pos(" request_sent ")
+            && pos(" request_sent ") < pos(" request_failed ")
+            && pos(" request_failed ") < pos("the volume is in the server's attachment list")
+            && pos("the volume is in the server's attachment list") < pos("Cinder confirming")
+            && pos("Cinder confirming") < pos(" resolved "),
         "{text}"
     );
 

@@ -92,6 +92,14 @@ reasons! {
     // --- how an operation ended or stands ---
     /// The volume is attached to another server (not multiattach).
     AlreadyAttachedElsewhere = "ALREADY_ATTACHED_ELSEWHERE" => FailedPrecondition,
+    /// Nova accepted the attach, then the hypervisor or Cinder failed it and
+    /// Nova rolled it back (the mapping is gone, Cinder shows the volume
+    /// not attached: `available` or `error_attaching`).
+    AttachRolledBack = "ATTACH_ROLLED_BACK" => Aborted,
+    /// Cinder shows the volume in an error status (`error`,
+    /// `error_attaching`, ...) or being deleted: nothing was sent; an
+    /// operator resets it first.
+    VolumeInError = "VOLUME_IN_ERROR" => FailedPrecondition,
     /// May have taken effect; not observed yet. The reconciler resolves it.
     OutcomeUnknown = "OUTCOME_UNKNOWN" => DeadlineExceeded,
     /// Never observed within the operation's deadline and settle window.

@@ -177,42 +177,6 @@ fn lost(action: Action) -> Next {
     }
 }
 
-/// Nova's handler failed (5xx with its own fault body): whatever it did is
-/// visible now, and nothing of this request is still in flight, so one look
-/// tells, and sending again is safe.
-fn failed_inside_nova(action: Action) -> Next {
-    let again = || {
-        Box::new(Next::Retry {
-            why: "Nova failed the request without effect",
-            otherwise: Box::new(Next::OutOfTime),
-        })
-    };
-    let (attached, absent) = match action {
-        Action::Attach => (
-            decide(succeeded(
-                Resolution::Reobserved,
-                "Nova answered an error, but the attachment was observed",
-                true,
-            )),
-            again(),
-        ),
-        Action::Detach => (
-            again(),
-            decide(succeeded(
-                Resolution::Reobserved,
-                "Nova answered an error, but the volume was observed detached",
-                true,
-            )),
-        ),
-    };
-    Next::Observe {
-        until: Until::ObserveBy,
-        attached,
-        absent,
-        error: unknown("Nova answered an error and the observation failed"),
-    }
-}
-
 /// The next step after `answer` to a request for `action` on `server`.
 pub(crate) fn classify(action: Action, server: Uuid, answer: &Answer<'_>) -> Next {
     match (action, answer) {
@@ -312,7 +276,6 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
         },
         NovaErrorKind::DeadlineExceeded if !e.may_have_reached_nova => Next::Refuse(e.reason()),
         NovaErrorKind::Rejected(_) if !e.outcome_unknown() => Next::Refuse(e.reason()),
-        NovaErrorKind::Rejected(_) if e.answered_by_nova() => failed_inside_nova(action),
         _ => lost(action),
     }
 }

@@ -77,7 +77,7 @@ impl Executor {
             let (answer, may_take_effect, attachment) = match &sent {
                 Sent::Done(a) => (Answer::Done, true, Some(a.clone())),
                 Sent::Accepted => (Answer::Accepted, true, None),
-                Sent::Failed(e) => (Answer::Failed(e), e.may_take_effect_later(), None),
+                Sent::Failed(e) => (Answer::Failed(e), e.outcome_unknown(), None),
             };
             let history = run.history(may_take_effect);
             run.maybe_effect |= may_take_effect;
@@ -200,7 +200,7 @@ impl Executor {
                             ctx.attachment = Some(a);
                             *attached
                         }
-                        Ok(Seen::Absent) => *absent,
+                        Ok(Seen::Absent | Seen::ServerGone) => *absent,
                         Err(_) => *error,
                     }
                 }

@@ -11,9 +11,12 @@
 //! - `classify.rs`: what each of Nova's answers means (pure; README's table).
 //! - `flow.rs`: the one send loop for attach and detach.
 //! - `observe.rs`: looking at the server's attachments.
+//! - `confirm.rs`: Cinder's word before the first request and after a
+//!   success (cinder-csi's checks).
 //! - `ledger.rs`: the executor's writes to the ledger.
 
 mod classify;
+mod confirm;
 mod flow;
 pub mod holds;
 mod ledger;
@@ -38,6 +41,7 @@ use crate::metrics::Metrics;
 use crate::nova::NovaClient;
 use crate::store::{CreateOutcome, NewOperation, Store, StoreError};
 
+pub(crate) use confirm::CinderSays;
 pub(crate) use run::{Decision, Run};
 
 /// A validated request.
@@ -245,11 +249,12 @@ impl Executor {
     /// run to its decision, under a lease its heartbeat keeps.
     async fn own(
         self: Arc<Self>,
-        new: NewOperation,
+        mut new: NewOperation,
         budget: Budget,
         created: oneshot::Sender<Result<CreateOutcome, StoreError>>,
         done: watch::Sender<Option<Operation>>,
     ) {
+        let pre = Box::pin(self.precheck(&mut new, &budget)).await;
         let write_started = Instant::now();
         let result = self.store.operation_create(new, budget.answer_by).await;
         self.metrics.ledger(
@@ -273,7 +278,15 @@ impl Executor {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, done.subscribe());
         drop(created.send(Ok(CreateOutcome::Created(op.clone()))));
-        let decided = self.drive(Run::new(op, budget, false), true).await;
+        let run = Run::new(op, budget, false);
+        let decided = match pre {
+            confirm::Precheck::Send => self.drive(run, true).await,
+            confirm::Precheck::Decided(d) => {
+                let mut run = run;
+                Box::pin(self.record(&mut run, d)).await
+            }
+            confirm::Precheck::WaitReady => Box::pin(self.drive_when_ready(run)).await,
+        };
         drop(done.send(Some(decided)));
         self.inflight
             .lock()
@@ -491,7 +504,17 @@ impl Executor {
             // Fenced out: another replica or an operator decided meanwhile.
             Err(run::Fenced(current)) => return current,
         };
+        let decision = Box::pin(self.confirm(&mut run, decision)).await;
         Box::pin(self.record(&mut run, decision)).await
+    }
+
+    /// A new operation whose volume is still being created: waits for it
+    /// (nothing sent, nothing counted), then drives it.
+    async fn drive_when_ready(self: &Arc<Self>, mut run: Run) -> Operation {
+        match self.wait_ready(&mut run).await {
+            Some(d) => self.record(&mut run, d).await,
+            None => self.drive(run, false).await,
+        }
     }
 
     /// The budget a reconciler pass that re-sends works under: what is left

@@ -30,7 +30,9 @@ impl Executor {
                 };
                 let detail = match &seen {
                     Seen::Attached(_) => "the volume is in the server's attachment list",
-                    Seen::Absent => "the volume is not in the server's attachment list",
+                    Seen::Absent | Seen::ServerGone => {
+                        "the volume is not in the server's attachment list"
+                    }
                 };
                 let present = matches!(seen, Seen::Attached(_));
                 run.last_seen = Some(present);
@@ -55,7 +57,7 @@ impl Executor {
                 .with("present", false)
                 .with_all(&e.metadata());
                 push_observation(run, ev);
-                Ok(Seen::Absent)
+                Ok(Seen::ServerGone)
             }
             Err(e) => {
                 self.metrics
@@ -85,7 +87,9 @@ impl Executor {
         loop {
             match (want, self.observe(run, until).await) {
                 (Presence::Attached, Ok(seen @ Seen::Attached(_)))
-                | (Presence::Detached, Ok(seen @ Seen::Absent)) => return Some(seen),
+                | (Presence::Detached, Ok(seen @ (Seen::Absent | Seen::ServerGone))) => {
+                    return Some(seen);
+                }
                 _ => {}
             }
             let next = Instant::now() + pause;
@@ -102,7 +106,7 @@ impl Executor {
 /// counts itself there (`times`, and how long after the first the last
 /// came), so an hour of watching holds and writes one line per change,
 /// not thousands.
-fn push_observation(run: &mut Run, ev: NewEvent) {
+pub(super) fn push_observation(run: &mut Run, ev: NewEvent) {
     if let Some(last) = run.events.last_mut()
         && last.kind == ev.kind
         && last.detail == ev.detail

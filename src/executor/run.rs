@@ -62,6 +62,8 @@ impl Decision {
 pub(crate) enum Seen {
     Attached(AttachmentInfo),
     Absent,
+    /// The server no longer exists (404): nothing is on it.
+    ServerGone,
 }
 
 /// Another writer decided first (the lease epoch moved on): here is the

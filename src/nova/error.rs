@@ -156,20 +156,6 @@ impl NovaError {
         }
     }
 
-    /// True when the request may still take effect after this answer: its
-    /// answer was lost, or came from something in front of Nova (a proxy's
-    /// page, not Nova's fault body), while Nova may go on with it. Nova's
-    /// own failure (5xx with its fault body) means its handler is done: what
-    /// it did is visible now, and nothing of it is still in flight.
-    pub fn may_take_effect_later(&self) -> bool {
-        self.outcome_unknown() && !self.answered_by_nova()
-    }
-
-    /// Nova's handler answered with its own fault body.
-    pub fn answered_by_nova(&self) -> bool {
-        matches!(self.kind, NovaErrorKind::Rejected(_)) && self.nova_fault.is_some()
-    }
-
     pub fn rejection(&self) -> Option<&Rejection> {
         match &self.kind {
             NovaErrorKind::Rejected(r) => Some(r),

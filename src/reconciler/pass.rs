@@ -7,6 +7,11 @@
 //! | the volume not on it | wait for the settle window, then re-send or FAILED | SUCCEEDED |
 //! | the server does not exist (404) | FAILED `NOVA_SERVER_NOT_FOUND` | SUCCEEDED |
 //! | the look failed | back off; past deadline + settle window: escalate | same |
+//!
+//! A SUCCEEDED found this way is confirmed with Cinder first, as the
+//! executor confirms (`executor/confirm.rs`): not confirmed yet, the pass
+//! waits for a later one (never a re-send); past the operation's deadline
+//! and settle window it is escalated.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +23,7 @@ use super::{Observation, PassResult, Reconciler, ms_between};
 use crate::domain::{
     Action, Budget, NewEvent, Operation, OperationError, Reason, Resolution, State, event,
 };
-use crate::executor::{Decision, Run};
+use crate::executor::{CinderSays, Decision, Run};
 use crate::nova::Rejection;
 use crate::store::Transition;
 
@@ -90,7 +95,7 @@ impl Reconciler {
                     Some(att),
                     "attachment observed by the reconciler",
                 );
-                self.decide(&mut run, d, "succeeded").await
+                self.confirm_then_decide(run, d, db_now).await
             }
             (Action::Detach, None) if op.state != State::Pending => {
                 let d = Decision::succeeded(
@@ -98,10 +103,71 @@ impl Reconciler {
                     None,
                     "volume observed detached by the reconciler",
                 );
-                self.decide(&mut run, d, "succeeded").await
+                self.confirm_then_decide(run, d, db_now).await
             }
             _ => self.not_yet(run, db_now).await,
         }
+    }
+
+    /// What Nova's list shows, confirmed with Cinder as the executor does
+    /// (`executor/confirm.rs`): one look; still under way, the operation
+    /// waits for a later pass (past its deadline and settle window it is
+    /// handed to people).
+    async fn confirm_then_decide(
+        &self,
+        mut run: Run,
+        d: Decision,
+        db_now: DateTime<Utc>,
+    ) -> PassResult {
+        let until = run.budget.answer_by;
+        let last = match self.exec.cinder_says(&mut run, until).await {
+            CinderSays::NotAsked => return self.decide(&mut run, d, "succeeded").await,
+            CinderSays::Confirmed(att) => {
+                let mut d = d;
+                d.detail = format!("{}; confirmed by Cinder", d.detail);
+                if d.attachment.is_none() {
+                    d.attachment = att;
+                }
+                return self.decide(&mut run, d, "succeeded").await;
+            }
+            CinderSays::VolumeGone if run.op.action == Action::Detach => {
+                return self.decide(&mut run, d, "succeeded").await;
+            }
+            CinderSays::VolumeGone => {
+                let err = OperationError::new(
+                    Reason::NovaVolumeNotFound,
+                    "the volume was deleted before Cinder showed it attached",
+                )
+                .with("operation_id", run.op.id);
+                let d = Decision::failed(Resolution::Reconciler, err);
+                return self.decide(&mut run, d, "failed").await;
+            }
+            CinderSays::NotAttached(status) if status.is_error() => {
+                let err = OperationError::new(
+                    Reason::AttachRolledBack,
+                    format!("Nova rolled the attach back: Cinder shows the volume {status}"),
+                )
+                .with("operation_id", run.op.id)
+                .with("volume_status", status.as_str());
+                let d = Decision::failed(Resolution::Reconciler, err);
+                return self.decide(&mut run, d, "failed").await;
+            }
+            CinderSays::NotAttached(status) | CinderSays::Pending(status) => status.to_string(),
+            CinderSays::Failed(e) => format!("unknown ({})", e.clock()),
+        };
+        let why = format!(
+            "Nova's list shows the {} done, but Cinder does not confirm it yet (volume {last})",
+            run.op.action.as_str()
+        );
+        let settle =
+            chrono::Duration::from_std(self.settings.settle(run.op.action)).unwrap_or_default();
+        if db_now > run.op.deadline_at + settle {
+            let op = run.op.clone();
+            let why = format!("{why}, past its deadline and settle window");
+            return self.escalate(&op, why, &Default::default()).await;
+        }
+        let wait = self.backoff(&run.op);
+        self.defer(run, State::Unknown, wait, why, 0).await
     }
 
     async fn decide(&self, run: &mut Run, d: Decision, what: &str) -> PassResult {
@@ -228,20 +294,7 @@ impl Reconciler {
             let why = format!(
                 "its server's attachments could not be listed past its deadline and settle window: {message}"
             );
-            self.exec.metrics.decision("escalated");
-            tracing::warn!(operation_id = %op.id, reason = %e.reason(), "operation escalated to operators");
-            t.escalation = Some(why.clone());
-            t.last_error = Some(Some(OperationError::new(
-                Reason::NotObservable,
-                why.clone(),
-            )));
-            t.events = vec![
-                NewEvent::new(event::ESCALATED, why)
-                    .with("reason", Reason::NotObservable)
-                    .with_all(&e.metadata()),
-            ];
-            self.write(t).await;
-            return PassResult::Escalated;
+            return self.escalate(op, why, &e.metadata()).await;
         }
         let wait = self.backoff(op);
         t.next_attempt_in = Some(wait);
@@ -257,6 +310,32 @@ impl Reconciler {
         self.exec.metrics.decision("deferred");
         self.write(t).await;
         PassResult::Deferred
+    }
+
+    /// Hands the (still open) operation to people: counted, visible in
+    /// `ops list --escalated`, and not passed over again.
+    async fn escalate(
+        &self,
+        op: &Operation,
+        why: String,
+        context: &std::collections::BTreeMap<String, String>,
+    ) -> PassResult {
+        self.exec.metrics.decision("escalated");
+        tracing::warn!(operation_id = %op.id, "operation escalated to operators: {why}");
+        let mut t = Transition::new(op, self.open_state(op), &self.exec.replica);
+        t.release_lease = true;
+        t.escalation = Some(why.clone());
+        t.last_error = Some(Some(OperationError::new(
+            Reason::NotObservable,
+            why.clone(),
+        )));
+        t.events = vec![
+            NewEvent::new(event::ESCALATED, why)
+                .with("reason", Reason::NotObservable)
+                .with_all(context),
+        ];
+        self.write(t).await;
+        PassResult::Escalated
     }
 
     /// The state an undecided operation keeps: never sent stays pending.

@@ -33,8 +33,8 @@ pub(super) struct Pending {
     tries: u32,
 }
 
-/// Whether the volume is on the server, by a look's result; `None` when
-/// the look failed.
+/// Whether the volume is on the server, by Nova's list; `None` when the
+/// look failed.
 fn presence(op: &Operation, listed: &Observation) -> Option<bool> {
     match listed {
         Ok(items) => {
@@ -42,7 +42,30 @@ fn presence(op: &Operation, listed: &Observation) -> Option<bool> {
             Some(items.iter().any(|a| a.volume_id == v))
         }
         Err(e) if e.rejection() == Some(&Rejection::ServerNotFound) => Some(false),
-        Err(_) => None,
+        Err(e) => {
+            tracing::warn!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
+            None
+        }
+    }
+}
+
+/// Where a verification looks: the executor's confirmation (Cinder's view
+/// of each volume when attaches are confirmed with it), else Nova's list
+/// of each server (one look per server).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LookAt {
+    Cinder,
+    NovaList,
+}
+
+impl LookAt {
+    fn what(self, present: bool) -> &'static str {
+        match (self, present) {
+            (LookAt::Cinder, true) => "Cinder shows it attached to the server",
+            (LookAt::Cinder, false) => "Cinder shows it not attached to the server",
+            (LookAt::NovaList, true) => "the volume is in the server's attachment list",
+            (LookAt::NovaList, false) => "the volume is not in the server's attachment list",
+        }
     }
 }
 
@@ -123,6 +146,10 @@ impl Reconciler {
     /// failed is tried again next round (a few times, then counted).
     async fn verify_ops(self: &Arc<Self>, todo: Vec<Pending>) -> (usize, usize) {
         let n = todo.len();
+        if n == 0 {
+            return (0, 0);
+        }
+        let look_at = self.look_at().await;
         let mut by_server: HashMap<Uuid, Vec<Pending>> = HashMap::new();
         for p in todo {
             by_server.entry(p.op.server_id).or_default().push(p);
@@ -131,10 +158,17 @@ impl Reconciler {
             .map(|(server, pending)| {
                 let this = self.clone();
                 async move {
-                    let seen = this.observe_server(server).await;
+                    let seen = match look_at {
+                        LookAt::NovaList => Some(this.observe_server(server).await),
+                        LookAt::Cinder => None,
+                    };
                     let mut d = 0;
                     for p in pending {
-                        match this.verify_with(&p.op, &seen, p.stage).await {
+                        let present = match &seen {
+                            Some(listed) => presence(&p.op, listed),
+                            None => this.cinder_presence(&p.op).await,
+                        };
+                        match this.verify_with(&p.op, present, look_at, p.stage).await {
                             Some(true) => d += 1,
                             Some(false) => {}
                             None if p.tries + 1 < RETRIES => {
@@ -181,31 +215,67 @@ impl Reconciler {
         if explained {
             return Ok(false);
         }
-        let seen = self.observe_server(op.server_id).await;
-        Ok(self.verify_with(&op, &seen, 0).await.unwrap_or(false))
+        let look_at = self.look_at().await;
+        let present = match look_at {
+            LookAt::NovaList => presence(&op, &self.observe_server(op.server_id).await),
+            LookAt::Cinder => self.cinder_presence(&op).await,
+        };
+        Ok(self
+            .verify_with(&op, present, look_at, 0)
+            .await
+            .unwrap_or(false))
+    }
+
+    /// How verifications look this round (the mode is fixed by the
+    /// configuration, or by the Keystone catalog).
+    async fn look_at(&self) -> LookAt {
+        let until = tokio::time::Instant::now() + self.settings.observe_timeout;
+        let mut ignored = Vec::new();
+        match self.exec.cinder(&mut ignored, until).await {
+            Some(_) => LookAt::Cinder,
+            None => LookAt::NovaList,
+        }
+    }
+
+    /// Whether Cinder shows the volume attached to the operation's server;
+    /// `None` when it could not be asked (a deleted volume is attached
+    /// nowhere).
+    async fn cinder_presence(&self, op: &Operation) -> Option<bool> {
+        let until = tokio::time::Instant::now() + self.settings.observe_timeout;
+        let mut ignored = Vec::new();
+        let cinder = self.exec.cinder(&mut ignored, until).await?;
+        match cinder.volume(op.volume_id, until).await {
+            Ok(v) => Some(v.attached_to(op.server_id).is_some()),
+            Err(e) if e.kind == crate::nova::CinderErrorKind::VolumeNotFound => Some(false),
+            Err(e) => {
+                tracing::warn!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
+                None
+            }
+        }
     }
 
     /// Compares a look with what the decision implies; true when it drifted
     /// (recorded, counted, never acted on: that is the orchestrator's
     /// call); `None` when the look failed.
-    async fn verify_with(&self, op: &Operation, listed: &Observation, stage: u8) -> Option<bool> {
+    async fn verify_with(
+        &self,
+        op: &Operation,
+        present: Option<bool>,
+        look_at: LookAt,
+        stage: u8,
+    ) -> Option<bool> {
         let Some(expect) = op.verify_expect else {
             return Some(false);
         };
-        let Some(present) = presence(op, listed) else {
-            if let Err(e) = listed {
-                tracing::warn!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
-            }
-            return None;
-        };
+        let present = present?;
         if present == expect {
             return Some(false);
         }
         self.exec.metrics.drift_detected.inc();
         let detail = format!(
-            "decided {} but the volume is {} the server's attachment list, and no later operation explains it; not acting on it: that is the orchestrator's call",
+            "decided {} but {}, and no later operation explains it; not acting on it: that is the orchestrator's call",
             op.state.as_str(),
-            if present { "in" } else { "not in" }
+            look_at.what(present)
         );
         tracing::warn!(operation_id = %op.id, "{detail}");
         let ev = NewEvent::new(event::DRIFT_DETECTED, detail)

@@ -15,6 +15,8 @@ pub(crate) struct AttachParams {
     pub device: Option<String>,
     pub tag: Option<String>,
     pub delete_on_termination: bool,
+    /// The hypervisor fails this attach (`Fault::RollBack`).
+    pub roll_back: bool,
 }
 
 /// How the detach of an accepted request ends.
@@ -57,6 +59,7 @@ impl Sim {
             return Answer::Accepted;
         };
         let cfg = self.config();
+        let roll_back = params.roll_back;
         let device = params.device.unwrap_or_else(|| w.next_device(server));
         let att = SimAttachment {
             server_id: server,
@@ -83,25 +86,27 @@ impl Sim {
                         || sim.cinder_reserve_refusal(&w, volume).is_some()
                 };
                 if !refused {
-                    sim.materialize(att, cause);
+                    sim.materialize(att, cause, roll_back);
                 }
             });
             return Answer::Accepted;
         }
         let body = attach_view(&att, mv);
-        self.materialize(att, cause);
+        self.materialize(att, cause, roll_back);
         Answer::Ok(body)
     }
 
     /// The BDM exists from now; the hypervisor attach then completes or
-    /// fails (and Nova removes the BDM again).
-    pub(crate) fn materialize(self: &Arc<Self>, att: SimAttachment, cause: Cause) {
+    /// fails (and Nova removes the BDM again): when `roll_back`, or by
+    /// chance (`rollback_share`).
+    pub(crate) fn materialize(self: &Arc<Self>, att: SimAttachment, cause: Cause, roll_back: bool) {
         let cfg = self.config();
         let (volume, id) = (att.volume_id, att.attachment_id);
         if !self.world().attach(att, cause) {
             return;
         }
-        let rollback = cfg.rollback_share > 0.0 && rand::random::<f64>() < cfg.rollback_share;
+        let rollback =
+            roll_back || (cfg.rollback_share > 0.0 && rand::random::<f64>() < cfg.rollback_share);
         let delay = if rollback {
             cfg.rollback_delay_ms.max(cfg.attach_complete_ms)
         } else {

@@ -58,6 +58,10 @@ pub enum Fault {
     /// A detach is accepted (202) but the guest refuses it: after the
     /// detach delay the volume is back in use and the attachment stays.
     DetachRefused,
+    /// An attach is answered as usual (the mapping made, Cinder's volume
+    /// reserved), then the hypervisor fails it: after `rollback_delay_ms`
+    /// Nova removes the mapping and Cinder shows `rollback_status`.
+    RollBack,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

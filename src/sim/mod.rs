@@ -256,9 +256,16 @@ impl Sim {
     }
 
     /// Detaches a volume behind the service's back; false when it was not
-    /// attached there.
+    /// attached there, or not in use yet: as in Nova, only an attachment
+    /// that is in use can be detached (Cinder's begin_detaching refuses a
+    /// volume still attaching).
     pub fn detach_out_of_band(&self, server: Uuid, volume: Uuid) -> bool {
-        self.world().detach(server, volume, Cause::OutOfBand)
+        let mut w = self.world();
+        let in_use = w
+            .attachments
+            .find(server, volume)
+            .is_some_and(|a| a.state == AttachState::InUse);
+        in_use && w.detach(server, volume, Cause::OutOfBand)
     }
 
     /// Makes every issued token invalid (401 on its next use).
@@ -304,6 +311,12 @@ impl Sim {
     pub fn attach_effects(&self, volume: Uuid) -> u32 {
         let w = self.world();
         w.truth.attach_effects.get(&volume).copied().unwrap_or(0)
+    }
+
+    /// Attaches of `volume` that took effect and were then rolled back.
+    pub fn rollbacks(&self, volume: Uuid) -> u32 {
+        let w = self.world();
+        w.truth.rollbacks.get(&volume).copied().unwrap_or(0)
     }
 
     pub fn attach_requests(&self, volume: Uuid) -> u32 {

@@ -104,6 +104,8 @@ pub struct Truth {
     pub list_requests: u64,
     pub token_requests: u64,
     pub rolled_back: u64,
+    /// Attaches the hypervisor failed and Nova rolled back, by volume.
+    pub rollbacks: HashMap<Uuid, u32>,
     /// Every change, in order.
     pub effects: Vec<Effect>,
     /// Every attach and detach request, in the order received.
@@ -234,6 +236,7 @@ impl World {
         };
         if matches!(cause, Cause::RolledBack) {
             self.truth.rolled_back += 1;
+            *self.truth.rollbacks.entry(volume).or_default() += 1;
         }
         self.record(Change::Detached, a.server_id, volume, cause);
         true

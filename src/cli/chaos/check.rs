@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::play::{Outcome, Played, Recorded, Windows};
-use crate::domain::{Action, Resolution, State, event};
+use crate::domain::{Action, Operation, Resolution, State, event};
 use crate::sim::{Cause, Change, Effect};
 
 /// The invariants, by name.
@@ -209,11 +209,16 @@ impl Checker<'_> {
                     | crate::domain::Reason::NovaVolumeNotFound
             )
         });
-        let own = self.standing_effects(op.id, gone);
+        let own = self.standing_at(op.id, done, gone);
         let wrong = match (op.action, op.state) {
-            (Action::Attach, State::Succeeded) => (!t.ever(true, from, to)).then_some(
-                "SUCCEEDED, but the volume was never attached to the server while it ran",
-            ),
+            (Action::Attach, State::Succeeded) if !t.ever(true, from, to) => {
+                Some("SUCCEEDED, but the volume was never attached to the server while it ran")
+            }
+            // Confirmed with Cinder, SUCCEEDED means usable: not an attach
+            // Nova was about to roll back.
+            (Action::Attach, State::Succeeded) if self.rolled_back_at(op, done) => {
+                Some("SUCCEEDED, but the attach it saw was rolled back by Nova: never usable")
+            }
             (Action::Detach, State::Succeeded) => (!t.ever(false, from, to))
                 .then_some("SUCCEEDED, but the volume stayed attached to the server while it ran"),
             (_, State::Failed) if own > 0 => {
@@ -242,17 +247,42 @@ impl Checker<'_> {
         }
     }
 
-    /// The effects of `op`'s own requests that Nova did not roll back
-    /// itself (a hypervisor that failed the attach), nor, when `gone`, a
-    /// deletion of the server or volume undid.
-    fn standing_effects(&self, op: Uuid, gone: bool) -> usize {
+    /// Whether the last attach of `op`'s volume to its server before
+    /// `done` is one Nova rolled back.
+    fn rolled_back_at(&self, op: &Operation, done: DateTime<Utc>) -> bool {
+        let effects = &self.p.effects;
+        (0..effects.len())
+            .rev()
+            .find(|i| {
+                let e = &effects[*i];
+                e.change == Change::Attached
+                    && e.server_id == op.server_id
+                    && e.volume_id == op.volume_id
+                    && e.at <= done
+            })
+            .is_some_and(|i| rolled_back(effects, i))
+    }
+
+    /// `op`'s own effects that still stood when it was decided: not rolled
+    /// back by Nova, and not undone by anyone before `done`. (An attach
+    /// removed by someone else before the service could see it in use is
+    /// FAILED rightly: SUCCEEDED promises a usable attachment.) Nor, when
+    /// `gone`, undone by a deletion of its server or volume, nor undone
+    /// unseen by someone else within a settle window.
+    fn standing_at(&self, op: Uuid, done: DateTime<Utc>, gone: bool) -> usize {
         let effects = &self.p.effects;
         (0..effects.len())
             .filter(|i| {
-                let undone = rolled_back(effects, *i)
-                    || (gone && deleted_after(effects, *i))
-                    || self.undone_unseen(*i);
-                caused_by(&effects[*i], op) && !undone
+                let e = &effects[*i];
+                caused_by(e, op)
+                    && !rolled_back(effects, *i)
+                    && !(gone && deleted_after(effects, *i))
+                    && !self.undone_unseen(*i)
+                    && !effects[i + 1..].iter().any(|n| {
+                        n.server_id == e.server_id
+                            && n.volume_id == e.volume_id
+                            && n.at <= done + ms(TOLERANCE_MS)
+                    })
             })
             .count()
     }

@@ -28,6 +28,9 @@ pub fn token_of(caller: &str) -> String {
 pub struct ClusterConfig {
     pub database_url: String,
     pub nova_url: String,
+    /// The simulator's Cinder: the replicas confirm with it, as a cloud's
+    /// catalog would have them do.
+    pub cinder_url: String,
     pub replicas: usize,
     pub clients: usize,
     /// Each replica's clock skew (missing: none).
@@ -150,6 +153,8 @@ impl Cluster {
             &self.cfg.database_url,
             "--nova-url",
             &self.cfg.nova_url,
+            "--cinder-url",
+            &self.cfg.cinder_url,
             "--replica-id",
             name,
             "--shutdown-delay",

@@ -284,7 +284,7 @@ fn planned_faults(rng: &mut StdRng, action: Action, shape: &Shape) -> Vec<Planne
     };
     let effect = rng.random_bool(0.5);
     let late = rng.random_range(100..shape.max_late_effect_ms.max(101));
-    match rng.random_range(0..17) {
+    match rng.random_range(0..18) {
         0 => vec![one(Fault::DelayAfterEffect {
             ms: rng.random_range(100..3000),
         })],
@@ -339,6 +339,8 @@ fn planned_faults(rng: &mut StdRng, action: Action, shape: &Shape) -> Vec<Planne
             status: "creating".into(),
         })],
         16 if action == Action::Attach => vec![one(Fault::DeviceInUse)],
+        // Nova answers, then the hypervisor fails it and Nova rolls back.
+        17 if action == Action::Attach => vec![one(Fault::RollBack)],
         _ => vec![one(Fault::Status { code: 503, effect })],
     }
 }

@@ -308,6 +308,7 @@ async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
         Cluster::start(ClusterConfig {
             database_url: database_url.clone(),
             nova_url: sim.nova_url.clone(),
+            cinder_url: sim.cinder_url.clone(),
             replicas,
             clients: cfg.shape.clients,
             skews,

@@ -78,6 +78,7 @@ fn attach_fault(roll: f64, late_ms: u64) -> Option<(&'static str, Fault)> {
                 effect: false,
             },
         ),
+        r if r < 0.53 => ("rolled back after Nova's 200", Fault::RollBack),
         _ => return None,
     })
 }

@@ -44,6 +44,9 @@ const RESTART_DRAIN: Duration = Duration::from_secs(10);
 
 /// How long the reconciler may take to decide what the calls left open.
 const SETTLE_LIMIT: Duration = Duration::from_secs(120);
+/// How long the demo gives its verifier (`--verify-after 2s`) to report an
+/// attachment removed behind the service's back.
+const DRIFT_WITHIN: Duration = Duration::from_secs(30);
 /// Nova servers the volumes are spread over.
 const SERVERS: usize = 10;
 
@@ -388,20 +391,39 @@ pub async fn run(mut args: DemoArgs) -> anyhow::Result<()> {
     settle(store.as_ref(), started, total).await?;
     let verdict = report::compare(store.as_ref(), &setup.sim.sim, &plan).await?;
     report::print_report(&verdict, &metrics, &tally);
+    let server = plan
+        .volumes
+        .first()
+        .map(|(s, _)| *s)
+        .unwrap_or_else(Uuid::new_v4);
+    report::real_drift(
+        &client,
+        store.as_ref(),
+        &setup.sim.sim,
+        server,
+        DRIFT_WITHIN,
+    )
+    .await?;
     if let Some(id) = verdict.story {
         report::print_story(store.as_ref(), id).await?;
     }
     println!();
-    let passed = verdict.twice == 0 && verdict.disagreements.is_empty();
+    let passed = verdict.twice == 0
+        && verdict.disagreements.is_empty()
+        && verdict.drifted == 0
+        && verdict.rolled_back_decided == verdict.rolled_back;
     look_closer(&args, &setup, verdict.story).await;
     running.stop().await?;
     setup.sim.stop().await;
     clean_up(&args, &setup.db_path, passed);
     anyhow::ensure!(
         passed,
-        "{} ledger rows disagree with the truth, {} volumes attached twice",
+        "{} ledger rows disagree with the truth, {} volumes attached twice, {} drift reports, {} of {} rollbacks decided at the call",
         verdict.disagreements.len(),
-        verdict.twice
+        verdict.twice,
+        verdict.drifted,
+        verdict.rolled_back_decided,
+        verdict.rolled_back
     );
     Ok(())
 }

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::faults::Plan;
 use super::{Tally, lock, ms};
 use crate::cli::output::{align_right, bare_table, plain_table, quantile};
-use crate::domain::{Action, Resolution, State};
+use crate::domain::{Action, Reason, Resolution, State};
 use crate::metrics::Metrics;
 use crate::sim;
 use crate::store::Store;
@@ -20,6 +20,13 @@ pub struct Verdict {
     by_outcome: BTreeMap<(String, String), usize>,
     pub disagreements: Vec<String>,
     pub twice: usize,
+    /// Attaches the hypervisor rolled back after Nova's 200, and how many
+    /// of them the ledger decided FAILED `ATTACH_ROLLED_BACK` when it
+    /// answered (not drift found later).
+    pub rolled_back: usize,
+    pub rolled_back_decided: usize,
+    /// Decided operations the verifier reported as drifted.
+    pub drifted: usize,
     /// An attach whose response was lost and whose outcome an observation decided.
     pub story: Option<Uuid>,
 }
@@ -33,7 +40,22 @@ pub async fn compare(store: &dyn Store, sim: &sim::Sim, plan: &Plan) -> anyhow::
         let det = store
             .operation_get_by_key(None, &format!("demo-detach-{v}"))
             .await?;
-        let effects = sim.attach_effects(*v);
+        // Effects that stood: a rolled-back attach did not attach.
+        let rollbacks = sim.rollbacks(*v);
+        let effects = sim.attach_effects(*v).saturating_sub(rollbacks);
+        if rollbacks > 0 {
+            verdict.rolled_back += 1;
+            if att.as_ref().is_some_and(|o| {
+                o.state == State::Failed
+                    && o.resolution == Some(Resolution::Reobserved)
+                    && o.last_error
+                        .as_ref()
+                        .is_some_and(|e| e.reason == Reason::AttachRolledBack)
+            }) {
+                verdict.rolled_back_decided += 1;
+            }
+        }
+        verdict.drifted += att.iter().chain(det.iter()).filter(|o| o.drifted).count();
         if effects > 1 {
             verdict.twice += 1;
         }
@@ -102,6 +124,19 @@ pub fn print_report(verdict: &Verdict, metrics: &[Arc<Metrics>], tally: &Tally) 
         "(must be 0)".to_string(),
     ]);
     facts.add_row([
+        "attaches rolled back after Nova's 200".to_string(),
+        verdict.rolled_back.to_string(),
+        format!(
+            "({} decided FAILED ATTACH_ROLLED_BACK when answered, by Cinder)",
+            verdict.rolled_back_decided
+        ),
+    ]);
+    facts.add_row([
+        "drift reported (a change no operation explains)".to_string(),
+        verdict.drifted.to_string(),
+        "(must be 0: every change here is the demo's own)".to_string(),
+    ]);
+    facts.add_row([
         "ledger rows that disagree with Nova's truth".to_string(),
         verdict.disagreements.len().to_string(),
         "(must be 0)".to_string(),
@@ -137,4 +172,48 @@ pub async fn print_story(store: &dyn Store, id: Uuid) -> anyhow::Result<()> {
         println!("  {}", line.trim_end());
     }
     Ok(())
+}
+
+/// The verifier at work: one more attach, whose attachment someone else
+/// then removes behind the service's back; waits (up to `within`) until
+/// the verifier reports it, and says how long that took.
+pub async fn real_drift(
+    client: &crate::client::Client,
+    store: &dyn Store,
+    sim: &sim::Sim,
+    server: Uuid,
+    within: std::time::Duration,
+) -> anyhow::Result<()> {
+    let v = Uuid::new_v4();
+    let op = client
+        .attach(
+            &format!("demo-drift-{v}"),
+            &server.to_string(),
+            &v.to_string(),
+            Default::default(),
+            std::time::Duration::from_secs(10),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("the drift example's attach: {e}"))?;
+    let id: Uuid = op.id.parse()?;
+    anyhow::ensure!(
+        sim.detach_out_of_band(server, v),
+        "the drift example's attachment was not there to remove"
+    );
+    let removed = tokio::time::Instant::now();
+    let by = removed + within;
+    while tokio::time::Instant::now() < by {
+        if store.operation_get(id).await?.is_some_and(|o| o.drifted) {
+            println!(
+                "  an attachment removed behind the service's back: reported as drift {} later (ops list --drifted)",
+                ms(removed.elapsed())
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    anyhow::bail!(
+        "an attachment removed behind the service's back was not reported as drift within {}",
+        ms(within)
+    )
 }

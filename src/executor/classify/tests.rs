@@ -82,14 +82,9 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
             },
             400,
         ),
-        ("5xx, a proxy's page", Rejection::ServerError, 504),
-        ("other status, a proxy's page", Rejection::Other, 418),
+        ("5xx", Rejection::ServerError, 500),
+        ("other status", Rejection::Other, 418),
     ];
-    // Nova's own fault body (`computeFault`, `serviceUnavailable`).
-    let nova_body = |r: Rejection, status: u16, name: &str| NovaError {
-        nova_fault: Some(name.into()),
-        ..rejected(r, status)
-    };
     // (cell, kind, stage, HTTP status, may have reached Nova)
     let failures = [
         (
@@ -149,16 +144,7 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
             true,
         ),
     ];
-    let mut m = sample_map(rejections, failures);
-    m.insert(
-        "5xx, Nova's fault body",
-        Some(nova_body(Rejection::ServerError, 503, "serviceUnavailable")),
-    );
-    m.insert(
-        "other status, Nova's fault body",
-        Some(nova_body(Rejection::Other, 406, "computeFault")),
-    );
-    m
+    sample_map(rejections, failures)
 }
 
 type FailureSample = (&'static str, NovaErrorKind, Stage, Option<u16>, bool);

@@ -134,7 +134,7 @@ pub(super) async fn attach(
         mv,
         action: "attach_volume",
     };
-    mutate(&st.sim, m, &h, move |sim, cause, _fault| {
+    mutate(&st.sim, m, &h, move |sim, cause, fault| {
         sim.attach(
             server,
             volume,
@@ -142,6 +142,7 @@ pub(super) async fn attach(
                 device: spec.device,
                 tag: spec.tag,
                 delete_on_termination: spec.delete_on_termination.unwrap_or(false),
+                roll_back: fault == Some(Fault::RollBack),
             },
             mv,
             cause,
