@@ -55,10 +55,9 @@ async fn drift_is_only_a_change_no_recorded_operation_explains(ledger: Ledger) {
         .await
         .unwrap()
         .into_inner();
-    // C1: already attached to the server; the attach is refused (device
-    // in use) and FAILED, the volume stays as it was before.
+    // C1: the attach is refused (device path in use) and FAILED; the
+    // volume stays as it was before, attached nowhere.
     let vc1 = Uuid::new_v4();
-    app.sim.seed_attachment(s, vc1);
     app.sim
         .add_fault(FaultRule::new(FaultOp::Attach, Fault::DeviceInUse).volume(vc1));
     let mut req = attach("c1-attach", s, vc1);
@@ -113,7 +112,7 @@ async fn drift_is_only_a_change_no_recorded_operation_explains(ledger: Ledger) {
     for (what, id) in [
         ("the attach a later detach undid", id_of(&a1)),
         ("the detach", id_of(&a2)),
-        ("the refused attach of a volume already there", c1),
+        ("the refused attach of a volume left as it was", c1),
         ("the refused attach of a volume attached elsewhere", c2),
     ] {
         let op = row(&app, id).await;
@@ -144,7 +143,8 @@ async fn drift_is_only_a_change_no_recorded_operation_explains(ledger: Ledger) {
         .collect();
     assert_eq!(oob, vec![vb]);
     assert!(!app.sim.is_attached(s, va) && !app.sim.is_attached(s, vb));
-    assert!(app.sim.is_attached(s, vc1) && app.sim.is_attached(elsewhere, vc2));
+    assert!(!app.sim.is_attached(s, vc1) && app.sim.is_attached(elsewhere, vc2));
+    assert_eq!(app.sim.attach_effects(vc1), 0);
     app.stop().await;
 }
 on_both_ledgers!(drift_is_only_a_change_no_recorded_operation_explains);
