@@ -36,7 +36,7 @@ async fn random_histories_on_two_replicas_with_kills_and_a_skewed_clock_break_no
     support::init_logs();
     let db = support::pg::fresh_database().await;
     let cfg = ChaosConfig {
-        histories: 60,
+        histories: 80,
         seed: 1_000,
         database_url: Some(db),
         replicas: 2,
@@ -54,7 +54,7 @@ async fn random_histories_on_two_replicas_with_kills_and_a_skewed_clock_break_no
 async fn random_histories_on_the_embedded_store_break_no_invariant() {
     support::init_logs();
     let cfg = ChaosConfig {
-        histories: 60,
+        histories: 80,
         seed: 5_000,
         database_url: None,
         replicas: 1,

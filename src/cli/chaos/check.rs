@@ -455,12 +455,17 @@ impl Checker<'_> {
     fn effects(&mut self) {
         // Effects per request id; an attach Nova itself rolled back (the
         // hypervisor failed it) does not count: a new one is no duplicate.
+        // Nor does an effect someone else undid before a look could see it
+        // (within a settle window): a replica that died before logging the
+        // answer leaves its successor a volume as if nothing happened, and
+        // past the settle window it re-sends, rightly (seed 1038).
         let mut per_op: HashMap<String, usize> = HashMap::new();
         for (i, e) in self.p.effects.iter().enumerate() {
             if let Cause::Request {
                 request_id: Some(id),
             } = &e.cause
                 && !rolled_back(&self.p.effects, i)
+                && !self.undone_unseen(i)
             {
                 *per_op.entry(id.clone()).or_default() += 1;
             }
