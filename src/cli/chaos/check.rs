@@ -274,15 +274,15 @@ impl Checker<'_> {
         (0..effects.len())
             .filter(|i| {
                 let e = &effects[*i];
-                caused_by(e, op)
-                    && !rolled_back(effects, *i)
-                    && !(gone && deleted_after(effects, *i))
-                    && !self.undone_unseen(*i)
-                    && !effects[i + 1..].iter().any(|n| {
-                        n.server_id == e.server_id
-                            && n.volume_id == e.volume_id
-                            && n.at <= done + ms(TOLERANCE_MS)
-                    })
+                let undone_before = effects[i + 1..].iter().any(|n| {
+                    n.server_id == e.server_id
+                        && n.volume_id == e.volume_id
+                        && n.at <= done + ms(TOLERANCE_MS)
+                });
+                let deleted = gone && deleted_after(effects, *i);
+                let undone =
+                    rolled_back(effects, *i) || deleted || self.undone_unseen(*i) || undone_before;
+                caused_by(e, op) && !undone
             })
             .count()
     }
