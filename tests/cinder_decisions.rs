@@ -390,6 +390,27 @@ async fn a_detach_is_succeeded_once_cinder_no_longer_lists_it_and_a_refused_one_
             "{store:?}"
         );
         assert_eq!(app.sim.detach_requests(v3), 0);
+
+        // In use on another server only (not multiattach): this server has
+        // nothing to detach, whatever the caller's deadline; nothing sent.
+        let (s4, v4, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        app.sim.seed_attachment(other, v4);
+        let op = app
+            .raw()
+            .detach_volume(with_timeout(
+                detach("elsewhere", s4, v4),
+                Duration::from_millis(300),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (op.state, op.attempts),
+            (pb::State::Succeeded as i32, 0),
+            "{store:?}"
+        );
+        assert_eq!(app.sim.detach_requests(v4), 0);
+        assert!(app.sim.is_attached(other, v4), "the other server keeps it");
         app.stop().await;
     }
 }

@@ -304,5 +304,25 @@ async fn ops_show_prints_the_global_and_novas_request_ids() {
     for r in &seen {
         assert!(nova.contains(&r.local_id.as_str()), "{nova:?}");
     }
+    // By the key its caller sent, with the same log; a key nobody sent is
+    // NOT_FOUND, printed once.
+    let by_key = |key: &'static str| {
+        let url = app.grpc_url.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_volume-reconciler"))
+                .args(["ops", "show", "--idempotency-key", key, "--server", &url])
+                .args(["--output", "json"])
+                .output()
+                .unwrap()
+        })
+    };
+    let out = by_key("ids-1").await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["operation"]["id"], serde_json::json!(op.id));
+    assert_eq!(v["request_ids"]["global"], serde_json::json!([global]));
+    let out = by_key("nobody-sent-this").await.unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("NOT_FOUND"), "{err}");
     app.stop().await;
 }

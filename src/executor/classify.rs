@@ -192,30 +192,10 @@ pub(crate) fn classify(action: Action, server: Uuid, answer: &Answer<'_>) -> Nex
 
 fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
     match &e.kind {
-        // Maybe ours (a retry of an attach that took effect): look.
         NovaErrorKind::Rejected(Rejection::AlreadyAttached { servers })
             if action == Action::Attach =>
         {
-            let ours = server.to_string();
-            let elsewhere = servers.iter().any(|s| *s != ours);
-            Next::Observe {
-                until: Until::ObserveBy,
-                attached: decide(succeeded(
-                    Resolution::Reobserved,
-                    "already attached to this server (observed)",
-                    true,
-                )),
-                absent: if elsewhere {
-                    decide(Verdict::FailedElsewhere)
-                } else {
-                    // Not listed anywhere we can see: a rollback raced us.
-                    Box::new(Next::Retry {
-                        why: "already-attached but not listed",
-                        otherwise: Box::new(Next::OutOfTime),
-                    })
-                },
-                error: unknown("volume reported attached, observation failed"),
-            }
+            already_attached(server, servers)
         }
         NovaErrorKind::Rejected(Rejection::NotAttached) if action == Action::Detach => {
             Next::Decide(succeeded(
@@ -224,24 +204,8 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
                 false,
             ))
         }
-        // Not in use: a detach runs (maybe our own lost one), or an attach
-        // has not finished. Gone: done; still there: ask again.
         NovaErrorKind::Rejected(Rejection::Detaching) if action == Action::Detach => {
-            Next::Observe {
-                until: Until::ObserveBy,
-                attached: Box::new(Next::Retry {
-                    why: "the volume is not in use yet (attaching or detaching)",
-                    otherwise: unknown(
-                        "the volume was still attached and not in use at the deadline",
-                    ),
-                }),
-                absent: decide(succeeded(
-                    Resolution::Reobserved,
-                    "detached (observed gone)",
-                    false,
-                )),
-                error: unknown("refused as not in use, and the observation failed"),
-            }
+            detach_not_in_use()
         }
         // The server or the volume no longer exists: nothing is attached
         // to it, whatever any earlier attempt did.
@@ -277,6 +241,49 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
         NovaErrorKind::DeadlineExceeded if !e.may_have_reached_nova => Next::Refuse(e.reason()),
         NovaErrorKind::Rejected(_) if !e.outcome_unknown() => Next::Refuse(e.reason()),
         _ => lost(action),
+    }
+}
+
+/// An attach refused as already attached: maybe ours (a retry of an
+/// attach that took effect), so look. Listed here: done; listed on another
+/// server: FAILED; listed nowhere: a rollback raced us, try again.
+fn already_attached(server: Uuid, servers: &[String]) -> Next {
+    let ours = server.to_string();
+    let elsewhere = servers.iter().any(|s| *s != ours);
+    Next::Observe {
+        until: Until::ObserveBy,
+        attached: decide(succeeded(
+            Resolution::Reobserved,
+            "already attached to this server (observed)",
+            true,
+        )),
+        absent: if elsewhere {
+            decide(Verdict::FailedElsewhere)
+        } else {
+            Box::new(Next::Retry {
+                why: "already-attached but not listed",
+                otherwise: Box::new(Next::OutOfTime),
+            })
+        },
+        error: unknown("volume reported attached, observation failed"),
+    }
+}
+
+/// A detach refused as "not in use": a detach runs (maybe our own lost
+/// one), or an attach has not finished. Gone: done; still there: ask again.
+fn detach_not_in_use() -> Next {
+    Next::Observe {
+        until: Until::ObserveBy,
+        attached: Box::new(Next::Retry {
+            why: "the volume is not in use yet (attaching or detaching)",
+            otherwise: unknown("the volume was still attached and not in use at the deadline"),
+        }),
+        absent: decide(succeeded(
+            Resolution::Reobserved,
+            "detached (observed gone)",
+            false,
+        )),
+        error: unknown("refused as not in use, and the observation failed"),
     }
 }
 

@@ -111,7 +111,7 @@ impl Executor {
             Ok(v) => {
                 let pre = match new.action {
                     Action::Attach => precheck_attach(new.id, new.server_id, &v),
-                    Action::Detach => precheck_detach(&v),
+                    Action::Detach => precheck_detach(new.server_id, &v),
                 };
                 (pre, volume_event("before sending", &v, new.server_id))
             }
@@ -274,7 +274,11 @@ impl Executor {
 
 /// The attach pre-check's verdict on what Cinder shows.
 fn precheck_attach(id: Uuid, server: Uuid, v: &VolumeView) -> Precheck {
-    if let Some(a) = v.attached_to(server) {
+    // Attached here and `in-use`: done. One `detaching` from here is on its
+    // way out (Nova may have removed it already): Nova decides.
+    if let Some(a) = v.attached_to(server)
+        && v.status == VolumeStatus::InUse
+    {
         let d = Decision::succeeded(
             Resolution::Reobserved,
             Some(AttachmentInfo {
@@ -286,6 +290,9 @@ fn precheck_attach(id: Uuid, server: Uuid, v: &VolumeView) -> Precheck {
             "Cinder shows the volume attached to this server already: nothing sent",
         );
         return Precheck::Decided(d);
+    }
+    if v.attached_to(server).is_some() {
+        return Precheck::Send;
     }
     if !v.multiattach && !v.attachments.is_empty() {
         let servers: Vec<String> = v
@@ -323,19 +330,25 @@ fn precheck_attach(id: Uuid, server: Uuid, v: &VolumeView) -> Precheck {
     }
 }
 
-/// The detach pre-check: only a volume `available` with no attachment at
-/// all is known detached from every server (one `reserved`/`attaching`
-/// for this server would be attached after a skipped detach).
-fn precheck_detach(v: &VolumeView) -> Precheck {
-    if v.status == VolumeStatus::Available && v.attachments.is_empty() {
-        Precheck::Decided(Decision::succeeded(
-            Resolution::Reobserved,
-            None,
-            "Cinder shows the volume available and attached nowhere: nothing to detach; nothing sent",
-        ))
+/// The detach pre-check: nothing is sent when Cinder shows the volume
+/// detached from the server for good — `available` with no attachment at
+/// all, or (not multiattach) `in-use` on other servers only, where Cinder
+/// refuses any attachment to this one (as cinder-csi answers success). Any
+/// other status may hide an attachment to this server on its way
+/// (`reserved`/`attaching`), which a skipped detach would leave behind.
+fn precheck_detach(server: Uuid, v: &VolumeView) -> Precheck {
+    let detail = if v.status == VolumeStatus::Available && v.attachments.is_empty() {
+        "Cinder shows the volume available and attached nowhere: nothing to detach; nothing sent"
+    } else if v.status == VolumeStatus::InUse
+        && !v.multiattach
+        && !v.attachments.is_empty()
+        && v.attached_to(server).is_none()
+    {
+        "Cinder shows the volume in-use on another server only: not attached to this one; nothing sent"
     } else {
-        Precheck::Send
-    }
+        return Precheck::Send;
+    };
+    Precheck::Decided(Decision::succeeded(Resolution::Reobserved, None, detail))
 }
 
 fn confirmed(run: &Run, mut d: Decision, att: Option<AttachmentInfo>) -> Decision {
@@ -473,7 +486,7 @@ mod tests {
     /// Samples of what each row's "Cinder shows" cell names.
     fn samples(shows: &str) -> Option<Vec<VolumeView>> {
         Some(match shows {
-            "attached to this server" => vec![
+            "attached to this server, `in-use`" => vec![
                 view("in-use", &[SERVER], false),
                 view("in-use", &[OTHER, SERVER], true),
             ],
@@ -491,11 +504,16 @@ mod tests {
                 view("deleting", &[], false),
             ],
             "`available`, attached nowhere" => vec![view("available", &[], false)],
+            "`in-use` on other servers only, not multiattach" => {
+                vec![view("in-use", &[OTHER], false)]
+            }
             "anything else, or the look failed" => vec![
                 view("available", &[], false),
                 view("reserved", &[], false),
                 view("attaching", &[], false),
                 view("in-use", &[OTHER], true),
+                view("detaching", &[SERVER], false),
+                view("attaching", &[SERVER], false),
                 view("maintenance", &[], false),
             ],
             "no such volume (404)" => return None,
@@ -547,7 +565,7 @@ mod tests {
                     }
                     let got = match a {
                         Action::Attach => precheck_attach(Uuid::nil(), SERVER, &v),
-                        Action::Detach => precheck_detach(&v),
+                        Action::Detach => precheck_detach(SERVER, &v),
                     };
                     assert!(
                         expected.starts_with(&step(&got)),

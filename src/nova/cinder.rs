@@ -20,8 +20,8 @@ use serde::Deserialize;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::client::RequestId;
 use super::error::Stage;
+use super::http::RequestId;
 use super::http::{Failure, FailureKind, RawResponse, Service};
 use super::types::parse_fault;
 

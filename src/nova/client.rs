@@ -27,9 +27,7 @@ use super::types::{
 use super::version::{parse_versions, version_root};
 use crate::domain::RequestParams;
 
-pub use super::http::{
-    CaBundle, SlotWaitObserver, TlsTrust, build_http_client, install_crypto_provider,
-};
+pub use super::http::{CaBundle, RequestId, SlotWaitObserver, TlsTrust, install_crypto_provider};
 pub use super::version::{Microversion, VersionRange};
 
 /// Where Nova is.
@@ -114,6 +112,35 @@ impl Default for NovaConfig {
     }
 }
 
+/// Builds the shared HTTP client. Deliberately no `timeout`, no
+/// `read_timeout`: the only bound of a request is its deadline. The connect
+/// bound covers TCP (and TLS for https) and nothing after it.
+pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
+    let connect = if https {
+        cfg.connect_timeout + cfg.tls_handshake_timeout
+    } else {
+        cfg.connect_timeout
+    };
+    install_crypto_provider();
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(connect)
+        .pool_max_idle_per_host(cfg.max_concurrent_per_host)
+        .tcp_nodelay(true)
+        .user_agent(concat!("volume-reconciler/", env!("CARGO_PKG_VERSION")));
+    if let Some(ca) = &cfg.tls.ca {
+        builder = builder.tls_certs_only(ca.certs.iter().cloned());
+    }
+    if cfg.tls.insecure {
+        builder = builder.danger_accept_invalid_certs(true);
+    }
+    builder
+        .build()
+        // Building fails only when the TLS backend cannot initialize (a
+        // broken installation, not a runtime condition) or a CA is unusable,
+        // which `CaBundle::from_file` rules out.
+        .expect("the HTTP client must build (TLS provider available)")
+}
+
 const NO_CINDER_DIRECT: &str = "no Cinder endpoint (--cinder-url in direct mode): attaches and detaches are confirmed with Nova's attachment list, which shows a reservation, not a usable attachment";
 const NO_CINDER_CATALOG: &str = "the Keystone catalog has no block-storage (or volumev3) endpoint: attaches and detaches are confirmed with Nova's attachment list, which shows a reservation, not a usable attachment";
 
@@ -145,27 +172,6 @@ pub enum AttachAnswer {
     Attached(NovaAttachment),
     /// 202 (microversion >= 2.101): accepted; only the list can tell.
     Accepted,
-}
-
-/// A global request id (`X-OpenStack-Request-ID: req-<uuid>`, honoured by
-/// Nova from microversion 2.46): Nova logs it beside the local id it
-/// answers with, so an operator can find both sides of a call. Every
-/// request of one operation carries the operation's id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestId(String);
-
-impl RequestId {
-    pub fn for_operation(id: Uuid) -> Self {
-        Self(format!("req-{id}"))
-    }
-
-    pub fn fresh() -> Self {
-        Self(format!("req-{}", Uuid::new_v4()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 /// A value Nova answered with, and the local request id it answered under.

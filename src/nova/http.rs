@@ -19,41 +19,33 @@ use bytes::Bytes;
 use reqwest::Method;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 use super::auth::{KeystoneAuth, Secret, Token, error_chain};
-use super::client::NovaConfig;
 use super::error::Stage;
 
 /// Told how long each request waited for a connection slot.
 pub type SlotWaitObserver = Arc<dyn Fn(Duration) + Send + Sync>;
 
-/// Builds the shared HTTP client. Deliberately no `timeout`, no
-/// `read_timeout`: the only bound of a request is its deadline. The connect
-/// bound covers TCP (and TLS for https) and nothing after it.
-pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
-    let connect = if https {
-        cfg.connect_timeout + cfg.tls_handshake_timeout
-    } else {
-        cfg.connect_timeout
-    };
-    install_crypto_provider();
-    let mut builder = reqwest::Client::builder()
-        .connect_timeout(connect)
-        .pool_max_idle_per_host(cfg.max_concurrent_per_host)
-        .tcp_nodelay(true)
-        .user_agent(concat!("volume-reconciler/", env!("CARGO_PKG_VERSION")));
-    if let Some(ca) = &cfg.tls.ca {
-        builder = builder.tls_certs_only(ca.certs.iter().cloned());
+/// A global request id (`X-OpenStack-Request-ID: req-<uuid>`, honoured by
+/// Nova from microversion 2.46): Nova logs it beside the local id it
+/// answers with, so an operator can find both sides of a call. Every
+/// request of one operation carries the operation's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(String);
+
+impl RequestId {
+    pub fn for_operation(id: Uuid) -> Self {
+        Self(format!("req-{id}"))
     }
-    if cfg.tls.insecure {
-        builder = builder.danger_accept_invalid_certs(true);
+
+    pub fn fresh() -> Self {
+        Self(format!("req-{}", Uuid::new_v4()))
     }
-    builder
-        .build()
-        // Building fails only when the TLS backend cannot initialize (a
-        // broken installation, not a runtime condition) or a CA is unusable,
-        // which `CaBundle::from_file` rules out.
-        .expect("the HTTP client must build (TLS provider available)")
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// How the HTTP client trusts TLS servers (Keystone's and Nova's).
@@ -72,7 +64,7 @@ pub struct TlsTrust {
 #[derive(Debug, Clone)]
 pub struct CaBundle {
     pub path: std::path::PathBuf,
-    certs: Vec<reqwest::Certificate>,
+    pub(super) certs: Vec<reqwest::Certificate>,
 }
 
 impl CaBundle {

@@ -3,8 +3,10 @@
 //! machinery both share, Nova's wire types and the adapters' errors.
 //!
 //! - `http.rs`: one request under one deadline (slots, token, replay,
-//!   stages and clocks), shared by Nova and Cinder.
-//! - `client.rs`: Nova's calls; how an attach or detach is confirmed.
+//!   request ids, stages and clocks), shared by Nova and Cinder; it
+//!   imports neither client.
+//! - `client.rs`: Nova's calls, the HTTP client's connection policy; how an
+//!   attach or detach is confirmed.
 //! - `cinder.rs`: Cinder's view of a volume, and its errors.
 //! - `auth.rs`: Keystone tokens and the service catalog.
 

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::play::{Outcome, Played, Recorded, Windows};
-use crate::domain::{Action, Operation, Resolution, State, event};
+use crate::domain::{Action, Operation, Reason, Resolution, State, event};
 use crate::sim::{Cause, Change, Effect};
 
 /// The invariants, by name.
@@ -226,9 +226,11 @@ impl Checker<'_> {
             }
             // A refused attach may find the volume attached by someone
             // else: FAILED says this operation did nothing, and it did not.
-            // A detach none of whose requests reached Nova did nothing
-            // either (out of time before sending), whatever the volume was.
-            (Action::Detach, State::Failed) if self.received(op.id) > 0 => {
+            // A detach the deadline stopped before its first request
+            // (NOT_SENT, BUDGET_EXHAUSTED with no attempt) says the same:
+            // nothing was done, whatever the volume's state.
+            (Action::Detach, State::Failed) if self.nothing_sent(op) => None,
+            (Action::Detach, State::Failed) => {
                 (!t.ever(true, from, to)).then_some("FAILED, but the volume was detached all along")
             }
             _ => None,
@@ -367,19 +369,21 @@ impl Checker<'_> {
         };
         let changed =
             t.effects.iter().filter(unexplained).count() > 0 && t.ever(!baseline, done, end);
-        // A drift is real if it stood when the verifier looked, which may
-        // be after the window's end; a change may also come between the
-        // effect and the decision's write (its stamp is its transaction's
-        // start).
-        let looked = Self::looked_until(end, Self::drift_seen_at(r), explained_from);
-        let since = done - ms(TOLERANCE_MS);
-        let seen_change = t.effects.iter().any(|e| {
-            e.at > since
-                && e.at <= looked + ms(TOLERANCE_MS)
-                && !caused_by(e, op.id)
-                && !self.explained(e, done)
-        }) && t.ever(!baseline, done, looked + ms(TOLERANCE_MS));
-        if op.drifted && !seen_change {
+        // A last look that ran late (a loaded machine) sees changes up to
+        // its own instant: real drift too, unless a later operation began
+        // before it.
+        let seen_late = || {
+            let Some(seen) = r.events.iter().find(|e| e.kind == event::DRIFT_DETECTED) else {
+                return false;
+            };
+            let late_end = explained_from.map_or(seen.at, |n| n.min(seen.at));
+            late_end > end
+                && t.effects.iter().any(|e| {
+                    e.at > done && e.at <= late_end + ms(TOLERANCE_MS) && !self.explained(e, done)
+                })
+                && t.ever(!baseline, done, late_end)
+        };
+        if op.drifted && !changed && !seen_late() {
             self.fail(
                 "drift-is-real",
                 Some(op.id),
@@ -394,7 +398,13 @@ impl Checker<'_> {
                 && t.at(from) != baseline
                 && !t.effects.iter().any(|e| e.at > from && e.at <= end)
         };
-        if !op.drifted && changed && stood(first_look - ms(TOLERANCE_MS)) {
+        // A replica killed meanwhile takes its round's looks with it; the
+        // next one may find a later operation that explains the volume.
+        let killed = self
+            .kills
+            .iter()
+            .any(|k| k.at >= first_look - ms(1000) && k.at <= end + ms(TOLERANCE_MS));
+        if !op.drifted && changed && !killed && stood(first_look - ms(TOLERANCE_MS)) {
             self.fail(
                 "drift-is-seen",
                 Some(op.id),
@@ -602,6 +612,20 @@ impl Checker<'_> {
                 ),
             );
         }
+    }
+
+    /// Decided FAILED before its first request reached Nova: it claims
+    /// nothing about the volume, only that this operation did nothing.
+    fn nothing_sent(&self, op: &Operation) -> bool {
+        let own = own_request(op.id);
+        op.last_error
+            .as_ref()
+            .is_some_and(|e| matches!(e.reason, Reason::NotSent | Reason::BudgetExhausted))
+            && !self
+                .p
+                .requests
+                .iter()
+                .any(|q| q.global_id.as_deref() == Some(own.as_str()))
     }
 
     fn killed_between(&self, replica: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> bool {

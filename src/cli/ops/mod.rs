@@ -82,12 +82,27 @@ pub struct ListArgs {
     pub all: bool,
 }
 
+/// Which operation `ops show` prints.
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    /// The operation's id.
+    #[arg(required_unless_present = "idempotency_key")]
+    pub id: Option<String>,
+    /// Or the idempotency key its caller sent (`--key` is the TLS key).
+    #[arg(long, conflicts_with = "id")]
+    pub idempotency_key: Option<String>,
+    /// Whose key it is (keys are per caller; default: the caller this
+    /// client authenticates as). Naming another caller needs an operator.
+    #[arg(long, requires = "idempotency_key")]
+    pub caller: Option<String>,
+}
+
 #[derive(Debug, Clone, Subcommand)]
 pub enum OpsCommand {
     /// List operations, newest first.
     List(ListArgs),
-    /// An operation and its reconcile log.
-    Show { id: String },
+    /// An operation and its reconcile log, by id or by idempotency key.
+    Show(ShowArgs),
     /// Re-observe an operation now and record the finding.
     Reconcile { id: String },
     /// Follow an operation until it is decided.
@@ -182,19 +197,21 @@ impl Ops {
         Ok(())
     }
 
-    async fn show(&self, id: String) -> anyhow::Result<()> {
+    async fn show(&self, which: ShowArgs) -> anyhow::Result<()> {
         let mut c = self.client.raw();
         let op = c
             .get_operation(self.req(pb::GetOperationRequest {
-                operation_id: id.clone(),
-                idempotency_key: String::new(),
-                caller: String::new(),
+                operation_id: which.id.unwrap_or_default(),
+                idempotency_key: which.idempotency_key.unwrap_or_default(),
+                caller: which.caller.unwrap_or_default(),
             }))
             .await
             .map_err(|e| self.fail(e))?
             .into_inner();
         let events = c
-            .list_operation_events(self.req(pb::ListOperationEventsRequest { operation_id: id }))
+            .list_operation_events(self.req(pb::ListOperationEventsRequest {
+                operation_id: op.id.clone(),
+            }))
             .await
             .map_err(|e| self.fail(e))?
             .into_inner()
@@ -291,7 +308,7 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
     };
     match args.command {
         OpsCommand::List(f) => ops.list(f).await,
-        OpsCommand::Show { id } => ops.show(id).await,
+        OpsCommand::Show(which) => ops.show(which).await,
         OpsCommand::Watch { id } => ops.watch(id).await,
         OpsCommand::Reconcile { id } => ops.reconcile(id).await,
         OpsCommand::Resolve { id, state, reason } => ops.resolve(id, state, reason).await,
