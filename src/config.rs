@@ -26,6 +26,7 @@ use crate::nova::{
     Secret, TlsTrust,
 };
 use crate::reconciler::ReconcilerSettings;
+use crate::retention::RetentionSettings;
 
 /// The gRPC listen address by default; also where the clients look first.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -304,6 +305,27 @@ pub struct ServeArgs {
     /// The longest pause between two reconciler passes over one operation.
     #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_MAX_BACKOFF", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.max_backoff))]
     pub reconcile_max_backoff: Duration,
+    /// Decided operations and their events are deleted this long after
+    /// their decision (at least twice --verify-window); 0 keeps everything.
+    #[arg(long, env = "VOLUME_RECONCILER_RETAIN", value_parser = duration, default_value = "90days")]
+    pub retain: Duration,
+    /// A pruned operation's key is refused (IDEMPOTENCY_KEY_EXPIRED) until
+    /// this long after its decision, then forgotten; 0: for ever.
+    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_KEYS", value_parser = duration, default_value = "365days")]
+    pub retain_keys: Duration,
+    /// How often a replica tries a retention round (one replica at a time).
+    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_INTERVAL", value_parser = duration, default_value = render_duration(RetentionSettings::DEFAULT.interval))]
+    pub retain_interval: Duration,
+    /// Rows deleted per statement.
+    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_BATCH", default_value_t = RetentionSettings::DEFAULT.batch)]
+    pub retain_batch: u32,
+    /// Pause between two statements of a round.
+    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_PAUSE", value_parser = duration, default_value = render_duration(RetentionSettings::DEFAULT.pause))]
+    pub retain_pause: Duration,
+    /// How long a retention batch waits for transactions older than its
+    /// tombstones before deleting (PostgreSQL); past it, next round.
+    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_HORIZON_WAIT", value_parser = duration, default_value = render_duration(RetentionSettings::DEFAULT.horizon_wait), hide = true)]
+    pub retain_horizon_wait: Duration,
     /// Moves this replica's wall clock (e.g. `-2m`): for testing that
     /// nothing depends on replicas' clocks agreeing. Never in production.
     #[arg(long, env = "VOLUME_RECONCILER_CLOCK_SKEW", value_parser = signed_duration, default_value = "0s", hide = true)]
@@ -500,6 +522,7 @@ impl ServeArgs {
                 render_duration(self.verify_after)
             ));
         }
+        problems.extend(self.retention_settings().problems());
         if self.verify_window < settle_attach {
             tracing::warn!(
                 verify_window = %render_duration(self.verify_window),
@@ -520,6 +543,18 @@ impl ServeArgs {
             heartbeat: self.heartbeat,
             clock: crate::domain::Clock::skewed(self.clock_skew),
             ..ExecSettings::default()
+        }
+    }
+
+    pub fn retention_settings(&self) -> RetentionSettings {
+        RetentionSettings {
+            retain: self.retain,
+            retain_keys: self.retain_keys,
+            interval: self.retain_interval,
+            batch: self.retain_batch,
+            pause: self.retain_pause,
+            horizon_wait: self.retain_horizon_wait,
+            verify_window: self.verify_window,
         }
     }
 
@@ -795,6 +830,11 @@ mod tests {
             format!("{:?}", ReconcilerSettings::default()),
         );
         same(
+            "RetentionSettings",
+            format!("{:?}", args.retention_settings()),
+            format!("{:?}", RetentionSettings::default()),
+        );
+        same(
             "NovaConfig",
             format!("{:?}", args.nova_config().unwrap()),
             format!(
@@ -844,6 +884,43 @@ mod tests {
                 "{bad} was accepted"
             );
         }
+    }
+
+    #[test]
+    fn retention_settings_are_checked_naming_their_flags() {
+        let check = |flags: &[&str]| {
+            let mut argv = vec!["--nova-url", "http://n"];
+            argv.extend(flags);
+            ServeArgs::from_args(argv).unwrap().validate()
+        };
+        for (flags, needle) in [
+            (vec!["--retain", "30s"], "--retain (30s)"),
+            (
+                vec!["--retain", "90days", "--retain-keys", "30days"],
+                "--retain-keys",
+            ),
+            (vec!["--retain-batch", "0"], "--retain-batch"),
+        ] {
+            let err = check(&flags).unwrap_err().to_string();
+            assert!(err.contains(needle), "{flags:?}: {err}");
+        }
+        for ok in [
+            vec!["--retain", "0"],
+            vec!["--retain", "0", "--retain-keys", "1m"],
+            vec!["--retain", "5m", "--retain-keys", "0"],
+            vec!["--retain", "1m", "--retain-keys", "1m"],
+        ] {
+            check(&ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        assert!(ServeArgs::from_args(["--retain", "ninety"]).is_err());
+        let args = ServeArgs::from_args(["--retain", "0"]).unwrap();
+        assert_eq!(args.retention_settings().keep(), None, "0 keeps everything");
+        let args = ServeArgs::from_args(["--retain", "1m", "--verify-window", "10m"]).unwrap();
+        assert_eq!(
+            args.retention_settings().keep(),
+            Some(Duration::from_secs(1200)),
+            "a decision the verifier may still look at is kept"
+        );
     }
 
     #[test]

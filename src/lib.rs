@@ -5,7 +5,8 @@
 //! Module map (each boundary knows one foreign thing):
 //! - [`config`]: what `serve` is configured by: each setting's flag,
 //!   environment variable and default (one source: the settings structs).
-//! - [`telemetry`]: logs (human or JSON).
+//! - [`telemetry`]: logs (human or JSON), an operation's trace context,
+//!   OTLP export (feature `otlp`).
 //! - [`startup`]: `Application::build` → `run_until`, used by main and tests;
 //!   the staged shutdown.
 //! - [`domain`]: operations, states, deadlines and budgets, validated newtypes.
@@ -15,6 +16,8 @@
 //!   re-observe, record.
 //! - [`reconciler`]: resolves what could not be known in time; verifies
 //!   decisions for late effects.
+//! - [`retention`]: prunes decided operations past `--retain`, leaving a
+//!   tombstone per key.
 //! - [`store`]: the ledger (all SQL), PostgreSQL.
 //! - [`nova`]: the Nova/Keystone HTTP adapter (all HTTP to OpenStack).
 //! - [`sim`]: the Nova/Keystone simulator used by tests and the demo.
@@ -33,6 +36,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod nova;
 pub mod reconciler;
+pub mod retention;
 pub mod sim;
 pub mod startup;
 pub mod store;

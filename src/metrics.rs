@@ -62,6 +62,12 @@ pub struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabels {
+    /// `operations`, `events` or `tombstones`.
+    pub table: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: String,
     pub git_sha: String,
@@ -103,6 +109,16 @@ pub struct Metrics {
     /// 1 while Nova answers (any HTTP answer), 0 after a connection to it
     /// failed or its version document could not be fetched at start.
     pub nova_reachable: Gauge,
+    /// Rows deleted by retention, by table.
+    pub retention_pruned: Family<TableLabels, Counter>,
+    /// Seconds the last retention round of this replica took.
+    pub retention_last_duration: Gauge<f64, AtomicU64>,
+    /// When this replica last finished a retention round (Unix seconds).
+    pub retention_last_round: Gauge<f64, AtomicU64>,
+    /// Age of the oldest decided operation in the ledger (set at scrape).
+    pub retention_oldest_decided_age: Gauge<f64, AtomicU64>,
+    /// How long decided operations are kept (0: for ever).
+    pub retention_keep: Gauge<f64, AtomicU64>,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -151,7 +167,16 @@ impl Metrics {
             ready: Gauge::default(),
             build_info: Family::default(),
             nova_reachable: Gauge::default(),
+            retention_pruned: Family::default(),
+            retention_last_duration: Gauge::default(),
+            retention_last_round: Gauge::default(),
+            retention_oldest_decided_age: Gauge::default(),
+            retention_keep: Gauge::default(),
         };
+        // Every table from the start: a rate over a counter needs it at 0.
+        for table in ["operations", "events", "tombstones"] {
+            m.pruned(table, 0);
+        }
         m.build_info
             .get_or_create(&BuildLabels {
                 version: VERSION.to_string(),
@@ -253,6 +278,31 @@ impl Metrics {
                 m.ledger_write.clone(),
             );
             r.register(
+                "retention_pruned_rows",
+                "Rows deleted by retention, by table: operations, their events, expired tombstones",
+                m.retention_pruned.clone(),
+            );
+            r.register(
+                "retention_last_round_duration_seconds",
+                "How long this replica's last retention round took",
+                m.retention_last_duration.clone(),
+            );
+            r.register(
+                "retention_last_round_timestamp_seconds",
+                "When this replica last finished a retention round (0: never); one replica prunes at a time",
+                m.retention_last_round.clone(),
+            );
+            r.register(
+                "retention_oldest_decided_age_seconds",
+                "Age of the oldest decided operation still in the ledger (0: none); above the keep time, pruning is behind",
+                m.retention_oldest_decided_age.clone(),
+            );
+            r.register(
+                "retention_keep_seconds",
+                "How long decided operations are kept (--retain, at least twice --verify-window); 0: for ever",
+                m.retention_keep.clone(),
+            );
+            r.register(
                 "nova_reachable",
                 "1 while Nova answers, 0 since a connection to it failed (set at start by version discovery, then by every request)",
                 m.nova_reachable.clone(),
@@ -288,6 +338,15 @@ impl Metrics {
                 outcome: outcome.to_string(),
             })
             .observe(secs);
+    }
+
+    /// `n` rows of `table` deleted by retention.
+    pub fn pruned(&self, table: &str, n: u64) {
+        self.retention_pruned
+            .get_or_create(&TableLabels {
+                table: table.to_string(),
+            })
+            .inc_by(n);
     }
 
     pub fn decision(&self, decision: &str) {

@@ -46,6 +46,7 @@ pub struct Application {
     pub store: Arc<dyn Store>,
     pub exec: Arc<Executor>,
     pub reconciler: Arc<Reconciler>,
+    pub pruner: Arc<crate::retention::Pruner>,
     pub metrics: Arc<Metrics>,
     /// The TLS configuration, when TLS is on (reloadable).
     pub tls: Option<Arc<crate::tls::Reloadable>>,
@@ -128,6 +129,8 @@ impl Application {
             metrics.clone(),
         );
         let reconciler = Reconciler::new(exec.clone(), cfg.reconciler_settings());
+        let pruner =
+            crate::retention::Pruner::new(store.clone(), cfg.retention_settings(), metrics.clone());
         let tls = match (&cfg.tls_cert, &cfg.tls_key) {
             (Some(cert), Some(key)) => Some(crate::tls::Reloadable::new(crate::tls::TlsFiles {
                 cert: cert.clone(),
@@ -144,6 +147,7 @@ impl Application {
             store,
             exec,
             reconciler,
+            pruner,
             metrics,
             ready: Arc::new(AtomicBool::new(false)),
             background,
@@ -172,6 +176,7 @@ impl Application {
             store,
             exec,
             reconciler,
+            pruner,
             metrics,
             tls,
             ready,
@@ -196,6 +201,8 @@ impl Application {
         let reconciler_stop = CancellationToken::new();
         let reconciler_task = (!cfg.no_reconciler)
             .then(|| tokio::spawn(reconciler.clone().run(reconciler_stop.clone())));
+        // Retention runs in every replica; one prunes at a time.
+        let pruner_task = tokio::spawn(pruner.run(reconciler_stop.clone()));
         let api = Api {
             exec: exec.clone(),
             reconciler: reconciler.clone(),
@@ -245,6 +252,9 @@ impl Application {
             && let Err(e) = t.await
         {
             tracing::warn!(error = %e, "reconciler task ended abnormally");
+        }
+        if let Err(e) = pruner_task.await {
+            tracing::warn!(error = %e, "retention task ended abnormally");
         }
         stages.hand_over(&store, drain_deadline).await;
         heartbeat_stop.cancel();
@@ -615,6 +625,9 @@ async fn metrics_text(
             false
         }
     };
+    if database_ok {
+        retention_age(&st).await;
+    }
     st.metrics
         .ready
         .set(i64::from(st.ready.load(Ordering::SeqCst) && database_ok));
@@ -626,6 +639,26 @@ async fn metrics_text(
         )],
         st.metrics.render(),
     )
+}
+
+/// Sets the age of the oldest decided operation (0: none), on the
+/// database's clock; NaN when it cannot be read (an alert on it stays
+/// quiet rather than firing on stale data).
+async fn retention_age(st: &AdminState) {
+    let read = async {
+        let oldest = st.store.retention_oldest_decided().await?;
+        let now = st.store.now().await?;
+        Ok::<_, crate::store::StoreError>(
+            oldest.map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
+        )
+    };
+    match read.await {
+        Ok(age) => st.metrics.retention_oldest_decided_age.set(age),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: could not read the oldest decision");
+            st.metrics.retention_oldest_decided_age.set(f64::NAN)
+        }
+    };
 }
 
 /// Seconds since Nova was last asked about the oldest UNKNOWN operation

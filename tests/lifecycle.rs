@@ -1069,6 +1069,7 @@ async fn dead_holders_attach(
         lease_owner: "a-dead-replica".into(),
         lease_for: Duration::ZERO,
         caller: None,
+        trace: None,
         replica: "a-dead-replica".into(),
         events: vec![NewEvent::new("recorded", "left by a replica that died")],
     };

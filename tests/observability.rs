@@ -185,6 +185,7 @@ async fn seed_unknown(app: &TestApp) -> Uuid {
         // Expired at once: the crashed replica's lease is over.
         lease_for: Duration::ZERO,
         caller: None,
+        trace: None,
         replica: "crashed".into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],
     };

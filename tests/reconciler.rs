@@ -40,6 +40,7 @@ async fn unknown_op(
         lease_owner: "crashed".into(),
         lease_for: Duration::ZERO,
         caller: None,
+        trace: None,
         replica: "crashed".into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],
     };

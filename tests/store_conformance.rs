@@ -52,6 +52,7 @@ fn new_op(key: &str, volume: Uuid, state: State) -> NewOperation {
         // Expired at once: claimable (like a holder that died).
         lease_for: Duration::ZERO,
         caller: Some("tester".into()),
+        trace: None,
         replica: "r0".into(),
         events: vec![
             NewEvent::new("recorded", "r"),

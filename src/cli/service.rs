@@ -39,9 +39,16 @@ const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(3);
 /// Runs the service until SIGTERM/SIGINT, then drains in stages.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     nova::client::install_crypto_provider();
+    #[cfg(feature = "otlp")]
+    if crate::telemetry::otlp::init()? {
+        tracing::info!("exporting operation spans over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
+    }
     let app = startup::Application::build(args).await?;
     tracing::info!(grpc = %app.grpc_addr(), admin = %app.admin_addr(), "listening");
-    app.run_until(startup::shutdown_signal()).await
+    let served = app.run_until(startup::shutdown_signal()).await;
+    #[cfg(feature = "otlp")]
+    crate::telemetry::otlp::shutdown();
+    served
 }
 
 /// Applies pending migrations (opening the store does) and exits.

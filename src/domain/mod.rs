@@ -4,6 +4,7 @@
 
 pub mod deadline;
 pub mod reason;
+pub mod trace;
 pub mod validate;
 
 use std::collections::BTreeMap;
@@ -14,6 +15,7 @@ use uuid::Uuid;
 
 pub use deadline::{Budget, BudgetPolicy, Clock, Deadline};
 pub use reason::{ErrorCode, Reason};
+pub use trace::{InvalidTrace, TraceContext};
 pub use validate::{DevicePath, IdempotencyKey, InvalidField, Tag};
 
 /// What the operation asks Nova to do.
@@ -209,6 +211,10 @@ pub struct Operation {
     /// Whether a later look should find the volume on the server; `None`
     /// when the decision implies nothing a look could contradict.
     pub verify_expect: Option<bool>,
+    /// The trace it belongs to (the caller's, or one this service began),
+    /// with this service's span: every request sent for it carries it.
+    /// `None` for operations recorded before traces were kept.
+    pub trace: Option<TraceContext>,
 }
 
 /// One line of the reconcile log.

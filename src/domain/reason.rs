@@ -120,6 +120,9 @@ reasons! {
     // --- the API's own refusals ---
     InvalidField = "INVALID_FIELD" => InvalidArgument,
     IdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED" => FailedPrecondition,
+    /// The key named an operation older than `--retain`, pruned since: it
+    /// is refused, never run again.
+    IdempotencyKeyExpired = "IDEMPOTENCY_KEY_EXPIRED" => FailedPrecondition,
     /// Another operation on the volume is in flight.
     VolumeBusy = "VOLUME_BUSY" => Aborted,
     OperationNotFound = "OPERATION_NOT_FOUND" => NotFound,

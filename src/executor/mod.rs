@@ -35,7 +35,7 @@ use uuid::Uuid;
 use crate::domain::deadline::BudgetTooSmall;
 use crate::domain::{
     Action, Budget, BudgetPolicy, Clock, Deadline, IdempotencyKey, NewEvent, Operation,
-    RequestParams, State, event, request_fingerprint,
+    RequestParams, State, TraceContext, event, request_fingerprint,
 };
 use crate::metrics::Metrics;
 use crate::nova::NovaClient;
@@ -53,6 +53,9 @@ pub struct OpRequest {
     pub volume_id: Uuid,
     pub params: RequestParams,
     pub caller: Option<String>,
+    /// The caller's trace (or one begun for the request), with this
+    /// service's span: the operation's requests and log lines carry it.
+    pub trace: TraceContext,
 }
 
 #[derive(Debug, Clone)]
@@ -199,7 +202,7 @@ impl Executor {
         use tracing::Instrument as _;
         let span = tracing::info_span!("submit operation",
             action = req.action.as_str(), server_id = %req.server_id, volume_id = %req.volume_id,
-            operation_id = tracing::field::Empty);
+            operation_id = tracing::field::Empty, trace_id = %req.trace.trace_id());
         let now = Instant::now();
         let started = match self.policy.plan(now, deadline.at) {
             Ok(budget) => Ok(self.spawn_operation(&req, deadline, budget, now)),
@@ -236,8 +239,14 @@ impl Executor {
         let (created_tx, created) = oneshot::channel();
         let (done, result) = watch::channel(None);
         let this = self.clone();
-        self.tasks
-            .spawn(Box::pin(this.own(new, budget, created_tx, done)));
+        // Under the operation's trace: its requests and log lines carry it.
+        let task = crate::telemetry::context::operation_task(
+            new.id,
+            req.action.as_str(),
+            req.trace.clone(),
+            this.own(new, budget, created_tx, done),
+        );
+        self.tasks.spawn(Box::pin(task));
         Spawned {
             created,
             result,
@@ -307,7 +316,15 @@ impl Executor {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, result.clone());
         let this = self.clone();
-        self.tasks.spawn(async move {
+        // The operation's trace, under a span of this pass (a row recorded
+        // before traces were kept gets a trace of its own).
+        let trace = run
+            .op
+            .trace
+            .as_ref()
+            .map_or_else(TraceContext::start, TraceContext::child);
+        let action = run.op.action.as_str();
+        let task = async move {
             let decided = this.drive(run, false).await;
             drop(done.send(Some(decided)));
             this.inflight
@@ -315,7 +332,10 @@ impl Executor {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id);
             drop(hold);
-        });
+        };
+        self.tasks.spawn(crate::telemetry::context::operation_task(
+            id, action, trace, task,
+        ));
         result
     }
 
@@ -388,6 +408,12 @@ impl Executor {
             .with(
                 "answer_by_ms",
                 budget.answer_by.saturating_duration_since(now).as_millis(),
+            )
+            .with("trace_id", req.trace.trace_id())
+            .with("traceparent", req.trace.traceparent())
+            .with(
+                "caller_span_id",
+                req.trace.parent_span_id().as_deref().unwrap_or("-"),
             );
         NewOperation {
             id: Uuid::now_v7(),
@@ -403,6 +429,7 @@ impl Executor {
             lease_owner: self.replica.clone(),
             lease_for: self.settings.lease,
             caller: req.caller.clone(),
+            trace: Some(req.trace.clone()),
             replica: self.replica.clone(),
             events: vec![recorded],
         }
@@ -609,6 +636,7 @@ mod size_probe {
             volume_id: Uuid::nil(),
             params: RequestParams::default(),
             caller: None,
+            trace: TraceContext::start(),
         };
         // The start is boxed: what stays is the wait for the result.
         assert_small("submit", &exec.submit(req, Deadline::none()), 768);
@@ -639,6 +667,7 @@ mod size_probe {
             escalated_at: None,
             escalation: None,
             verify_expect: None,
+            trace: None,
         };
         let budget = BudgetPolicy::default()
             .plan(Instant::now(), Instant::now() + Duration::from_secs(10))

@@ -20,6 +20,7 @@ use uuid::Uuid;
 use crate::domain::validate::parse_uuid;
 use crate::domain::{
     Action, Deadline, DevicePath, IdempotencyKey, InvalidField, RequestParams, State, Tag,
+    TraceContext,
 };
 use crate::executor::{Executor, OpRequest};
 use crate::metrics::Metrics;
@@ -61,6 +62,26 @@ fn caller_of<T>(req: &Request<T>) -> Option<String> {
     req.extensions()
         .get::<auth::Caller>()
         .map(|c| c.name.clone())
+}
+
+/// The caller's W3C trace context (metadata `traceparent`, `tracestate`),
+/// continued under a span of this service's. A malformed one is ignored —
+/// never an error to the caller, as the specification says — with a debug
+/// line, and the operation begins a trace of its own, as it does without
+/// one.
+fn trace_of<T>(req: &Request<T>) -> TraceContext {
+    let md = req.metadata();
+    let values = |name: &str| -> Vec<&str> {
+        md.get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap_or("(not ASCII)"))
+            .collect()
+    };
+    let (ctx, problem) = TraceContext::accept(&values("traceparent"), &values("tracestate"));
+    if let Some(p) = problem {
+        tracing::debug!(trace_id = %ctx.trace_id(), problem = %p, "caller's trace context ignored");
+    }
+    ctx
 }
 
 /// Whether the caller may act on other callers' operations: an operator,
@@ -141,6 +162,7 @@ impl VolumeReconciler for Api {
     {
         let deadline = deadline_of(&request);
         let caller = caller_of(&request);
+        let trace = trace_of(&request);
         let r = request.into_inner();
         let parsed = (|| {
             let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
@@ -159,6 +181,7 @@ impl VolumeReconciler for Api {
                     delete_on_termination: r.delete_on_termination,
                 },
                 caller,
+                trace,
             })
         })();
         self.mutate("AttachVolume", parsed, deadline)
@@ -174,6 +197,7 @@ impl VolumeReconciler for Api {
     {
         let deadline = deadline_of(&request);
         let caller = caller_of(&request);
+        let trace = trace_of(&request);
         let r = request.into_inner();
         let parsed = (|| {
             let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
@@ -184,6 +208,7 @@ impl VolumeReconciler for Api {
                 volume_id: op_id("volume_id", &r.volume_id)?,
                 params: RequestParams::default(),
                 caller,
+                trace,
             })
         })();
         self.mutate("DetachVolume", parsed, deadline)
@@ -218,10 +243,23 @@ impl VolumeReconciler for Api {
                             )));
                         }
                     };
-                    store
+                    let found = store
                         .operation_get_by_key(whose.as_deref(), key.as_str())
                         .await
-                        .map_err(status::from_store)?
+                        .map_err(status::from_store)?;
+                    if found.is_none()
+                        && let Some(pruned_at) = store
+                            .operation_key_expired(whose.as_deref(), key.as_str())
+                            .await
+                            .map_err(status::from_store)?
+                    {
+                        // Pruned by retention: say so, not "no such key".
+                        return Err(status::from_store(crate::store::StoreError::KeyExpired {
+                            key: key.as_str().to_string(),
+                            pruned_at,
+                        }));
+                    }
+                    found
                 }
                 _ => {
                     return Err(status::invalid(InvalidField::new(

@@ -71,6 +71,14 @@ pub fn from_store(e: StoreError) -> Status {
             m.insert("existing_volume_id".into(), existing.volume_id.to_string());
             status(Reason::IdempotencyKeyReused, e.to_string(), m)
         }
+        StoreError::KeyExpired { key, pruned_at } => {
+            m.insert("idempotency_key".into(), key.clone());
+            m.insert(
+                "expired_at".into(),
+                pruned_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            );
+            status(Reason::IdempotencyKeyExpired, e.to_string(), m)
+        }
         StoreError::VolumeBusy {
             volume_id,
             operation_id,

@@ -328,7 +328,10 @@ impl KeystoneAuth {
         let (tx, rx) = watch::channel(None);
         self.renewals
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tokio::spawn(async move {
+        // The renewal serves every caller, but one operation's request
+        // started it: its trace goes with the token request.
+        let trace = crate::telemetry::context::current();
+        tokio::spawn(crate::telemetry::context::within_opt(trace, async move {
             let result =
                 match tokio::time::timeout(self.cfg.renewal_timeout, self.authenticate()).await {
                     Ok(r) => r,
@@ -349,7 +352,7 @@ impl KeystoneAuth {
             }
             // No receiver left is fine: every waiter gave up.
             drop(tx.send(Some(result)));
-        });
+        }));
         rx
     }
 
@@ -361,9 +364,7 @@ impl KeystoneAuth {
             format!("{}/v3/auth/tokens", self.cfg.auth_url.trim_end_matches('/'))
         };
         let body = self.cfg.credential.request_body();
-        let resp = self
-            .http
-            .post(&url)
+        let resp = super::http::with_trace(self.http.post(&url))
             .json(&body)
             .send()
             .await

@@ -239,11 +239,12 @@ impl Service {
                 call.failure(kind, Stage::Authenticate, "/", false, cause)
             })?;
         let url = url_of(&base);
-        let mut req = self
-            .http
-            .get(&url)
-            .header("Accept", "application/json")
-            .header("X-OpenStack-Request-ID", request_id);
+        let mut req = with_trace(
+            self.http
+                .get(&url)
+                .header("Accept", "application/json")
+                .header("X-OpenStack-Request-ID", request_id),
+        );
         if let Some(t) = &token {
             req = req.header("X-Auth-Token", t.expose());
         }
@@ -401,11 +402,12 @@ impl Service {
                 }
             };
             let url = format!("{base}{path}");
-            let mut req = self
-                .http
-                .request(method.clone(), &url)
-                .header("Accept", "application/json")
-                .header("X-OpenStack-Request-ID", request_id);
+            let mut req = with_trace(
+                self.http
+                    .request(method.clone(), &url)
+                    .header("Accept", "application/json")
+                    .header("X-OpenStack-Request-ID", request_id),
+            );
             for (name, value) in &self.headers {
                 req = req.header(*name, value);
             }
@@ -442,6 +444,22 @@ impl Service {
             }
             return Ok((url, raw));
         }
+    }
+}
+
+/// The request with the trace of the work at hand, if any (W3C
+/// `traceparent`: its trace id, this service's span as the parent; the
+/// caller's `tracestate`), so the service's logs join ours by trace id.
+pub(crate) fn with_trace(req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    match crate::telemetry::context::current() {
+        Some(ctx) => {
+            let req = req.header("traceparent", ctx.traceparent());
+            match ctx.tracestate() {
+                Some(state) => req.header("tracestate", state),
+                None => req,
+            }
+        }
+        None => req,
     }
 }
 

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::domain::{Action, Deadline, Operation};
+use crate::domain::{Action, Deadline, Operation, TraceContext};
 use crate::executor::Executor;
 use crate::nova::{NovaAttachment, NovaError, RequestId};
 use crate::store::StoreError;
@@ -225,9 +225,10 @@ impl Reconciler {
                 .map(|(server, ops)| {
                     let this = self.clone();
                     async move {
-                        let seen = this.observe_server(server).await;
+                        let seen = this.observe_server(server, look_trace(&ops)).await;
                         futures_util::future::join_all(
-                            ops.into_iter().map(|op| this.pass_with(op, &seen, db_now)),
+                            ops.into_iter()
+                                .map(|op| this.pass_traced(op, &seen, db_now)),
                         )
                         .await
                     }
@@ -271,8 +272,8 @@ impl Reconciler {
             Some(op) => {
                 let hold = self.exec.hold(op.id);
                 let db_now = store.now().await?;
-                let seen = self.observe_server(op.server_id).await;
-                self.pass_with(op, &seen, db_now).await;
+                let seen = self.observe_server(op.server_id, look_trace([&op])).await;
+                self.pass_traced(op, &seen, db_now).await;
                 drop(hold);
             }
             None => {
@@ -311,15 +312,28 @@ impl Reconciler {
             .ok_or(StoreError::NotFound(id))
     }
 
-    /// Lists a server's attachments under the global rate limit.
-    async fn observe_server(&self, server: Uuid) -> Observation {
+    /// A pass over `op` under its trace: the requests it sends (Cinder's
+    /// confirmation, a re-send's own task aside) carry the operation's trace
+    /// id, as the list did.
+    async fn pass_traced(
+        self: &Arc<Self>,
+        op: Operation,
+        seen: &Observation,
+        db_now: DateTime<Utc>,
+    ) -> PassResult {
+        let trace = look_trace([&op]);
+        crate::telemetry::context::within_opt(trace, self.pass_with(op, seen, db_now)).await
+    }
+
+    /// Lists a server's attachments under the global rate limit, under
+    /// `trace` (see [`look_trace`]).
+    async fn observe_server(&self, server: Uuid, trace: Option<TraceContext>) -> Observation {
         self.limiter.acquire().await;
         let started = Instant::now();
         let until = started + self.settings.observe_timeout;
-        let listed = self
-            .exec
-            .nova
-            .list_as(&RequestId::fresh(), server, until)
+        let rid = RequestId::fresh();
+        let list = self.exec.nova.list_as(&rid, server, until);
+        let listed = crate::telemetry::context::within_opt(trace, list)
             .await
             .map(|a| a.value);
         let metrics = &self.exec.metrics;
@@ -346,6 +360,15 @@ impl Reconciler {
             .nth(step)
             .unwrap_or(self.settings.max_backoff)
     }
+}
+
+/// The trace a look on behalf of `ops` (one server's) is sent under: the
+/// first one's that has a trace, under a new span of this pass. One list
+/// serves every operation of the server, and a request carries one trace.
+fn look_trace<'a>(ops: impl IntoIterator<Item = &'a Operation>) -> Option<TraceContext> {
+    ops.into_iter()
+        .find_map(|op| op.trace.as_ref())
+        .map(TraceContext::child)
 }
 
 /// Milliseconds between two instants of the database's clock, for events.

@@ -50,7 +50,7 @@ fn look(op: &Operation, listed: &Observation) -> Look {
 }
 
 impl Reconciler {
-    #[tracing::instrument(name = "reconcile operation", skip_all, fields(operation_id = %op.id, action = op.action.as_str()))]
+    #[tracing::instrument(name = "reconcile operation", skip_all, fields(operation_id = %op.id, action = op.action.as_str(), trace_id = op.trace.as_ref().map(|t| t.trace_id())))]
     pub(super) async fn pass_with(
         self: &Arc<Self>,
         op: Operation,

@@ -159,7 +159,10 @@ impl Reconciler {
                 let this = self.clone();
                 async move {
                     let seen = match look_at {
-                        LookAt::NovaList => Some(this.observe_server(server).await),
+                        LookAt::NovaList => {
+                            let trace = super::look_trace(pending.iter().map(|p| &p.op));
+                            Some(this.observe_server(server, trace).await)
+                        }
                         LookAt::Cinder => None,
                     };
                     let mut d = 0;
@@ -217,7 +220,12 @@ impl Reconciler {
         }
         let look_at = self.look_at().await;
         let present = match look_at {
-            LookAt::NovaList => presence(&op, &self.observe_server(op.server_id).await),
+            LookAt::NovaList => {
+                let seen = self
+                    .observe_server(op.server_id, super::look_trace([&op]))
+                    .await;
+                presence(&op, &seen)
+            }
             LookAt::Cinder => self.cinder_presence(&op).await,
         };
         Ok(self
@@ -244,7 +252,9 @@ impl Reconciler {
         let until = tokio::time::Instant::now() + self.settings.observe_timeout;
         let mut ignored = Vec::new();
         let cinder = self.exec.cinder(&mut ignored, until).await?;
-        match cinder.volume(op.volume_id, until).await {
+        // Under the operation's trace, as the list would be.
+        let look = cinder.volume(op.volume_id, until);
+        match crate::telemetry::context::within_opt(super::look_trace([op]), look).await {
             Ok(v) => Some(v.attached_to(op.server_id).is_some()),
             Err(e) if e.kind == crate::nova::CinderErrorKind::VolumeNotFound => Some(false),
             Err(e) => {

@@ -32,7 +32,9 @@ pub use cinder::{CinderAttachmentView, CinderRead, CinderVolume, PROJECT_ID, Vol
 pub use faults::{Fault, FaultOp, FaultRule};
 pub use http::{SimHandle, start};
 pub use servers::ServerView;
-pub use world::{AttachState, Cause, Change, Effect, RequestRecord, SimAttachment, Truth};
+pub use world::{
+    AttachState, Cause, Change, Effect, HttpRecord, RequestRecord, SimAttachment, Truth,
+};
 
 pub(crate) use compute::{AttachParams, DetachEnd};
 use world::World;
@@ -184,6 +186,28 @@ impl Sim {
         };
         self.cinder_reset();
         self.servers_reset();
+    }
+
+    /// Logs a request's method, path and tracing headers (with
+    /// `record_history`).
+    pub(crate) fn record_http<B>(&self, req: &hyper::Request<B>) {
+        let mut w = self.world();
+        if !w.history {
+            return;
+        }
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
+        let record = world::HttpRecord {
+            method: req.method().to_string(),
+            path: req.uri().path().to_string(),
+            request_id: header("x-openstack-request-id"),
+            traceparent: header("traceparent"),
+            tracestate: header("tracestate"),
+        };
+        w.truth.http.push(record);
     }
 
     pub fn add_fault(&self, rule: FaultRule) {

@@ -90,6 +90,19 @@ pub struct RequestRecord {
     pub status: u16,
 }
 
+/// One HTTP request of any kind (Nova, Cinder, Keystone, version
+/// documents) with the headers that tie it to its caller's logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpRecord {
+    pub method: String,
+    pub path: String,
+    /// `X-OpenStack-Request-ID`, if sent.
+    pub request_id: Option<String>,
+    /// W3C `traceparent` and `tracestate`, if sent.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
 /// What really happened, for tests to compare the ledger with.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Truth {
@@ -110,6 +123,9 @@ pub struct Truth {
     pub effects: Vec<Effect>,
     /// Every attach and detach request, in the order received.
     pub requests: Vec<RequestRecord>,
+    /// Every HTTP request, in the order received (with `record_history`).
+    #[serde(default)]
+    pub http: Vec<HttpRecord>,
 }
 
 /// Attachments indexed by volume and by server, so a simulator holding

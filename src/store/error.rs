@@ -13,6 +13,14 @@ pub enum StoreError {
         key: String,
         existing: Box<Operation>,
     },
+    #[error(
+        "idempotency key {key:?} named an operation that was decided long ago and removed from the ledger at {}; it is never run again: use a new key",
+        pruned_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    )]
+    KeyExpired {
+        key: String,
+        pruned_at: chrono::DateTime<chrono::Utc>,
+    },
     #[error("volume {volume_id} already has an operation in flight: {operation_id}")]
     VolumeBusy { volume_id: Uuid, operation_id: Uuid },
     #[error("operation {0} not found")]

@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 use crate::domain::{
     Action, AttachmentInfo, NewEvent, Operation, OperationError, OperationEvent, RequestParams,
-    Resolution, State,
+    Resolution, State, TraceContext,
 };
 
 /// How long opening the store waits, by default, for a database that does
@@ -94,6 +94,9 @@ pub struct NewOperation {
     pub lease_for: Duration,
     /// Who asked: keys are unique per caller.
     pub caller: Option<String>,
+    /// The trace it belongs to, with this service's span (kept with the
+    /// row: the reconciler's later requests carry it too).
+    pub trace: Option<TraceContext>,
     pub replica: String,
     pub events: Vec<NewEvent>,
 }
@@ -188,6 +191,65 @@ pub struct StateCount {
     pub state: String,
     pub resolution: Option<String>,
     pub count: i64,
+}
+
+/// What a retention round deletes (see `crate::retention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PruneParams {
+    /// Decided operations decided longer ago than this go, with their
+    /// events; each leaves a tombstone of its (caller, key).
+    pub keep: Duration,
+    /// Tombstones of keys decided longer ago than this go; `None`: never.
+    pub keep_keys: Option<Duration>,
+    /// Operations (or tombstones) per statement.
+    pub limit: u32,
+    /// As if the database's clock read this much later (tests); zero in
+    /// production.
+    pub ahead: Duration,
+    /// PostgreSQL: how long a batch waits for transactions that may not
+    /// see its tombstones yet (a concurrent replay of a key being pruned)
+    /// before deleting the operations; past it, the round ends and the
+    /// batch is taken again next round.
+    pub horizon_wait: Duration,
+}
+
+/// What a retention batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneCounts {
+    pub operations: u64,
+    pub events: u64,
+    pub tombstones_written: u64,
+    pub tombstones_expired: u64,
+    /// Operations marked (tombstones written) but left for the next round:
+    /// older transactions were still running (PostgreSQL).
+    pub deferred: u64,
+}
+
+impl PruneCounts {
+    pub fn add(&mut self, o: PruneCounts) {
+        self.operations += o.operations;
+        self.events += o.events;
+        self.tombstones_written += o.tombstones_written;
+        self.tombstones_expired += o.tombstones_expired;
+        self.deferred += o.deferred;
+    }
+}
+
+/// A retention round: while it lives, no other replica's round runs
+/// (PostgreSQL: an advisory lock on a connection of its own; the embedded
+/// store: a lock in the process). Dropped without `end`, the lock goes
+/// with its connection.
+#[async_trait]
+pub trait PruneRound: Send {
+    /// Deletes up to `limit` decided operations older than `keep` and
+    /// their events, leaving a tombstone per key.
+    async fn prune_batch(&mut self, p: &PruneParams) -> Result<PruneCounts, StoreError>;
+
+    /// Deletes up to `limit` tombstones older than `keep_keys`.
+    async fn expire_batch(&mut self, p: &PruneParams) -> Result<u64, StoreError>;
+
+    /// Ends the round (releases the lock).
+    async fn end(self: Box<Self>);
 }
 
 /// Runs a store future under a deadline: every wait in the store is bounded
@@ -335,6 +397,21 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the database answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Begins a retention round; `None` while another one (another
+    /// replica's) runs.
+    async fn retention_begin(&self) -> Result<Option<Box<dyn PruneRound>>, StoreError>;
+
+    /// When the oldest decided operation the ledger still holds was
+    /// decided (the retention metrics).
+    async fn retention_oldest_decided(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+
+    /// When `caller`'s `key` was pruned, if its tombstone still stands.
+    async fn operation_key_expired(
+        &self,
+        caller: Option<&str>,
+        key: &str,
+    ) -> Result<Option<DateTime<Utc>>, StoreError>;
 
     /// Closes the pool (last step of a drain).
     async fn close(&self);

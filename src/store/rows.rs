@@ -22,7 +22,20 @@ use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
     request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
     completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes, escalated_at, \
-    escalation, verify_expect";
+    escalation, verify_expect, trace_parent, trace_state";
+
+/// The tombstone key of a (caller, key): 16 bytes of SHA-256 of the
+/// caller's length, `:`, the caller and the key (the length keeps
+/// ("ab", "c") and ("a", "bc") apart). PostgreSQL computes the same bytes
+/// in SQL (`volume_reconciler_key_hash`).
+pub(super) fn key_hash(caller: Option<&str>, key: &str) -> [u8; 16] {
+    use sha2::Digest as _;
+    let caller = caller.unwrap_or("");
+    let digest = sha2::Sha256::digest(format!("{}:{caller}{key}", caller.len()));
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&digest[..16]);
+    out
+}
 
 /// "Not decided yet", as the partial indexes of open operations say it.
 pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
@@ -136,6 +149,8 @@ pub(super) struct OperationRow {
     escalated_at: Option<Time>,
     escalation: Option<String>,
     verify_expect: Option<bool>,
+    trace_parent: Option<String>,
+    trace_state: Option<String>,
 }
 
 /// One `operation_events` row as read.
@@ -254,6 +269,11 @@ impl OperationRow {
             escalated_at: self.escalated_at.map(|t| t.0),
             escalation: self.escalation,
             verify_expect: self.verify_expect,
+            // A trace that does not read back is dropped, not a corrupt
+            // row: the operation is whole without it.
+            trace: self.trace_parent.as_deref().and_then(|tp| {
+                crate::domain::TraceContext::from_stored(tp, self.trace_state.as_deref())
+            }),
         })
     }
 }

@@ -32,6 +32,7 @@ pub struct TestApp {
     pub store: Arc<dyn Store>,
     pub exec: Arc<Executor>,
     pub reconciler: Arc<Reconciler>,
+    pub pruner: Arc<volume_reconciler::retention::Pruner>,
     pub tls: Option<Arc<volume_reconciler::tls::Reloadable>>,
     pub ledger: Ledger,
     stop: CancellationToken,
@@ -179,6 +180,7 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
     let store = app.store.clone();
     let exec = app.exec.clone();
     let reconciler = app.reconciler.clone();
+    let pruner = app.pruner.clone();
     let tls = app.tls.clone();
     let stop = CancellationToken::new();
     let s = stop.clone();
@@ -194,6 +196,7 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
         store,
         exec,
         reconciler,
+        pruner,
         tls,
         ledger,
         stop,

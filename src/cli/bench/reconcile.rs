@@ -104,6 +104,7 @@ async fn seed(store: &dyn Store, args: &ReconcileBenchArgs) -> anyhow::Result<()
             lease_owner: "bench-crashed".into(),
             lease_for: Duration::ZERO,
             caller: None,
+            trace: None,
             replica: "bench".into(),
             events: vec![NewEvent::new("recorded", "seeded by bench reconcile")],
         };

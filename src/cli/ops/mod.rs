@@ -219,8 +219,10 @@ impl Ops {
         if self.json {
             let evs: Vec<_> = events.iter().map(event_json).collect();
             let (global, nova) = request_ids(&events);
+            let trace_id = render::trace_of(&events).map(|(t, _)| t);
             return print_json(&serde_json::json!({
                 "operation": op_json(&op),
+                "trace_id": trace_id,
                 "request_ids": {"global": global, "nova": nova},
                 "events": evs,
             }));

@@ -161,9 +161,33 @@ pub fn request_ids(events: &[pb::OperationEvent]) -> (Vec<String>, Vec<String>) 
     (global, nova)
 }
 
+/// The operation's trace, as its intent recorded it: (trace id, the
+/// caller's span when the caller sent a `traceparent`).
+pub fn trace_of(events: &[pb::OperationEvent]) -> Option<(String, Option<String>)> {
+    let e = events
+        .iter()
+        .find(|e| e.metadata.contains_key("trace_id"))?;
+    let caller_span = e
+        .metadata
+        .get("caller_span_id")
+        .filter(|s| !s.is_empty() && *s != "-")
+        .cloned();
+    Some((e.metadata["trace_id"].clone(), caller_span))
+}
+
 /// The reconcile log: one row per event, its detail, its notable fields,
 /// and the request ids that find it in Nova's logs.
 pub fn print_events(events: &[pb::OperationEvent]) {
+    if let Some((trace_id, caller_span)) = trace_of(events) {
+        println!();
+        println!(
+            "trace id  {trace_id}  ({}; in every log line and as traceparent on every request)",
+            match caller_span {
+                Some(span) => format!("the caller's, from its span {span}"),
+                None => "begun here: the caller sent no usable traceparent".to_string(),
+            }
+        );
+    }
     let (global, nova) = request_ids(events);
     if !global.is_empty() || !nova.is_empty() {
         println!();

@@ -82,7 +82,7 @@ pub async fn start(listen: SocketAddr, cfg: SimConfig) -> anyhow::Result<SimHand
     };
     let router = router(state);
     let stop = CancellationToken::new();
-    let task = tokio::spawn(accept_loop(listener, router, stop.clone()));
+    let task = tokio::spawn(accept_loop(listener, router, sim.clone(), stop.clone()));
     Ok(SimHandle {
         sim,
         addr,
@@ -95,7 +95,12 @@ pub async fn start(listen: SocketAddr, cfg: SimConfig) -> anyhow::Result<SimHand
     })
 }
 
-async fn accept_loop(listener: TcpListener, router: Router, stop: CancellationToken) {
+async fn accept_loop(
+    listener: TcpListener,
+    router: Router,
+    sim: Arc<Sim>,
+    stop: CancellationToken,
+) {
     loop {
         let (stream, _) = tokio::select! {
             _ = stop.cancelled() => return,
@@ -107,13 +112,24 @@ async fn accept_loop(listener: TcpListener, router: Router, stop: CancellationTo
                 }
             },
         };
-        tokio::spawn(serve_connection(stream, router.clone(), stop.clone()));
+        tokio::spawn(serve_connection(
+            stream,
+            router.clone(),
+            sim.clone(),
+            stop.clone(),
+        ));
     }
 }
 
-async fn serve_connection(stream: tokio::net::TcpStream, router: Router, stop: CancellationToken) {
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    router: Router,
+    sim: Arc<Sim>,
+    stop: CancellationToken,
+) {
     let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let router = router.clone();
+        sim.record_http(&req);
         async move {
             let resp = match router.oneshot(req.map(Body::new)).await {
                 Ok(r) => r,

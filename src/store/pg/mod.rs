@@ -8,6 +8,7 @@
 mod batch;
 mod conns;
 mod listen;
+mod retention;
 mod statements;
 mod wait;
 
@@ -28,8 +29,8 @@ use self::batch::{Payload, Writer};
 use self::statements::{Append, NOTIFY_CHANNEL};
 use super::rows::{self, COLUMNS, Id, Json, OPEN, Time, column};
 use super::{
-    CreateOutcome, DbFailure, NewOperation, OperationFilter, OperationPage, StateCount, Store,
-    StoreError, Transition, within,
+    CreateOutcome, DbFailure, NewOperation, OperationFilter, OperationPage, PruneRound, StateCount,
+    Store, StoreError, Transition, within,
 };
 use crate::domain::{NewEvent, Operation, OperationEvent, State, event};
 
@@ -152,7 +153,19 @@ impl PgStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(StoreError::db("looking up why an intent was not recorded"))?;
-        Ok(rows::not_inserted(new, found.as_ref()))
+        if let Some(why) = rows::not_inserted(new, found.as_ref()) {
+            return Ok(Some(why));
+        }
+        // No operation has the key: its tombstone kept the intent out.
+        let expired = self
+            .operation_key_expired(new.caller.as_deref(), &new.idempotency_key)
+            .await?;
+        Ok(expired.map(|pruned_at| {
+            Err(StoreError::KeyExpired {
+                key: new.idempotency_key.clone(),
+                pruned_at,
+            })
+        }))
     }
 
     /// The operations a query returns (by id or by key: at most one).
@@ -612,6 +625,37 @@ impl Store for PgStore {
             .await
             .map_err(StoreError::db("checking the database"))?;
         Ok(())
+    }
+
+    async fn retention_begin(&self) -> Result<Option<Box<dyn PruneRound>>, StoreError> {
+        retention::begin(&self.pool).await
+    }
+
+    async fn retention_oldest_decided(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        // The oldest of each index of decision time.
+        sqlx::query_scalar(
+            "SELECT least(
+                (SELECT min(completed_at) FROM operations WHERE verify_expect IS NOT NULL AND completed_at IS NOT NULL),
+                (SELECT min(completed_at) FROM operations WHERE verify_expect IS NULL AND completed_at IS NOT NULL))",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(StoreError::db("reading the oldest decision"))
+    }
+
+    async fn operation_key_expired(
+        &self,
+        caller: Option<&str>,
+        key: &str,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT pruned_at FROM idempotency_tombstones WHERE key_hash = volume_reconciler_key_hash($1, $2)",
+        )
+        .bind(caller)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(StoreError::db("reading a key's tombstone"))
     }
 
     async fn close(&self) {

@@ -10,7 +10,7 @@ use sqlx::postgres::{PgArguments, PgConnection, PgRow, Postgres};
 use uuid::Uuid;
 
 use crate::domain::NewEvent;
-use crate::store::rows::{COLUMNS, to_json};
+use crate::store::rows::{COLUMNS, key_hash, to_json};
 use crate::store::{NewOperation, StoreError, Transition};
 
 /// The LISTEN/NOTIFY channel of change notifications: one per committed
@@ -49,29 +49,36 @@ fn insert_events(first: usize, filter: &str) -> String {
 
 /// Intent rows of a batch, inserted by one statement; a row that hits a
 /// unique constraint (key replayed, volume busy, or its own id: a re-run
-/// whose first run committed) is skipped with its events and reported as
-/// `None` (its caller looks up why). Events keep their order. Not notified:
+/// whose first run committed) or a pruned key's tombstone (refused, never
+/// run again) is skipped with its events and reported as `None` (its
+/// caller looks up why). The key's hash (`$16`) is computed by the service,
+/// the same bytes as `volume_reconciler_key_hash` in SQL, to spare the
+/// database a SHA-256 per intent. Events keep their order. Not notified:
 /// nobody can be waiting on an operation whose id has not been handed out
 /// yet (watchers and replays look for decisions, which are).
 static CREATE_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH ins AS (
         INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
-            request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller)
+            request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller,
+            trace_parent, trace_state)
         SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
             now() + u.deadline_ms * interval '1 millisecond', CASE WHEN u.attempts > 0 THEN now() END,
-            u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller
+            u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller, u.trace_parent,
+            u.trace_state
         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::uuid[],
-                    $8::jsonb[], $9::int4[], $10::float8[], $11::text[], $12::float8[], $13::text[])
+                    $8::jsonb[], $9::int4[], $10::float8[], $11::text[], $12::float8[], $13::text[],
+                    $14::text[], $15::text[], $16::uuid[])
              AS u(id, key, fp, action, state, server_id, volume_id, request, attempts, deadline_ms,
-                  lease_owner, lease_ms, caller)
+                  lease_owner, lease_ms, caller, trace_parent, trace_state, key_hash)
+        WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t WHERE t.key_hash = u.key_hash)
         ON CONFLICT DO NOTHING
         RETURNING *
      ), ev AS (
         {events}
      )
      SELECT {COLUMNS} FROM ins",
-        events = insert_events(14, "JOIN ins ON ins.id = e.operation_id"),
+        events = insert_events(17, "JOIN ins ON ins.id = e.operation_id"),
     )
 });
 
@@ -249,7 +256,16 @@ pub(super) fn creates(news: &[&NewOperation]) -> Batch {
         .bind(col(news, |n| n.deadline_in.as_secs_f64() * 1000.0))
         .bind(col(news, |n| n.lease_owner.clone()))
         .bind(col(news, |n| n.lease_for.as_secs_f64() * 1000.0))
-        .bind(col(news, |n| n.caller.clone()));
+        .bind(col(news, |n| n.caller.clone()))
+        .bind(col(news, |n| n.trace.as_ref().map(|t| t.traceparent())))
+        .bind(col(news, |n| {
+            n.trace
+                .as_ref()
+                .and_then(|t| t.tracestate().map(str::to_string))
+        }))
+        .bind(col(news, |n| {
+            Uuid::from_bytes(key_hash(n.caller.as_deref(), &n.idempotency_key))
+        }));
     Batch {
         q,
         events: EventCols::of(news),
@@ -344,6 +360,10 @@ pub fn pgbench_script() -> String {
             "ARRAY['pgbench']",
             "ARRAY[3000::float8]",
             "ARRAY[NULL::text]",
+            "ARRAY['00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01']",
+            "ARRAY[NULL::text]",
+            // The key's hash (the key is random: so is its hash).
+            "ARRAY[gen_random_uuid()]",
             "ARRAY[__OPID__]",
             "ARRAY['recorded']",
             "ARRAY['attach recorded']",

@@ -12,6 +12,7 @@
 //! timestamps (microseconds) and JSON (text) differs.
 
 mod lock;
+mod retention;
 mod write;
 
 use std::fs::File;
@@ -34,8 +35,8 @@ use self::write::{
 };
 use super::rows::{self, COLUMNS, Id, Json, OPEN, Time, column};
 use super::{
-    CreateOutcome, DbFailure, NewOperation, OperationFilter, OperationPage, StateCount, Store,
-    StoreError, Transition, within,
+    CreateOutcome, DbFailure, NewOperation, OperationFilter, OperationPage, PruneRound, StateCount,
+    Store, StoreError, Transition, within,
 };
 use crate::domain::{NewEvent, Operation, OperationError, OperationEvent, State, event};
 
@@ -55,6 +56,8 @@ pub struct SqliteStore {
     pool: SqlitePool,
     changes: broadcast::Sender<Uuid>,
     lock: Mutex<Option<File>>,
+    /// One retention round at a time in the process.
+    retention: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl SqliteStore {
@@ -92,6 +95,7 @@ impl SqliteStore {
             pool,
             changes,
             lock: Mutex::new(lock),
+            retention: std::sync::Arc::default(),
         })
     }
 
@@ -144,6 +148,14 @@ impl Store for SqliteStore {
         // end, whatever the time (see `Store::operation_create`).
         let prepared = within(deadline, "recording the operation", async {
             let mut tx = self.begin().await?;
+            // A pruned key is refused (its tombstone), never run again.
+            if let Some(pruned_at) = write::tombstone_of(&mut tx, &new).await? {
+                tx.rollback().await.map_err(db("recording the operation"))?;
+                return Err(StoreError::KeyExpired {
+                    key: new.idempotency_key.clone(),
+                    pruned_at,
+                });
+            }
             if !insert_intent(&mut tx, &new).await? {
                 // The key exists (a replay joins even while its volume is
                 // busy with itself), or the volume is busy.
@@ -597,6 +609,44 @@ impl Store for SqliteStore {
             .await
             .map_err(db("checking the database"))?;
         Ok(())
+    }
+
+    async fn retention_begin(&self) -> Result<Option<Box<dyn PruneRound>>, StoreError> {
+        Ok(retention::begin(&self.pool, &self.retention))
+    }
+
+    async fn retention_oldest_decided(
+        &self,
+    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, StoreError> {
+        let us: Option<i64> = sqlx::query_scalar(
+            "SELECT min(completed_at) FROM operations WHERE completed_at IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db("reading the oldest decision"))?;
+        us.map(|us| {
+            DateTime::from_timestamp_micros(us)
+                .ok_or_else(|| corrupt("operations", format!("completed_at {us} µs")))
+        })
+        .transpose()
+    }
+
+    async fn operation_key_expired(
+        &self,
+        caller: Option<&str>,
+        key: &str,
+    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, StoreError> {
+        let us: Option<i64> =
+            sqlx::query_scalar("SELECT pruned_at FROM idempotency_tombstones WHERE key_hash = ?")
+                .bind(super::rows::key_hash(caller, key).to_vec())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db("reading a key's tombstone"))?;
+        us.map(|us| {
+            DateTime::from_timestamp_micros(us)
+                .ok_or_else(|| corrupt("idempotency_tombstones", format!("pruned_at {us} µs")))
+        })
+        .transpose()
     }
 
     async fn close(&self) {

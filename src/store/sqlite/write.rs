@@ -60,6 +60,24 @@ pub(super) async fn insert_events(
     Ok(())
 }
 
+/// When the intent's key was pruned, if its tombstone stands.
+pub(super) async fn tombstone_of(
+    tx: &mut Transaction<'static, Sqlite>,
+    new: &NewOperation,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let us: Option<i64> =
+        sqlx::query_scalar("SELECT pruned_at FROM idempotency_tombstones WHERE key_hash = ?")
+            .bind(rows::key_hash(new.caller.as_deref(), &new.idempotency_key).to_vec())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db("recording the operation"))?;
+    us.map(|us| {
+        DateTime::from_timestamp_micros(us)
+            .ok_or_else(|| corrupt("idempotency_tombstones", format!("pruned_at {us} µs")))
+    })
+    .transpose()
+}
+
 /// Inserts an intent row; `false` when a unique key (its key, its
 /// volume's one open operation, its id) stood in the way.
 pub(super) async fn insert_intent(
@@ -70,8 +88,8 @@ pub(super) async fn insert_intent(
     let inserted = sqlx::query(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
-            lease_expires_at, caller)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            lease_expires_at, caller, trace_parent, trace_state)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT DO NOTHING",
     )
     .bind(new.id.to_string())
@@ -90,6 +108,8 @@ pub(super) async fn insert_intent(
     .bind(&new.lease_owner)
     .bind(now + new.lease_for.as_micros() as i64)
     .bind(&new.caller)
+    .bind(new.trace.as_ref().map(|t| t.traceparent()))
+    .bind(new.trace.as_ref().and_then(|t| t.tracestate()))
     .execute(&mut **tx)
     .await
     .map_err(db("recording the operation"))?;

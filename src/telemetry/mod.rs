@@ -1,6 +1,15 @@
 //! Logging: human-readable on a terminal, JSON for machines. Lines about
-//! an operation carry its `operation_id` (spans and fields). Logs go to
-//! stderr, or to a file (the quiet demo's log beside its ledger).
+//! an operation carry its `operation_id` and `trace_id` (spans and
+//! fields). Logs go to stderr, or to a file (the quiet demo's log beside
+//! its ledger).
+//!
+//! - `context.rs`: the trace context an operation's task runs under.
+//! - `otlp.rs` (cargo feature `otlp`): operation spans exported to an
+//!   OTLP collector (`OTEL_EXPORTER_OTLP_ENDPOINT`).
+
+pub mod context;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 
 use std::io::IsTerminal;
 

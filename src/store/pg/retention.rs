@@ -1,0 +1,203 @@
+//! Retention on PostgreSQL: one round at a time across replicas (a session
+//! advisory lock on a connection of the round's own, released with it if
+//! the replica dies), and each batch in two steps so that a key being
+//! pruned is never run again.
+//!
+//! Why two steps: a replay of a key inserts its intent with `ON CONFLICT DO
+//! NOTHING ... WHERE NOT EXISTS (tombstone)`. If the tombstone were written
+//! and the operation deleted in one transaction, a replay whose statement
+//! began before that commit (no tombstone in its snapshot) and reached the
+//! unique index after it (the operation gone) would insert: a second run.
+//! So a batch first commits the tombstones, then waits until no other
+//! session holds a snapshot older than that commit (`backend_xmin` in
+//! `pg_stat_activity`), and only then deletes the operations: any replay
+//! either sees the tombstone or meets the operation.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::Connection as _;
+use sqlx::postgres::{PgConnection, PgPool};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::store::{PruneCounts, PruneParams, PruneRound, StoreError};
+
+/// The advisory lock of retention rounds (`b"vr:retnt"` as a number).
+const LOCK_KEY: i64 = 0x7672_3a72_6574_6e74;
+
+/// How often a batch looks whether older snapshots are gone.
+const HORIZON_POLL: Duration = Duration::from_millis(20);
+
+/// Marks up to `$2` decided operations older than the cutoff (`now()`
+/// minus `$1` ms), oldest first, by the two indexes of decision time: a
+/// tombstone per key (committed by this statement); their ids back.
+const MARK: &str = "WITH victims AS (
+        (SELECT id, caller, idempotency_key, completed_at FROM operations
+         WHERE verify_expect IS NOT NULL AND completed_at < now() - $1 * interval '1 millisecond'
+         ORDER BY completed_at LIMIT $2)
+        UNION ALL
+        (SELECT id, caller, idempotency_key, completed_at FROM operations
+         WHERE verify_expect IS NULL AND completed_at < now() - $1 * interval '1 millisecond'
+         ORDER BY completed_at LIMIT $2)
+        LIMIT $2
+     ), marked AS (
+        INSERT INTO idempotency_tombstones (key_hash, decided_at, pruned_at)
+        SELECT volume_reconciler_key_hash(caller, idempotency_key), completed_at, now() FROM victims
+        ON CONFLICT (key_hash) DO NOTHING
+        RETURNING 1
+     )
+     SELECT id, (SELECT count(*) FROM marked) AS marked FROM victims";
+
+/// The first transaction id no snapshot taken now can see running: every
+/// session whose snapshot is older than this commit has an xmin below it.
+const HORIZON: &str = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8";
+
+/// Other client sessions of this database holding a snapshot older than
+/// `$1` (an xid8, compared as the 32-bit xid `backend_xmin` is).
+const OLDER_SNAPSHOTS: &str = "SELECT count(*) FROM pg_stat_activity
+     WHERE datname = current_database() AND backend_type = 'client backend'
+       AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
+       AND age(backend_xmin) > age(($1 % 4294967296)::text::xid)";
+
+/// Deletes marked operations (still decided) and their events.
+const DELETE: &str = "WITH ev AS (
+        DELETE FROM operation_events WHERE operation_id = ANY($1) RETURNING 1
+     ), ops AS (
+        DELETE FROM operations WHERE id = ANY($1) AND completed_at IS NOT NULL RETURNING 1
+     )
+     SELECT (SELECT count(*) FROM ops) AS ops, (SELECT count(*) FROM ev) AS events";
+
+/// Deletes up to `$2` tombstones of keys decided before `now()` minus `$1` ms.
+const EXPIRE: &str = "WITH gone AS (
+        SELECT key_hash FROM idempotency_tombstones
+        WHERE decided_at < now() - $1 * interval '1 millisecond' LIMIT $2
+     )
+     DELETE FROM idempotency_tombstones t USING gone WHERE t.key_hash = gone.key_hash";
+
+/// A round holding the lock on its own connection.
+pub(super) struct PgRound {
+    conn: PgConnection,
+}
+
+/// Takes the lock on a connection of the round's own (out of the pool:
+/// it never goes back holding the lock); `None` while another holds it.
+pub(super) async fn begin(pool: &PgPool) -> Result<Option<Box<dyn PruneRound>>, StoreError> {
+    const WHAT: &str = "beginning a retention round";
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(StoreError::connect(WHAT))?
+        .detach();
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(LOCK_KEY)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(StoreError::db(WHAT))?;
+    if !locked {
+        close(conn).await;
+        return Ok(None);
+    }
+    Ok(Some(Box::new(PgRound { conn })))
+}
+
+async fn close(conn: PgConnection) {
+    if let Err(e) = conn.close().await {
+        // The session ends either way, and its locks with it.
+        tracing::debug!(error = %e, "retention: closing the round's connection");
+    }
+}
+
+/// Milliseconds before the database's now that a cutoff `keep` back lies,
+/// as if the clock read `ahead` later.
+fn cutoff_ms(keep: Duration, ahead: Duration) -> f64 {
+    keep.as_secs_f64() * 1000.0 - ahead.as_secs_f64() * 1000.0
+}
+
+impl PgRound {
+    /// Waits until no other session holds a snapshot older than `horizon`,
+    /// up to `wait`; whether they are gone.
+    async fn older_snapshots_gone(
+        &mut self,
+        horizon: i64,
+        wait: Duration,
+    ) -> Result<bool, StoreError> {
+        let until = Instant::now() + wait;
+        loop {
+            let older: i64 = sqlx::query_scalar(OLDER_SNAPSHOTS)
+                .bind(horizon)
+                .fetch_one(&mut self.conn)
+                .await
+                .map_err(StoreError::db("retention: waiting for older transactions"))?;
+            if older == 0 {
+                return Ok(true);
+            }
+            if Instant::now() >= until {
+                return Ok(false);
+            }
+            tokio::time::sleep(HORIZON_POLL).await;
+        }
+    }
+}
+
+#[async_trait]
+impl PruneRound for PgRound {
+    async fn prune_batch(&mut self, p: &PruneParams) -> Result<PruneCounts, StoreError> {
+        const WHAT: &str = "retention: pruning decided operations";
+        let rows: Vec<(Uuid, i64)> = sqlx::query_as(MARK)
+            .bind(cutoff_ms(p.keep, p.ahead))
+            .bind(i64::from(p.limit))
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(StoreError::db(WHAT))?;
+        let Some(&(_, marked)) = rows.first() else {
+            return Ok(PruneCounts::default());
+        };
+        let ids: Vec<Uuid> = rows.into_iter().map(|(id, _)| id).collect();
+        let horizon: i64 = sqlx::query_scalar(HORIZON)
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(StoreError::db(WHAT))?;
+        let mut counts = PruneCounts {
+            tombstones_written: marked as u64,
+            ..PruneCounts::default()
+        };
+        if !self.older_snapshots_gone(horizon, p.horizon_wait).await? {
+            counts.deferred = ids.len() as u64;
+            return Ok(counts);
+        }
+        let (ops, events): (i64, i64) = sqlx::query_as(DELETE)
+            .bind(&ids)
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(StoreError::db(WHAT))?;
+        counts.operations = ops as u64;
+        counts.events = events as u64;
+        Ok(counts)
+    }
+
+    async fn expire_batch(&mut self, p: &PruneParams) -> Result<u64, StoreError> {
+        let Some(keep_keys) = p.keep_keys else {
+            return Ok(0);
+        };
+        let done = sqlx::query(EXPIRE)
+            .bind(cutoff_ms(keep_keys, p.ahead))
+            .bind(i64::from(p.limit))
+            .execute(&mut self.conn)
+            .await
+            .map_err(StoreError::db("retention: expiring tombstones"))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn end(mut self: Box<Self>) {
+        let unlocked = sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
+            .bind(LOCK_KEY)
+            .fetch_one(&mut self.conn)
+            .await;
+        if let Err(e) = unlocked {
+            // Closing the connection releases it all the same.
+            tracing::debug!(error = %e, "retention: unlocking");
+        }
+        close(self.conn).await;
+    }
+}

@@ -1,0 +1,57 @@
+//! The trace context of the work at hand: an operation's task runs under
+//! its [`TraceContext`] (a task-local, as OpenTelemetry's own context is),
+//! so every request the task sends to Nova, Cinder or Keystone carries it
+//! (`nova::http` reads it), and in a span with its `operation_id` and
+//! `trace_id`, so every log line it writes carries them.
+
+use std::future::Future;
+
+use tracing::Instrument as _;
+use uuid::Uuid;
+
+use crate::domain::TraceContext;
+
+tokio::task_local! {
+    static CURRENT: TraceContext;
+}
+
+/// The context the current task runs under, if any (background work not
+/// done for an operation has none).
+pub fn current() -> Option<TraceContext> {
+    CURRENT.try_with(TraceContext::clone).ok()
+}
+
+/// Runs `fut` under `ctx`: the requests it sends carry it.
+pub fn within<F: Future>(ctx: TraceContext, fut: F) -> impl Future<Output = F::Output> {
+    CURRENT.scope(ctx, fut)
+}
+
+/// Runs `fut` under `ctx`, or as it is when there is none.
+pub async fn within_opt<F: Future>(ctx: Option<TraceContext>, fut: F) -> F::Output {
+    match ctx {
+        Some(ctx) => within(ctx, fut).await,
+        None => fut.await,
+    }
+}
+
+/// An operation's own task (the executor's run, a reconciler's re-send):
+/// under its trace, in the span `run operation` whose fields every log
+/// line of the task carries. With the `otlp` feature, the span is also
+/// exported, under the ids the requests carry.
+pub async fn operation_task<F: Future>(
+    operation_id: Uuid,
+    action: &'static str,
+    ctx: TraceContext,
+    fut: F,
+) -> F::Output {
+    let span = tracing::info_span!(
+        "run operation",
+        operation_id = %operation_id,
+        action,
+        trace_id = %ctx.trace_id(),
+        span_id = %ctx.span_id(),
+    );
+    #[cfg(feature = "otlp")]
+    let _exported = super::otlp::Exported::start("run operation", operation_id, action, &ctx);
+    within(ctx, fut.instrument(span)).await
+}
