@@ -111,6 +111,17 @@ impl SqliteStore {
             .map_err(db("starting a transaction"))
     }
 
+    /// A transaction that writes from its first statement: it takes the
+    /// write lock at once (waiting up to the busy timeout), instead of
+    /// reading first and then failing at once with SQLITE_BUSY when it
+    /// must upgrade while another connection writes.
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(db("starting a transaction"))
+    }
+
     async fn fetch_one_operation(
         &self,
         sql: String,
@@ -147,7 +158,7 @@ impl Store for SqliteStore {
         // the transaction rolls back); the commit itself is awaited to its
         // end, whatever the time (see `Store::operation_create`).
         let prepared = within(deadline, "recording the operation", async {
-            let mut tx = self.begin().await?;
+            let mut tx = self.begin_write().await?;
             // A pruned key is refused (its tombstone), never run again.
             if let Some(pruned_at) = write::tombstone_of(&mut tx, &new).await? {
                 tx.rollback().await.map_err(db("recording the operation"))?;
