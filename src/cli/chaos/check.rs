@@ -383,7 +383,16 @@ impl Checker<'_> {
                 })
                 && t.ever(!baseline, done, late_end)
         };
-        if op.drifted && !changed && !seen_late() {
+        // A change between the look that decided and the decision's write
+        // (stamped at its transaction's start) stands after the decision
+        // too (seed 1050: an out-of-band attach 3 ms before the stamp).
+        let changed_at_write = t.effects.iter().any(|e| {
+            e.at > done - ms(TOLERANCE_MS)
+                && e.at <= end + ms(TOLERANCE_MS)
+                && !caused_by(e, op.id)
+                && !self.explained(e, done)
+        }) && t.ever(!baseline, done, end);
+        if op.drifted && !changed && !changed_at_write && !seen_late() {
             self.fail(
                 "drift-is-real",
                 Some(op.id),
