@@ -152,6 +152,25 @@ async fn a_slow_but_successful_attach_is_not_cut_short() {
 }
 
 #[tokio::test]
+async fn a_request_out_of_time_before_it_could_leave_is_not_sent() {
+    // A slow durable write, or a slot or token that came at the last
+    // instant, can leave no time: the request must not leave then, and the
+    // failure must say so (nothing of it can take effect).
+    let (h, client) = sim_and_client(SimConfig::default(), "2.89").await;
+    let (s, v) = ids();
+    let e = client
+        .attach(s, v, &RequestParams::default(), Instant::now())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, NovaErrorKind::DeadlineExceeded);
+    assert!(
+        !e.may_have_reached_nova && !e.outcome_unknown(),
+        "provably never sent: {e:?}"
+    );
+    assert_eq!(h.sim.attach_requests(v), 0);
+}
+
+#[tokio::test]
 async fn a_deadline_at_the_headers_is_a_deadline_and_may_have_reached_nova() {
     let (h, client) = sim_and_client(SimConfig::default(), "2.89").await;
     let (s, v) = ids();

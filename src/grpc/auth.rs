@@ -7,6 +7,14 @@
 //! when they are required → `UNAUTHENTICATED`; a role without the right →
 //! `PERMISSION_DENIED`. The caller's name reaches the handlers (and so the
 //! ledger and the reconcile log). Tokens are never logged.
+//!
+//! A caller authenticated by mutual TLS alone (no tokens configured) is
+//! named by its certificate's subject common name, as Kubernetes names
+//! users: its operations record it and its idempotency keys are its own.
+//! It has the orchestrator's access to other callers' keys (none); methods
+//! are not gated by role without tokens, as before. When tokens are
+//! configured, the token is required and names the caller, whatever
+//! certificate the connection presented.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -223,6 +231,9 @@ where
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         if self.tokens.is_empty() {
+            if let Some(caller) = certificate_caller(&req) {
+                req.extensions_mut().insert(caller);
+            }
             return Box::pin(self.inner.call(req));
         }
         let path = req.uri().path().to_string();
@@ -275,9 +286,150 @@ where
     }
 }
 
+/// The caller a verified client certificate names (mutual TLS): its
+/// subject's common name. `None` without TLS, without a client
+/// certificate, or when the certificate has no usable common name (the
+/// caller is then unnamed, as without authentication).
+fn certificate_caller<B>(req: &http::Request<B>) -> Option<Caller> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    // tonic puts the connection's info in every request's extensions; the
+    // TLS stream's carries the certificates rustls verified at the
+    // handshake (against --tls-client-ca).
+    let certs = req
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()?
+        .peer_certs()?;
+    let name = common_name(certs.first()?.as_ref())?;
+    Some(Caller {
+        name,
+        role: Role::Orchestrator,
+    })
+}
+
+/// One DER element: (tag, contents, what follows it).
+fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        // Long form: the next (first & 0x7f) bytes are the length.
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+const SEQUENCE: u8 = 0x30;
+const SET: u8 = 0x31;
+/// id-at-commonName, 2.5.4.3.
+const COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+
+/// The subject common name of a DER certificate: the last one when there
+/// are several, as Kubernetes reads it. A certificate rustls accepted is
+/// well formed; anything unexpected here reads as "no name".
+pub fn common_name(cert: &[u8]) -> Option<String> {
+    let (SEQUENCE, cert, _) = der_element(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = der_element(cert)? else {
+        return None;
+    };
+    // version [0] (optional), serialNumber, signature, issuer, validity,
+    // then subject.
+    let mut rest = tbs;
+    if rest.first() == Some(&0xa0) {
+        rest = der_element(rest)?.2;
+    }
+    for _ in 0..4 {
+        rest = der_element(rest)?.2;
+    }
+    let (SEQUENCE, mut rdns, _) = der_element(rest)? else {
+        return None;
+    };
+    let mut found = None;
+    while !rdns.is_empty() {
+        let (tag, mut set, next) = der_element(rdns)?;
+        rdns = next;
+        if tag != SET {
+            return None;
+        }
+        while !set.is_empty() {
+            let (_, pair, next) = der_element(set)?;
+            set = next;
+            let (_, oid, value) = der_element(pair)?;
+            if oid == COMMON_NAME {
+                found = directory_string(value)?;
+            }
+        }
+    }
+    found.filter(|n: &String| !n.trim().is_empty())
+}
+
+/// A DirectoryString's text (`Some(None)`: a kind not read here).
+fn directory_string(value: &[u8]) -> Option<Option<String>> {
+    let (tag, text, _) = der_element(value)?;
+    Some(match tag {
+        // UTF8String, PrintableString, IA5String.
+        0x0c | 0x13 | 0x16 => std::str::from_utf8(text).ok().map(str::to_string),
+        // BMPString: UTF-16, big-endian.
+        0x1e if text.len() % 2 == 0 => String::from_utf16(
+            &text
+                .chunks(2)
+                .map(|c| u16::from_be_bytes([c[0], c[1]]))
+                .collect::<Vec<_>>(),
+        )
+        .ok(),
+        _ => None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cert_with(dn: &[(rcgen::DnType, rcgen::DnValue)]) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(vec!["orchestrator.example".into()]).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        for (t, v) in dn {
+            p.distinguished_name.push(t.clone(), v.clone());
+        }
+        p.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_certificate_names_its_caller_by_its_subject_common_name() {
+        use rcgen::{DnType, DnValue};
+        let named = cert_with(&[
+            (DnType::OrganizationName, DnValue::Utf8String("ci".into())),
+            (
+                DnType::CommonName,
+                DnValue::Utf8String("orchestrator-é".into()),
+            ),
+        ]);
+        assert_eq!(common_name(&named).as_deref(), Some("orchestrator-é"));
+        let printable = cert_with(&[(
+            DnType::CommonName,
+            DnValue::PrintableString("orchestrator-2".try_into().unwrap()),
+        )]);
+        assert_eq!(common_name(&printable).as_deref(), Some("orchestrator-2"));
+        let bmp = cert_with(&[(
+            DnType::CommonName,
+            DnValue::BmpString("orchestrator-3".try_into().unwrap()),
+        )]);
+        assert_eq!(common_name(&bmp).as_deref(), Some("orchestrator-3"));
+        let nameless = cert_with(&[(DnType::OrganizationName, DnValue::Utf8String("ci".into()))]);
+        assert_eq!(common_name(&nameless), None);
+        assert_eq!(common_name(b"not a certificate"), None);
+        assert_eq!(common_name(&named[..named.len() / 2]), None);
+    }
 
     #[test]
     fn tokens_are_matched_by_hash_and_roles_gate_methods() {

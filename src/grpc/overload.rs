@@ -131,8 +131,14 @@ fn caller_key<B>(req: &http::Request<B>) -> String {
     if let Some(c) = req.extensions().get::<Caller>() {
         return c.name.clone();
     }
-    req.extensions()
-        .get::<tonic::transport::server::TcpConnectInfo>()
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let ext = req.extensions();
+    // Over TLS the TCP connection's info is inside the TLS one.
+    ext.get::<TcpConnectInfo>()
+        .or_else(|| {
+            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                .map(|i| i.get_ref())
+        })
         .and_then(|i| i.remote_addr())
         .map(|a| a.ip().to_string())
         .unwrap_or_else(|| "anonymous".into())

@@ -10,7 +10,8 @@ use crate::domain::Reason;
 /// Where in a request's life the failure happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    /// Waiting for a slot under the per-host concurrency cap.
+    /// Waiting for a slot under the per-host concurrency cap, or found out
+    /// of time once it had one: nothing was sent.
     AcquireSlot,
     /// Getting a Keystone token.
     Authenticate,
@@ -228,7 +229,7 @@ impl NovaError {
     pub fn clock(&self) -> &'static str {
         match (&self.kind, self.stage) {
             (NovaErrorKind::DeadlineExceeded, Stage::AcquireSlot) => {
-                "the caller's deadline expired waiting for a connection slot"
+                "the caller's deadline expired before the request could be sent (waiting for a connection slot, or after it)"
             }
             (NovaErrorKind::DeadlineExceeded, Stage::ReadBody) => {
                 "the caller's deadline expired while reading the response body"

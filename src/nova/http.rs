@@ -417,6 +417,19 @@ impl Service {
             if let Some(b) = body {
                 req = req.json(b);
             }
+            // A slot or a token that came at the last instant can leave no
+            // time: then the request must not leave, and the failure must
+            // say it never did (sent with no time, it would count as one
+            // that may have reached Nova, and be watched for nothing).
+            if Instant::now() >= call.deadline {
+                return Err(call.failure(
+                    FailureKind::DeadlineExceeded,
+                    Stage::AcquireSlot,
+                    &url,
+                    false,
+                    "no time left to send the request; not sent".into(),
+                ));
+            }
             let raw = call.send(req, &url).await?;
             if raw.status == 401
                 && !replayed

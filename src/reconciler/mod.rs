@@ -285,10 +285,18 @@ impl Reconciler {
                     // Decided already: look once more for drift.
                     self.verify_one(op).await?;
                 } else {
-                    let until = deadline.at.min(Instant::now() + Duration::from_secs(3600));
-                    let margin = (until.saturating_duration_since(Instant::now()) / 20)
-                        .clamp(Duration::from_millis(50), Duration::from_secs(2));
-                    match self.exec.wait_decided(id, until - margin).await {
+                    let now = Instant::now();
+                    let until = deadline.at.min(now + Duration::from_secs(3600));
+                    // The deadline layer answers DEADLINE_EXCEEDED the
+                    // policy's margin before the deadline: stop waiting
+                    // that margin again earlier, to read the row and answer
+                    // with it (the current state) first.
+                    let margin = self
+                        .exec
+                        .policy
+                        .margin_for(until.saturating_duration_since(now));
+                    let stop = until.checked_sub(margin * 2).unwrap_or(now).max(now);
+                    match self.exec.wait_decided(id, stop).await {
                         Ok(_) | Err(crate::executor::ExecError::StillRunning(_)) => {}
                         Err(crate::executor::ExecError::Store(e)) => return Err(e),
                         Err(e) => {

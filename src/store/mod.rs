@@ -271,6 +271,11 @@ pub async fn within<T>(
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Records a new operation, or finds the one its key already names.
+    /// `deadline` bounds when the intent may still be written: a write not
+    /// started by then is not made. One that started is awaited to its
+    /// end, even past it: given up on, it could commit unseen (an intent
+    /// nothing drives); the caller drives what it gets, or decides it at
+    /// once when no time is left.
     async fn operation_create(
         &self,
         new: NewOperation,

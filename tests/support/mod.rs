@@ -3,6 +3,7 @@
 //! built exactly as `main` builds it (`Application::build` → `run_until`).
 #![allow(dead_code)]
 
+pub mod lifecycle;
 pub mod pg;
 pub mod pki;
 pub mod proxy;
@@ -33,8 +34,45 @@ pub struct TestApp {
     pub reconciler: Arc<Reconciler>,
     pub pruner: Arc<volume_reconciler::retention::Pruner>,
     pub tls: Option<Arc<volume_reconciler::tls::Reloadable>>,
+    pub ledger: Ledger,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    _embedded: Option<EmbeddedDir>,
+}
+
+/// Which ledger the service runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ledger {
+    /// A fresh database of the test cluster (or `db_url`'s).
+    Postgres,
+    /// The embedded store in a fresh temporary file (one process).
+    Embedded,
+}
+
+impl Ledger {
+    pub const BOTH: [Ledger; 2] = [Ledger::Postgres, Ledger::Embedded];
+}
+
+/// The folder of an embedded ledger, removed with the test's app.
+struct EmbeddedDir(std::path::PathBuf);
+
+impl EmbeddedDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("vr-ledger-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a temporary folder for the embedded ledger");
+        Self(dir)
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.0.join("ledger.db").display())
+    }
+}
+
+impl Drop for EmbeddedDir {
+    fn drop(&mut self) {
+        // Best effort: a leftover temporary folder harms nothing.
+        drop(std::fs::remove_dir_all(&self.0));
+    }
 }
 
 pub struct AppOptions {
@@ -45,6 +83,8 @@ pub struct AppOptions {
     /// Use this Nova URL instead of a fresh simulator.
     pub nova_url: Option<String>,
     pub replica: String,
+    /// The ledger, when `db_url` names none.
+    pub ledger: Ledger,
 }
 
 impl Default for AppOptions {
@@ -55,11 +95,18 @@ impl Default for AppOptions {
             db_url: None,
             nova_url: None,
             replica: "test-a".into(),
+            ledger: Ledger::Postgres,
         }
     }
 }
 
 impl AppOptions {
+    /// These options on `ledger`.
+    pub fn on(mut self, ledger: Ledger) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
     pub fn arg(mut self, flag: &str, value: &str) -> Self {
         self.args.push(flag.to_string());
         self.args.push(value.to_string());
@@ -86,9 +133,16 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
             (s, Some(h), u)
         }
     };
-    let db_url = match opts.db_url {
-        Some(u) => u,
-        None => pg::fresh_database().await,
+    let mut embedded = None;
+    let db_url = match (opts.db_url, opts.ledger) {
+        (Some(u), _) => u,
+        (None, Ledger::Postgres) => pg::fresh_database().await,
+        (None, Ledger::Embedded) => embedded.insert(EmbeddedDir::new()).url(),
+    };
+    let ledger = if db_url.starts_with("sqlite:") {
+        Ledger::Embedded
+    } else {
+        Ledger::Postgres
     };
     let mut args: Vec<String> = [
         "--listen",
@@ -144,8 +198,10 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
         reconciler,
         pruner,
         tls,
+        ledger,
         stop,
         task,
+        _embedded: embedded,
     }
 }
 

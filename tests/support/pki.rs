@@ -22,10 +22,24 @@ impl Ca {
 
     /// A leaf for `names` (DNS names or IP addresses): (cert PEM, key PEM).
     pub fn leaf(&self, names: &[&str]) -> (String, String) {
-        let key = rcgen::KeyPair::generate().unwrap();
         let p =
             rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
                 .unwrap();
+        self.sign(p)
+    }
+
+    /// A client leaf whose subject is `CN=common_name` (how mutual TLS
+    /// names a caller): (cert PEM, key PEM).
+    pub fn client(&self, common_name: &str) -> (String, String) {
+        let mut p = rcgen::CertificateParams::new(vec![common_name.to_string()]).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        self.sign(p)
+    }
+
+    fn sign(&self, p: rcgen::CertificateParams) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
         let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
         (cert.pem(), key.serialize_pem())
     }
@@ -43,6 +57,8 @@ pub struct Pki {
     pub client_ca: String,
     pub client_cert: String,
     pub client_key: String,
+    /// The client CA itself, to sign more client certificates.
+    pub clients: Ca,
 }
 
 impl Pki {
@@ -65,8 +81,15 @@ impl Pki {
             client_ca: write("client-ca.pem", &client_ca.cert.pem()),
             client_cert: write("client.pem", &cl_cert),
             client_key: write("client.key", &cl_key),
+            clients: client_ca,
             dir,
         }
+    }
+
+    /// Reads a PEM file this PKI wrote (a client's TLS settings take
+    /// PEM text).
+    pub fn read(path: &str) -> String {
+        std::fs::read_to_string(path).unwrap()
     }
 
     /// `serve` flags for TLS with client certificates required.

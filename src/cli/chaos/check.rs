@@ -112,6 +112,17 @@ fn rolled_back(effects: &[Effect], i: usize) -> bool {
             .is_some_and(|n| n.cause == Cause::RolledBack)
 }
 
+/// Whether the attach `effects[i]` was undone next by deleting its server
+/// or its volume: what a look could have seen of it is gone with them.
+fn deleted_after(effects: &[Effect], i: usize) -> bool {
+    let e = &effects[i];
+    e.change == Change::Attached
+        && effects[i + 1..]
+            .iter()
+            .find(|n| n.server_id == e.server_id && n.volume_id == e.volume_id)
+            .is_some_and(|n| matches!(n.cause, Cause::ServerDeleted | Cause::VolumeDeleted))
+}
+
 fn caused_by(e: &Effect, op: Uuid) -> bool {
     matches!(&e.cause, Cause::Request { request_id: Some(id) } if *id == own_request(op))
 }
@@ -188,7 +199,17 @@ impl Checker<'_> {
         };
         let t = Timeline::of(&self.p.effects, op.server_id, op.volume_id);
         let (from, to) = (op.created_at - ms(TOLERANCE_MS), done + ms(TOLERANCE_MS));
-        let own = self.standing_at(op.id, done);
+        // A server or volume that no longer exists is an answer: the
+        // attach FAILED (NOVA_SERVER_NOT_FOUND / NOVA_VOLUME_NOT_FOUND),
+        // whether or not it had taken effect before the deletion undid it.
+        let gone = op.last_error.as_ref().is_some_and(|e| {
+            matches!(
+                e.reason,
+                crate::domain::Reason::NovaServerNotFound
+                    | crate::domain::Reason::NovaVolumeNotFound
+            )
+        });
+        let own = self.standing_at(op.id, done, gone);
         let wrong = match (op.action, op.state) {
             (Action::Attach, State::Succeeded) if !t.ever(true, from, to) => {
                 Some("SUCCEEDED, but the volume was never attached to the server while it ran")
@@ -247,21 +268,72 @@ impl Checker<'_> {
     /// `op`'s own effects that still stood when it was decided: not rolled
     /// back by Nova, and not undone by anyone before `done`. (An attach
     /// removed by someone else before the service could see it in use is
-    /// FAILED rightly: SUCCEEDED promises a usable attachment.)
-    fn standing_at(&self, op: Uuid, done: DateTime<Utc>) -> usize {
+    /// FAILED rightly: SUCCEEDED promises a usable attachment.) Nor, when
+    /// `gone`, undone by a deletion of its server or volume, nor undone
+    /// unseen by someone else within a settle window.
+    fn standing_at(&self, op: Uuid, done: DateTime<Utc>, gone: bool) -> usize {
         let effects = &self.p.effects;
         (0..effects.len())
             .filter(|i| {
                 let e = &effects[*i];
-                caused_by(e, op)
-                    && !rolled_back(effects, *i)
-                    && !effects[i + 1..].iter().any(|n| {
-                        n.server_id == e.server_id
-                            && n.volume_id == e.volume_id
-                            && n.at <= done + ms(TOLERANCE_MS)
-                    })
+                let undone_before = effects[i + 1..].iter().any(|n| {
+                    n.server_id == e.server_id
+                        && n.volume_id == e.volume_id
+                        && n.at <= done + ms(TOLERANCE_MS)
+                });
+                let deleted = gone && deleted_after(effects, *i);
+                let undone =
+                    rolled_back(effects, *i) || deleted || self.undone_unseen(*i) || undone_before;
+                caused_by(e, op) && !undone
             })
             .count()
+    }
+
+    /// Whether `effects[i]` was undone by someone else's hand less than a
+    /// settle window later: a late effect that stood between two looks
+    /// (one of which may have failed) is invisible to the attachment list,
+    /// so a decision taken after it cannot be held to it.
+    fn undone_unseen(&self, i: usize) -> bool {
+        let effects = &self.p.effects;
+        let e = &effects[i];
+        effects[i + 1..]
+            .iter()
+            .find(|n| n.server_id == e.server_id && n.volume_id == e.volume_id)
+            .is_some_and(|n| n.cause == Cause::OutOfBand && n.at - e.at < dur(self.windows.settle))
+    }
+
+    /// How many of `op`'s requests Nova received.
+    fn received(&self, op: Uuid) -> usize {
+        let own = own_request(op);
+        self.p
+            .requests
+            .iter()
+            .filter(|q| q.global_id.as_deref() == Some(own.as_str()))
+            .count()
+    }
+
+    /// When the verifier recorded `r`'s drift (its look; the end of the
+    /// window at the earliest, later by a round or the rate limit).
+    fn drift_seen_at(r: &Recorded) -> Option<DateTime<Utc>> {
+        r.events
+            .iter()
+            .filter(|e| e.kind == event::DRIFT_DETECTED)
+            .map(|e| e.at)
+            .min()
+    }
+
+    /// The end of what a drift recorded at `seen` could have seen: `end`,
+    /// or the look when it came later, but never past the next operation
+    /// on the volume.
+    fn looked_until(
+        end: DateTime<Utc>,
+        seen: Option<DateTime<Utc>>,
+        next: Option<DateTime<Utc>>,
+    ) -> DateTime<Utc> {
+        match seen {
+            Some(s) if s > end => next.map_or(s, |n| n.min(s)).max(end),
+            _ => end,
+        }
     }
 
     /// The first operation on the same volume created after `r` was
@@ -311,7 +383,16 @@ impl Checker<'_> {
                 })
                 && t.ever(!baseline, done, late_end)
         };
-        if op.drifted && !changed && !seen_late() {
+        // A change between the look that decided and the decision's write
+        // (stamped at its transaction's start) stands after the decision
+        // too (seed 1050: an out-of-band attach 3 ms before the stamp).
+        let changed_at_write = t.effects.iter().any(|e| {
+            e.at > done - ms(TOLERANCE_MS)
+                && e.at <= end + ms(TOLERANCE_MS)
+                && !caused_by(e, op.id)
+                && !self.explained(e, done)
+        }) && t.ever(!baseline, done, end);
+        if op.drifted && !changed && !changed_at_write && !seen_late() {
             self.fail(
                 "drift-is-real",
                 Some(op.id),
@@ -366,15 +447,17 @@ impl Checker<'_> {
     fn drift_of_failed(&mut self, r: &Recorded) {
         let op = &r.op;
         let Some(done) = op.completed_at else { return };
-        let end = self
-            .next_on_volume(r)
-            .map_or(done + dur(self.windows.verify_window), |n| {
-                n.min(done + dur(self.windows.verify_window))
-            });
+        let next = self.next_on_volume(r);
+        let window_end = done + dur(self.windows.verify_window);
+        let end = Self::looked_until(
+            next.map_or(window_end, |n| n.min(window_end)),
+            Self::drift_seen_at(r),
+            next,
+        );
         let any = self.p.effects.iter().any(|e| {
             e.server_id == op.server_id
                 && e.volume_id == op.volume_id
-                && e.at > done
+                && e.at > done - ms(TOLERANCE_MS)
                 && e.at <= end + ms(TOLERANCE_MS)
                 && !self.explained(e, done)
         });
@@ -391,12 +474,17 @@ impl Checker<'_> {
     fn effects(&mut self) {
         // Effects per request id; an attach Nova itself rolled back (the
         // hypervisor failed it) does not count: a new one is no duplicate.
+        // Nor does an effect someone else undid before a look could see it
+        // (within a settle window): a replica that died before logging the
+        // answer leaves its successor a volume as if nothing happened, and
+        // past the settle window it re-sends, rightly (seed 1038).
         let mut per_op: HashMap<String, usize> = HashMap::new();
         for (i, e) in self.p.effects.iter().enumerate() {
             if let Cause::Request {
                 request_id: Some(id),
             } = &e.cause
                 && !rolled_back(&self.p.effects, i)
+                && !self.undone_unseen(i)
             {
                 *per_op.entry(id.clone()).or_default() += 1;
             }
@@ -594,12 +682,7 @@ impl Checker<'_> {
                     && e.metadata.get("may_have_reached_nova").map(String::as_str) == Some("false")
             })
             .count();
-        let received = self
-            .p
-            .requests
-            .iter()
-            .filter(|q| q.global_id.as_deref() == Some(own_request(r.op.id).as_str()))
-            .count();
+        let received = self.received(r.op.id);
         if logged > received + never_left {
             self.fail(
                 "story-in-order",

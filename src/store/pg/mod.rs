@@ -359,32 +359,40 @@ impl Store for PgStore {
         new: NewOperation,
         deadline: Instant,
     ) -> Result<CreateOutcome, StoreError> {
-        within(deadline, "recording the operation", async {
-            // A volume-busy conflict can race with the busy operation
-            // finishing; a few tries settle it either way.
-            for _ in 0..3 {
-                let written = self
-                    .writer
-                    .submit(Payload::Create(Box::new(new.clone())), deadline)
-                    .await?;
-                if let Some(op) = written {
-                    return Ok(CreateOutcome::Created(op));
-                }
-                // Nothing inserted: the key exists (perhaps our own row, if
-                // the write was re-run after a lost connection), or the
-                // volume is busy. (A cold path, boxed so the common future
-                // stays small.)
-                if let Some(found) = Box::pin(self.why_not_inserted(&new)).await? {
-                    return found;
-                }
+        // A volume-busy conflict can race with the busy operation
+        // finishing; a few tries settle it either way.
+        for _ in 0..3 {
+            // The deadline bounds when the intent may still be written (a
+            // write not started by then is not made), not how long one
+            // that started may take: given up on while it waits (a lock, a
+            // slow commit), it could still commit, an intent that nothing
+            // drives. Awaited to its end, it is the caller's to drive (or
+            // to decide at once when no time is left).
+            let written = self
+                .writer
+                .submit(Payload::Create(Box::new(new.clone())), deadline)
+                .await?;
+            if let Some(op) = written {
+                return Ok(CreateOutcome::Created(op));
             }
-            Err(StoreError::database(
+            // Nothing inserted: the key exists (perhaps our own row, if
+            // the write was re-run after a lost connection), or the
+            // volume is busy. (A cold path, boxed so the common future
+            // stays small.)
+            let why = within(
+                deadline,
                 "recording the operation",
-                DbFailure::Contention,
-                "the volume was busy and free in turns; giving up after 3 tries",
-            ))
-        })
-        .await
+                Box::pin(self.why_not_inserted(&new)),
+            );
+            if let Some(found) = Box::pin(why).await? {
+                return found;
+            }
+        }
+        Err(StoreError::database(
+            "recording the operation",
+            DbFailure::Contention,
+            "the volume was busy and free in turns; giving up after 3 tries",
+        ))
     }
 
     async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError> {

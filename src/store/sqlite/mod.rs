@@ -111,6 +111,17 @@ impl SqliteStore {
             .map_err(db("starting a transaction"))
     }
 
+    /// A transaction that writes from its first statement: it takes the
+    /// write lock at once (waiting up to the busy timeout), instead of
+    /// reading first and then failing at once with SQLITE_BUSY when it
+    /// must upgrade while another connection writes.
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(db("starting a transaction"))
+    }
+
     async fn fetch_one_operation(
         &self,
         sql: String,
@@ -143,8 +154,11 @@ impl Store for SqliteStore {
         new: NewOperation,
         deadline: Instant,
     ) -> Result<CreateOutcome, StoreError> {
-        within(deadline, "recording the operation", async {
-            let mut tx = self.begin().await?;
+        // Until its commit the intent is bounded by the deadline (dropped,
+        // the transaction rolls back); the commit itself is awaited to its
+        // end, whatever the time (see `Store::operation_create`).
+        let prepared = within(deadline, "recording the operation", async {
+            let mut tx = self.begin_write().await?;
             // A pruned key is refused (its tombstone), never run again.
             if let Some(pruned_at) = write::tombstone_of(&mut tx, &new).await? {
                 tx.rollback().await.map_err(db("recording the operation"))?;
@@ -166,24 +180,33 @@ impl Store for SqliteStore {
                 tx.rollback().await.map_err(db("recording the operation"))?;
                 // Neither, in the same transaction: the only other unique
                 // column, the id, is another key's.
-                return rows::not_inserted(&new, found.as_ref()).unwrap_or_else(|| {
-                    Err(StoreError::database(
-                        "recording the operation",
-                        DbFailure::Constraint,
-                        format!("operation id {} belongs to another key", new.id),
-                    ))
-                });
+                return rows::not_inserted(&new, found.as_ref())
+                    .unwrap_or_else(|| {
+                        Err(StoreError::database(
+                            "recording the operation",
+                            DbFailure::Constraint,
+                            format!("operation id {} belongs to another key", new.id),
+                        ))
+                    })
+                    .map(Err);
             }
             // An intent's events name it by its operation's id.
             insert_events(&mut tx, new.id, &new.replica, Some(new.id), &new.events).await?;
             let op = get_in(&mut tx, new.id)
                 .await?
                 .ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;
-            tx.commit().await.map_err(db("recording the operation"))?;
-            self.notify(op.id);
-            Ok(CreateOutcome::Created(op))
+            Ok(Ok((tx, op)))
         })
-        .await
+        .await?;
+        match prepared {
+            Ok((tx, op)) => {
+                tx.commit().await.map_err(db("recording the operation"))?;
+                self.notify(op.id);
+                Ok(CreateOutcome::Created(op))
+            }
+            // The key's operation (a replay), found inside the deadline.
+            Err(existing) => Ok(existing),
+        }
     }
 
     async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError> {
