@@ -221,7 +221,12 @@ impl World {
     /// is already attached there.
     pub fn attach(&mut self, att: SimAttachment, cause: Cause) -> bool {
         let volume = att.volume_id;
-        if self.attachments.find(att.server_id, volume).is_some() {
+        // An attach still running when its server (or volume) is deleted
+        // does not land: Nova's delete cleans up the block device mappings.
+        if self.attachments.find(att.server_id, volume).is_some()
+            || self.removed_servers.contains(&att.server_id)
+            || self.removed_volumes.contains(&volume)
+        {
             return false;
         }
         if matches!(cause, Cause::Request { .. }) {
