@@ -187,128 +187,148 @@ impl Metrics {
             let mut root = m.registry.lock().unwrap_or_else(|p| p.into_inner());
             root.register_collector(Box::new(process::ProcessCollector::new()));
             let r = root.sub_registry_with_prefix("volume_reconciler");
-            r.register(
-                "build_info",
-                "Always 1; the labels say which build this replica runs",
-                m.build_info.clone(),
-            );
-            r.register(
-                "ready",
-                "1 while this replica is ready (serving, not draining, database reachable)",
-                m.ready.clone(),
-            );
-            r.register(
-                "grpc_requests",
-                "gRPC requests by service (grpc_service), method and canonical status code",
-                m.grpc_requests.clone(),
-            );
-            r.register(
-                "grpc_request_duration_seconds",
-                "gRPC request latency from arrival to the last byte of the answer (streams: to their end), by service (grpc_service), method and canonical status code",
-                m.grpc_duration.clone(),
-            );
-            r.register(
-                "grpc_deadline_remaining_seconds",
-                "Deadline remaining when a request arrived (caller-sent deadlines only)",
-                m.deadline_remaining.clone(),
-            );
-            r.register(
-                "grpc_requests_without_deadline",
-                "Requests that arrived with no deadline (the server default applied)",
-                m.requests_without_deadline.clone(),
-            );
-            r.register(
-                "nova_outbound_deadline_seconds",
-                "Deadline given to each outbound Nova request",
-                m.nova_outbound_deadline.clone(),
-            );
-            r.register(
-                "nova_request_duration_seconds",
-                "Nova request latency by operation and outcome class",
-                m.nova_latency.clone(),
-            );
-            r.register(
-                "operations",
-                "Operations in the ledger by state and resolution (the whole ledger: every replica reports the same numbers)",
-                m.operations.clone(),
-            );
-            r.register(
-                "oldest_unknown_operation_age_seconds",
-                "Seconds since Nova was last asked about the oldest UNKNOWN operation (0: none); a lower bound when more than 500 are UNKNOWN",
-                m.oldest_unknown_age.clone(),
-            );
-            r.register(
-                "responses_lost",
-                "Nova requests whose outcome was unknown (lost or ambiguous response)",
-                m.responses_lost.clone(),
-            );
-            r.register(
-                "responses_recovered",
-                "Lost or ambiguous responses whose outcome re-observation established",
-                m.responses_recovered.clone(),
-            );
-            r.register(
-                "reconciler_passes",
-                "Reconciler passes over one operation",
-                m.reconciler_passes.clone(),
-            );
-            r.register(
-                "reconciler_decisions",
-                "Reconciler decisions by kind",
-                m.reconciler_decisions.clone(),
-            );
-            r.register(
-                "nova_slot_wait_seconds",
-                "Time spent waiting for a per-host Nova connection slot",
-                m.nova_slot_wait.clone(),
-            );
-            r.register(
-                "drift_detected",
-                "Terminal operations whose later observation disagreed",
-                m.drift_detected.clone(),
-            );
-            r.register(
-                "verification_missed",
-                "Terminal operations whose late-effect verification came after its window (the verifier fell behind, e.g. at its Nova rate limit)",
-                m.verification_missed.clone(),
-            );
-            r.register(
-                "ledger_write_duration_seconds",
-                "Durable ledger writes on the request path (intent, decision), queueing included",
-                m.ledger_write.clone(),
-            );
-            r.register(
-                "retention_pruned_rows",
-                "Rows deleted by retention, by table: operations, their events, expired tombstones",
-                m.retention_pruned.clone(),
-            );
-            r.register(
-                "retention_last_round_duration_seconds",
-                "How long this replica's last retention round took",
-                m.retention_last_duration.clone(),
-            );
-            r.register(
-                "retention_last_round_timestamp_seconds",
-                "When this replica last finished a retention round (0: never); one replica prunes at a time",
-                m.retention_last_round.clone(),
-            );
-            r.register(
-                "retention_oldest_decided_age_seconds",
-                "Age of the oldest decided operation still in the ledger (0: none); above the keep time, pruning is behind",
-                m.retention_oldest_decided_age.clone(),
-            );
-            r.register(
-                "retention_keep_seconds",
-                "How long decided operations are kept (--retain, at least twice --verify-window); 0: for ever",
-                m.retention_keep.clone(),
-            );
-            r.register(
-                "nova_reachable",
-                "1 while Nova answers, 0 since a connection to it failed (set at start by version discovery, then by every request)",
-                m.nova_reachable.clone(),
-            );
+            m.register_serving(r);
+            m.register_nova(r);
+            m.register_ledger(r);
+            m.register_retention(r);
         }
         m
+    }
+
+    /// The replica and its gRPC API.
+    fn register_serving(&self, r: &mut Registry) {
+        r.register(
+            "build_info",
+            "Always 1; the labels say which build this replica runs",
+            self.build_info.clone(),
+        );
+        r.register(
+            "ready",
+            "1 while this replica is ready (serving, not draining, database reachable)",
+            self.ready.clone(),
+        );
+        r.register(
+            "grpc_requests",
+            "gRPC requests by service (grpc_service), method and canonical status code",
+            self.grpc_requests.clone(),
+        );
+        r.register(
+            "grpc_request_duration_seconds",
+            "gRPC request latency from arrival to the last byte of the answer (streams: to their end), by service (grpc_service), method and canonical status code",
+            self.grpc_duration.clone(),
+        );
+        r.register(
+            "grpc_deadline_remaining_seconds",
+            "Deadline remaining when a request arrived (caller-sent deadlines only)",
+            self.deadline_remaining.clone(),
+        );
+        r.register(
+            "grpc_requests_without_deadline",
+            "Requests that arrived with no deadline (the server default applied)",
+            self.requests_without_deadline.clone(),
+        );
+    }
+
+    /// Requests to Nova.
+    fn register_nova(&self, r: &mut Registry) {
+        r.register(
+            "nova_outbound_deadline_seconds",
+            "Deadline given to each outbound Nova request",
+            self.nova_outbound_deadline.clone(),
+        );
+        r.register(
+            "nova_request_duration_seconds",
+            "Nova request latency by operation and outcome class",
+            self.nova_latency.clone(),
+        );
+        r.register(
+            "nova_slot_wait_seconds",
+            "Time spent waiting for a per-host Nova connection slot",
+            self.nova_slot_wait.clone(),
+        );
+        r.register(
+            "nova_reachable",
+            "1 while Nova answers, 0 since a connection to it failed (set at start by version discovery, then by every request)",
+            self.nova_reachable.clone(),
+        );
+    }
+
+    /// The ledger, the outcomes and the reconciler.
+    fn register_ledger(&self, r: &mut Registry) {
+        r.register(
+            "operations",
+            "Operations in the ledger by state and resolution (the whole ledger: every replica reports the same numbers)",
+            self.operations.clone(),
+        );
+        r.register(
+            "oldest_unknown_operation_age_seconds",
+            "Seconds since Nova was last asked about the oldest UNKNOWN operation (0: none)",
+            self.oldest_unknown_age.clone(),
+        );
+        r.register(
+            "responses_lost",
+            "Nova requests whose outcome was unknown (lost or ambiguous response)",
+            self.responses_lost.clone(),
+        );
+        r.register(
+            "responses_recovered",
+            "Lost or ambiguous responses whose outcome re-observation established",
+            self.responses_recovered.clone(),
+        );
+        r.register(
+            "reconciler_passes",
+            "Reconciler passes over one operation",
+            self.reconciler_passes.clone(),
+        );
+        r.register(
+            "reconciler_decisions",
+            "Reconciler decisions by kind",
+            self.reconciler_decisions.clone(),
+        );
+        r.register(
+            "drift_detected",
+            "Terminal operations whose later observation disagreed",
+            self.drift_detected.clone(),
+        );
+        r.register(
+            "verification_missed",
+            "Terminal operations whose late-effect verification came after its window (the verifier fell behind, e.g. at its Nova rate limit)",
+            self.verification_missed.clone(),
+        );
+        r.register(
+            "ledger_write_duration_seconds",
+            "Durable ledger writes on the request path (intent, decision), queueing included",
+            self.ledger_write.clone(),
+        );
+    }
+
+    /// Retention (pruning of old decisions).
+    fn register_retention(&self, r: &mut Registry) {
+        r.register(
+            "retention_pruned_rows",
+            "Rows deleted by retention, by table: operations, their events, expired tombstones",
+            self.retention_pruned.clone(),
+        );
+        r.register(
+            "retention_last_round_duration_seconds",
+            "How long this replica's last retention round took",
+            self.retention_last_duration.clone(),
+        );
+        r.register(
+            "retention_last_round_timestamp_seconds",
+            "When this replica last finished a retention round (0: never); one replica prunes at a time",
+            self.retention_last_round.clone(),
+        );
+        r.register(
+            "retention_oldest_decided_age_seconds",
+            "Age of the oldest decided operation still in the ledger (0: none); above the keep time, pruning is behind",
+            self.retention_oldest_decided_age.clone(),
+        );
+        r.register(
+            "retention_keep_seconds",
+            "How long decided operations are kept (--retain, at least twice --verify-window); 0: for ever",
+            self.retention_keep.clone(),
+        );
     }
 
     /// One finished gRPC request (called by [`GrpcMetricsLayer`]).

@@ -68,22 +68,7 @@ impl Application {
     pub async fn build(cfg: ServeArgs) -> anyhow::Result<Self> {
         cfg.validate()?;
         let nova_cfg = cfg.nova_config()?;
-        if nova_cfg.tls.insecure {
-            tracing::warn!(
-                "TLS CERTIFICATE VERIFICATION IS OFF for Keystone and Nova (verify: false / OS_INSECURE): \
-                 anyone on the network path can impersonate them and read the credentials and tokens; \
-                 give their CA with OS_CACERT (or cacert in clouds.yaml) instead"
-            );
-        }
-        if let crate::nova::NovaEndpoint::Keystone(k) = &nova_cfg.endpoint {
-            tracing::info!(
-                auth_url = %k.auth_url,
-                credential = %k.credential.describe(),
-                interface = %k.interface,
-                region = k.region.as_deref().unwrap_or("-"),
-                "Keystone mode"
-            );
-        }
+        announce_openstack(&nova_cfg);
         let grpc_listener = TcpListener::bind(cfg.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {} (gRPC): {e}", cfg.listen))?;
@@ -98,16 +83,7 @@ impl Application {
         .await
         .map_err(|e| e.context(crate::config::LEDGER_CONTEXT))?;
         let metrics = Arc::new(Metrics::new());
-        let slot_metrics = metrics.clone();
-        let reach_metrics = metrics.clone();
-        let mut nova = NovaClient::new(nova_cfg)
-            .with_slot_wait_observer(Arc::new(move |waited| {
-                slot_metrics.nova_slot_wait.observe(waited.as_secs_f64())
-            }))
-            .with_reachability_observer(Arc::new(move |answered| {
-                // `set` answers the previous value, of no use here.
-                reach_metrics.nova_reachable.set(i64::from(answered));
-            }));
+        let mut nova = observed_nova(nova_cfg, &metrics);
         let checked = check_nova(&mut nova, &cfg).await?;
         let nova = Arc::new(nova);
         nova.announce_confirmation();
@@ -184,25 +160,12 @@ impl Application {
         } = self;
         let (health, health_svc) = tonic_health::server::health_reporter();
         health.set_serving::<VolumeReconcilerServer<Api>>().await;
-        let admin_stop = CancellationToken::new();
-        let admin_task = serve_admin(
-            admin_listener,
-            AdminState {
-                store: store.clone(),
-                metrics: metrics.clone(),
-                ready: ready.clone(),
-            },
-            admin_stop.clone(),
-        );
-        // The heartbeat keeps this replica's leases while it lives (always,
-        // even without a reconciler: executor runs hold leases too).
-        let heartbeat_stop = CancellationToken::new();
-        let heartbeat_task = tokio::spawn(exec.clone().heartbeat(heartbeat_stop.clone()));
-        let reconciler_stop = CancellationToken::new();
-        let reconciler_task = (!cfg.no_reconciler)
-            .then(|| tokio::spawn(reconciler.clone().run(reconciler_stop.clone())));
-        // Retention runs in every replica; one prunes at a time.
-        let pruner_task = tokio::spawn(pruner.run(reconciler_stop.clone()));
+        let admin = AdminState {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            ready: ready.clone(),
+        };
+        let tasks = Tasks::start(&cfg, admin_listener, admin, &exec, &reconciler, pruner);
         let api = Api {
             exec: exec.clone(),
             reconciler: reconciler.clone(),
@@ -211,7 +174,7 @@ impl Application {
         };
         let drain = CancellationToken::new();
         if let Some(tls) = &tls {
-            tls.watch(admin_stop.clone());
+            tls.watch(tasks.admin_stop.clone());
         }
         let mut server = spawn_grpc(
             &cfg,
@@ -246,30 +209,120 @@ impl Application {
 
         // The reconciler stops; operation tasks get what is left of the
         // drain budget, then their leases go to other replicas.
-        reconciler_stop.cancel();
         background.cancel();
-        if let Some(t) = reconciler_task
-            && let Err(e) = t.await
-        {
-            tracing::warn!(error = %e, "reconciler task ended abnormally");
-        }
-        if let Err(e) = pruner_task.await {
-            tracing::warn!(error = %e, "retention task ended abnormally");
-        }
+        let tasks = tasks.stop_reconciling().await;
         stages.hand_over(&store, drain_deadline).await;
-        heartbeat_stop.cancel();
-        if let Err(e) = heartbeat_task.await {
-            tracing::warn!(error = %e, "heartbeat task ended abnormally");
-        }
-
-        // The admin listener, then the database pool last.
-        admin_stop.cancel();
-        if let Err(e) = admin_task.await {
-            tracing::warn!(error = %e, "admin task ended abnormally");
-        }
+        tasks.stop_the_rest().await;
+        // The database pool last.
         store.close().await;
         tracing::info!(phase = "stopped", "shutdown complete");
         Ok(())
+    }
+}
+
+/// Says at start what could surprise an operator later: TLS verification
+/// off, and which Keystone identity and endpoint is used.
+fn announce_openstack(nova_cfg: &crate::nova::NovaConfig) {
+    if nova_cfg.tls.insecure {
+        tracing::warn!(
+            "TLS CERTIFICATE VERIFICATION IS OFF for Keystone and Nova (verify: false / OS_INSECURE): \
+             anyone on the network path can impersonate them and read the credentials and tokens; \
+             give their CA with OS_CACERT (or cacert in clouds.yaml) instead"
+        );
+    }
+    if let crate::nova::NovaEndpoint::Keystone(k) = &nova_cfg.endpoint {
+        tracing::info!(
+            auth_url = %k.auth_url,
+            credential = %k.credential.describe(),
+            interface = %k.interface,
+            region = k.region.as_deref().unwrap_or("-"),
+            "Keystone mode"
+        );
+    }
+}
+
+/// The Nova client, reporting its slot waits and reachability as metrics.
+fn observed_nova(nova_cfg: crate::nova::NovaConfig, metrics: &Arc<Metrics>) -> NovaClient {
+    let slot_metrics = metrics.clone();
+    let reach_metrics = metrics.clone();
+    NovaClient::new(nova_cfg)
+        .with_slot_wait_observer(Arc::new(move |waited| {
+            slot_metrics.nova_slot_wait.observe(waited.as_secs_f64())
+        }))
+        .with_reachability_observer(Arc::new(move |answered| {
+            // `set` answers the previous value, of no use here.
+            reach_metrics.nova_reachable.set(i64::from(answered));
+        }))
+}
+
+/// The replica's tasks beside the gRPC server, stopped in two steps: the
+/// reconciler and the pruner first (no new work), then, once operation
+/// tasks have handed over, the heartbeat and the admin listener.
+struct Tasks {
+    admin_stop: CancellationToken,
+    admin: tokio::task::JoinHandle<()>,
+    heartbeat_stop: CancellationToken,
+    heartbeat: tokio::task::JoinHandle<()>,
+    reconciler_stop: CancellationToken,
+    reconciler: Option<tokio::task::JoinHandle<()>>,
+    pruner: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Tasks {
+    fn start(
+        cfg: &ServeArgs,
+        admin_listener: TcpListener,
+        admin: AdminState,
+        exec: &Arc<Executor>,
+        reconciler: &Arc<Reconciler>,
+        pruner: Arc<crate::retention::Pruner>,
+    ) -> Self {
+        let admin_stop = CancellationToken::new();
+        let admin = serve_admin(admin_listener, admin, admin_stop.clone());
+        // The heartbeat keeps this replica's leases while it lives (always,
+        // even without a reconciler: executor runs hold leases too).
+        let heartbeat_stop = CancellationToken::new();
+        let heartbeat = tokio::spawn(exec.clone().heartbeat(heartbeat_stop.clone()));
+        let reconciler_stop = CancellationToken::new();
+        let reconciler = (!cfg.no_reconciler)
+            .then(|| tokio::spawn(reconciler.clone().run(reconciler_stop.clone())));
+        // Retention runs in every replica; one prunes at a time.
+        let pruner = Some(tokio::spawn(pruner.run(reconciler_stop.clone())));
+        Self {
+            admin_stop,
+            admin,
+            heartbeat_stop,
+            heartbeat,
+            reconciler_stop,
+            reconciler,
+            pruner,
+        }
+    }
+
+    async fn stop_reconciling(mut self) -> Self {
+        self.reconciler_stop.cancel();
+        if let Some(t) = self.reconciler.take() {
+            joined(t, "reconciler").await;
+        }
+        if let Some(t) = self.pruner.take() {
+            joined(t, "retention").await;
+        }
+        self
+    }
+
+    async fn stop_the_rest(self) {
+        self.heartbeat_stop.cancel();
+        joined(self.heartbeat, "heartbeat").await;
+        self.admin_stop.cancel();
+        joined(self.admin, "admin").await;
+    }
+}
+
+/// Waits for a task; a panic or cancellation is logged, not propagated:
+/// shutdown goes on with the next stage.
+async fn joined(task: tokio::task::JoinHandle<()>, what: &str) {
+    if let Err(e) = task.await {
+        tracing::warn!(error = %e, "{what} task ended abnormally");
     }
 }
 

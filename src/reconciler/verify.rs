@@ -207,15 +207,7 @@ impl Reconciler {
         if op.verify_expect.is_none() || op.drifted {
             return Ok(false);
         }
-        let explained = self
-            .exec
-            .store
-            .volumes_latest_operation(&[op.volume_id])
-            .await?
-            .first()
-            .zip(op.completed_at)
-            .is_some_and(|((_, l), done)| *l > done);
-        if explained {
+        if self.explained_by_later(&op).await? {
             return Ok(false);
         }
         let look_at = self.look_at().await;
@@ -232,6 +224,19 @@ impl Reconciler {
             .verify_with(&op, present, look_at, 0)
             .await
             .unwrap_or(false))
+    }
+
+    /// Whether an operation of the same volume began after this one was
+    /// decided (its change is then no drift).
+    async fn explained_by_later(&self, op: &Operation) -> Result<bool, StoreError> {
+        Ok(self
+            .exec
+            .store
+            .volumes_latest_operation(&[op.volume_id])
+            .await?
+            .first()
+            .zip(op.completed_at)
+            .is_some_and(|((_, l), done)| *l > done))
     }
 
     /// How verifications look this round (the mode is fixed by the
@@ -280,6 +285,16 @@ impl Reconciler {
         let present = present?;
         if present == expect {
             return Some(false);
+        }
+        // The round chose this operation a while ago: a later operation of
+        // the service's own may have begun since, and explains the change.
+        match self.explained_by_later(op).await {
+            Ok(true) => return Some(false),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(operation_id = %op.id, error = %e, "could not check for a later operation; trying again next round");
+                return None;
+            }
         }
         self.exec.metrics.drift_detected.inc();
         let detail = format!(

@@ -184,51 +184,8 @@ impl History {
         round: usize,
         earlier: &[Call],
     ) -> Call {
-        let own: Vec<usize> = (0..earlier.len())
-            .filter(|i| earlier[*i].client == client && earlier[*i].key == KeyChoice::Fresh)
-            .collect();
-        let others: Vec<usize> = (0..earlier.len())
-            .filter(|i| earlier[*i].client != client && earlier[*i].key == KeyChoice::Fresh)
-            .collect();
-        let roll: f64 = rng.random();
-        let key = if roll < 0.15 && !own.is_empty() {
-            KeyChoice::Replay(own[rng.random_range(0..own.len())])
-        } else if roll < 0.22 && !others.is_empty() {
-            KeyChoice::Foreign(others[rng.random_range(0..others.len())])
-        } else {
-            KeyChoice::Fresh
-        };
-        // A replay asks for the same thing (mostly): copy what it replays.
-        let copied = match &key {
-            KeyChoice::Replay(n) | KeyChoice::Foreign(n) if rng.random_bool(0.8) => {
-                Some((earlier[*n].action, earlier[*n].server, earlier[*n].volume))
-            }
-            _ => None,
-        };
-        // Orchestrators mostly attach, then detach what they attached.
-        let attached: Vec<(usize, usize)> = earlier
-            .iter()
-            .filter(|c| c.client == client && c.action == Action::Attach)
-            .map(|c| (c.server, c.volume))
-            .collect();
-        let (action, server, volume) = copied.unwrap_or_else(|| {
-            let action = if round.is_multiple_of(2) || rng.random_bool(0.3) {
-                Action::Attach
-            } else {
-                Action::Detach
-            };
-            match action {
-                Action::Detach if !attached.is_empty() && rng.random_bool(0.75) => {
-                    let (s, v) = attached[rng.random_range(0..attached.len())];
-                    (action, s, v)
-                }
-                _ => (
-                    action,
-                    rng.random_range(0..SERVERS),
-                    rng.random_range(0..VOLUMES),
-                ),
-            }
-        });
+        let key = choose_key(rng, client, earlier);
+        let (action, server, volume) = choose_target(rng, client, round, earlier, &key);
         let deadline_ms = *[300u64, 800, 1500, 2500, 4000]
             .get(rng.random_range(0..5))
             .unwrap_or(&1500);
@@ -245,17 +202,7 @@ impl History {
         } else {
             Vec::new()
         };
-        let operator = rng.random_bool(0.12).then(|| {
-            let after = rng.random_range(0..deadline_ms.max(1));
-            let resolve = rng.random_bool(0.2).then(|| {
-                if rng.random_bool(0.5) {
-                    State::Succeeded
-                } else {
-                    State::Failed
-                }
-            });
-            (after, resolve)
-        });
+        let operator = choose_operator(rng, deadline_ms);
         Call {
             client,
             action,
@@ -269,6 +216,81 @@ impl History {
             operator,
         }
     }
+}
+
+/// Fresh mostly; sometimes a replay of one of this client's earlier keys,
+/// or another client's key.
+fn choose_key(rng: &mut StdRng, client: usize, earlier: &[Call]) -> KeyChoice {
+    let own: Vec<usize> = (0..earlier.len())
+        .filter(|i| earlier[*i].client == client && earlier[*i].key == KeyChoice::Fresh)
+        .collect();
+    let others: Vec<usize> = (0..earlier.len())
+        .filter(|i| earlier[*i].client != client && earlier[*i].key == KeyChoice::Fresh)
+        .collect();
+    let roll: f64 = rng.random();
+    if roll < 0.15 && !own.is_empty() {
+        KeyChoice::Replay(own[rng.random_range(0..own.len())])
+    } else if roll < 0.22 && !others.is_empty() {
+        KeyChoice::Foreign(others[rng.random_range(0..others.len())])
+    } else {
+        KeyChoice::Fresh
+    }
+}
+
+/// What a call asks for: a replay mostly asks for the same thing as what
+/// it replays; orchestrators mostly attach, then detach what they attached.
+fn choose_target(
+    rng: &mut StdRng,
+    client: usize,
+    round: usize,
+    earlier: &[Call],
+    key: &KeyChoice,
+) -> (Action, usize, usize) {
+    let copied = match key {
+        KeyChoice::Replay(n) | KeyChoice::Foreign(n) if rng.random_bool(0.8) => {
+            Some((earlier[*n].action, earlier[*n].server, earlier[*n].volume))
+        }
+        _ => None,
+    };
+    let attached: Vec<(usize, usize)> = earlier
+        .iter()
+        .filter(|c| c.client == client && c.action == Action::Attach)
+        .map(|c| (c.server, c.volume))
+        .collect();
+    copied.unwrap_or_else(|| {
+        let action = if round.is_multiple_of(2) || rng.random_bool(0.3) {
+            Action::Attach
+        } else {
+            Action::Detach
+        };
+        match action {
+            Action::Detach if !attached.is_empty() && rng.random_bool(0.75) => {
+                let (s, v) = attached[rng.random_range(0..attached.len())];
+                (action, s, v)
+            }
+            _ => (
+                action,
+                rng.random_range(0..SERVERS),
+                rng.random_range(0..VOLUMES),
+            ),
+        }
+    })
+}
+
+/// Sometimes an operator acts on the call's operation while it runs:
+/// reconciles it, or (a fifth of those) resolves it by hand.
+fn choose_operator(rng: &mut StdRng, deadline_ms: u64) -> Option<(u64, Option<State>)> {
+    rng.random_bool(0.12).then(|| {
+        let after = rng.random_range(0..deadline_ms.max(1));
+        let resolve = rng.random_bool(0.2).then(|| {
+            if rng.random_bool(0.5) {
+                State::Succeeded
+            } else {
+                State::Failed
+            }
+        });
+        (after, resolve)
+    })
 }
 
 /// One fault, sometimes a sequence (a lost request, then refusals).

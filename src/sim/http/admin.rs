@@ -127,68 +127,15 @@ pub(super) async fn issue_token(
     }
     // A body that is not JSON names no credential: refused below (401).
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-    let identity = &v["auth"]["identity"];
-    let by_credential = identity["methods"]
-        .as_array()
-        .is_some_and(|m| m.iter().any(|m| m == "application_credential"));
     let cfg = st.sim.config();
-    let (name, password) = if by_credential {
-        // Keystone: "Application credentials cannot request a scope."
-        if v["auth"].get("scope").is_some() {
-            return unauthorized_token("Application credentials cannot request a scope.");
-        }
-        // The credential stands for its user: the token is the user's.
-        let ac = &identity["application_credential"];
-        let accepted = cfg
-            .application_credential
-            .as_ref()
-            .is_some_and(|(id, name, secret)| {
-                let user = &ac["user"];
-                let owner = user["name"] == cfg.username.as_str()
-                    && (user["domain"]["name"] == "Default" || user["domain"]["id"] == "default");
-                ac["secret"] == secret.as_str()
-                    && (ac["id"] == id.as_str() || (ac["name"] == name.as_str() && owner))
-            });
-        if accepted {
-            (cfg.username.clone(), cfg.password.clone())
-        } else {
-            // Counted as a refused request, like a wrong password.
-            (String::new(), String::new())
-        }
-    } else {
-        let user = &identity["password"]["user"];
-        (
-            user["name"].as_str().unwrap_or("").to_string(),
-            user["password"].as_str().unwrap_or("").to_string(),
-        )
+    let (name, password, by_credential) = match user_of(&v, &cfg) {
+        Ok(u) => u,
+        Err(refused) => return refused,
     };
     let Some((token, expires)) = st.sim.issue_token(&name, &password) else {
         return unauthorized_token("The request you have made requires authentication.");
     };
-    let cfg = st.sim.config();
-    let endpoint = |iface: &str, url: &str| {
-        serde_json::json!({"id": Uuid::new_v4().simple().to_string(), "interface": iface,
-        "region": "RegionOne", "region_id": "RegionOne", "url": url})
-    };
-    let service = |kind: &str, name: &str, id: &str, url: String| {
-        serde_json::json!({"type": kind, "name": name, "id": id,
-            "endpoints": [endpoint("public", &url), endpoint("internal", &url), endpoint("admin", &url)]})
-    };
-    let mut catalog = vec![service(
-        "compute",
-        "nova",
-        "a226b3eeb5594f50bf8b6df94636ed28",
-        format!("{}/v2.1", st.base_url),
-    )];
-    // Cinder v3 under its official type or the older alias, or absent.
-    if cfg.catalog_block_storage != "none" {
-        catalog.push(service(
-            &cfg.catalog_block_storage,
-            "cinder",
-            "5c5e0e3c9bb34c5c9e0b3e8e0e2f2b6d",
-            format!("{}/v3/{}", st.base_url, crate::sim::PROJECT_ID),
-        ));
-    }
+    let catalog = catalog(&st.base_url, &cfg);
     let mut body = serde_json::json!({"token": {
         "methods": [if by_credential { "application_credential" } else { "password" }],
         "expires_at": expires.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
@@ -214,6 +161,79 @@ pub(super) async fn issue_token(
         r.headers_mut().insert("x-subject-token", v);
     }
     r
+}
+
+/// The user a token request names and whether it came by application
+/// credential; Keystone's 401 when the request cannot be answered at all.
+#[allow(clippy::result_large_err)] // the refusal is the response itself
+fn user_of(
+    v: &serde_json::Value,
+    cfg: &crate::sim::SimConfig,
+) -> Result<(String, String, bool), Response<Body>> {
+    let identity = &v["auth"]["identity"];
+    let by_credential = identity["methods"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|m| m == "application_credential"));
+    if !by_credential {
+        let user = &identity["password"]["user"];
+        return Ok((
+            user["name"].as_str().unwrap_or("").to_string(),
+            user["password"].as_str().unwrap_or("").to_string(),
+            false,
+        ));
+    }
+    // Keystone: "Application credentials cannot request a scope."
+    if v["auth"].get("scope").is_some() {
+        return Err(unauthorized_token(
+            "Application credentials cannot request a scope.",
+        ));
+    }
+    // The credential stands for its user: the token is the user's.
+    let ac = &identity["application_credential"];
+    let accepted = cfg
+        .application_credential
+        .as_ref()
+        .is_some_and(|(id, name, secret)| {
+            let user = &ac["user"];
+            let owner = user["name"] == cfg.username.as_str()
+                && (user["domain"]["name"] == "Default" || user["domain"]["id"] == "default");
+            ac["secret"] == secret.as_str()
+                && (ac["id"] == id.as_str() || (ac["name"] == name.as_str() && owner))
+        });
+    Ok(if accepted {
+        (cfg.username.clone(), cfg.password.clone(), true)
+    } else {
+        // Counted as a refused request, like a wrong password.
+        (String::new(), String::new(), true)
+    })
+}
+
+/// The service catalog of a token: Nova, and Cinder v3 under its official
+/// type or the older alias (or absent, as configured).
+fn catalog(base_url: &str, cfg: &crate::sim::SimConfig) -> Vec<serde_json::Value> {
+    let endpoint = |iface: &str, url: &str| {
+        serde_json::json!({"id": Uuid::new_v4().simple().to_string(), "interface": iface,
+        "region": "RegionOne", "region_id": "RegionOne", "url": url})
+    };
+    let service = |kind: &str, name: &str, id: &str, url: String| {
+        serde_json::json!({"type": kind, "name": name, "id": id,
+            "endpoints": [endpoint("public", &url), endpoint("internal", &url), endpoint("admin", &url)]})
+    };
+    let mut catalog = vec![service(
+        "compute",
+        "nova",
+        "a226b3eeb5594f50bf8b6df94636ed28",
+        format!("{base_url}/v2.1"),
+    )];
+    if cfg.catalog_block_storage != "none" {
+        catalog.push(service(
+            &cfg.catalog_block_storage,
+            "cinder",
+            "5c5e0e3c9bb34c5c9e0b3e8e0e2f2b6d",
+            format!("{base_url}/v3/{}", crate::sim::PROJECT_ID),
+        ));
+    }
+    catalog
 }
 
 /// Keystone's 401 for a token request.
