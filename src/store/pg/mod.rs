@@ -534,9 +534,16 @@ impl Store for PgStore {
             return Ok(0);
         }
         // Open = completed_at IS NULL, not a state test: see TRANSITION_MANY.
+        // Rows another transaction holds (a decision being written, in its
+        // own order) are skipped, not waited for: waiting made the two
+        // deadlock under load (seen in the retention soak), and a row being
+        // written now is renewed at the next beat, well inside the lease.
         let renewed = sqlx::query(
-            "UPDATE operations SET lease_expires_at = now() + $3 * interval '1 millisecond'
-             WHERE id = ANY($1) AND lease_owner = $2 AND completed_at IS NULL",
+            "UPDATE operations o SET lease_expires_at = now() + $3 * interval '1 millisecond'
+             FROM (SELECT id FROM operations
+                   WHERE id = ANY($1) AND lease_owner = $2 AND completed_at IS NULL
+                   ORDER BY id FOR UPDATE SKIP LOCKED) held
+             WHERE o.id = held.id",
         )
         .bind(ids)
         .bind(replica)
