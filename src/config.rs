@@ -9,6 +9,11 @@
 //! rendered the way the flag's parser reads it; a test checks that the
 //! conversions of an empty command line equal the structs' defaults.
 //! Durations are written like `500ms`, `30s`, `5m`.
+//!
+//! Why it is long: every flag of `serve` with its documentation is one
+//! declaration here, and a third of the file is the tests of precedence and
+//! of defaults; split by topic, the one place that lists every setting would
+//! be lost.
 
 pub mod clouds;
 

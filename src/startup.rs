@@ -7,6 +7,10 @@
 //! HTTP/2 with the two-phase GOAWAY; wait for in-flight RPCs up to
 //! `--drain-timeout`; hand unfinished operations to the other replicas'
 //! reconcilers; close the database pool last.
+//!
+//! Why it is long: building the server and its staged shutdown belong
+//! together (the shutdown undoes the build in reverse), and the admin
+//! endpoints and Nova's start-up checks are the small rest.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

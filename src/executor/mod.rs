@@ -14,6 +14,11 @@
 //! - `confirm.rs`: Cinder's word before the first request and after a
 //!   success (cinder-csi's checks).
 //! - `ledger.rs`: the executor's writes to the ledger.
+//!
+//! Why it is long: it owns the operation's task lifecycle (submit, start,
+//! await, drive, heartbeat) and its tests; the decisions, the send loop,
+//! classification, observation, confirmation and ledger writes are in files
+//! of their own.
 
 mod classify;
 mod confirm;

@@ -10,6 +10,9 @@
 //! `attachments` only the attachments whose attach_status is `attached` —
 //! one being reserved or attaching is not listed; one being detached still
 //! is (the volume is `detaching`) until Cinder deletes it.
+//!
+//! Why it is long: a fifth of it is tests; the rest is the client, the volume
+//! view and the error type with its clocks, which change together.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -8,6 +8,10 @@
 //! One connection pool per endpoint, shared by all requests, with a cap on
 //! concurrent requests per host whose wait counts against the request's
 //! deadline (`http.rs` holds this machinery for both services).
+//!
+//! Why it is long: it is the whole of Nova's API the service uses (attach,
+//! detach, list, version discovery, confirmation choice); the HTTP machinery,
+//! Cinder and Keystone are in files of their own.
 
 use std::sync::Arc;
 use std::time::Duration;

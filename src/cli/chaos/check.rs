@@ -2,6 +2,9 @@
 //! simulator's ground truth — every effect with its instant and cause —
 //! not against what the service says of itself. Each check names the
 //! operation it found wrong and why.
+//!
+//! Why it is long: one invariant per method over the same timeline types;
+//! they are read together when a history fails.
 
 use std::collections::HashMap;
 use std::fmt;

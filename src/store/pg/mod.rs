@@ -4,6 +4,10 @@
 //! connections of their own (`batch`, `conns`, `statements`), runtime
 //! checked queries tested against a real database, LISTEN/NOTIFY as the
 //! wake-up hint for watchers (`listen`).
+//!
+//! Why it is long: it is one `Store` trait implementation, method by method,
+//! each method a statement and its row mapping; the statements themselves,
+//! the batch writer and the connections are already in files of their own.
 
 mod batch;
 mod conns;

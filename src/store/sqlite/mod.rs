@@ -10,6 +10,9 @@
 //! statements inside its transactions are in `write`. Rows are read as the
 //! PostgreSQL store reads them (`rows`); only the storage of ids (text),
 //! timestamps (microseconds) and JSON (text) differs.
+//!
+//! Why it is long: it is one `Store` trait implementation, method by method,
+//! as in the PostgreSQL store; the transactions' statements are in `write`.
 
 mod lock;
 mod retention;
