@@ -72,14 +72,14 @@ impl RetentionSettings {
         if !self.retain.is_zero() && self.retain < Duration::from_secs(60) {
             out.push(format!(
                 "--retain ({}) must be 0 (keep everything) or at least 1m",
-                crate::config::render_duration(self.retain)
+                humantime::format_duration(self.retain)
             ));
         }
         if !self.retain.is_zero() && !self.retain_keys.is_zero() && self.retain_keys < self.retain {
             out.push(format!(
                 "--retain-keys ({}) must be 0 (for ever) or at least --retain ({}): a key must stay refused at least as long as it was honoured",
-                crate::config::render_duration(self.retain_keys),
-                crate::config::render_duration(self.retain)
+                humantime::format_duration(self.retain_keys),
+                humantime::format_duration(self.retain)
             ));
         }
         if self.batch == 0 {

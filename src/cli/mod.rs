@@ -23,7 +23,8 @@ pub mod settings;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{LogFormat, ServeArgs};
+use crate::config::ServeArgs;
+use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -364,7 +364,7 @@ impl KeystoneAuth {
             format!("{}/v3/auth/tokens", self.cfg.auth_url.trim_end_matches('/'))
         };
         let body = self.cfg.credential.request_body();
-        let resp = super::http::with_trace(self.http.post(&url))
+        let resp = super::trace::with_trace(self.http.post(&url))
             .json(&body)
             .send()
             .await

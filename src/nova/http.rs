@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use super::auth::{KeystoneAuth, Secret, Token, error_chain};
 use super::error::Stage;
+use super::trace::with_trace;
 
 /// Told how long each request waited for a connection slot.
 pub type SlotWaitObserver = Arc<dyn Fn(Duration) + Send + Sync>;
@@ -444,22 +445,6 @@ impl Service {
             }
             return Ok((url, raw));
         }
-    }
-}
-
-/// The request with the trace of the work at hand, if any (W3C
-/// `traceparent`: its trace id, this service's span as the parent; the
-/// caller's `tracestate`), so the service's logs join ours by trace id.
-pub(crate) fn with_trace(req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-    match crate::telemetry::context::current() {
-        Some(ctx) => {
-            let req = req.header("traceparent", ctx.traceparent());
-            match ctx.tracestate() {
-                Some(state) => req.header("tracestate", state),
-                None => req,
-            }
-        }
-        None => req,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod cinder;
 pub mod client;
 pub mod error;
 mod http;
+mod trace;
 pub mod types;
 mod version;
 

@@ -1,7 +1,7 @@
 //! The trace context of the work at hand: an operation's task runs under
 //! its [`TraceContext`] (a task-local, as OpenTelemetry's own context is),
 //! so every request the task sends to Nova, Cinder or Keystone carries it
-//! (`nova::http` reads it), and in a span with its `operation_id` and
+//! (`nova::trace` adds it), and in a span with its `operation_id` and
 //! `trace_id`, so every log line it writes carries them.
 
 use std::future::Future;

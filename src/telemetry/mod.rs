@@ -15,13 +15,20 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
-
 fn env_filter(filter: &str) -> EnvFilter {
     EnvFilter::try_new(filter).unwrap_or_else(|e| {
         eprintln!("invalid log filter {filter:?} ({e}); using \"info\"");
         EnvFilter::new("info")
     })
+}
+
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable on a terminal, JSON otherwise.
+    Auto,
+    Human,
+    Json,
 }
 
 /// Logs to a file, created or appended to; `auto` is human-readable there

@@ -117,7 +117,7 @@ impl AppOptions {
 pub fn init_logs() {
     volume_reconciler::nova::client::install_crypto_provider();
     let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into());
-    volume_reconciler::telemetry::init(volume_reconciler::config::LogFormat::Human, &filter);
+    volume_reconciler::telemetry::init(volume_reconciler::telemetry::LogFormat::Human, &filter);
 }
 
 pub async fn spawn_app(opts: AppOptions) -> TestApp {

@@ -409,22 +409,7 @@ pub async fn run_chaos(cfg: &ChaosConfig) -> anyhow::Result<Summary> {
         .buffer_unordered(cfg.concurrency.max(1));
     while let Some(result) = results.next().await {
         let (played, violations) = result?;
-        tally(&mut summary, &played);
-        if !violations.is_empty() {
-            if let Some(p) = &progress {
-                p.println(format!(
-                    "history {} broke {} invariant(s)",
-                    played.history.seed,
-                    violations.len()
-                ));
-            }
-            summary.failures.push(Failure {
-                seed: played.history.seed,
-                rows: rows_of(&played, &violations),
-                violations,
-                history: played.history,
-            });
-        }
+        record(&mut summary, progress.as_ref(), played, violations);
         if let Some(p) = &mut progress {
             p.set(summary.histories);
         }
@@ -439,10 +424,47 @@ pub async fn run_chaos(cfg: &ChaosConfig) -> anyhow::Result<Summary> {
     {
         tracing::warn!(error = %e, "chaos: the killer task failed");
     }
-    for f in &mut summary.failures {
-        if cfg.shrink_for.is_zero() {
-            continue;
-        }
+    shrink_failures(cfg, &rig, &mut summary.failures).await;
+    summary.kills = rig.kills.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
+    rig.ctx.cluster.stop().await;
+    rig.sim.stop().await;
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+/// Counts one played history and keeps it when it broke an invariant.
+fn record(
+    summary: &mut Summary,
+    progress: Option<&crate::cli::output::Progress>,
+    played: Played,
+    violations: Vec<Violation>,
+) {
+    tally(summary, &played);
+    if violations.is_empty() {
+        return;
+    }
+    if let Some(p) = progress {
+        p.println(format!(
+            "history {} broke {} invariant(s)",
+            played.history.seed,
+            violations.len()
+        ));
+    }
+    summary.failures.push(Failure {
+        seed: played.history.seed,
+        rows: rows_of(&played, &violations),
+        violations,
+        history: played.history,
+    });
+}
+
+/// Shrinks each failing history (for at most `--shrink-for` each) to fewer
+/// events that still break one of the same invariants.
+async fn shrink_failures(cfg: &ChaosConfig, rig: &Rig, failures: &mut [Failure]) {
+    if cfg.shrink_for.is_zero() {
+        return;
+    }
+    for f in failures {
         let invariants: Vec<&'static str> = f.violations.iter().map(|v| v.invariant).collect();
         let (ctx, kills) = (rig.ctx.clone(), rig.kills.clone());
         let until = Instant::now() + cfg.shrink_for;
@@ -451,17 +473,17 @@ pub async fn run_chaos(cfg: &ChaosConfig) -> anyhow::Result<Summary> {
             async move {
                 match trial(&ctx, &kills, h).await {
                     Ok((_, v)) => v.iter().any(|v| invariants.contains(&v.invariant)),
-                    Err(_) => false,
+                    // A candidate that could not be played does not show the
+                    // failure: the shrinker keeps the larger history.
+                    Err(e) => {
+                        tracing::debug!(error = %e, "chaos: a shrink candidate could not be played");
+                        false
+                    }
                 }
             }
         })
         .await;
     }
-    summary.kills = rig.kills.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
-    rig.ctx.cluster.stop().await;
-    rig.sim.stop().await;
-    summary.elapsed = started.elapsed();
-    Ok(summary)
 }
 
 fn tally(s: &mut Summary, p: &Played) {

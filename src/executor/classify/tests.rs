@@ -39,11 +39,15 @@ fn rejected(r: Rejection, status: u16) -> NovaError {
 
 /// A sample of each answer README's table names, by its cell text.
 fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
-    use NovaErrorKind::*;
+    sample_map(rejection_samples(), failure_samples())
+}
+
+/// Nova's rejections: (cell, rejection, HTTP status).
+fn rejection_samples() -> [(&'static str, Rejection, u16); 16] {
     let already = |server: String| Rejection::AlreadyAttached {
         servers: vec![server],
     };
-    let rejections = [
+    [
         (
             "400 already attached to another server",
             already(OTHER.into()),
@@ -84,9 +88,14 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
         ),
         ("5xx", Rejection::ServerError, 500),
         ("other status", Rejection::Other, 418),
-    ];
-    // (cell, kind, stage, HTTP status, may have reached Nova)
-    let failures = [
+    ]
+}
+
+/// Failures before, during or after the exchange: (cell, kind, stage, HTTP
+/// status, may have reached Nova).
+fn failure_samples() -> [FailureSample; 8] {
+    use NovaErrorKind::*;
+    [
         (
             "connect failure",
             ConnectFailed,
@@ -143,8 +152,7 @@ fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
             Some(200),
             true,
         ),
-    ];
-    sample_map(rejections, failures)
+    ]
 }
 
 type FailureSample = (&'static str, NovaErrorKind, Stage, Option<u16>, bool);
