@@ -137,14 +137,6 @@ impl From<ConfirmArg> for ConfirmWith {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable on a terminal, JSON otherwise.
-    Auto,
-    Human,
-    Json,
-}
-
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// gRPC listen address.
@@ -297,7 +289,8 @@ pub struct ServeArgs {
         default_value_t = ReconcilerSettings::DEFAULT.parallelism
     )]
     pub reconcile_parallelism: usize,
-    /// Decided operations are re-observed this long after the decision...
+    /// Decided operations are re-observed this long after the decision
+    /// (never sooner than 2s)...
     #[arg(long, env = "VOLUME_RECONCILER_VERIFY_AFTER", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.verify_after))]
     pub verify_after: Duration,
     /// ...and again at the end of this window (it should cover the attach

@@ -30,6 +30,12 @@ use crate::executor::Executor;
 use crate::nova::{NovaAttachment, NovaError, RequestId};
 use crate::store::StoreError;
 
+/// A verification never looks at a decision younger than this, whatever
+/// `--verify-after` says: a decision stamped with its transaction's start
+/// commits a little later, and the cursor must not pass it unseen. The
+/// first look of a decision is at `max(--verify-after, this)`.
+pub const VERIFY_MIN_LAG: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Clone)]
 pub struct ReconcilerSettings {
     /// Pause between rounds when there was nothing to do.

@@ -18,11 +18,6 @@ use crate::domain::{NewEvent, Operation, event};
 use crate::nova::Rejection;
 use crate::store::StoreError;
 
-/// A verification never looks at a decision younger than this, whatever
-/// `--verify-after` says: a decision stamped with its transaction's start
-/// commits a little later, and the cursor must not pass it unseen.
-const MIN_LAG: Duration = Duration::from_secs(2);
-
 /// How many times a verification whose look failed is tried (one a round).
 const RETRIES: u32 = 5;
 
@@ -89,12 +84,14 @@ impl Reconciler {
             let due = self
                 .exec
                 .store
-                .verification_next(stage, delay.max(MIN_LAG), self.settings.batch)
+                .verification_next(stage, delay.max(super::VERIFY_MIN_LAG), self.settings.batch)
                 .await?;
             if due.is_empty() {
                 continue;
             }
-            let (v, d) = self.verify_slice(stage, delay.max(MIN_LAG), due).await?;
+            let (v, d) = self
+                .verify_slice(stage, delay.max(super::VERIFY_MIN_LAG), due)
+                .await?;
             verified += v;
             drifted += d;
         }

@@ -404,7 +404,14 @@ impl Checker<'_> {
         }
         // A change the verifier must have seen: one that stood from the
         // first verification on until the window (or the next operation).
-        let first_look = done + dur(self.windows.verify_after);
+        // Never before the verifier's floor, whatever --verify-after says
+        // (seed 41160: a change that stood from +0.5 s to +1.7 s, then
+        // explained by a later operation before the first look at +2 s).
+        let first_look = done
+            + dur(self
+                .windows
+                .verify_after
+                .max(crate::reconciler::VERIFY_MIN_LAG));
         let stood = |from: DateTime<Utc>| {
             end - from >= ms(1000)
                 && t.at(from) != baseline
@@ -509,7 +516,12 @@ impl Checker<'_> {
                 format!("{n} effect(s) from request {id}, which no operation in the ledger sent"),
             );
         }
-        // Never two attachments of one (non-multiattach) volume.
+        self.one_holder_per_volume();
+        self.intent_before_request();
+    }
+
+    /// Never two attachments of one (non-multiattach) volume.
+    fn one_holder_per_volume(&mut self) {
         let mut holders: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
         for e in &self.p.effects {
             let h = holders.entry(e.volume_id).or_default();
@@ -529,6 +541,11 @@ impl Checker<'_> {
                 );
             }
         }
+    }
+
+    /// Nova never received a request of an operation before its intent was
+    /// recorded.
+    fn intent_before_request(&mut self) {
         for r in &self.p.ops {
             let first = self
                 .p
@@ -646,6 +663,28 @@ impl Checker<'_> {
         })
     }
 
+    /// A claim takes an operation over from its holder only when that
+    /// holder stopped renewing its lease: in a chaos run, because it was
+    /// killed (a decision or a shutdown releases the lease, so takes no
+    /// claim). A claim from a holder that was never killed while the
+    /// operation was open took over live work (the executor's own replica
+    /// or another), whose answer from Nova the fence then drops.
+    fn taken_from_the_dead(&mut self, r: &Recorded, e: &crate::domain::OperationEvent) {
+        let Some(prev) = e.metadata.get("previous_holder") else {
+            return;
+        };
+        if !self.killed_between(prev, r.op.created_at, e.at) {
+            self.fail(
+                "story-in-order",
+                Some(r.op.id),
+                format!(
+                    "{} took it over at {} from {prev}, which was never killed while it held the operation",
+                    e.replica, e.at
+                ),
+            );
+        }
+    }
+
     /// The reconcile log tells the story in order: a request is followed
     /// by its outcome, or taken over only after its holder died; and it
     /// claims no request Nova never received.
@@ -656,6 +695,9 @@ impl Checker<'_> {
                 k if k == event::REQUEST_SENT => pending = Some(e),
                 k if k == event::RESPONSE || k == event::REQUEST_FAILED => pending = None,
                 k if k == event::CLAIMED || k == event::OPERATOR_RESOLVED => {
+                    if k == event::CLAIMED {
+                        self.taken_from_the_dead(r, e);
+                    }
                     if let Some(sent) = pending.take()
                         && !self.killed_between(&sent.replica, sent.at, e.at)
                     {
