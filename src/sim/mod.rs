@@ -23,6 +23,7 @@ mod http;
 mod servers;
 mod world;
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -328,6 +329,40 @@ impl Sim {
         t
     }
 
+    /// The effects and the attach/detach requests about `volumes`, in
+    /// order, picked out under the lock: unlike `truth()`, no copy of the
+    /// whole record (a long chaos run holds hundreds of thousands of
+    /// entries, and copying them all for each history held the lock long
+    /// enough to slow every request in flight).
+    pub fn truth_of(&self, volumes: &HashSet<Uuid>) -> (Vec<Effect>, Vec<RequestRecord>) {
+        let w = self.world();
+        let effects = w
+            .truth
+            .effects
+            .iter()
+            .filter(|e| volumes.contains(&e.volume_id))
+            .cloned()
+            .collect();
+        let requests = w
+            .truth
+            .requests
+            .iter()
+            .filter(|r| volumes.contains(&r.volume_id))
+            .cloned()
+            .collect();
+        (effects, requests)
+    }
+
+    /// Drops the fault rules aimed at `servers` or `volumes` that no
+    /// request used up (a finished chaos history's): every request scans
+    /// the rules, and they would pile up over a long run.
+    pub fn forget_faults_of(&self, servers: &HashSet<Uuid>, volumes: &HashSet<Uuid>) {
+        self.world().faults.retain(|r| {
+            !r.server_id.is_some_and(|s| servers.contains(&s))
+                && !r.volume_id.is_some_and(|v| volumes.contains(&v))
+        });
+    }
+
     pub fn is_attached(&self, server: Uuid, volume: Uuid) -> bool {
         self.world().attachments.find(server, volume).is_some()
     }
@@ -434,5 +469,70 @@ impl Sim {
             r.ended_at = Some(chrono::Utc::now());
             r.status = status;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim_with(servers: &[Uuid]) -> Arc<Sim> {
+        let sim = Sim::new(SimConfig {
+            record_history: true,
+            ..SimConfig::default()
+        });
+        for (i, s) in servers.iter().enumerate() {
+            sim.add_server(*s, &format!("s{i}"));
+        }
+        sim
+    }
+
+    #[test]
+    fn truth_of_picks_the_effects_of_the_volumes_asked_for_in_order() {
+        let (s, v1, v2) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let sim = sim_with(&[s]);
+        assert!(sim.attach_out_of_band(s, v1));
+        assert!(sim.attach_out_of_band(s, v2));
+        assert!(sim.detach_out_of_band(s, v1));
+        let (effects, requests) = sim.truth_of(&HashSet::from([v1]));
+        let changes: Vec<(Change, Uuid)> =
+            effects.iter().map(|e| (e.change, e.volume_id)).collect();
+        assert_eq!(changes, [(Change::Attached, v1), (Change::Detached, v1)]);
+        assert!(requests.is_empty(), "no request was sent");
+        assert_eq!(
+            sim.truth().effects.len(),
+            3,
+            "the whole record is untouched"
+        );
+    }
+
+    #[test]
+    fn forget_faults_of_drops_only_the_rules_aimed_at_those_servers_or_volumes() {
+        let (s1, s2, v1, v2) = (
+            Uuid::new_v4(),
+            Uuid::new_v4(),
+            Uuid::new_v4(),
+            Uuid::new_v4(),
+        );
+        let sim = sim_with(&[s1, s2]);
+        let fault = Fault::Status {
+            code: 500,
+            effect: false,
+        };
+        sim.add_fault(FaultRule::new(FaultOp::Attach, fault.clone()).volume(v1));
+        sim.add_fault(FaultRule::new(FaultOp::List, fault.clone()).server(s1));
+        sim.add_fault(FaultRule::new(FaultOp::Attach, fault.clone()).volume(v2));
+        sim.add_fault(FaultRule::new(FaultOp::List, fault.clone()).server(s2));
+        sim.forget_faults_of(&HashSet::from([s1]), &HashSet::from([v1]));
+        assert!(
+            sim.take_fault(FaultOp::Attach, Some(s1), Some(v1))
+                .is_none()
+        );
+        assert!(sim.take_fault(FaultOp::List, Some(s1), None).is_none());
+        assert!(
+            sim.take_fault(FaultOp::Attach, Some(s2), Some(v2))
+                .is_some()
+        );
+        assert!(sim.take_fault(FaultOp::List, Some(s2), None).is_some());
     }
 }

@@ -4,6 +4,7 @@
 //! operation of the history is decided and its verification window has
 //! passed, and gathers what the checker reads.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -343,19 +344,13 @@ impl Context {
             let events = self.store.operation_events(op.id).await?;
             recorded.push(Recorded { op, events });
         }
-        let truth = self.sim.truth();
-        let mine = |v: &Uuid| h.volumes.contains(v);
+        let volumes: HashSet<Uuid> = h.volumes.iter().copied().collect();
+        let servers: HashSet<Uuid> = h.servers.iter().copied().collect();
+        self.sim.forget_faults_of(&servers, &volumes);
+        let (effects, requests) = self.sim.truth_of(&volumes);
         Ok(Played {
-            effects: truth
-                .effects
-                .into_iter()
-                .filter(|e| mine(&e.volume_id))
-                .collect(),
-            requests: truth
-                .requests
-                .into_iter()
-                .filter(|r| mine(&r.volume_id))
-                .collect(),
+            effects,
+            requests,
             history: h,
             answers,
             ops: recorded,
