@@ -51,6 +51,7 @@ pub(super) async fn until_accepting(
     let deadline = started + timeout;
     let mut pauses = pauses();
     let mut attempts = 0u32;
+    let mut last_cause: Option<String> = None;
     loop {
         attempts += 1;
         let tried = Instant::now();
@@ -78,8 +79,16 @@ pub(super) async fn until_accepting(
                     Some(cause) => cause,
                     None => anyhow::bail!("cannot connect to PostgreSQL at {server}: {e}"),
                 },
+                // An attempt the wait's own end cut short (the last pause
+                // ran up to it) says nothing new: the previous cause stands
+                // (it said "no answer within 0 ms" instead of "connection
+                // refused" when the last pause ended right at the bound).
+                Err(_) if attempt_deadline < tried + ATTEMPT_TIMEOUT && last_cause.is_some() => {
+                    last_cause.take().unwrap_or_default()
+                }
                 Err(_) => format!("no answer within {} ms", tried.elapsed().as_millis()),
             };
+        last_cause = Some(cause.clone());
         let now = Instant::now();
         if now >= deadline {
             anyhow::bail!(
