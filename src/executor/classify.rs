@@ -122,29 +122,41 @@ fn unknown(message: &'static str) -> Box<Next> {
     decide(Verdict::Unknown { message })
 }
 
+/// Watch for `action`'s effect until the answer is due: seen, it
+/// succeeded (`found`, recovered from a lost answer or not); not seen,
+/// `otherwise`.
+fn watch_for(
+    action: Action,
+    found: &'static str,
+    recovered: bool,
+    otherwise: &'static str,
+) -> Next {
+    Next::Watch {
+        want: match action {
+            Action::Attach => Presence::Attached,
+            Action::Detach => Presence::Detached,
+        },
+        until: Until::ObserveBy,
+        found: succeeded(Resolution::Reobserved, found, recovered),
+        otherwise: unknown(otherwise),
+    }
+}
+
 /// The watch after an accepted (202) request or a detach already running.
 fn watch(action: Action) -> Next {
     match action {
-        Action::Attach => Next::Watch {
-            want: Presence::Attached,
-            until: Until::ObserveBy,
-            found: succeeded(
-                Resolution::Reobserved,
-                "attached (observed after 202)",
-                false,
-            ),
-            otherwise: unknown(
-                "Nova accepted the attach (202) but it did not appear before the deadline",
-            ),
-        },
-        Action::Detach => Next::Watch {
-            want: Presence::Detached,
-            until: Until::ObserveBy,
-            found: succeeded(Resolution::Reobserved, "detached (observed gone)", false),
-            otherwise: unknown(
-                "the detach was accepted but the volume was still listed at the deadline",
-            ),
-        },
+        Action::Attach => watch_for(
+            action,
+            "attached (observed after 202)",
+            false,
+            "Nova accepted the attach (202) but it did not appear before the deadline",
+        ),
+        Action::Detach => watch_for(
+            action,
+            "detached (observed gone)",
+            false,
+            "the detach was accepted but the volume was still listed at the deadline",
+        ),
     }
 }
 
@@ -153,28 +165,11 @@ fn watch(action: Action) -> Next {
 /// the answer is due, and leave what is not seen to the settle window.
 fn lost(action: Action) -> Next {
     let why = "the response was lost and the effect was not observed in time";
-    match action {
-        Action::Attach => Next::Watch {
-            want: Presence::Attached,
-            until: Until::ObserveBy,
-            found: succeeded(
-                Resolution::Reobserved,
-                "response lost; the attachment was observed",
-                true,
-            ),
-            otherwise: unknown(why),
-        },
-        Action::Detach => Next::Watch {
-            want: Presence::Detached,
-            until: Until::ObserveBy,
-            found: succeeded(
-                Resolution::Reobserved,
-                "response lost; the volume was observed detached",
-                true,
-            ),
-            otherwise: unknown(why),
-        },
-    }
+    let found = match action {
+        Action::Attach => "response lost; the attachment was observed",
+        Action::Detach => "response lost; the volume was observed detached",
+    };
+    watch_for(action, found, true, why)
 }
 
 /// The next step after `answer` to a request for `action` on `server`.
@@ -327,20 +322,11 @@ pub(crate) fn no_resend(action: Action, history: History) -> Option<Next> {
         return None;
     }
     let why = "a request may still take effect; not sending another";
-    Some(match action {
-        Action::Attach => Next::Watch {
-            want: Presence::Attached,
-            until: Until::ObserveBy,
-            found: succeeded(Resolution::Reobserved, "attached (observed)", true),
-            otherwise: unknown(why),
-        },
-        Action::Detach => Next::Watch {
-            want: Presence::Detached,
-            until: Until::ObserveBy,
-            found: succeeded(Resolution::Reobserved, "detached (observed)", true),
-            otherwise: unknown(why),
-        },
-    })
+    let found = match action {
+        Action::Attach => "attached (observed)",
+        Action::Detach => "detached (observed)",
+    };
+    Some(watch_for(action, found, true, why))
 }
 
 /// No time left for another request: decide from one last look, if any
