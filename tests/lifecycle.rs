@@ -800,6 +800,16 @@ async fn cluster(
     sim: &volume_reconciler::sim::SimHandle,
     skews: Vec<chrono::Duration>,
 ) -> volume_reconciler::cli::chaos::cluster::Cluster {
+    cluster_with(db, sim, skews, &[]).await
+}
+
+/// [`cluster`] with more flags for every replica.
+async fn cluster_with(
+    db: &str,
+    sim: &volume_reconciler::sim::SimHandle,
+    skews: Vec<chrono::Duration>,
+    more: &[&str],
+) -> volume_reconciler::cli::chaos::cluster::Cluster {
     use volume_reconciler::cli::chaos::cluster::{Cluster, ClusterConfig};
     Cluster::start(ClusterConfig {
         database_url: db.to_string(),
@@ -821,6 +831,7 @@ async fn cluster(
             "1",
         ]
         .iter()
+        .chain(more)
         .map(|s| s.to_string())
         .collect(),
     })
@@ -939,6 +950,98 @@ async fn a_killed_replicas_operation_is_taken_over_within_three_heartbeats() {
         (sim.sim.attach_requests(v), sim.sim.attach_effects(v)),
         (1, 1),
         "never sent twice"
+    );
+    cluster.stop().await;
+    sim.stop().await;
+}
+
+/// A replica dies after its detach took effect in Nova but before it
+/// logged the answer, and someone attaches the volume again before the
+/// other replica takes over (chaos seed 1058 on PostgreSQL). The successor
+/// finds the volume attached, but by another attachment than the one the
+/// detach was asked to remove (Cinder's id, logged before the request):
+/// SUCCEEDED, and the new attachment is not removed (no second request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detach_whose_volume_is_attached_again_before_a_takeover_is_not_sent_twice() {
+    support::init_logs();
+    let sim = volume_reconciler::sim::start(
+        "127.0.0.1:0".parse().unwrap(),
+        SimConfig {
+            record_history: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let db = support::pg::fresh_database().await;
+    // Settle windows short enough that, without the check, the successor
+    // re-sends within the test's wait.
+    let cluster = cluster_with(
+        &db,
+        &sim,
+        vec![chrono::Duration::zero(); 2],
+        &["--settle-window", "1s"],
+    )
+    .await;
+    let store = volume_reconciler::store::open(&db, 2).await.unwrap();
+    let (s, v) = ids();
+    sim.sim.seed_attachment(s, v);
+    // Nova detaches at once, and answers 20 s later.
+    sim.sim.add_fault(
+        FaultRule::new(FaultOp::Detach, Fault::DelayAfterEffect { ms: 20_000 }).volume(v),
+    );
+    let mut c = cluster_client(&cluster.live()[0]).await;
+    let call = tokio::spawn(async move {
+        c.detach_volume(as_cluster_caller(detach("lost", s, v), secs(120.0)))
+            .await
+    });
+    let sim_ref = sim.sim.clone();
+    eventually(secs(15.0), "the detach took effect in Nova", || {
+        let sim = sim_ref.clone();
+        async move { sim.detach_requests(v) == 1 && !sim.is_attached(s, v) }
+    })
+    .await;
+    let caller = volume_reconciler::cli::chaos::cluster::caller_name(0);
+    let id = store
+        .operation_get_by_key(Some(&caller), "lost")
+        .await
+        .unwrap()
+        .expect("recorded")
+        .id;
+    cluster.kill(0);
+    assert!(
+        sim.sim.attach_out_of_band(s, v),
+        "attached again by someone"
+    );
+    let store_ref = store.clone();
+    eventually(secs(60.0), "the operation is decided", || {
+        let store = store_ref.clone();
+        async move {
+            store
+                .operation_get(id)
+                .await
+                .unwrap()
+                .unwrap()
+                .state
+                .is_terminal()
+        }
+    })
+    .await;
+    let call = call.await.unwrap();
+    assert!(
+        call.is_err(),
+        "the killed replica's caller lost its connection"
+    );
+    let op = store.operation_get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.resolution),
+        (State::Succeeded, Some(Resolution::Reconciler)),
+        "{op:?}"
+    );
+    assert_eq!(sim.sim.detach_requests(v), 1, "never sent twice");
+    assert!(
+        sim.sim.is_attached(s, v),
+        "the new attachment is not this operation's to remove"
     );
     cluster.stop().await;
     sim.stop().await;

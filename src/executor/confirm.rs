@@ -113,7 +113,11 @@ impl Executor {
                     Action::Attach => precheck_attach(new.id, new.server_id, &v),
                     Action::Detach => precheck_detach(new.server_id, &v),
                 };
-                (pre, volume_event("before sending", &v, new.server_id))
+                let mut ev = volume_event("before sending", &v, new.server_id);
+                if let (Action::Detach, Some(a)) = (new.action, v.attached_to(new.server_id)) {
+                    ev = ev.with(DETACH_TARGET, &a.attachment_id);
+                }
+                (pre, ev)
             }
             Err(e) if e.kind == CinderErrorKind::VolumeNotFound => {
                 let pre = match new.action {
@@ -229,6 +233,34 @@ impl Executor {
             Err(e) => {
                 push_observation(run, cinder_failed_event("confirming", &e));
                 CinderSays::Failed(e)
+            }
+        }
+    }
+
+    /// The id of the attachment of `run`'s volume to its server, as Cinder
+    /// names it now (`None`: not attached there); `Err` says why it could
+    /// not be told.
+    pub(crate) async fn cinder_attachment_here(
+        &self,
+        run: &mut Run,
+        until: Instant,
+    ) -> Result<Option<String>, String> {
+        let Some(cinder) = self.cinder(&mut run.events, until).await else {
+            return Err("no Cinder to ask which attachment it is".into());
+        };
+        let rid = RequestId::for_operation(run.op.id);
+        let server = run.op.server_id;
+        match cinder.volume_as(&rid, run.op.volume_id, until).await {
+            Ok(v) => {
+                push_observation(run, volume_event("naming the attachment", &v, server));
+                Ok(v.attached_to(server).map(|a| a.attachment_id.clone()))
+            }
+            Err(e) => {
+                push_observation(run, cinder_failed_event("naming the attachment", &e));
+                Err(format!(
+                    "Cinder could not name the attachment: {}",
+                    e.clock()
+                ))
             }
         }
     }
@@ -428,13 +460,13 @@ fn not_confirmed(run: &Run, last: &str) -> Decision {
 
 /// A look at Cinder, as an event.
 pub(crate) fn volume_event(when: &str, v: &VolumeView, server: Uuid) -> NewEvent {
-    let here = v.attached_to(server).is_some();
-    NewEvent::new(
+    let here = v.attached_to(server);
+    let ev = NewEvent::new(
         event::OBSERVED,
         format!(
             "Cinder {when}: the volume is {}{}",
             v.status,
-            if here {
+            if here.is_some() {
                 ", attached to the server"
             } else {
                 ", not attached to the server"
@@ -443,13 +475,26 @@ pub(crate) fn volume_event(when: &str, v: &VolumeView, server: Uuid) -> NewEvent
     )
     .with("service", "cinder")
     .with("volume_status", v.status.as_str())
-    .with("attached_here", here)
+    .with("attached_here", here.is_some())
     .with("attachments", v.attachments.len())
     .with(
         "cinder_request_id",
         v.cinder_request_id.as_deref().unwrap_or("-"),
-    )
+    );
+    // Which attachment: a detach's successor tells by it whether the one
+    // it was asked to remove is gone (`reconciler/pass.rs`).
+    match here {
+        Some(a) => ev.with(ATTACHMENT_ID, &a.attachment_id),
+        None => ev,
+    }
 }
+
+/// The event field naming the attachment Cinder showed on the server.
+const ATTACHMENT_ID: &str = "attachment_id";
+
+/// The intent's event field naming the attachment a detach was asked to
+/// remove (Cinder's id, seen before the first request).
+pub(crate) const DETACH_TARGET: &str = "detach_target";
 
 pub(crate) fn cinder_failed_event(when: &str, e: &CinderError) -> NewEvent {
     NewEvent::new(event::OBSERVED, format!("Cinder {when}: {}", e.clock())).with_all(&e.metadata())

@@ -46,7 +46,7 @@ use crate::metrics::Metrics;
 use crate::nova::NovaClient;
 use crate::store::{CreateOutcome, NewOperation, Store, StoreError};
 
-pub(crate) use confirm::CinderSays;
+pub(crate) use confirm::{CinderSays, DETACH_TARGET};
 pub(crate) use run::{Decision, Run};
 
 /// A validated request.

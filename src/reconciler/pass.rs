@@ -3,7 +3,7 @@
 //!
 //! | what the look found | attach | detach |
 //! |---|---|---|
-//! | the volume on the server | SUCCEEDED | wait for the settle window, then re-send or FAILED |
+//! | the volume on the server | SUCCEEDED | another attachment than the one it was to remove: SUCCEEDED; else wait for the settle window, then re-send or FAILED |
 //! | the volume not on it | wait for the settle window, then re-send or FAILED | SUCCEEDED |
 //! | the server does not exist (404) | FAILED `NOVA_SERVER_NOT_FOUND` | SUCCEEDED |
 //! | the look failed | back off; past deadline + settle window: escalate | same |
@@ -97,6 +97,19 @@ impl Reconciler {
                 );
                 self.confirm_then_decide(run, d, db_now).await
             }
+            (Action::Detach, Some(att)) if op.state != State::Pending => {
+                match self.replaced(&mut run, &att).await {
+                    Ok(Some(d)) => self.decide(&mut run, d, "succeeded").await,
+                    Ok(None) => self.not_yet(run, db_now).await,
+                    // Within the deadline a re-send could remove someone
+                    // else's attachment: wait until it can be told.
+                    Err(why) if self.exec.budget_from_row(&op, db_now).is_some() => {
+                        let wait = self.backoff(&op);
+                        self.defer(run, State::Unknown, wait, why, 0).await
+                    }
+                    Err(_) => self.not_yet(run, db_now).await,
+                }
+            }
             (Action::Detach, None) if op.state != State::Pending => {
                 let d = Decision::succeeded(
                     Resolution::Reconciler,
@@ -168,6 +181,66 @@ impl Reconciler {
         }
         let wait = self.backoff(&run.op);
         self.defer(run, State::Unknown, wait, why, 0).await
+    }
+
+    /// A detach whose request may have left finds the volume on the server:
+    /// is it still the attachment the detach was asked to remove (Cinder's
+    /// id, logged before the first request)? Another one means that one is
+    /// gone (removed by this operation's unlogged request, or by someone
+    /// else) and the volume was attached again since: SUCCEEDED, and the
+    /// new attachment is not this key's to remove (a re-send would be a
+    /// second effect; the verifier reports it as drift). `Ok(None)`: the
+    /// same one, or nothing named before sending (no Cinder then).
+    async fn replaced(
+        &self,
+        run: &mut Run,
+        now: &crate::domain::AttachmentInfo,
+    ) -> Result<Option<Decision>, String> {
+        let events = self
+            .exec
+            .store
+            .operation_events(run.op.id)
+            .await
+            .map_err(|e| format!("could not read the operation's log: {e}"))?;
+        let Some(asked) = events
+            .iter()
+            .find_map(|e| e.metadata.get(crate::executor::DETACH_TARGET))
+        else {
+            return Ok(None);
+        };
+        // From microversion 2.89 Nova's list names Cinder's attachment;
+        // before it, only the volume: ask Cinder.
+        let current = if now.id != run.op.volume_id.to_string() {
+            Some(now.id.clone())
+        } else {
+            let until = run.budget.answer_by;
+            self.exec.cinder_attachment_here(run, until).await?
+        };
+        let Some(current) = current else {
+            // Nova lists it, Cinder no longer: on its way out; a later
+            // pass tells.
+            return Err("Nova lists the volume, Cinder names no attachment yet".into());
+        };
+        if *asked == current {
+            return Ok(None);
+        }
+        run.events.push(
+            NewEvent::new(
+                event::OBSERVED,
+                "reconciler: the attachment this detach was asked to remove is gone; \
+                 the volume is attached again by another",
+            )
+            .with("asked_to_remove", asked)
+            .with("attached_now", &current),
+        );
+        Ok(Some(Decision::succeeded(
+            Resolution::Reconciler,
+            None,
+            format!(
+                "the attachment it was asked to remove ({asked}) is gone; the volume was \
+                 attached again since ({current}), which is not this operation's to remove"
+            ),
+        )))
     }
 
     async fn decide(&self, run: &mut Run, d: Decision, what: &str) -> PassResult {

@@ -296,13 +296,40 @@ impl Checker<'_> {
     /// settle window later: a late effect that stood between two looks
     /// (one of which may have failed) is invisible to the attachment list,
     /// so a decision taken after it cannot be held to it.
+    ///
+    /// Later than that, too, when the operation logged no look between the
+    /// effect and its undoing (its replica died before it could) and had
+    /// nothing else to tell it by: an attach (no attachment id exists
+    /// before it), or a detach whose intent named no attachment to remove
+    /// (no Cinder look before sending). A detach that named one is held to
+    /// it: its successor must see the attachment on the server is another.
     fn undone_unseen(&self, i: usize) -> bool {
         let effects = &self.p.effects;
         let e = &effects[i];
-        effects[i + 1..]
+        let Some(n) = effects[i + 1..]
             .iter()
             .find(|n| n.server_id == e.server_id && n.volume_id == e.volume_id)
-            .is_some_and(|n| n.cause == Cause::OutOfBand && n.at - e.at < dur(self.windows.settle))
+        else {
+            return false;
+        };
+        if n.cause != Cause::OutOfBand {
+            return false;
+        }
+        if n.at - e.at < dur(self.windows.settle) {
+            return true;
+        }
+        let Some(r) = self.p.ops.iter().find(|r| caused_by(e, r.op.id)) else {
+            return false;
+        };
+        let named = e.change == Change::Detached
+            && r.events
+                .iter()
+                .any(|ev| ev.metadata.contains_key(crate::executor::DETACH_TARGET));
+        let looked = r
+            .events
+            .iter()
+            .any(|ev| ev.kind == event::OBSERVED && ev.at > e.at && ev.at < n.at);
+        !named && !looked
     }
 
     /// How many of `op`'s requests Nova received.
