@@ -422,7 +422,17 @@ impl Checker<'_> {
                 && !caused_by(e, op.id)
                 && !self.explained(e, done)
         }) && t.ever(!baseline, done, end);
-        if op.drifted && !changed && !changed_at_write && !seen_late() {
+        // A decision that left someone else's change standing (a detach
+        // that found the volume attached again by another attachment, seed
+        // 1058) leaves drift from its first instant.
+        let left_standing = t.at(done) != baseline
+            && t.effects
+                .iter()
+                .rev()
+                .find(|e| e.at <= done)
+                .is_some_and(|e| e.cause == Cause::OutOfBand)
+            && t.ever(!baseline, done, end);
+        if op.drifted && !changed && !changed_at_write && !left_standing && !seen_late() {
             self.fail(
                 "drift-is-real",
                 Some(op.id),
