@@ -316,6 +316,14 @@ pub fn decision_statement() -> String {
 /// The parameter types of `decision_statement`, in order.
 pub const DECISION_PARAMETER_TYPES: &str = "uuid[], int8[], text[], text[], jsonb[], int4[], bool[], jsonb[], bool[], bool[], float8[], bool[], uuid[], text[], uuid[], text[], text[], jsonb[], text[], uuid[], float8[]";
 
+/// The intent statement as the writers prepare it, for plan tests.
+pub fn intent_statement() -> String {
+    CREATE_MANY.clone()
+}
+
+/// The parameter types of `intent_statement`, in order.
+pub const INTENT_PARAMETER_TYPES: &str = "uuid[], text[], text[], text[], text[], uuid[], uuid[], jsonb[], int4[], float8[], text[], float8[], text[], text[], text[], uuid[], uuid[], text[], text[], jsonb[], text[], uuid[], float8[]";
+
 /// A statement with one operation's values in place of its parameters, on
 /// one line (pgbench reads a statement per line).
 fn substitute(sql: &str, values: &[&str]) -> String {
