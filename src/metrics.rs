@@ -62,6 +62,12 @@ pub struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// `first` (`--verify-after`) or `last` (the end of `--verify-window`).
+    pub stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableLabels {
     /// `operations`, `events` or `tombstones`.
     pub table: String,
@@ -94,6 +100,9 @@ pub struct Metrics {
     /// (since it was recorded, if no request went out); 0 when there is none.
     /// Set at each scrape (see `startup`).
     pub oldest_unknown_age: Gauge<f64, AtomicU64>,
+    /// How long the oldest decision due for verification has waited past
+    /// its due time, per stage (0: up to date; NaN: not readable).
+    pub verification_backlog: Family<StageLabels, Gauge<f64, AtomicU64>>,
     pub responses_lost: Counter,
     pub responses_recovered: Counter,
     pub reconciler_passes: Counter,
@@ -156,6 +165,7 @@ impl Metrics {
             nova_latency: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
             operations: Family::default(),
             oldest_unknown_age: Gauge::default(),
+            verification_backlog: Family::default(),
             responses_lost: Counter::default(),
             responses_recovered: Counter::default(),
             reconciler_passes: Counter::default(),
@@ -294,6 +304,11 @@ impl Metrics {
             "verification_missed",
             "Terminal operations whose late-effect verification came after its window (the verifier fell behind, e.g. at its Nova rate limit)",
             self.verification_missed.clone(),
+        );
+        r.register(
+            "verification_backlog_seconds",
+            "How long the oldest decision due for verification has waited past its due time, by stage (first: --verify-after, last: end of --verify-window; 0: up to date). Past --verify-window, verifications are missed",
+            self.verification_backlog.clone(),
         );
         r.register(
             "ledger_write_duration_seconds",

@@ -30,7 +30,7 @@ use crate::executor::Executor;
 use crate::grpc::deadline::DeadlineLayer;
 use crate::grpc::pb::volume_reconciler_server::VolumeReconcilerServer;
 use crate::grpc::{Api, pb};
-use crate::metrics::{GrpcMetricsLayer, Metrics};
+use crate::metrics::{GrpcMetricsLayer, Metrics, StageLabels};
 use crate::nova::{Microversion, NovaClient};
 use crate::reconciler::Reconciler;
 use crate::store::Store;
@@ -64,6 +64,8 @@ struct AdminState {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    /// The verification stages (for their backlog gauge).
+    verification: [(u8, Duration); 2],
 }
 
 impl Application {
@@ -168,6 +170,7 @@ impl Application {
             store: store.clone(),
             metrics: metrics.clone(),
             ready: ready.clone(),
+            verification: reconciler.settings.verification_stages(),
         };
         let tasks = Tasks::start(&cfg, admin_listener, admin, &exec, &reconciler, pruner);
         let api = Api {
@@ -679,6 +682,7 @@ async fn metrics_text(
     };
     if database_ok {
         retention_age(&st).await;
+        verification_backlog(&st).await;
     }
     st.metrics
         .ready
@@ -711,6 +715,35 @@ async fn retention_age(st: &AdminState) {
             st.metrics.retention_oldest_decided_age.set(f64::NAN)
         }
     };
+}
+
+/// Sets, per verification stage, how long its oldest due decision has
+/// waited past its due time (0: up to date), on the database's clock; NaN
+/// when it cannot be read.
+async fn verification_backlog(st: &AdminState) {
+    for (stage, delay) in st.verification {
+        let read = async {
+            let Some(decided) = st.store.verification_backlog(stage, delay).await? else {
+                return Ok(0.0);
+            };
+            let now = st.store.now().await?;
+            let due = decided + chrono::Duration::from_std(delay).unwrap_or_default();
+            Ok::<_, crate::store::StoreError>((now - due).num_milliseconds().max(0) as f64 / 1000.0)
+        };
+        let name = if stage == 0 { "first" } else { "last" };
+        let secs = match read.await {
+            Ok(secs) => secs,
+            Err(e) => {
+                tracing::warn!(error = %e, stage = name, "metrics: could not read the verification backlog");
+                f64::NAN
+            }
+        };
+        // The family's guard is not held across an await.
+        st.metrics
+            .verification_backlog
+            .get_or_create(&StageLabels { stage: name.into() })
+            .set(secs);
+    }
 }
 
 /// Seconds since Nova was last asked about the oldest UNKNOWN operation

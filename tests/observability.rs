@@ -480,6 +480,58 @@ async fn build_info_process_metrics_readiness_and_the_unknown_backlog_are_expose
     app.stop().await;
 }
 
+/// The verifier's backlog per stage: 0 while it is up to date; with a
+/// decision due for its first look and no round taking it (no reconciler
+/// runs here), it grows with the wait past the due time; once a round
+/// verifies it, it is 0 again. The last stage (35 min) is not due.
+#[tokio::test]
+async fn the_verification_backlog_grows_while_a_due_decision_waits_and_clears_when_verified() {
+    let app = spawn_app(AppOptions::default().arg("--verify-after", "2s")).await;
+    let backlog = |m: &Exposition, stage: &str| {
+        m.sum(
+            "volume_reconciler_verification_backlog_seconds",
+            &[("stage", stage)],
+        )
+    };
+    let m = scrape(&app).await.1;
+    assert_eq!(
+        (backlog(&m, "first"), backlog(&m, "last")),
+        (0.0, 0.0),
+        "nothing decided yet"
+    );
+    let mut c = app.raw();
+    c.attach_volume(with_timeout(
+        pb::AttachVolumeRequest {
+            idempotency_key: "backlog-1".into(),
+            server_id: Uuid::new_v4().to_string(),
+            volume_id: Uuid::new_v4().to_string(),
+            ..Default::default()
+        },
+        Duration::from_secs(10),
+    ))
+    .await
+    .unwrap();
+    let a = &app;
+    support::eventually(
+        Duration::from_secs(20),
+        "the first stage's backlog passes 1 s (due 2 s after the decision)",
+        || async move { backlog(&scrape(a).await.1, "first") >= 1.0 },
+    )
+    .await;
+    let m = scrape(&app).await.1;
+    assert!(
+        backlog(&m, "first") < 60.0,
+        "seconds past the due time: {}",
+        backlog(&m, "first")
+    );
+    assert_eq!(backlog(&m, "last"), 0.0, "not due for 35 min");
+    let counts = app.reconciler.run_once().await.unwrap();
+    assert_eq!(counts.verified, 1, "{counts:?}");
+    let m = scrape(&app).await.1;
+    assert_eq!(backlog(&m, "first"), 0.0, "verified: up to date");
+    app.stop().await;
+}
+
 // ------------------------------------------------ dashboards and alert rules
 
 /// What one PromQL expression reads: each metric selector (the name and
@@ -863,6 +915,7 @@ fn every_alert_rule_says_how_bad_it_is_and_what_to_do() {
         "VolumeReconcilerUnknownOperationsStuck",
         "VolumeReconcilerDriftDetected",
         "VolumeReconcilerVerificationFallingBehind",
+        "VolumeReconcilerVerificationBacklog",
         "VolumeReconcilerNovaErrors",
         "VolumeReconcilerLedgerWritesSlow",
     ] {

@@ -491,12 +491,42 @@ async fn verification_is_handed_out_once_in_decision_order(store: Arc<dyn Store>
             .unwrap()
             .is_empty()
     );
+    // The backlog (for /metrics) is the oldest due decision not taken yet,
+    // per stage, and taking reads nothing of it.
+    assert_eq!(
+        store
+            .verification_backlog(0, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        None,
+        "not due yet"
+    );
+    let oldest = decided[0].completed_at;
+    assert_eq!(
+        store.verification_backlog(0, Duration::ZERO).await.unwrap(),
+        oldest
+    );
     // ...then each once, oldest decision first, stage by stage.
     let first = store.verification_next(0, Duration::ZERO, 3).await.unwrap();
+    assert_eq!(
+        store.verification_backlog(0, Duration::ZERO).await.unwrap(),
+        decided[3].completed_at,
+        "the oldest not taken yet"
+    );
+    assert_eq!(
+        store.verification_backlog(1, Duration::ZERO).await.unwrap(),
+        oldest,
+        "each stage its own"
+    );
     let rest = store
         .verification_next(0, Duration::ZERO, 10)
         .await
         .unwrap();
+    assert_eq!(
+        store.verification_backlog(0, Duration::ZERO).await.unwrap(),
+        None,
+        "up to date"
+    );
     assert_eq!(
         first.iter().chain(&rest).map(|o| o.id).collect::<Vec<_>>(),
         decided[..4].iter().map(|o| o.id).collect::<Vec<_>>()

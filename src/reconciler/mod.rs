@@ -67,6 +67,16 @@ pub struct ReconcilerSettings {
 }
 
 impl ReconcilerSettings {
+    /// The verification stages, each with how long after a decision it
+    /// looks: the first at `--verify-after` (never before
+    /// [`VERIFY_MIN_LAG`]), the last at the end of `--verify-window`.
+    pub fn verification_stages(&self) -> [(u8, Duration); 2] {
+        [
+            (0, self.verify_after.max(VERIFY_MIN_LAG)),
+            (1, self.verify_window.max(VERIFY_MIN_LAG)),
+        ]
+    }
+
     /// The built-in defaults: the one source of the flags' defaults too
     /// (`config.rs` refers to these; a test checks they agree).
     pub const DEFAULT: Self = Self {

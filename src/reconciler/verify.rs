@@ -76,22 +76,16 @@ impl Reconciler {
             verified += v;
             drifted += d;
         }
-        let stages = [
-            (0u8, self.settings.verify_after),
-            (1u8, self.settings.verify_window),
-        ];
-        for (stage, delay) in stages {
+        for (stage, delay) in self.settings.verification_stages() {
             let due = self
                 .exec
                 .store
-                .verification_next(stage, delay.max(super::VERIFY_MIN_LAG), self.settings.batch)
+                .verification_next(stage, delay, self.settings.batch)
                 .await?;
             if due.is_empty() {
                 continue;
             }
-            let (v, d) = self
-                .verify_slice(stage, delay.max(super::VERIFY_MIN_LAG), due)
-                .await?;
+            let (v, d) = self.verify_slice(stage, delay, due).await?;
             verified += v;
             drifted += d;
         }

@@ -347,6 +347,16 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<u64, StoreError>;
 
+    /// When the oldest decision due for verification `stage` (decided at
+    /// least `delay` ago) that no replica has taken yet was decided; `None`
+    /// when the stage is up to date. How far the verifier is behind, for
+    /// /metrics (reads the cursor and one index entry; takes nothing).
+    async fn verification_backlog(
+        &self,
+        stage: u8,
+        delay: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError>;
+
     /// Takes the next (at most `limit`) decided operations that verification
     /// `stage` has not seen, decided at least `delay` ago, in decision
     /// order, and moves the stage's cursor past them: each is handed out

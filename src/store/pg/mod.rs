@@ -573,6 +573,36 @@ impl Store for PgStore {
         Ok(renewed.rows_affected())
     }
 
+    async fn verification_backlog(
+        &self,
+        stage: u8,
+        delay: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        const WHAT: &str = "reading the verification backlog";
+        let (decided_at, last_id): (DateTime<Utc>, Uuid) =
+            sqlx::query_as("SELECT decided_at, last_id FROM verification_cursors WHERE stage = $1")
+                .bind(i16::from(stage))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(StoreError::db(WHAT))?;
+        // The position as parameters (see `verification_next`): the index
+        // scan starts at the cursor and stops at the first entry.
+        sqlx::query_scalar(
+            "SELECT completed_at FROM operations
+             WHERE verify_expect IS NOT NULL
+               AND (completed_at, id) > ($1, $2)
+               AND completed_at <= now() - $3 * interval '1 millisecond'
+             ORDER BY completed_at, id
+             LIMIT 1",
+        )
+        .bind(decided_at)
+        .bind(last_id)
+        .bind(delay.as_secs_f64() * 1000.0)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(StoreError::db(WHAT))
+    }
+
     async fn verification_next(
         &self,
         stage: u8,

@@ -450,6 +450,33 @@ impl Store for SqliteStore {
         Ok(renewed)
     }
 
+    async fn verification_backlog(
+        &self,
+        stage: u8,
+        delay: Duration,
+    ) -> Result<Option<DateTime<chrono::Utc>>, StoreError> {
+        const WHAT: &str = "reading the verification backlog";
+        let oldest: Option<i64> = sqlx::query_scalar(
+            "SELECT completed_at FROM operations, verification_cursors c
+             WHERE c.stage = ?1 AND verify_expect IS NOT NULL
+               AND (completed_at > c.decided_at OR (completed_at = c.decided_at AND id > c.last_id))
+               AND completed_at <= ?2
+             ORDER BY completed_at, id
+             LIMIT 1",
+        )
+        .bind(i64::from(stage))
+        .bind(now_us() - delay.as_micros() as i64)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db(WHAT))?;
+        oldest
+            .map(|us| {
+                DateTime::from_timestamp_micros(us)
+                    .ok_or_else(|| corrupt("verification backlog", format!("timestamp {us} µs")))
+            })
+            .transpose()
+    }
+
     async fn verification_next(
         &self,
         stage: u8,
