@@ -378,27 +378,21 @@ impl Checker<'_> {
             .min()
     }
 
-    fn drift(&mut self, r: &Recorded) {
+    /// Whether a recorded drift that no unexplained change after the
+    /// decision accounts for is backed all the same: by a change the last
+    /// look saw late, one made between the deciding look and the
+    /// decision's write, or someone else's change the decision left
+    /// standing.
+    fn drift_backed(
+        &self,
+        r: &Recorded,
+        t: &Timeline<'_>,
+        done: DateTime<Utc>,
+        end: DateTime<Utc>,
+        explained_from: Option<DateTime<Utc>>,
+    ) -> bool {
         let op = &r.op;
-        let (Some(done), State::Succeeded) = (op.completed_at, op.state) else {
-            if op.drifted && op.state == State::Failed {
-                self.drift_of_failed(r);
-            }
-            return;
-        };
-        if op.resolution == Some(Resolution::Operator) {
-            return;
-        }
         let baseline = op.action == Action::Attach;
-        let t = Timeline::of(&self.p.effects, op.server_id, op.volume_id);
-        let window_end = done + dur(self.windows.verify_window);
-        let explained_from = self.next_on_volume(r);
-        let end = explained_from.map_or(window_end, |n| n.min(window_end));
-        let unexplained = |e: &&&Effect| {
-            e.at > done && e.at <= end + ms(TOLERANCE_MS) && !self.explained(e, done)
-        };
-        let changed =
-            t.effects.iter().filter(unexplained).count() > 0 && t.ever(!baseline, done, end);
         // A last look that ran late (a loaded machine) sees changes up to
         // its own instant: real drift too, unless a later operation began
         // before it.
@@ -432,7 +426,34 @@ impl Checker<'_> {
                 .find(|e| e.at <= done)
                 .is_some_and(|e| e.cause == Cause::OutOfBand)
             && t.ever(!baseline, done, end);
-        if op.drifted && !changed && !changed_at_write && !left_standing && !seen_late() {
+        changed_at_write || left_standing || seen_late()
+    }
+
+    /// The drift of a decided operation: a recorded drift is real
+    /// (`drift-is-real`), and a change that stood unexplained from the first
+    /// verification on was recorded (`drift-is-seen`).
+    fn drift(&mut self, r: &Recorded) {
+        let op = &r.op;
+        let (Some(done), State::Succeeded) = (op.completed_at, op.state) else {
+            if op.drifted && op.state == State::Failed {
+                self.drift_of_failed(r);
+            }
+            return;
+        };
+        if op.resolution == Some(Resolution::Operator) {
+            return;
+        }
+        let baseline = op.action == Action::Attach;
+        let t = Timeline::of(&self.p.effects, op.server_id, op.volume_id);
+        let window_end = done + dur(self.windows.verify_window);
+        let explained_from = self.next_on_volume(r);
+        let end = explained_from.map_or(window_end, |n| n.min(window_end));
+        let unexplained = |e: &&&Effect| {
+            e.at > done && e.at <= end + ms(TOLERANCE_MS) && !self.explained(e, done)
+        };
+        let changed =
+            t.effects.iter().filter(unexplained).count() > 0 && t.ever(!baseline, done, end);
+        if op.drifted && !changed && !self.drift_backed(r, &t, done, end, explained_from) {
             self.fail(
                 "drift-is-real",
                 Some(op.id),
