@@ -163,8 +163,9 @@ pub struct ServeArgs {
     )]
     pub database_url: String,
     /// PostgreSQL connections of this replica, at most (5 at least): the
-    /// ledger writers' own (a quarter of them, 1 to 4, plus one for a lone
-    /// write) and a pool for the rest (reads, the reconciler, the listener).
+    /// ledger writers' own (one for intents and one for decisions per 16,
+    /// at most two each, plus one for a lone write) and a pool for the rest
+    /// (reads, the reconciler, the listener).
     #[arg(
         long,
         env = "VOLUME_RECONCILER_DB_MAX_CONNECTIONS",

@@ -1,8 +1,9 @@
 //! Group commit at the application level for PostgreSQL: the durable writes
-//! of concurrent operations (intent rows and decisions) are queued to a few
-//! writer tasks, each of which runs whatever is waiting as one transaction
-//! — one WAL flush and one NOTIFY (carrying every changed id) per batch
-//! instead of one per operation.
+//! of concurrent operations are queued to a few writer tasks by kind
+//! (intents; decisions and appends), each of which runs whatever of its
+//! kind is waiting as one statement — one round trip, one WAL flush and one
+//! NOTIFY (carrying every changed id) per batch instead of one per
+//! operation.
 //!
 //! The rule "an operation's intent is durable before its request leaves"
 //! holds: a caller gets its row only after the batch that wrote it has
@@ -53,7 +54,10 @@ struct Job {
 
 #[derive(Clone)]
 pub(super) struct Writer {
-    tx: mpsc::Sender<Job>,
+    /// Intents, and everything else (decisions, appends): a batch holds
+    /// writes of one kind, so it is one autocommit statement, one round
+    /// trip, instead of a transaction of four.
+    queues: [mpsc::Sender<Job>; 2],
     conns: Arc<Conns>,
     /// Writes submitted and not yet answered, on any path.
     pending: Arc<AtomicUsize>,
@@ -71,7 +75,8 @@ impl Writer {
         writers: usize,
         stop: CancellationToken,
     ) -> Result<Self, StoreError> {
-        let writers = writers.max(1);
+        let per_kind = (writers / 2).max(1);
+        let writers = 2 * per_kind;
         let conns = Arc::new(Conns::new(options, writers + 1));
         // One connection now: the first write should not pay for it.
         let first = conns.open().await?;
@@ -79,13 +84,16 @@ impl Writer {
         // Bounded, and larger than the cap on mutations in flight: a full
         // queue means the database has fallen far behind, and the caller
         // is told so at once instead of waiting out its deadline.
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let rx = Arc::new(Mutex::new(rx));
-        for _ in 0..writers {
-            tokio::spawn(writer_loop(conns.clone(), rx.clone(), stop.clone()));
-        }
+        let queues = [(); 2].map(|()| {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            let rx = Arc::new(Mutex::new(rx));
+            for _ in 0..per_kind {
+                tokio::spawn(writer_loop(conns.clone(), rx.clone(), stop.clone()));
+            }
+            tx
+        });
         Ok(Self {
-            tx,
+            queues,
             conns,
             pending: Arc::new(AtomicUsize::new(0)),
         })
@@ -114,7 +122,11 @@ impl Writer {
             return Box::pin(try_one(&self.conns, &payload, deadline)).await;
         }
         let (reply, rx) = oneshot::channel();
-        self.tx
+        let queue = match payload {
+            Payload::Create(_) => &self.queues[0],
+            Payload::Transition(_) | Payload::Append(_) => &self.queues[1],
+        };
+        queue
             .try_send(Job {
                 payload,
                 deadline,

@@ -112,9 +112,14 @@ impl PgStore {
         wait::until_accepting(&options, wait).await?;
         let server = wait::server_of(&options);
         let writer_options = options.clone().options(WRITER_SETTINGS.iter().copied());
-        // A few writers, so one batch forms while another commits; they hold
-        // connections of their own (writers + 1), the pool the rest.
-        let writers = (settings.max_connections / 4).clamp(1, 4);
+        // One writer per kind of write (intents; decisions) per 16
+        // connections, at most two each: a batch forms while the other
+        // kind's commits, and batches stay large. More writers make smaller
+        // batches, and a batch's fixed cost (executor start-up, triggers,
+        // commit) is most of a small one's: at c=64, four general writers
+        // did 2,100 ops/s, two 2,750 (BENCHMARKS.md "Less work per call").
+        // They hold connections of their own (writers + 1), the pool the rest.
+        let writers = 2 * (settings.max_connections / 16).clamp(1, 2);
         let pool_size = settings.max_connections.saturating_sub(writers + 1).max(3);
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
