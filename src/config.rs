@@ -162,7 +162,7 @@ pub struct ServeArgs {
         default_value = DEFAULT_DATABASE_URL
     )]
     pub database_url: String,
-    /// PostgreSQL connections of this replica, at most (5 at least): the
+    /// PostgreSQL connections of this replica, at most (6 at least): the
     /// ledger writers' own (one for intents and one for decisions per 16,
     /// at most two each, plus one for a lone write) and a pool for the rest
     /// (reads, the reconciler, the listener).
