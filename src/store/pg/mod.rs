@@ -668,10 +668,13 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(StoreError::db(WHAT))?;
+        // Logged only when the row is there (the update above holds it):
+        // no event outlives its operation.
         sqlx::query(
             "INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
              SELECT $1, e.kind, e.detail, e.metadata, $2
-             FROM jsonb_to_recordset($3::jsonb) AS e(kind text, detail text, metadata jsonb)",
+             FROM jsonb_to_recordset($3::jsonb) AS e(kind text, detail text, metadata jsonb)
+             WHERE EXISTS (SELECT 1 FROM operations WHERE id = $1)",
         )
         .bind(id)
         .bind(replica)

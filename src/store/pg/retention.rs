@@ -60,13 +60,16 @@ const OLDER_SNAPSHOTS: &str = "SELECT count(*) FROM pg_stat_activity
        AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
        AND age(backend_xmin) > age(($1 % 4294967296)::text::xid)";
 
-/// Deletes marked operations (still decided) and their events.
-const DELETE: &str = "WITH ev AS (
-        DELETE FROM operation_events WHERE operation_id = ANY($1) RETURNING 1
-     ), ops AS (
-        DELETE FROM operations WHERE id = ANY($1) AND completed_at IS NOT NULL RETURNING 1
-     )
-     SELECT (SELECT count(*) FROM ops) AS ops, (SELECT count(*) FROM ev) AS events";
+/// Deletes marked operations (still decided); their ids.
+const DELETE_OPERATIONS: &str =
+    "DELETE FROM operations WHERE id = ANY($1) AND completed_at IS NOT NULL RETURNING id";
+
+/// Deletes the events of deleted operations. A statement of its own, after
+/// `DELETE_OPERATIONS` in the same transaction: its snapshot is newer, so
+/// it also finds an event appended while the operations were being
+/// deleted (an append holds its operation FOR KEY SHARE, so the delete
+/// waited for it to commit). No event outlives its operation.
+const DELETE_EVENTS: &str = "DELETE FROM operation_events WHERE operation_id = ANY($1)";
 
 /// Deletes up to `$2` tombstones of keys decided before `now()` minus `$1` ms.
 const EXPIRE: &str = "WITH gone AS (
@@ -166,13 +169,20 @@ impl PruneRound for PgRound {
             counts.deferred = ids.len() as u64;
             return Ok(counts);
         }
-        let (ops, events): (i64, i64) = sqlx::query_as(DELETE)
+        let mut tx = self.conn.begin().await.map_err(StoreError::db(WHAT))?;
+        let deleted: Vec<Uuid> = sqlx::query_scalar(DELETE_OPERATIONS)
             .bind(&ids)
-            .fetch_one(&mut self.conn)
+            .fetch_all(&mut *tx)
             .await
             .map_err(StoreError::db(WHAT))?;
-        counts.operations = ops as u64;
-        counts.events = events as u64;
+        let events = sqlx::query(DELETE_EVENTS)
+            .bind(&deleted)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::db(WHAT))?;
+        tx.commit().await.map_err(StoreError::db(WHAT))?;
+        counts.operations = deleted.len() as u64;
+        counts.events = events.rows_affected();
         Ok(counts)
     }
 
