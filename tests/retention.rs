@@ -337,3 +337,68 @@ async fn operations_are_deleted_only_once_no_older_transaction_can_miss_their_to
     assert_eq!(error_info(&err).0, "IDEMPOTENCY_KEY_EXPIRED");
     app.stop().await;
 }
+
+/// PostgreSQL: the events table has no foreign key (see the migration
+/// `events_without_foreign_key`), so retention itself must leave no event
+/// behind. An append in flight while its operation is pruned (the writers'
+/// append: the operation held FOR KEY SHARE, its event inserted, not yet
+/// committed) makes the delete wait; its event then goes with the
+/// operation. (Both deletes in one statement, as before, left it behind:
+/// their snapshot predated the append's commit.)
+#[tokio::test]
+async fn an_event_appended_while_its_operation_is_pruned_goes_with_it() {
+    use sqlx::Connection as _;
+    let app = spawn_app(options()).await;
+    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
+    let op = attach(&app, "o-1", server, volume).await.unwrap();
+    let id: Uuid = op.id.parse().unwrap();
+    let mut append = sqlx::PgConnection::connect(&app.db_url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut append).await.unwrap();
+    sqlx::query("SELECT 1 FROM operations WHERE id = $1 FOR KEY SHARE")
+        .bind(id)
+        .execute(&mut append)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO operation_events (operation_id, kind, detail, replica)
+         VALUES ($1, 'verified', 'a late look', 'test')",
+    )
+    .bind(id)
+    .execute(&mut append)
+    .await
+    .unwrap();
+    let watch = sqlx::PgPool::connect(&app.db_url).await.unwrap();
+    let commit_once_the_pruner_waits = async {
+        support::eventually(
+            Duration::from_secs(30),
+            "the pruner's delete waits for the append's lock",
+            || {
+                let watch = watch.clone();
+                async move {
+                    let waiting: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM pg_stat_activity
+                         WHERE datname = current_database() AND wait_event_type = 'Lock'
+                           AND pid <> pg_backend_pid() AND query LIKE '%DELETE FROM operations%'",
+                    )
+                    .fetch_one(&watch)
+                    .await
+                    .unwrap();
+                    waiting > 0
+                }
+            },
+        )
+        .await;
+        sqlx::query("COMMIT").execute(&mut append).await.unwrap();
+    };
+    let ahead = DAY + Duration::from_secs(3600);
+    let (c, ()) = tokio::join!(round(&app, ahead), commit_once_the_pruner_waits);
+    assert_eq!(c.operations, 1, "{c:?}");
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM operation_events WHERE operation_id = $1")
+            .bind(id)
+            .fetch_one(&watch)
+            .await
+            .unwrap();
+    assert_eq!(left, 0, "no event outlives its operation");
+    app.stop().await;
+}

@@ -1652,3 +1652,86 @@ async fn postgres_a_write_is_not_rerun_after_its_deadline() {
         .expect("applies");
     store.close().await;
 }
+
+/// PostgreSQL only: operation_events has no foreign key (it cost a lookup
+/// and a lock per event row); the writers keep what it guarded. An append
+/// or a drift mark for an operation that is gone (pruned between a
+/// verification's look and its log) is refused as not found and logs
+/// nothing, even batched with one whose operation is there, which gets its
+/// events.
+#[tokio::test]
+async fn postgres_no_event_outlives_its_operation() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let store = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let kept = create(
+        store.as_ref(),
+        new_op("kept", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let gone = create(
+        store.as_ref(),
+        new_op("gone", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    for op in [&kept, &gone] {
+        store
+            .operation_transition(finish(op, State::Succeeded), soon())
+            .await
+            .unwrap()
+            .expect("decided");
+    }
+    let mut admin = support::pg::Admin::connect(&url).await;
+    admin
+        .run(&format!(
+            "WITH o AS (DELETE FROM operations WHERE id = '{}' RETURNING id)
+             DELETE FROM operation_events WHERE operation_id IN (SELECT id FROM o)",
+            gone.id
+        ))
+        .await;
+    let append = |id: Uuid| {
+        let store = store.clone();
+        async move {
+            store
+                .operation_append_events(id, "r0", vec![NewEvent::new("verified", "late look")])
+                .await
+        }
+    };
+    // At once, so that they may share a batch.
+    let (on_kept, on_gone) = tokio::join!(append(kept.id), append(gone.id));
+    on_kept.expect("the append to the operation still there");
+    assert!(
+        matches!(on_gone, Err(StoreError::NotFound(id)) if id == gone.id),
+        "{on_gone:?}"
+    );
+    store
+        .operation_mark_drift(kept.id, "r0", vec![NewEvent::new("drift_detected", "late")])
+        .await
+        .expect("the drift mark on the operation still there");
+    let marked = store
+        .operation_mark_drift(gone.id, "r0", vec![NewEvent::new("drift_detected", "late")])
+        .await;
+    assert!(
+        matches!(marked, Err(StoreError::NotFound(id)) if id == gone.id),
+        "{marked:?}"
+    );
+    let orphans = admin
+        .number(&format!(
+            "SELECT count(*) FROM operation_events WHERE operation_id = '{}'",
+            gone.id
+        ))
+        .await;
+    assert_eq!(orphans, 0, "no event logged for an operation that is gone");
+    let kinds: Vec<String> = store
+        .operation_events(kept.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(
+        kinds.contains(&"verified".to_string()) && kinds.contains(&"drift_detected".to_string()),
+        "the operation still there gets both: {kinds:?}"
+    );
+    store.close().await;
+}

@@ -376,8 +376,14 @@ async fn run_statements(
     if !split.creates.is_empty() {
         created = by_id(&statements::creates(&split.creates).run(conn).await?);
     }
+    // The operations the appends found (and held while logging).
+    let mut held = HashSet::new();
     if !split.appends.is_empty() {
-        statements::appends(&split.appends).run(conn).await?;
+        for row in statements::appends(&split.appends).run(conn).await? {
+            let id: Uuid = sqlx::Row::try_get(&row, "id")
+                .map_err(StoreError::db("appending to the reconcile log"))?;
+            held.insert(id);
+        }
     }
     let mut decided = run_transitions(conn, split.transitions).await?.into_iter();
     Ok(payloads
@@ -385,6 +391,10 @@ async fn run_statements(
         .map(|p| match *p {
             Payload::Create(n) => created.remove(&n.id).unwrap_or(Ok(None)),
             Payload::Transition(_) => decided.next().unwrap_or(Ok(None)),
+            // Refused, not lost silently: its operation is gone.
+            Payload::Append(a) if !a.events.is_empty() && !held.contains(&a.id) => {
+                Err(StoreError::NotFound(a.id))
+            }
             Payload::Append(_) => Ok(None),
         })
         .collect())

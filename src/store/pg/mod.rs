@@ -663,18 +663,22 @@ impl Store for PgStore {
     ) -> Result<(), StoreError> {
         const WHAT: &str = "marking drift";
         let mut tx = self.pool.begin().await.map_err(StoreError::db(WHAT))?;
-        sqlx::query("UPDATE operations SET drifted = true, updated_at = now() WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await
-            .map_err(StoreError::db(WHAT))?;
-        // Logged only when the row is there (the update above holds it):
-        // no event outlives its operation.
+        let marked =
+            sqlx::query("UPDATE operations SET drifted = true, updated_at = now() WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::db(WHAT))?;
+        // Logged only when the row is there (the update holds it until the
+        // commit): no event outlives its operation. The transaction rolls
+        // back with `tx` dropped.
+        if marked.rows_affected() == 0 {
+            return Err(StoreError::NotFound(id));
+        }
         sqlx::query(
             "INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
              SELECT $1, e.kind, e.detail, e.metadata, $2
-             FROM jsonb_to_recordset($3::jsonb) AS e(kind text, detail text, metadata jsonb)
-             WHERE EXISTS (SELECT 1 FROM operations WHERE id = $1)",
+             FROM jsonb_to_recordset($3::jsonb) AS e(kind text, detail text, metadata jsonb)",
         )
         .bind(id)
         .bind(replica)

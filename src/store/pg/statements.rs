@@ -87,14 +87,22 @@ static CREATE_MANY: LazyLock<String> = LazyLock::new(|| {
 /// logged again. Each operation is held (FOR KEY SHARE) while its events
 /// go in, and one that is gone (pruned) gets none: no event outlives its
 /// operation (the table has no foreign key, see the migration
-/// `events_without_foreign_key`).
+/// `events_without_foreign_key`). Returns the ids of the operations held;
+/// an append whose operation is not among them is refused.
 static APPEND_MANY: LazyLock<String> = LazyLock::new(|| {
-    insert_events(
-        1,
-        "WHERE NOT EXISTS (SELECT 1 FROM operation_events x
-                           WHERE x.operation_id = e.operation_id AND x.write_id = e.write_id)
-           AND e.operation_id IN (SELECT o.id FROM operations o WHERE o.id = ANY($1::uuid[])
-                                  FOR KEY SHARE)",
+    format!(
+        "WITH held AS (
+            SELECT o.id FROM operations o WHERE o.id = ANY($1::uuid[]) FOR KEY SHARE
+         ), ev AS (
+            {events}
+         )
+         SELECT id FROM held",
+        events = insert_events(
+            1,
+            "WHERE NOT EXISTS (SELECT 1 FROM operation_events x
+                               WHERE x.operation_id = e.operation_id AND x.write_id = e.write_id)
+               AND e.operation_id IN (SELECT id FROM held)",
+        )
     )
 });
 
