@@ -1250,6 +1250,22 @@ async fn postgres_pgbench_script_is_the_services_write_pattern_and_runs() {
     assert_eq!(store.operation_events(id).await.unwrap().len(), 4);
 }
 
+/// Arguments for `EXECUTE` of a statement prepared with `types`: an empty
+/// array for each array parameter, NULL for each plain one (plans only).
+fn null_arguments(types: &str) -> String {
+    types
+        .split(", ")
+        .map(|t| {
+            if t.ends_with("[]") {
+                format!("ARRAY[]::{t}")
+            } else {
+                format!("NULL::{t}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// PostgreSQL only: the writers' decision statement finds its rows by
 /// primary key even under a generic plan made from statistics that saw no
 /// open operation, while thousands are open (a Nova outage's backlog, the
@@ -1275,23 +1291,24 @@ async fn postgres_decisions_find_their_rows_by_key_whatever_the_statistics() {
     ] {
         admin.run(sql).await;
     }
-    let prepare = format!(
-        "PREPARE decide({}) AS {}",
-        volume_reconciler::store::DECISION_PARAMETER_TYPES,
-        volume_reconciler::store::decision_statement()
-    );
-    admin.run(&prepare).await;
-    let empty = volume_reconciler::store::DECISION_PARAMETER_TYPES
-        .split(", ")
-        .map(|t| format!("ARRAY[]::{t}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let plan = admin
-        .texts(&format!("EXPLAIN EXECUTE decide({empty})"))
-        .await
-        .join("\n");
-    assert!(plan.contains("operations_pkey"), "{plan}");
-    assert!(!plan.contains("operations_open_by_lease"), "{plan}");
+    // Both forms: a batch of several rows, and of one.
+    for (name, types, sql) in volume_reconciler::store::writer_statements() {
+        if !name.starts_with("decide") {
+            continue;
+        }
+        admin
+            .run(&format!("PREPARE {name}({types}) AS {sql}"))
+            .await;
+        let plan = admin
+            .texts(&format!(
+                "EXPLAIN EXECUTE {name}({})",
+                null_arguments(&types)
+            ))
+            .await
+            .join("\n");
+        assert!(plan.contains("operations_pkey"), "{name}: {plan}");
+        assert!(!plan.contains("operations_open_by_lease"), "{name}: {plan}");
+    }
     store.close().await;
 }
 
@@ -1311,31 +1328,15 @@ async fn postgres_writers_find_rows_by_key_on_a_fresh_ledger() {
     for (name, value) in volume_reconciler::store::WRITER_SETTINGS {
         admin.run(&format!("SET {name} = '{value}'")).await;
     }
-    let empty = |types: &str| {
-        types
-            .split(", ")
-            .map(|t| format!("ARRAY[]::{t}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let statements = [
-        (
-            "decide",
-            volume_reconciler::store::DECISION_PARAMETER_TYPES,
-            volume_reconciler::store::decision_statement(),
-        ),
-        (
-            "intend",
-            volume_reconciler::store::INTENT_PARAMETER_TYPES,
-            volume_reconciler::store::intent_statement(),
-        ),
-    ];
-    for (name, types, sql) in statements {
+    for (name, types, sql) in volume_reconciler::store::writer_statements() {
         admin
             .run(&format!("PREPARE {name}({types}) AS {sql}"))
             .await;
         let plan = admin
-            .texts(&format!("EXPLAIN EXECUTE {name}({})", empty(types)))
+            .texts(&format!(
+                "EXPLAIN EXECUTE {name}({})",
+                null_arguments(&types)
+            ))
             .await
             .join("\n");
         assert!(!plan.contains("Seq Scan"), "{name}: {plan}");

@@ -16,8 +16,8 @@ pub mod sqlite;
 
 pub use error::{DbFailure, StoreError};
 pub use pg::{
-    DECISION_PARAMETER_TYPES, INTENT_PARAMETER_TYPES, PgSettings, PgStore, WRITER_SETTINGS,
-    decision_statement, intent_statement, list_statement, pgbench_script, verification_statement,
+    PgSettings, PgStore, WRITER_SETTINGS, list_statement, pgbench_script, verification_statement,
+    writer_statements,
 };
 pub use sqlite::SqliteStore;
 

@@ -16,10 +16,7 @@ mod retention;
 mod statements;
 mod wait;
 
-pub use statements::{
-    DECISION_PARAMETER_TYPES, INTENT_PARAMETER_TYPES, decision_statement, intent_statement,
-    pgbench_script,
-};
+pub use statements::{pgbench_script, writer_statements};
 
 use std::str::FromStr;
 use std::time::Duration;
