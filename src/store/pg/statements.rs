@@ -107,8 +107,8 @@ const EVENT_TYPES: [&str; 7] = ["uuid", "text", "text", "jsonb", "text", "uuid",
 /// parameter per column (`$1`…), or, for a batch of one (`one`), a single
 /// row of plain parameters. The one-row form is the same statement to the
 /// planner (the subquery is pulled up), without the arrays: measured with
-/// pgbench at one caller, 0.19–0.26 ms of execution per statement instead
-/// of 0.30–0.35, and that is every write when writes do not overlap
+/// pgbench at one caller, 0.17–0.25 ms of execution per statement instead
+/// of 0.21–0.35, and that is every write when writes do not overlap
 /// (BENCHMARKS.md "One row, plain parameters").
 fn rows_from(columns: &[(&str, &str)], one: bool) -> String {
     let names: Vec<&str> = columns.iter().map(|(n, _)| *n).collect();
