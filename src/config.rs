@@ -935,14 +935,31 @@ mod tests {
         }
     }
 
+    /// A directory of its own, removed when the test is done with it.
+    struct Scratch(std::path::PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = std::path::Path;
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            // Best effort: a directory left behind only costs disk space.
+            drop(std::fs::remove_dir_all(&self.0));
+        }
+    }
+
     /// A directory of its own with these files in it.
-    fn files(files: &[(&str, &str)]) -> std::path::PathBuf {
+    fn files(files: &[(&str, &str)]) -> Scratch {
         let dir = std::env::temp_dir().join(format!("vr-clouds-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         for (name, text) in files {
             std::fs::write(dir.join(name), text).unwrap();
         }
-        dir
+        Scratch(dir)
     }
 
     fn search(dir: &std::path::Path) -> clouds::Search {

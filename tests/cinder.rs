@@ -1049,7 +1049,8 @@ async fn the_simulators_volume_has_the_keys_of_cinders_samples_at_each_microvers
 /// it.
 async fn serve_logs(args: &[&str], wanted: &str) -> String {
     use tokio::io::AsyncBufReadExt;
-    let dir = std::env::temp_dir().join(format!("vr-cinder-{}", Uuid::new_v4().simple()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-cinder-{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let db = format!("sqlite://{}", dir.join("ledger.db").display());
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_volume-reconciler"));

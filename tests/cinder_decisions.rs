@@ -31,7 +31,8 @@ fn options(store: Store, sim: SimConfig) -> AppOptions {
         ..AppOptions::default()
     };
     if let Store::Embedded = store {
-        let dir = std::env::temp_dir().join(format!("vr-confirm-{}", Uuid::new_v4().simple()));
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("vr-confirm-{}", Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("a temporary directory");
         o.db_url = Some(format!("sqlite://{}", dir.join("ledger.db").display()));
     }

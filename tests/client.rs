@@ -271,8 +271,8 @@ async fn ops_takes_a_token_from_a_flag_a_file_or_the_environment_and_pages_with_
             .await
             .unwrap();
     }
-    let token_file =
-        std::env::temp_dir().join(format!("vr-token-{}", uuid::Uuid::new_v4().simple()));
+    let token_file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-token-{}", uuid::Uuid::new_v4().simple()));
     std::fs::write(&token_file, "oper-token-1\n").unwrap();
     let list = |extra: &[&str]| {
         let mut a = strings(&["ops", "list", "--server", &server]);

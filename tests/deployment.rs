@@ -255,7 +255,8 @@ fn setting(out: &str, name: &str) -> (String, String) {
 
 #[test]
 fn configuration_precedence_is_flags_then_environment_then_file_then_defaults() {
-    let dir = std::env::temp_dir().join(format!("vr-cfg-{}", uuid::Uuid::new_v4().simple()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-cfg-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("volume-reconciler.toml");
     std::fs::write(

@@ -312,7 +312,8 @@ fn resolved(out: &str, key: &str) -> (String, String) {
 #[tokio::test]
 async fn os_cloud_with_secure_yaml_resolves_shows_and_serves() {
     let sim = keystone_sim().await;
-    let dir = std::env::temp_dir().join(format!("vr-os-cloud-{}", Uuid::new_v4().simple()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-os-cloud-{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let clouds = dir.join("clouds.yaml");
     let secure = dir.join("secure.yaml");

@@ -65,7 +65,11 @@ impl Replica {
     }
 
     async fn start(&mut self) {
-        let log = std::env::temp_dir().join(format!("vr-{}-{}.log", self.name, std::process::id()));
+        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "vr-{}-{}.log",
+            self.name,
+            std::process::id()
+        ));
         let child = Command::new(BIN)
             .args(&self.args)
             .env(

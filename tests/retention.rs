@@ -30,7 +30,8 @@ fn options() -> AppOptions {
 }
 
 fn sqlite_options() -> AppOptions {
-    let dir = std::env::temp_dir().join(format!("vr-retention-{}", Uuid::new_v4().simple()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-retention-{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     AppOptions {
         db_url: Some(format!("sqlite://{}/ledger.db", dir.display())),

@@ -40,7 +40,8 @@ fn leaf(names: &[&str], issuer: &(rcgen::Certificate, rcgen::KeyPair)) -> (Strin
 
 impl Pki {
     fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("vr-pki-{}", Uuid::new_v4().simple()));
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("vr-pki-{}", Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         Self { dir }
     }
@@ -582,7 +583,8 @@ async fn secrets_never_appear_in_logs_metrics_errors_or_config_show() {
             .unwrap()
     };
     let (grpc, admin) = (free(), free());
-    let log = std::env::temp_dir().join(format!("vr-secrets-{}.log", Uuid::new_v4().simple()));
+    let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-secrets-{}.log", Uuid::new_v4().simple()));
     let envs: Vec<(&str, String)> = vec![
         ("DATABASE_URL", db.clone()),
         ("OS_AUTH_URL", sim.auth_url.clone()),

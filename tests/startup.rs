@@ -25,7 +25,7 @@ fn free_addr() -> SocketAddr {
 
 /// A log file of its own for each process a test starts.
 fn log_file(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!(
+    std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "vr-startup-{name}-{}.log",
         uuid::Uuid::new_v4().simple()
     ))
@@ -335,7 +335,7 @@ async fn a_database_that_refuses_for_good_is_not_waited_for() {
 fn sqlite_url() -> String {
     format!(
         "sqlite://{}",
-        std::env::temp_dir()
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("vr-startup-{}.db", uuid::Uuid::new_v4().simple()))
             .display()
     )

@@ -25,7 +25,8 @@ async fn pg_store() -> Arc<dyn Store> {
 
 async fn sqlite_store() -> Arc<dyn Store> {
     support::init_logs();
-    let path = std::env::temp_dir().join(format!("vr-conf-{}.db", Uuid::new_v4().simple()));
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-conf-{}.db", Uuid::new_v4().simple()));
     volume_reconciler::store::open(&format!("sqlite://{}", path.display()), 1)
         .await
         .unwrap()
@@ -1133,7 +1134,8 @@ conformance!(
 
 #[tokio::test]
 async fn a_second_process_on_the_same_embedded_file_is_refused_clearly() {
-    let path = std::env::temp_dir().join(format!("vr-excl-{}.db", Uuid::new_v4().simple()));
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-excl-{}.db", Uuid::new_v4().simple()));
     let url = format!("sqlite://{}", path.display());
     let first = volume_reconciler::store::open(&url, 1).await.unwrap();
     let err = match volume_reconciler::store::open(&url, 1).await {

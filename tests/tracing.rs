@@ -367,7 +367,8 @@ impl Service {
                 .unwrap()
         };
         let (grpc, admin) = (free(), free());
-        let log = std::env::temp_dir().join(format!("vr-trace-{}.log", Uuid::new_v4().simple()));
+        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("vr-trace-{}.log", Uuid::new_v4().simple()));
         let child = Command::new(BIN)
             .args(["serve", "--listen", &grpc.to_string(), "--admin-listen"])
             .arg(admin.to_string())

@@ -58,7 +58,8 @@ struct EmbeddedDir(std::path::PathBuf);
 
 impl EmbeddedDir {
     fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("vr-ledger-{}", uuid::Uuid::new_v4().simple()));
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("vr-ledger-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("a temporary folder for the embedded ledger");
         Self(dir)
     }

@@ -63,7 +63,8 @@ pub struct Pki {
 
 impl Pki {
     pub fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("vr-pki-{}", uuid::Uuid::new_v4().simple()));
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("vr-pki-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let server_ca = Ca::new("server CA");
         let client_ca = Ca::new("client CA");
