@@ -318,6 +318,203 @@ async fn watch_delivers_the_terminal_state_decided_by_another_replica() {
     a.stop().await;
 }
 
+/// How many watches `operation_watches` holds for `id`.
+async fn watches(db_url: &str, id: Uuid) -> i64 {
+    support::pg::Admin::connect(db_url)
+        .await
+        .number(&format!(
+            "SELECT count(*) FROM operation_watches WHERE operation_id = '{id}' AND until > now()"
+        ))
+        .await
+}
+
+/// A WatchOperation stream registers as a watcher, so the replica that
+/// decides notifies it (decisions nobody watches notify nobody).
+#[tokio::test]
+async fn a_watch_stream_registers_for_other_replicas_decisions() {
+    let a = spawn_app(AppOptions::default()).await;
+    let b = spawn_app(replica_b(&a, &[("--settle-window", "0s")])).await;
+    let (s, v) = (Uuid::new_v4(), Uuid::new_v4());
+    let id = unknown_op(a.store.as_ref(), s, v, chrono::Duration::seconds(60)).await;
+    a.sim.seed_attachment(s, v);
+    let mut stream = a
+        .raw()
+        .watch_operation(pb::WatchOperationRequest {
+            operation_id: id.to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.state, pb::State::Unknown as i32);
+    let db = a.db_url.clone();
+    support::eventually(
+        Duration::from_secs(10),
+        "the stream's watch is registered",
+        || {
+            let db = db.clone();
+            async move { watches(&db, id).await == 1 }
+        },
+    )
+    .await;
+    let mut rx = a.store.subscribe();
+    assert_eq!(b.reconciler.run_once().await.unwrap().succeeded, 1);
+    // Replica a decided nothing: the id can only come from b's NOTIFY.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while rx.recv().await.unwrap() != id {}
+    })
+    .await
+    .expect("the other replica's decision is notified to the watching one");
+    let last = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut last = first;
+        while let Some(op) = stream.message().await.unwrap() {
+            last = op;
+        }
+        last
+    })
+    .await
+    .expect("the stream ends after the terminal state");
+    assert_eq!(last.state, pb::State::Succeeded as i32);
+    b.stop().await;
+    a.stop().await;
+}
+
+/// A replay on another replica of a call still waiting for Nova waits for
+/// its decision as a registered watcher, and both callers get the one
+/// answer Nova gave (one request, one effect).
+#[tokio::test]
+async fn a_replay_on_another_replica_waits_as_a_registered_watcher() {
+    let a = spawn_app(AppOptions::default()).await;
+    let b = spawn_app(replica_b(&a, &[])).await;
+    let (s, v) = (Uuid::new_v4(), Uuid::new_v4());
+    a.sim.add_fault(
+        FaultRule::new(FaultOp::Attach, Fault::DelayBeforeEffect { ms: 5000 }).volume(v),
+    );
+    let request = pb::AttachVolumeRequest {
+        idempotency_key: "replayed-elsewhere".into(),
+        server_id: s.to_string(),
+        volume_id: v.to_string(),
+        ..Default::default()
+    };
+    let mut first = a.raw();
+    let sent = request.clone();
+    let call = tokio::spawn(async move {
+        first
+            .attach_volume(with_timeout(sent, Duration::from_secs(30)))
+            .await
+    });
+    let store = a.store.clone();
+    support::eventually(
+        Duration::from_secs(10),
+        "the first call is recorded",
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .operation_get_by_key(None, "replayed-elsewhere")
+                    .await
+                    .unwrap()
+                    .is_some()
+            }
+        },
+    )
+    .await;
+    let id = a
+        .store
+        .operation_get_by_key(None, "replayed-elsewhere")
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    let mut second = b.raw();
+    let replay = tokio::spawn(async move {
+        second
+            .attach_volume(with_timeout(request, Duration::from_secs(30)))
+            .await
+    });
+    let db = a.db_url.clone();
+    support::eventually(
+        Duration::from_secs(10),
+        "the replay's wait is registered",
+        || {
+            let db = db.clone();
+            async move { watches(&db, id).await == 1 }
+        },
+    )
+    .await;
+    let answer = call
+        .await
+        .unwrap()
+        .expect("the first call's answer")
+        .into_inner();
+    let replayed = replay
+        .await
+        .unwrap()
+        .expect("the replay's answer")
+        .into_inner();
+    assert_eq!(answer.state, pb::State::Succeeded as i32, "{answer:?}");
+    assert_eq!(
+        (replayed.id, replayed.state),
+        (answer.id, answer.state),
+        "the replay gets the first call's decision"
+    );
+    assert_eq!(
+        (a.sim.attach_requests(v), a.sim.attach_effects(v)),
+        (1, 1),
+        "Nova saw one request"
+    );
+    b.stop().await;
+    a.stop().await;
+}
+
+/// A watch on an operation that does not change ends at its idle bound,
+/// not at the caller's much later deadline (the stream re-reads the row
+/// every 2 s; those re-reads must not restart the bound).
+#[tokio::test]
+async fn a_watch_with_no_change_ends_at_its_idle_bound() {
+    // Test apps run no background reconciler: nothing changes the row.
+    let a = spawn_app(AppOptions::default().arg("--watch-idle-timeout", "3s")).await;
+    let id = unknown_op(
+        a.store.as_ref(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        chrono::Duration::seconds(600),
+    )
+    .await;
+    let started = Instant::now();
+    let mut stream = a
+        .raw()
+        .watch_operation(with_timeout(
+            pb::WatchOperationRequest {
+                operation_id: id.to_string(),
+            },
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.state, pb::State::Unknown as i32);
+    let end = tokio::time::timeout(Duration::from_secs(50), stream.message())
+        .await
+        .expect("the stream ends before the caller's deadline")
+        .expect_err("it ends with the idle status");
+    assert_eq!(end.code(), tonic::Code::DeadlineExceeded, "{end:?}");
+    assert_eq!(support::error_info(&end).0, "WATCH_IDLE", "{end:?}");
+    assert!(
+        end.message()
+            .contains("no change within the watch idle bound"),
+        "{end:?}"
+    );
+    // Wide margin on a loaded machine; the deadline is 60 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "{:?}",
+        started.elapsed()
+    );
+    a.stop().await;
+}
+
 #[tokio::test]
 async fn an_operator_resolution_is_audited_and_final() {
     let app = spawn_app(AppOptions::default()).await;

@@ -1223,6 +1223,69 @@ async fn postgres_writes_survive_their_connections_being_killed() {
 /// PostgreSQL only: the pgbench script `scripts/bench` uses as the
 /// database's ceiling is the service's own statements, and they work: one
 /// run records an operation, decides it, and logs its four events.
+/// Another replica learns of a decision by NOTIFY only when somebody
+/// watches the operation: a decision nobody watches notifies nobody (at one
+/// caller a NOTIFY per decision cost ~0.1 ms), a watched one does; each
+/// registration removes expired ones.
+#[tokio::test]
+async fn postgres_decisions_notify_other_replicas_only_for_watched_operations() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let deciding = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let waiting = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let unwatched = create(
+        deciding.as_ref(),
+        new_op("unwatched", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let watched = create(
+        deciding.as_ref(),
+        new_op("watched", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let stale = Uuid::new_v4();
+    waiting.watch(stale, Duration::ZERO).await.unwrap();
+    let mut rx = waiting.subscribe();
+    waiting
+        .watch(watched.id, Duration::from_secs(60))
+        .await
+        .unwrap();
+    for op in [&unwatched, &watched] {
+        deciding
+            .operation_transition(finish(op, State::Succeeded), soon())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // Notifications arrive in commit order: the unwatched decision
+    // committed first, so had it been notified it would come first.
+    let seen = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut seen = Vec::new();
+        loop {
+            let id = rx.recv().await.unwrap();
+            seen.push(id);
+            if id == watched.id {
+                return seen;
+            }
+        }
+    })
+    .await
+    .expect("the watched decision is notified to the other replica");
+    assert!(
+        !seen.contains(&unwatched.id),
+        "a decision nobody watches is not notified: {seen:?}"
+    );
+    let mut admin = support::pg::Admin::connect(&url).await;
+    let rows = admin
+        .texts("SELECT operation_id::text FROM operation_watches ORDER BY 1")
+        .await;
+    assert_eq!(
+        rows,
+        vec![watched.id.to_string()],
+        "the expired watch was removed by the next registration"
+    );
+}
+
 #[tokio::test]
 async fn postgres_pgbench_script_is_the_services_write_pattern_and_runs() {
     support::init_logs();

@@ -484,6 +484,15 @@ impl Executor {
             }
         }
         let mut changes = self.store.subscribe();
+        // Another replica may decide it: asked to notify. Not fatal when it
+        // fails: the loop below re-reads every second regardless.
+        if let Err(e) = self
+            .store
+            .watch(id, until.saturating_duration_since(Instant::now()))
+            .await
+        {
+            tracing::warn!(operation_id = %id, error = %e, "could not register the wait; re-reading every second instead");
+        }
         loop {
             let op = self
                 .store

@@ -28,6 +28,9 @@ pub(super) async fn follow(
     let id = first.id;
     let mut last = None;
     let mut current = first;
+    // When the next message is due: `idle` after the last one sent, never
+    // past the caller's deadline. Re-reads in between do not move it.
+    let mut next_by = Instant::now();
     loop {
         let key = (
             current.state,
@@ -47,8 +50,17 @@ pub(super) async fn follow(
             if current.state.is_terminal() {
                 return;
             }
+            next_by = (Instant::now() + idle).min(deadline.at);
+            // Wake-ups from other replicas until then. Not fatal when it
+            // fails: the stream re-reads every 2 s regardless.
+            if let Err(e) = store
+                .watch(id, next_by.saturating_duration_since(Instant::now()))
+                .await
+            {
+                tracing::warn!(operation_id = %id, error = %e, "could not register the watch; re-reading every 2 s instead");
+            }
         }
-        if !wait_for_change(id, &mut changes, &tx, idle, deadline).await {
+        if !wait_for_change(id, &mut changes, &tx, next_by, deadline).await {
             return;
         }
         match store.operation_get(id).await {
@@ -65,17 +77,15 @@ pub(super) async fn follow(
 
 /// Waits until the operation may have changed (a notification for it, a
 /// re-read every 2 s in case one was missed); false when the stream ends
-/// (client gone, or the idle bound or the deadline came, which is sent).
+/// (client gone, or `next_by` — the idle bound or the deadline — came,
+/// which is sent).
 async fn wait_for_change(
     id: Uuid,
     changes: &mut broadcast::Receiver<Uuid>,
     tx: &mpsc::Sender<Result<pb::Operation, Status>>,
-    idle: Duration,
+    next_by: Instant,
     deadline: Deadline,
 ) -> bool {
-    // Each next message is awaited at most `idle`, and never past the
-    // caller's deadline, if it sent one.
-    let next_by = (Instant::now() + idle).min(deadline.at);
     let recheck = Instant::now() + Duration::from_secs(2);
     loop {
         let wake = recheck.min(next_by);

@@ -415,6 +415,13 @@ pub trait Store: Send + Sync + 'static {
     /// everything", e.g. after the listener reconnected).
     fn subscribe(&self) -> broadcast::Receiver<Uuid>;
 
+    /// Asks for wake-ups (through `subscribe`) about `id`'s decision when
+    /// another replica makes it, for the next `wait`: PostgreSQL notifies
+    /// only the decisions somebody watches. Call it after `subscribe` and
+    /// before reading the operation; a wake-up is a hint, so a waiter
+    /// re-reads now and then whatever this returned.
+    async fn watch(&self, id: Uuid, wait: Duration) -> Result<(), StoreError>;
+
     /// Whether the database answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 

@@ -1,9 +1,10 @@
 //! Group commit at the application level for PostgreSQL: the durable writes
 //! of concurrent operations are queued to a few writer tasks by kind
 //! (intents; decisions and appends), each of which runs whatever of its
-//! kind is waiting as one statement — one round trip, one WAL flush and one
-//! NOTIFY (carrying every changed id) per batch instead of one per
-//! operation.
+//! kind is waiting as one statement — one round trip, one WAL flush and
+//! (for the decisions a waiter on another replica watches) one NOTIFY per
+//! batch instead of one per operation. Decisions are announced to this
+//! replica's own waiters in-process once committed.
 //!
 //! The rule "an operation's intent is durable before its request leaves"
 //! holds: a caller gets its row only after the batch that wrote it has
@@ -25,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -61,6 +62,10 @@ pub(super) struct Writer {
     conns: Arc<Conns>,
     /// Writes submitted and not yet answered, on any path.
     pending: Arc<AtomicUsize>,
+    /// This replica's change announcements: its own decisions are
+    /// announced here once committed (other replicas' arrive by NOTIFY,
+    /// for the operations somebody watches).
+    changes: broadcast::Sender<Uuid>,
 }
 
 /// Largest batch: bounds a transaction's length and the NOTIFY payload.
@@ -73,6 +78,7 @@ impl Writer {
     pub(super) async fn start(
         options: PgConnectOptions,
         writers: usize,
+        changes: broadcast::Sender<Uuid>,
         stop: CancellationToken,
     ) -> Result<Self, StoreError> {
         let per_kind = (writers / 2).max(1);
@@ -96,6 +102,7 @@ impl Writer {
             queues,
             conns,
             pending: Arc::new(AtomicUsize::new(0)),
+            changes,
         })
     }
 
@@ -108,6 +115,17 @@ impl Writer {
     /// is in flight (nothing to group with; saves two task hops), else
     /// through the bounded queue, grouped with whatever else is waiting.
     pub(super) async fn submit(&self, payload: Payload, deadline: Instant) -> Written {
+        let decision = matches!(payload, Payload::Transition(_));
+        let written = self.write(payload, deadline).await;
+        if decision && let Ok(Some(op)) = &written {
+            // Committed: this replica's waiters learn of it at once. A send
+            // error only means nobody subscribes now.
+            drop(self.changes.send(op.id));
+        }
+        written
+    }
+
+    async fn write(&self, payload: Payload, deadline: Instant) -> Written {
         struct Pending<'a>(&'a AtomicUsize);
         impl Drop for Pending<'_> {
             fn drop(&mut self) {

@@ -155,9 +155,14 @@ impl PgStore {
                 "PostgreSQL at {server}: no LISTEN connection within {SETUP_CONNECT_TIMEOUT:?}"
             )
         })??;
-        let writer = Writer::start(writer_options, writers as usize, stop.clone())
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL (ledger writer): {e}"))?;
+        let writer = Writer::start(
+            writer_options,
+            writers as usize,
+            changes.clone(),
+            stop.clone(),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL (ledger writer): {e}"))?;
         Ok(Self {
             pool,
             changes,
@@ -802,6 +807,30 @@ impl Store for PgStore {
 
     fn subscribe(&self) -> broadcast::Receiver<Uuid> {
         self.changes.subscribe()
+    }
+
+    async fn watch(&self, id: Uuid, wait: Duration) -> Result<(), StoreError> {
+        // Unlogged: its commit waits for no WAL flush. A few expired rows
+        // go each time, by the index on `until`, so the table stays as
+        // small as the number of waiters.
+        sqlx::query(
+            "WITH expired AS (
+                DELETE FROM operation_watches WHERE operation_id IN (
+                    SELECT operation_id FROM operation_watches
+                    WHERE until < now() AND operation_id <> $1
+                    ORDER BY until LIMIT 8 FOR UPDATE SKIP LOCKED)
+             )
+             INSERT INTO operation_watches (operation_id, until)
+             VALUES ($1, now() + $2 * interval '1 millisecond')
+             ON CONFLICT (operation_id) DO UPDATE
+             SET until = GREATEST(operation_watches.until, EXCLUDED.until)",
+        )
+        .bind(id)
+        .bind(wait.as_secs_f64() * 1000.0)
+        .execute(&self.pool)
+        .await
+        .map_err(StoreError::db("registering a wait for a decision"))?;
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -658,6 +658,12 @@ impl Store for SqliteStore {
         self.changes.subscribe()
     }
 
+    /// Nothing to register: one process, and every change is announced to
+    /// its subscribers.
+    async fn watch(&self, _id: Uuid, _wait: Duration) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1")
             .execute(&self.pool)
