@@ -442,6 +442,8 @@ async fn a_replay_on_another_replica_waits_as_a_registered_watcher() {
         },
     )
     .await;
+    // Replica b decides nothing: the id can only reach it by a's NOTIFY.
+    let mut rx = b.store.subscribe();
     let answer = call
         .await
         .unwrap()
@@ -458,6 +460,11 @@ async fn a_replay_on_another_replica_waits_as_a_registered_watcher() {
         (answer.id, answer.state),
         "the replay gets the first call's decision"
     );
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while rx.recv().await.unwrap() != id {}
+    })
+    .await
+    .expect("the deciding replica notified the waiting one");
     assert_eq!(
         (a.sim.attach_requests(v), a.sim.attach_effects(v)),
         (1, 1),

@@ -1220,9 +1220,6 @@ async fn postgres_writes_survive_their_connections_being_killed() {
     assert_eq!(rows, 2, "each intent written once");
 }
 
-/// PostgreSQL only: the pgbench script `scripts/bench` uses as the
-/// database's ceiling is the service's own statements, and they work: one
-/// run records an operation, decides it, and logs its four events.
 /// Another replica learns of a decision by NOTIFY only when somebody
 /// watches the operation: a decision nobody watches notifies nobody (at one
 /// caller a NOTIFY per decision cost ~0.1 ms), a watched one does; each
@@ -1243,8 +1240,15 @@ async fn postgres_decisions_notify_other_replicas_only_for_watched_operations() 
         new_op("watched", Uuid::new_v4(), State::InProgress),
     )
     .await;
-    let stale = Uuid::new_v4();
-    waiting.watch(stale, Duration::ZERO).await.unwrap();
+    let mut admin = support::pg::Admin::connect(&url).await;
+    admin
+        .run(&format!(
+            "INSERT INTO operation_watches VALUES ('{}', now() - interval '1 minute')",
+            Uuid::new_v4()
+        ))
+        .await;
+    // A wait already over registers nothing.
+    waiting.watch(Uuid::new_v4(), Duration::ZERO).await.unwrap();
     let mut rx = waiting.subscribe();
     waiting
         .watch(watched.id, Duration::from_secs(60))
@@ -1275,17 +1279,19 @@ async fn postgres_decisions_notify_other_replicas_only_for_watched_operations() 
         !seen.contains(&unwatched.id),
         "a decision nobody watches is not notified: {seen:?}"
     );
-    let mut admin = support::pg::Admin::connect(&url).await;
     let rows = admin
         .texts("SELECT operation_id::text FROM operation_watches ORDER BY 1")
         .await;
     assert_eq!(
         rows,
         vec![watched.id.to_string()],
-        "the expired watch was removed by the next registration"
+        "the expired watch was removed by the next registration, the zero-length one never written"
     );
 }
 
+/// PostgreSQL only: the pgbench script `scripts/bench` uses as the
+/// database's ceiling is the service's own statements, and they work: one
+/// run records an operation, decides it, and logs its four events.
 #[tokio::test]
 async fn postgres_pgbench_script_is_the_services_write_pattern_and_runs() {
     support::init_logs();

@@ -484,15 +484,15 @@ impl Executor {
             }
         }
         let mut changes = self.store.subscribe();
-        // Another replica may decide it: asked to notify. Not fatal when it
-        // fails: the loop below re-reads every second regardless.
-        if let Err(e) = self
-            .store
-            .watch(id, until.saturating_duration_since(Instant::now()))
-            .await
-        {
-            tracing::warn!(operation_id = %id, error = %e, "could not register the wait; re-reading every second instead");
-        }
+        // Another replica may decide it: asked to notify (the loop below
+        // re-reads every second regardless).
+        crate::store::watch_within(
+            self.store.as_ref(),
+            id,
+            until.saturating_duration_since(Instant::now()),
+            Duration::from_secs(1),
+        )
+        .await;
         loop {
             let op = self
                 .store

@@ -368,8 +368,18 @@ impl VolumeReconciler for Api {
             Err(s) => return self.done("WatchOperation", Err(s)),
         };
         let store = self.exec.store.clone();
-        // Subscribe before the first read so no change falls in between.
+        // Subscribe, and register for other replicas' decisions, before
+        // the first read, so no change falls in between (see `Store::watch`
+        // for the one that still may, and the stream's re-reads).
         let changes = store.subscribe();
+        crate::store::watch_within(
+            store.as_ref(),
+            id,
+            watch::next_message_by(self.watch_idle, deadline)
+                .saturating_duration_since(tokio::time::Instant::now()),
+            watch::RECHECK,
+        )
+        .await;
         let first = match store.operation_get(id).await {
             Ok(Some(op)) => op,
             Ok(None) => {

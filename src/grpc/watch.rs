@@ -14,6 +14,16 @@ use super::{convert, pb, status};
 use crate::domain::{Deadline, Operation, Reason};
 use crate::store::Store;
 
+/// How often a stream re-reads its operation whatever the notifications
+/// say (one may be missed: they are hints).
+pub(super) const RECHECK: Duration = Duration::from_secs(2);
+
+/// When a stream's next message is due if it sends one now: `idle` later,
+/// never past the caller's deadline.
+pub(super) fn next_message_by(idle: Duration, deadline: Deadline) -> Instant {
+    (Instant::now() + idle).min(deadline.at)
+}
+
 /// Sends `first` and every later version of the operation on `tx`.
 /// `changes` was subscribed before `first` was read, so no change falls in
 /// between.
@@ -39,6 +49,8 @@ pub(super) async fn follow(
             current.drifted,
         );
         if last != Some(key) {
+            // The first message's wait was registered before the first read.
+            let extend = last.is_some();
             last = Some(key);
             if tx
                 .send(Ok(convert::operation_to_pb(&current)))
@@ -50,14 +62,16 @@ pub(super) async fn follow(
             if current.state.is_terminal() {
                 return;
             }
-            next_by = (Instant::now() + idle).min(deadline.at);
-            // Wake-ups from other replicas until then. Not fatal when it
-            // fails: the stream re-reads every 2 s regardless.
-            if let Err(e) = store
-                .watch(id, next_by.saturating_duration_since(Instant::now()))
-                .await
-            {
-                tracing::warn!(operation_id = %id, error = %e, "could not register the watch; re-reading every 2 s instead");
+            next_by = next_message_by(idle, deadline);
+            if extend {
+                // Wake-ups from other replicas until then.
+                crate::store::watch_within(
+                    store.as_ref(),
+                    id,
+                    next_by.saturating_duration_since(Instant::now()),
+                    RECHECK,
+                )
+                .await;
             }
         }
         if !wait_for_change(id, &mut changes, &tx, next_by, deadline).await {
@@ -86,7 +100,7 @@ async fn wait_for_change(
     next_by: Instant,
     deadline: Deadline,
 ) -> bool {
-    let recheck = Instant::now() + Duration::from_secs(2);
+    let recheck = Instant::now() + RECHECK;
     loop {
         let wake = recheck.min(next_by);
         tokio::select! {

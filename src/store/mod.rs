@@ -255,6 +255,26 @@ pub trait PruneRound: Send {
     async fn end(self: Box<Self>);
 }
 
+/// Registers a wait for `id`'s decision (`Store::watch`) for `wait`,
+/// giving it at most `bound` (the waiter's re-read interval: a
+/// registration is a hint, never worth more of the waiter's time). A
+/// registration that fails or takes longer is logged and otherwise left:
+/// the waiter re-reads the operation every `bound` regardless.
+pub async fn watch_within(store: &dyn Store, id: Uuid, wait: Duration, bound: Duration) {
+    match tokio::time::timeout(bound.min(wait), store.watch(id, wait)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(
+            operation_id = %id,
+            error = %e,
+            "could not register a wait for the decision; re-reading it every {bound:?} instead"
+        ),
+        Err(_) => tracing::warn!(
+            operation_id = %id,
+            "registering a wait for the decision took longer than {bound:?}; re-reading it every {bound:?} instead"
+        ),
+    }
+}
+
 /// Runs a store future under a deadline: every wait in the store is bounded
 /// by the deadline of the work it serves, never by a pool constant.
 pub async fn within<T>(
@@ -418,8 +438,10 @@ pub trait Store: Send + Sync + 'static {
     /// Asks for wake-ups (through `subscribe`) about `id`'s decision when
     /// another replica makes it, for the next `wait`: PostgreSQL notifies
     /// only the decisions somebody watches. Call it after `subscribe` and
-    /// before reading the operation; a wake-up is a hint, so a waiter
-    /// re-reads now and then whatever this returned.
+    /// before reading the operation. A decision whose statement began
+    /// before the registration committed may still go unnotified, so a
+    /// wake-up is a hint: a waiter re-reads now and then whatever this
+    /// returned, and bounds this call by that interval.
     async fn watch(&self, id: Uuid, wait: Duration) -> Result<(), StoreError>;
 
     /// Whether the database answers (readiness).

@@ -810,6 +810,13 @@ impl Store for PgStore {
     }
 
     async fn watch(&self, id: Uuid, wait: Duration) -> Result<(), StoreError> {
+        if wait.is_zero() {
+            // Over before it began: nothing to be woken for.
+            return Ok(());
+        }
+        // The sweep (the CTE) never waits (SKIP LOCKED) and never touches
+        // the row being registered (`<> $1`), so the two parts cannot
+        // conflict whatever order they run in.
         // Unlogged: its commit waits for no WAL flush. A few expired rows
         // go each time, by the index on `until`, so the table stays as
         // small as the number of waiters.

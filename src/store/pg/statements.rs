@@ -246,7 +246,8 @@ fn transition_sql(one: bool) -> String {
         {events}
      ), n AS (
         SELECT pg_notify('{NOTIFY_CHANNEL}', string_agg(upd.id::text, ',')) FROM upd
-        WHERE EXISTS (SELECT 1 FROM operation_watches w WHERE w.operation_id = upd.id)
+        WHERE EXISTS (SELECT 1 FROM operation_watches w
+                     WHERE w.operation_id = upd.id AND w.until > now())
         HAVING count(*) > 0
      )
      SELECT {COLUMNS} FROM upd LEFT JOIN n ON true
