@@ -174,7 +174,7 @@ async fn an_unknown_attach_whose_server_is_deleted_fails_and_frees_its_volume(le
         .volume(v),
     );
     let e = c
-        .attach_volume(with_timeout(attach("lost", s, v), secs(2.0)))
+        .attach_volume(with_timeout(attach("lost", s, v), secs(4.0)))
         .await
         .unwrap_err();
     assert_eq!(
@@ -246,7 +246,7 @@ async fn an_accepted_detach_whose_server_is_deleted_succeeded(ledger: Ledger) {
     app.sim.seed_attachment(s, v);
     let e = app
         .raw()
-        .detach_volume(with_timeout(detach("slow", s, v), secs(2.0)))
+        .detach_volume(with_timeout(detach("slow", s, v), secs(4.0)))
         .await
         .unwrap_err();
     assert_eq!(error_info(&e).0, "OUTCOME_UNKNOWN", "{e:?}");
@@ -333,7 +333,7 @@ async fn an_observation_error_that_persists_is_escalated_without_growing_the_log
         .volume(v),
     );
     let e = c
-        .attach_volume(with_timeout(attach("dark", s, v), secs(1.5)))
+        .attach_volume(with_timeout(attach("dark", s, v), secs(4.0)))
         .await
         .unwrap_err();
     assert_eq!(error_info(&e).0, "OUTCOME_UNKNOWN");
