@@ -400,7 +400,9 @@ async fn a_detach_is_succeeded_once_cinder_no_longer_lists_it_and_a_refused_one_
             .raw()
             .detach_volume(with_timeout(
                 detach("elsewhere", s4, v4),
-                Duration::from_millis(300),
+                // Short, with room for a look and a durable write on a
+                // loaded CI machine.
+                Duration::from_millis(1000),
             ))
             .await
             .unwrap()
