@@ -108,7 +108,7 @@ async fn a_second_key_for_a_busy_volume_is_aborted_naming_the_operation_in_fligh
     let app = spawn_app(AppOptions::default()).await;
     let (server, volume) = (uuid(), uuid());
     app.sim.add_fault(
-        FaultRule::new(FaultOp::Attach, Fault::DelayBeforeEffect { ms: 1500 })
+        FaultRule::new(FaultOp::Attach, Fault::DelayBeforeEffect { ms: 5000 })
             .volume(volume.parse().unwrap()),
     );
     let mut c1 = app.raw();

@@ -53,7 +53,9 @@ async fn attach(
                 volume_id: volume.to_string(),
                 ..Default::default()
             },
-            Duration::from_secs(3),
+            // 5 s: an unknown decision gets the reserve's last quarter
+            // (250 ms) to be written in, on a loaded CI machine.
+            Duration::from_secs(5),
         ))
         .await
         .map(|r| r.into_inner())
@@ -75,7 +77,7 @@ async fn open_attach(app: &TestApp, key: &str) -> Uuid {
     app.sim
         .add_fault(FaultRule::new(FaultOp::Attach, Fault::CloseBeforeEffect).volume(volume));
     app.sim.add_fault(
-        FaultRule::new(FaultOp::List, Fault::DelayBeforeEffect { ms: 4000 })
+        FaultRule::new(FaultOp::List, Fault::DelayBeforeEffect { ms: 10_000 })
             .server(server)
             .always(),
     );

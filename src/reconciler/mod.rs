@@ -313,7 +313,10 @@ impl Reconciler {
                         .margin_for(until.saturating_duration_since(now));
                     let stop = until.checked_sub(margin * 2).unwrap_or(now).max(now);
                     match self.exec.wait_decided(id, stop).await {
-                        Ok(_) | Err(crate::executor::ExecError::StillRunning(_)) => {}
+                        // The row as it was just read: no second read
+                        // eating into the caller's margin.
+                        Ok(op) => return Ok(op),
+                        Err(crate::executor::ExecError::StillRunning(_)) => {}
                         Err(crate::executor::ExecError::Store(e)) => return Err(e),
                         Err(e) => {
                             tracing::warn!(operation_id = %id, error = %e, "waiting for a live operation failed")
