@@ -522,6 +522,35 @@ async fn a_watch_with_no_change_ends_at_its_idle_bound() {
     a.stop().await;
 }
 
+/// A watch of an id no operation has is NOT_FOUND at once, naming the id,
+/// and leaves no registration behind: nobody can ever decide that id.
+#[tokio::test]
+async fn a_watch_of_an_unknown_id_is_not_found_and_registers_nothing() {
+    let a = spawn_app(AppOptions::default()).await;
+    let id = Uuid::now_v7();
+    let err = a
+        .raw()
+        .watch_operation(with_timeout(
+            pb::WatchOperationRequest {
+                operation_id: id.to_string(),
+            },
+            Duration::from_secs(30),
+        ))
+        .await
+        .expect_err("no such operation");
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    assert!(err.message().contains(&id.to_string()), "{err:?}");
+    // Every row, expired or not: the registration would outlive the call.
+    let rows = support::pg::Admin::connect(&a.db_url)
+        .await
+        .number(&format!(
+            "SELECT count(*) FROM operation_watches WHERE operation_id = '{id}'"
+        ))
+        .await;
+    assert_eq!(rows, 0, "a watch of an unknown id registered a wait");
+    a.stop().await;
+}
+
 #[tokio::test]
 async fn an_operator_resolution_is_audited_and_final() {
     let app = spawn_app(AppOptions::default()).await;

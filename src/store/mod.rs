@@ -441,7 +441,8 @@ pub trait Store: Send + Sync + 'static {
     /// before reading the operation. A decision whose statement began
     /// before the registration committed may still go unnotified, so a
     /// wake-up is a hint: a waiter re-reads now and then whatever this
-    /// returned, and bounds this call by that interval.
+    /// returned, and bounds this call by that interval. An id that names
+    /// no operation registers nothing.
     async fn watch(&self, id: Uuid, wait: Duration) -> Result<(), StoreError>;
 
     /// Whether the database answers (readiness).

@@ -819,7 +819,9 @@ impl Store for PgStore {
         // conflict whatever order they run in.
         // Unlogged: its commit waits for no WAL flush. A few expired rows
         // go each time, by the index on `until`, so the table stays as
-        // small as the number of waiters.
+        // small as the number of waiters. An id no operation has (a watch
+        // of a mistyped or pruned id, answered NOT_FOUND by the read that
+        // follows) registers nothing: nobody can decide it.
         sqlx::query(
             "WITH expired AS (
                 DELETE FROM operation_watches WHERE operation_id IN (
@@ -828,7 +830,8 @@ impl Store for PgStore {
                     ORDER BY until LIMIT 8 FOR UPDATE SKIP LOCKED)
              )
              INSERT INTO operation_watches (operation_id, until)
-             VALUES ($1, now() + $2 * interval '1 millisecond')
+             SELECT $1, now() + $2 * interval '1 millisecond'
+             WHERE EXISTS (SELECT 1 FROM operations WHERE id = $1)
              ON CONFLICT (operation_id) DO UPDATE
              SET until = GREATEST(operation_watches.until, EXCLUDED.until)",
         )
