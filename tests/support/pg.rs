@@ -179,15 +179,48 @@ fn start_cluster() -> Result<String, String> {
         let r = cmd.spawn().map_err(|e| format!("starting postgres: {e}"));
         let ok = r.is_ok();
         // The receiver waits for this message; it cannot be gone yet.
-        drop(tx.send(r.map(|_child| ())));
+        drop(tx.send(r.map(|child| child.id())));
         if ok {
             loop {
                 std::thread::park();
             }
         }
     });
-    rx.recv().map_err(|e| e.to_string())??;
+    let pid = rx.recv().map_err(|e| e.to_string())??;
+    remove_at_exit(pid, dir);
     Ok(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+}
+
+/// The cluster this process started: its server's pid and its directory.
+static CLUSTER: OnceLock<(u32, PathBuf)> = OnceLock::new();
+
+/// At the test process's exit, stops the cluster and removes its
+/// directory, so a test run leaves nothing in the temporary folder (a
+/// process killed outright still leaves it: `sweep_old` removes it at the
+/// next run).
+fn remove_at_exit(pid: u32, dir: PathBuf) {
+    extern "C" fn at_exit() {
+        let Some((pid, dir)) = CLUSTER.get() else {
+            return;
+        };
+        let pid = *pid as libc::pid_t;
+        unsafe { libc::kill(pid, libc::SIGQUIT) };
+        // The server is this process's child: reaped here once it is gone
+        // (an immediate shutdown takes milliseconds), at most 5 s.
+        for _ in 0..100 {
+            let mut status = 0;
+            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Best effort at exit: nobody is left to report a failure to, and a
+        // leftover directory only costs disk space until the next sweep.
+        drop(std::fs::remove_dir_all(dir));
+    }
+    if CLUSTER.set((pid, dir)).is_ok() {
+        unsafe { libc::atexit(at_exit) };
+    }
 }
 
 /// The URL of a database of the cluster that tests may create databases on.
