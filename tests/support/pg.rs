@@ -195,20 +195,35 @@ fn start_cluster() -> Result<String, String> {
 static CLUSTER: OnceLock<(u32, PathBuf)> = OnceLock::new();
 
 /// At the test process's exit, stops the cluster and removes its
-/// directory, so a test run leaves nothing in the temporary folder (a
-/// process killed outright still leaves it: `sweep_old` removes it at the
-/// next run).
+/// directory, so a test run leaves nothing in the temporary folder. Kept
+/// for reading (its `server.log`) when the server had died on its own, or
+/// with `VR_KEEP_PG=1`; a process killed outright leaves it too. Either
+/// way `sweep_old` removes it at the next run.
 fn remove_at_exit(pid: u32, dir: PathBuf) {
     extern "C" fn at_exit() {
         let Some((pid, dir)) = CLUSTER.get() else {
             return;
         };
         let pid = *pid as libc::pid_t;
+        let mut status = 0;
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != 0 {
+            say(&format!(
+                "the tests' PostgreSQL had stopped before the tests ended: its log is in {}",
+                dir.join("server.log").display()
+            ));
+            return;
+        }
+        if std::env::var_os("VR_KEEP_PG").is_some_and(|v| v == "1") {
+            say(&format!(
+                "VR_KEEP_PG=1: the tests' PostgreSQL data is left in {}",
+                dir.display()
+            ));
+            return;
+        }
         unsafe { libc::kill(pid, libc::SIGQUIT) };
         // The server is this process's child: reaped here once it is gone
         // (an immediate shutdown takes milliseconds), at most 5 s.
         for _ in 0..100 {
-            let mut status = 0;
             if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != 0 {
                 break;
             }
@@ -217,6 +232,12 @@ fn remove_at_exit(pid: u32, dir: PathBuf) {
         // Best effort at exit: nobody is left to report a failure to, and a
         // leftover directory only costs disk space until the next sweep.
         drop(std::fs::remove_dir_all(dir));
+    }
+    /// A line on stderr; never a panic at exit (stderr may be closed, and
+    /// there is nobody left to tell).
+    fn say(line: &str) {
+        use std::io::Write;
+        drop(writeln!(std::io::stderr(), "{line}"));
     }
     if CLUSTER.set((pid, dir)).is_ok() {
         unsafe { libc::atexit(at_exit) };
