@@ -1183,3 +1183,122 @@ fn the_monitoring_kit_scrapes_the_admin_service_and_ships_the_dashboard_and_rule
         "prometheusrule.yaml and alerts.yaml hold the same rules"
     );
 }
+
+// ------------------------------------------------- the kit's settings files
+
+/// Every settings file under `deploy/` (`*.toml`), by its path from the root.
+fn deploy_settings_files() -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "toml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&Path::new(ROOT).join("deploy"), &mut files);
+    files.sort();
+    files
+        .iter()
+        .map(|p| p.strip_prefix(ROOT).unwrap().to_string_lossy().to_string())
+        .collect()
+}
+
+/// A TOML value as `config show` prints it.
+fn flag_value(key: &str, v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        other => panic!("{key} = {other:?}: not a flag value"),
+    }
+}
+
+/// Two printed values are the same setting (durations by what they mean:
+/// `300s` is `5m`).
+fn same_setting(a: &str, b: &str) -> bool {
+    match (humantime::parse_duration(a), humantime::parse_duration(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The kit's files say they hold "the defaults, written out": a value that
+/// is not `serve`'s default (a settle window of 2m where Nova takes 31m
+/// decides attaches Nova may still complete) must say so on its line, and
+/// no settle or verify window may be shorter than the binary's.
+#[test]
+fn the_kits_settings_are_serves_defaults_unless_their_line_says_why() {
+    let defaults = config_show(&BTreeMap::new());
+    let files = deploy_settings_files();
+    assert!(
+        files.len() >= 2,
+        "the base's and the demo's config.toml: {files:?}"
+    );
+    for file in &files {
+        let text = read(file);
+        let table: toml::Table = text
+            .parse()
+            .unwrap_or_else(|e| panic!("{file} is not TOML: {e}"));
+        for (key, value) in &table {
+            let line = text
+                .lines()
+                .find(|l| {
+                    let l = l.trim_start();
+                    l.strip_prefix(key.as_str())
+                        .is_some_and(|rest| rest.trim_start().starts_with('='))
+                })
+                .unwrap_or_else(|| panic!("{file}: no line sets {key}"));
+            let marked = line.contains("# not the default:");
+            let value = flag_value(key, value);
+            let default = defaults
+                .get(key)
+                .unwrap_or_else(|| panic!("{file}: {key} is not a setting of `serve`"));
+            let is_default = default.source == "default" && same_setting(&value, &default.value);
+            if marked {
+                assert!(
+                    !is_default,
+                    "{file}: {key} = {value} is serve's default; its \"not the default\" note is stale"
+                );
+            } else {
+                assert!(
+                    is_default,
+                    "{file}: {key} = {value} is not serve's default ({} {}); \
+                     write the default, or say why on its line (\"# not the default: ...\")",
+                    default.value, default.source
+                );
+            }
+        }
+
+        // The windows in force with this file are never shorter than the
+        // binary's (whatever the file calls them).
+        let mut env = BTreeMap::new();
+        env.insert(
+            "VOLUME_RECONCILER_CONFIG".to_string(),
+            Path::new(ROOT).join(file).to_string_lossy().to_string(),
+        );
+        let shown = config_show(&env);
+        let both = table
+            .get("settle-window")
+            .map(|v| duration(&flag_value("settle-window", v)));
+        for window in [
+            "settle-window-attach",
+            "settle-window-detach",
+            "verify-window",
+        ] {
+            let in_force = match (window, both) {
+                ("verify-window", _) | (_, None) => duration(&shown[window].value),
+                (_, Some(both)) => both,
+            };
+            let default = duration(&defaults[window].value);
+            assert!(
+                in_force >= default,
+                "{file}: {window} in force is {in_force:?}, shorter than serve's default {default:?}"
+            );
+        }
+    }
+}
