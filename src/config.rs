@@ -176,6 +176,14 @@ pub struct ServeArgs {
     /// (each try is logged); then exit with the last error.
     #[arg(long, env = "VOLUME_RECONCILER_DB_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(crate::store::DEFAULT_CONNECT_TIMEOUT))]
     pub db_connect_timeout: Duration,
+    /// The longest one round trip to PostgreSQL may take (a statement, a
+    /// short transaction, a ping), on both ends: PostgreSQL's
+    /// statement_timeout for this service's sessions, and the service's own
+    /// bound, past which the connection is dropped (it may have gone
+    /// silent) and a write is made again on a new one, within the caller's
+    /// deadline. Opening a connection has the same bound.
+    #[arg(long, env = "VOLUME_RECONCILER_DB_STATEMENT_TIMEOUT", value_parser = duration, default_value = render_duration(crate::store::DbBounds::DEFAULT.round_trip))]
+    pub db_statement_timeout: Duration,
     /// Nova's compute endpoint (direct mode, no Keystone), e.g. http://127.0.0.1:8774/v2.1.
     /// Without it, the endpoint comes from Keystone (OS_* variables).
     #[arg(long, env = "VOLUME_RECONCILER_NOVA_URL", value_parser = http_url)]
@@ -522,6 +530,14 @@ impl ServeArgs {
             ));
         }
         problems.extend(self.retention_settings().problems());
+        if self.db_statement_timeout < Duration::from_millis(100)
+            || self.db_statement_timeout > Duration::from_secs(600)
+        {
+            problems.push(format!(
+                "--db-statement-timeout ({}) must be between 100ms and 10m: it bounds each round trip to PostgreSQL",
+                render_duration(self.db_statement_timeout)
+            ));
+        }
         if self.verify_window < settle_attach {
             tracing::warn!(
                 verify_window = %render_duration(self.verify_window),
@@ -533,6 +549,14 @@ impl ServeArgs {
             Ok(())
         } else {
             anyhow::bail!("invalid settings:\n  {}", problems.join("\n  "))
+        }
+    }
+
+    /// The bounds of each round trip to PostgreSQL.
+    pub fn db_bounds(&self) -> crate::store::DbBounds {
+        crate::store::DbBounds {
+            round_trip: self.db_statement_timeout,
+            connect: self.db_statement_timeout,
         }
     }
 
@@ -832,6 +856,11 @@ mod tests {
             "RetentionSettings",
             format!("{:?}", args.retention_settings()),
             format!("{:?}", RetentionSettings::default()),
+        );
+        same(
+            "DbBounds",
+            format!("{:?}", args.db_bounds()),
+            format!("{:?}", crate::store::DbBounds::DEFAULT),
         );
         same(
             "NovaConfig",

@@ -74,6 +74,19 @@ pub struct TableLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DbLabels {
+    /// The kind of round trip (`intent`, `decision`, `read`, `lease`, ...).
+    pub kind: String,
+    /// `ok`, `error` or `timeout`.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: String,
     pub git_sha: String,
@@ -128,6 +141,15 @@ pub struct Metrics {
     pub retention_oldest_decided_age: Gauge<f64, AtomicU64>,
     /// How long decided operations are kept (0: for ever).
     pub retention_keep: Gauge<f64, AtomicU64>,
+    /// Round trips to the database by kind and outcome.
+    pub db_round_trip: Family<DbLabels, Histogram>,
+    /// Round trips to the database that got no answer within their bound.
+    pub db_timeouts: Family<KindLabels, Counter>,
+    /// Connections of the read pool lent out, and its size (set at scrape).
+    pub db_pool_in_use: Gauge,
+    pub db_pool_size: Gauge,
+    /// Ledger writes waiting for (or being written by) the writers.
+    pub ledger_writes_pending: Gauge,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -182,7 +204,20 @@ impl Metrics {
             retention_last_round: Gauge::default(),
             retention_oldest_decided_age: Gauge::default(),
             retention_keep: Gauge::default(),
+            db_round_trip: Family::new_with_constructor(|| Histogram::new(rpc_buckets())),
+            db_timeouts: Family::default(),
+            db_pool_in_use: Gauge::default(),
+            db_pool_size: Gauge::default(),
+            ledger_writes_pending: Gauge::default(),
         };
+        // Every kind from the start: a rate over a counter needs it at 0.
+        for kind in crate::store::RoundTrip::ALL {
+            m.db_timeouts
+                .get_or_create(&KindLabels {
+                    kind: kind.as_str().to_string(),
+                })
+                .inc_by(0);
+        }
         // Every table from the start: a rate over a counter needs it at 0.
         for table in ["operations", "events", "tombstones"] {
             m.pruned(table, 0);
@@ -200,6 +235,7 @@ impl Metrics {
             m.register_serving(r);
             m.register_nova(r);
             m.register_ledger(r);
+            m.register_database(r);
             m.register_retention(r);
         }
         m
@@ -317,6 +353,42 @@ impl Metrics {
         );
     }
 
+    /// The database under the ledger: its round trips and pools.
+    fn register_database(&self, r: &mut Registry) {
+        r.register(
+            "db_round_trip_duration_seconds",
+            "Round trips to the database (a statement, a short transaction, a ping, a connect) by kind and outcome (ok, error, timeout)",
+            self.db_round_trip.clone(),
+        );
+        r.register(
+            "db_timeouts",
+            "Round trips to the database that got no answer within --db-statement-timeout (their connection dropped), by kind",
+            self.db_timeouts.clone(),
+        );
+        r.register(
+            "db_pool_connections_in_use",
+            "Connections of the read pool lent out now (set at scrape)",
+            self.db_pool_in_use.clone(),
+        );
+        r.register(
+            "db_pool_connections",
+            "Size of the read pool (set at scrape)",
+            self.db_pool_size.clone(),
+        );
+        r.register(
+            "ledger_writes_pending",
+            "Ledger writes waiting for or being written by the ledger writers (set at scrape)",
+            self.ledger_writes_pending.clone(),
+        );
+    }
+
+    /// Sets the store's saturation gauges.
+    pub fn set_saturation(&self, s: crate::store::Saturation) {
+        self.db_pool_in_use.set(s.pool_in_use as i64);
+        self.db_pool_size.set(s.pool_size as i64);
+        self.ledger_writes_pending.set(s.writes_pending as i64);
+    }
+
     /// Retention (pruning of old decisions).
     fn register_retention(&self, r: &mut Registry) {
         r.register(
@@ -413,5 +485,23 @@ impl Metrics {
             out.push_str(&format!("# encoding failed: {e}\n"));
         }
         out
+    }
+}
+
+impl crate::store::DbObserver for Metrics {
+    fn round_trip(&self, kind: &'static str, seconds: f64, outcome: &'static str) {
+        self.db_round_trip
+            .get_or_create(&DbLabels {
+                kind: kind.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .observe(seconds);
+        if outcome == "timeout" {
+            self.db_timeouts
+                .get_or_create(&KindLabels {
+                    kind: kind.to_string(),
+                })
+                .inc();
+        }
     }
 }

@@ -81,14 +81,16 @@ impl Application {
         let admin_listener = TcpListener::bind(cfg.admin_listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {} (admin): {e}", cfg.admin_listen))?;
-        let store: Arc<dyn Store> = crate::store::open_within(
+        let store: Arc<dyn Store> = crate::store::open_with(
             &cfg.database_url,
             cfg.db_max_connections,
             cfg.db_connect_timeout,
+            cfg.db_bounds(),
         )
         .await
         .map_err(|e| e.context(crate::config::LEDGER_CONTEXT))?;
         let metrics = Arc::new(Metrics::new());
+        store.observe(metrics.clone());
         let mut nova = observed_nova(nova_cfg, &metrics);
         let checked = check_nova(&mut nova, &cfg).await?;
         let nova = Arc::new(nova);
@@ -629,19 +631,31 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
-async fn readyz(State(st): State<AdminState>) -> (StatusCode, &'static str) {
+/// How long readiness waits for the database: within a probe's usual
+/// timeout (Kubernetes' default is 1 s, the kit's 3 s).
+const READY_DB_CHECK: Duration = Duration::from_secs(2);
+
+/// `/readyz`: 200 when serving and the database answers; else 503 with
+/// what is wrong (draining; the database's error, or its silence).
+async fn readyz(State(st): State<AdminState>) -> (StatusCode, String) {
     if !st.ready.load(Ordering::SeqCst) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n");
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into());
     }
-    match tokio::time::timeout(Duration::from_secs(2), st.store.ping()).await {
-        Ok(Ok(())) => (StatusCode::OK, "ready\n"),
+    match tokio::time::timeout(READY_DB_CHECK, st.store.ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "readiness: database check failed");
-            (StatusCode::SERVICE_UNAVAILABLE, "database unreachable\n")
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("database unreachable: {e}\n"),
+            )
         }
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "database did not answer within 2s\n",
+            format!(
+                "database did not answer within {} ms (its connections may have gone silent; they are being replaced)\n",
+                READY_DB_CHECK.as_millis()
+            ),
         ),
     }
 }
@@ -684,6 +698,7 @@ async fn metrics_text(
         retention_age(&st).await;
         verification_backlog(&st).await;
     }
+    st.metrics.set_saturation(st.store.saturation());
     st.metrics
         .ready
         .set(i64::from(st.ready.load(Ordering::SeqCst) && database_ok));

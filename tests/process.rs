@@ -135,6 +135,7 @@ async fn ledger(db: &str) -> Arc<dyn Store> {
         PgStore::connect(&PgSettings {
             url: db.into(),
             max_connections: 4,
+            bounds: volume_reconciler::store::DbBounds::DEFAULT,
         })
         .await
         .unwrap(),

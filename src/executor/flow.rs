@@ -66,8 +66,24 @@ impl Executor {
                 };
             }
             let outbound = self.policy.outbound(&run.budget, now);
-            if need_record {
-                Box::pin(self.record_attempt(run)).await?;
+            if need_record && !Box::pin(self.record_attempt(run)).await? {
+                // The attempt's intent could not be recorded by the
+                // deadline: it is not sent, and the run ends as one out of
+                // time (its earlier requests took no effect, or it would
+                // not be sending again).
+                let history = run.history(false);
+                let mut ctx = Context {
+                    error: None,
+                    attachment: None,
+                };
+                return match self.step(run, Next::OutOfTime, &mut ctx, history).await {
+                    Acted::Decided(d) => Ok(d),
+                    Acted::SendAgain => Ok(Decision::unknown(self.unknown_error(
+                        run,
+                        None,
+                        "the next attempt could not be recorded",
+                    ))),
+                };
             }
             need_record = true;
             self.metrics

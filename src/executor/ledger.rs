@@ -5,6 +5,10 @@
 use tokio::time::Instant;
 
 use crate::domain::{Action, NewEvent, Operation, Resolution, event};
+
+/// How long a decision that cannot be written (the database unreachable)
+/// is tried again before the reconciler is left to re-observe it.
+pub(crate) const DECISION_HORIZON: std::time::Duration = std::time::Duration::from_secs(600);
 use crate::nova::NovaError;
 use crate::store::Transition;
 
@@ -39,35 +43,47 @@ impl Executor {
         }
         run.events.push(ev);
         t.events = written_now(&mut run.events);
-        let write_by = run
-            .budget
-            .answer_by
-            .max(Instant::now() + self.settings.record_grace);
-        let write_started = Instant::now();
-        let written = self.store.operation_transition(t, write_by).await;
-        self.metrics.ledger(
-            "decision",
-            if written.is_ok() { "ok" } else { "error" },
-            write_started.elapsed().as_secs_f64(),
-        );
-        match written {
-            Ok(Some(op)) => {
-                tracing::info!(operation_id = %op.id, state = op.state.as_str(),
-                    resolution = op.resolution.map(|r| r.as_str()).unwrap_or(""), "operation decided");
-                op
-            }
-            Ok(None) => self.reread(&run.op).await,
-            Err(e) => {
-                // The row stays in_progress with an expiring lease: another
-                // pass (this replica's reconciler or another's) finishes it.
-                tracing::error!(operation_id = %run.op.id, error = %e,
-                    "could not record the decision; the reconciler will re-observe");
-                let mut op = run.op.clone();
-                op.state = d.state;
-                op.resolution = resolution;
-                op.last_error = d.error;
-                op.attachment = d.attachment;
-                op
+        // Durable before anyone is told: a write that fails for now is
+        // made again (the same write: its id makes a second run a no-op)
+        // until it lands, is fenced, or `DECISION_HORIZON` passes. The
+        // caller meanwhile hears OPERATION_IN_PROGRESS at its deadline,
+        // never a decision the ledger does not hold.
+        let first_try = Instant::now();
+        let mut pause = std::time::Duration::from_millis(250);
+        loop {
+            let write_by = run
+                .budget
+                .answer_by
+                .max(Instant::now() + self.settings.record_grace);
+            let write_started = Instant::now();
+            let written = self.store.operation_transition(t.clone(), write_by).await;
+            self.metrics.ledger(
+                "decision",
+                if written.is_ok() { "ok" } else { "error" },
+                write_started.elapsed().as_secs_f64(),
+            );
+            match written {
+                Ok(Some(op)) => {
+                    tracing::info!(operation_id = %op.id, state = op.state.as_str(),
+                        resolution = op.resolution.map(|r| r.as_str()).unwrap_or(""), "operation decided");
+                    return op;
+                }
+                Ok(None) => return self.reread(&run.op).await,
+                Err(e) if first_try.elapsed() < DECISION_HORIZON => {
+                    tracing::warn!(operation_id = %run.op.id, error = %e, pause_ms = pause.as_millis() as u64,
+                        state = d.state.as_str(), "could not record the decision yet; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(e) => {
+                    // The row stays open with an expiring lease: another
+                    // pass (this replica's reconciler or another's)
+                    // re-observes and decides it. Its caller is told what
+                    // the ledger holds.
+                    tracing::error!(operation_id = %run.op.id, error = %e,
+                        "could not record the decision; the reconciler will re-observe");
+                    return self.reread(&run.op).await;
+                }
             }
         }
     }
@@ -86,8 +102,10 @@ impl Executor {
     }
 
     /// Records the intent of another attempt (attempts + 1, request_sent),
-    /// flushing pending events with it. Without it no request may leave.
-    pub(crate) async fn record_attempt(&self, run: &mut Run) -> Result<(), Fenced> {
+    /// flushing pending events with it. Without it no request may leave:
+    /// `Ok(false)` when it could not be recorded by the deadline (the
+    /// attempt is not sent); `Err` when another writer decided meanwhile.
+    pub(crate) async fn record_attempt(&self, run: &mut Run) -> Result<bool, Fenced> {
         let mut t = Transition::new(&run.op, crate::domain::State::InProgress, &self.replica);
         t.add_attempt = true;
         t.request_sent = true;
@@ -101,12 +119,12 @@ impl Executor {
         {
             Ok(Some(op)) => {
                 run.op = op;
-                Ok(())
+                Ok(true)
             }
             Ok(None) => Err(Fenced(self.reread(&run.op).await)),
             Err(e) => {
-                tracing::warn!(operation_id = %run.op.id, error = %e, "could not record a retry; not sending it");
-                Err(Fenced(self.reread(&run.op).await))
+                tracing::warn!(operation_id = %run.op.id, error = %e, "could not record a retry by the deadline; not sending it");
+                Ok(false)
             }
         }
     }

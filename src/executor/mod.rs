@@ -269,6 +269,7 @@ impl Executor {
         done: watch::Sender<Option<Operation>>,
     ) {
         let pre = Box::pin(self.precheck(&mut new, &budget)).await;
+        let id = new.id;
         let write_started = Instant::now();
         let result = self.store.operation_create(new, budget.answer_by).await;
         self.metrics.ledger(
@@ -276,8 +277,30 @@ impl Executor {
             if result.is_ok() { "ok" } else { "error" },
             write_started.elapsed().as_secs_f64(),
         );
+        let hold = self.holds.hold(id);
         let op = match result {
-            Ok(CreateOutcome::Created(op)) => op,
+            Ok(CreateOutcome::Created(op)) => {
+                self.inflight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, done.subscribe());
+                drop(created.send(Ok(CreateOutcome::Created(op.clone()))));
+                op
+            }
+            Err(e) if e.may_have_written() => {
+                // The caller is told at once (its deadline has come); but
+                // the intent may have committed, and this task is its only
+                // driver: found, it is driven to a decision (nothing is
+                // sent once the deadline has passed), so it never waits
+                // out a settle window for a request that never left.
+                tracing::warn!(operation_id = %id, error = %e,
+                    "the intent may have been recorded; reading it before anything is concluded");
+                drop(created.send(Err(e)));
+                match Box::pin(self.intent_fate(id, Instant::now())).await {
+                    Some(op) => op,
+                    None => return,
+                }
+            }
             other => {
                 // Nothing to drive: a replay, or no intent. Nobody waiting
                 // is fine: the caller may have gone.
@@ -285,13 +308,11 @@ impl Executor {
                 return;
             }
         };
-        let id = op.id;
-        let hold = self.holds.hold(id);
         self.inflight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id, done.subscribe());
-        drop(created.send(Ok(CreateOutcome::Created(op.clone()))));
+            .entry(id)
+            .or_insert_with(|| done.subscribe());
         let run = Run::new(op, budget, false);
         let decided = match pre {
             confirm::Precheck::Send => self.drive(run, true).await,
@@ -307,6 +328,72 @@ impl Executor {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
         drop(hold);
+    }
+
+    /// After an intent write of unknown outcome: the intent as the ledger
+    /// holds it, once the database answers, if it committed and is still
+    /// this replica's to drive (open, its lease neither taken over nor
+    /// lapsed: renewed now); `None` when it did not commit, is another's
+    /// now, or the database stayed unreachable for `DECISION_HORIZON`
+    /// (then the reconciler decides it). The caller holds `id` meanwhile,
+    /// so the heartbeat keeps its lease as soon as the database answers.
+    async fn intent_fate(&self, id: Uuid, failed_at: Instant) -> Option<Operation> {
+        use backon::BackoffBuilder as _;
+        // A row not seen by a read that began this long after the failure
+        // was never written: no statement of the failed write runs longer
+        // than the database's own bound.
+        let settled = failed_at + 2 * self.store.round_trip_bound();
+        let mut pauses = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(250))
+            .with_max_delay(Duration::from_secs(5))
+            .with_jitter()
+            .without_max_times()
+            .build();
+        loop {
+            let read_at = Instant::now();
+            match self.store.operation_get(id).await {
+                Ok(Some(op))
+                    if op.state.is_terminal()
+                        || op.lease_owner.as_deref() != Some(&self.replica) =>
+                {
+                    tracing::info!(operation_id = %id, state = op.state.as_str(), "the intent was recorded and is decided or driven elsewhere");
+                    return None;
+                }
+                Ok(Some(op)) => {
+                    // Renewed before anything is sent: a lease that lapsed
+                    // while the database was away may be taken over by
+                    // another replica's reconciler any moment.
+                    match self
+                        .store
+                        .operation_renew_leases(&self.replica, &[id], self.settings.lease)
+                        .await
+                    {
+                        Ok(1) => {
+                            tracing::info!(operation_id = %id, "the intent was recorded; driving it");
+                            return Some(op);
+                        }
+                        Ok(_) => return None,
+                        Err(e) => {
+                            tracing::debug!(operation_id = %id, error = %e, "renewing the intent's lease")
+                        }
+                    }
+                }
+                Ok(None) if read_at >= settled => {
+                    tracing::info!(operation_id = %id, "the intent was not recorded");
+                    return None;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(operation_id = %id, error = %e, "reading the intent back")
+                }
+            }
+            if failed_at.elapsed() >= ledger::DECISION_HORIZON {
+                tracing::error!(operation_id = %id,
+                    "the database stayed unreachable; an intent that may have been recorded is left to the reconciler");
+                return None;
+            }
+            tokio::time::sleep(pauses.next().unwrap_or(Duration::from_secs(5))).await;
+        }
     }
 
     /// Runs `run` (a reconciler's re-send) as a task of this replica, under

@@ -15,11 +15,14 @@
 //!   volumes created and deleted through Cinder.
 //! - `servers.rs`: the servers clients can look up and list.
 //! - `http/`: the HTTP face (Nova, Cinder, Keystone, the `/sim` admin API).
+//! - `netfault.rs`: a TCP fault proxy (silent, reset, refused connections)
+//!   to put in front of what the service stands on, PostgreSQL above all.
 
 mod cinder;
 mod compute;
 mod faults;
 mod http;
+pub mod netfault;
 mod servers;
 mod world;
 

@@ -55,6 +55,12 @@ pub enum DbFailure {
     /// the server ended the session): a write may or may not have
     /// committed. Re-read before deciding.
     ConnectionLost,
+    /// No answer within the round-trip bound: the connection was dropped
+    /// (it may have gone silent), or the server cancelled the statement at
+    /// its `statement_timeout`. As for a lost connection, a write may or
+    /// may not have committed; another try on a new connection is safe
+    /// for every write that recognises its own earlier effect.
+    TimedOut,
     /// A conflict with concurrent work that another try settles
     /// (serialization failure, deadlock, a busy lock; a volume freed and
     /// taken again in turns).
@@ -71,6 +77,7 @@ impl DbFailure {
         match self {
             DbFailure::Unavailable => "unavailable",
             DbFailure::ConnectionLost => "connection_lost",
+            DbFailure::TimedOut => "timed_out",
             DbFailure::Contention => "contention",
             DbFailure::Constraint => "constraint",
             DbFailure::Other => "other",
@@ -136,12 +143,57 @@ impl StoreError {
         }
     }
 
-    /// The connection broke under the statement (see `DbFailure::ConnectionLost`).
+    /// The connection broke under the statement or stopped answering (see
+    /// `DbFailure::ConnectionLost` and `TimedOut`): it is dropped, and what
+    /// the statement did is not known.
     pub fn is_connection_lost(&self) -> bool {
         matches!(
             self,
             StoreError::Database {
-                kind: DbFailure::ConnectionLost,
+                kind: DbFailure::ConnectionLost | DbFailure::TimedOut,
+                ..
+            }
+        )
+    }
+
+    /// Whether a write that failed so may still have committed: its
+    /// connection broke or went silent after the statement was sent, or
+    /// the write's deadline passed while it was in flight or being made
+    /// again. The row must be read before anything is concluded from it.
+    pub fn may_have_written(&self) -> bool {
+        self.is_connection_lost()
+            || matches!(
+                self,
+                StoreError::DeadlineExceeded { .. }
+                    | StoreError::Database {
+                        kind: DbFailure::Other,
+                        ..
+                    }
+            )
+    }
+
+    /// No answer within a round-trip bound.
+    pub fn is_timed_out(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database {
+                kind: DbFailure::TimedOut,
+                ..
+            }
+        )
+    }
+
+    /// Another try (on a new connection, after a pause) may succeed: the
+    /// database or the way to it failed for now, or a conflict with
+    /// concurrent work.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database {
+                kind: DbFailure::ConnectionLost
+                    | DbFailure::TimedOut
+                    | DbFailure::Unavailable
+                    | DbFailure::Contention,
                 ..
             }
         )
@@ -216,13 +268,19 @@ fn classify(what: &'static str, e: sqlx::Error) -> StoreError {
 }
 
 /// By SQLSTATE class: 08 connection exception and 57P (the server shut the
-/// session down) mean the connection is gone; 23 integrity constraint
+/// session down) mean the connection is gone; 57014 a statement the server
+/// cancelled at its timeout; 23 integrity constraint
 /// violation; 40 transaction rollback (serialization failure, deadlock)
 /// and 55P03 lock not available are settled by another try; 53
 /// insufficient resources (too many connections, disk full) is the
 /// database being unavailable.
 fn postgres_kind(code: &str) -> DbFailure {
-    if code.starts_with("08") || code.starts_with("57P") {
+    // 57014 query_canceled: the session's statement_timeout (the server's
+    // half of the round-trip bound); 25P03: an idle transaction ended by
+    // idle_in_transaction_session_timeout (its session is gone).
+    if code == "57014" {
+        DbFailure::TimedOut
+    } else if code.starts_with("08") || code.starts_with("57P") || code == "25P03" {
         DbFailure::ConnectionLost
     } else if code.starts_with("23") {
         DbFailure::Constraint
@@ -253,6 +311,8 @@ mod tests {
     fn sqlstates_are_classified_by_what_a_caller_can_do() {
         assert_eq!(postgres_kind("08006"), DbFailure::ConnectionLost);
         assert_eq!(postgres_kind("57P01"), DbFailure::ConnectionLost);
+        assert_eq!(postgres_kind("25P03"), DbFailure::ConnectionLost);
+        assert_eq!(postgres_kind("57014"), DbFailure::TimedOut);
         assert_eq!(postgres_kind("23514"), DbFailure::Constraint);
         assert_eq!(postgres_kind("23505"), DbFailure::Constraint);
         assert_eq!(postgres_kind("40001"), DbFailure::Contention);

@@ -38,6 +38,87 @@ use crate::domain::{
 /// not accept connections yet (`--db-connect-timeout`).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
+pub use pg::Bounds as DbBounds;
+
+/// The kinds of round trip to the database, as the metrics label them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundTrip {
+    /// A batch of intents (the writers').
+    Intent,
+    /// A batch of decisions and appends (the writers').
+    Decision,
+    /// Reads of operations, their pages and logs.
+    Read,
+    /// The reconciler's claims, verifications and drift marks.
+    Reconcile,
+    /// Lease renewals (the heartbeat's) and releases.
+    Lease,
+    /// Waits registered for a decision.
+    Watch,
+    /// Readiness and liveness checks of a connection.
+    Ping,
+    /// Metrics read at scrape.
+    Scrape,
+    /// Operators' decisions.
+    Resolve,
+    /// Retention rounds.
+    Retention,
+    /// The change listener's connection.
+    Listen,
+    /// Opening a connection.
+    Connect,
+}
+
+impl RoundTrip {
+    pub const ALL: [RoundTrip; 12] = [
+        RoundTrip::Intent,
+        RoundTrip::Decision,
+        RoundTrip::Read,
+        RoundTrip::Reconcile,
+        RoundTrip::Lease,
+        RoundTrip::Watch,
+        RoundTrip::Ping,
+        RoundTrip::Scrape,
+        RoundTrip::Resolve,
+        RoundTrip::Retention,
+        RoundTrip::Listen,
+        RoundTrip::Connect,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RoundTrip::Intent => "intent",
+            RoundTrip::Decision => "decision",
+            RoundTrip::Read => "read",
+            RoundTrip::Reconcile => "reconcile",
+            RoundTrip::Lease => "lease",
+            RoundTrip::Watch => "watch",
+            RoundTrip::Ping => "ping",
+            RoundTrip::Scrape => "scrape",
+            RoundTrip::Resolve => "resolve",
+            RoundTrip::Retention => "retention",
+            RoundTrip::Listen => "listen",
+            RoundTrip::Connect => "connect",
+        }
+    }
+}
+
+/// Told of every round trip to the database: its kind, how long it took,
+/// and how it ended (`ok`, `error`, `timeout`).
+pub trait DbObserver: Send + Sync {
+    fn round_trip(&self, kind: &'static str, seconds: f64, outcome: &'static str);
+}
+
+/// How full the store's own queues and pools are now (saturation gauges).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Saturation {
+    /// Connections of the read pool lent out, and its size.
+    pub pool_in_use: usize,
+    pub pool_size: usize,
+    /// Writes waiting for (or being written by) the ledger writers.
+    pub writes_pending: usize,
+}
+
 /// Opens the store a URL names: `postgres://...` (production, several
 /// replicas) or `sqlite://FILE` (embedded, one process). Applies
 /// migrations. Waits up to `DEFAULT_CONNECT_TIMEOUT` for PostgreSQL.
@@ -54,12 +135,47 @@ pub async fn open_within(
     max_connections: u32,
     connect_timeout: Duration,
 ) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+    open_with(url, max_connections, connect_timeout, DbBounds::DEFAULT).await
+}
+
+/// A database URL without its password (`postgres://user:***@host/db`),
+/// for logs and errors. The user information ends at the authority's last
+/// `@` (a password may hold an unescaped `@` or `/`); an `@` after a `?`
+/// or `#` belongs to the query.
+pub fn mask_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let at = rest
+        .char_indices()
+        .filter(|(_, c)| *c == '@')
+        .map(|(i, _)| i)
+        .take_while(|i| !rest[..*i].contains(['?', '#']))
+        .last();
+    let Some(at) = at else {
+        return url.to_string();
+    };
+    let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+/// As `open_within`, with `bounds` on each round trip to PostgreSQL.
+pub async fn open_with(
+    url: &str,
+    max_connections: u32,
+    connect_timeout: Duration,
+    bounds: DbBounds,
+) -> anyhow::Result<std::sync::Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(std::sync::Arc::new(
             PgStore::connect_within(
                 &PgSettings {
                     url: url.to_string(),
                     max_connections,
+                    bounds,
                 },
                 connect_timeout,
             )
@@ -68,7 +184,12 @@ pub async fn open_within(
     } else if url.starts_with("sqlite:") {
         Ok(std::sync::Arc::new(SqliteStore::connect(url).await?))
     } else {
-        anyhow::bail!("unsupported database URL {url:?}: use postgres://... or sqlite://FILE")
+        // Never the password in a log line: the scheme may be a typo of a
+        // URL that carries one.
+        anyhow::bail!(
+            "unsupported database URL {:?}: use postgres://... or sqlite://FILE",
+            mask_url(url)
+        )
     }
 }
 
@@ -465,4 +586,46 @@ pub trait Store: Send + Sync + 'static {
 
     /// Closes the pool (last step of a drain).
     async fn close(&self);
+
+    /// Reports each round trip to `observer` (set once, at start).
+    fn observe(&self, observer: std::sync::Arc<dyn DbObserver>) {
+        drop(observer);
+    }
+
+    /// The longest one round trip to the database may take: a write not
+    /// seen by a read that began this long after it failed never landed.
+    fn round_trip_bound(&self) -> Duration {
+        DbBounds::DEFAULT.round_trip
+    }
+
+    /// How full the store's pools and queues are now.
+    fn saturation(&self) -> Saturation {
+        Saturation::default()
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::mask_url;
+
+    #[test]
+    fn database_urls_lose_their_whole_password() {
+        assert_eq!(
+            mask_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        // An unescaped `@` (or `/`) in the password is still the password.
+        assert_eq!(
+            mask_url("postgres://u:p@ss/w@rd@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(mask_url("mysql://u:p@ss@h/db"), "mysql://u:***@h/db");
+        assert_eq!(
+            mask_url("postgres://u:x@h/db?application_name=a@b"),
+            "postgres://u:***@h/db?application_name=a@b"
+        );
+        assert_eq!(mask_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(mask_url("sqlite://x.db"), "sqlite://x.db");
+        assert_eq!(mask_url("not a url"), "not a url");
+    }
 }

@@ -19,11 +19,19 @@
 //! never run again: its caller was told the deadline expired.
 //!
 //! The writers use connections of their own (`conns`), not the pool's.
+//! Each round trip of theirs is bounded; one that failed for now (its
+//! connection lost or silent, no connection to be had) is run again on a
+//! new connection after a short pause, until its jobs' deadlines: a
+//! database that comes back within a caller's deadline costs that caller
+//! nothing but time.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use std::time::Duration;
+
+use backon::BackoffBuilder as _;
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio::sync::{Mutex, broadcast, mpsc, oneshot};
@@ -31,10 +39,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::conns::Conns;
+use super::conns::{Bounds, Conns, Observer};
 use super::statements::{self, Append};
 use crate::domain::Operation;
-use crate::store::{DbFailure, NewOperation, StoreError, Transition, rows};
+use crate::store::{DbFailure, NewOperation, RoundTrip, StoreError, Transition, rows};
 
 pub(super) enum Payload {
     Create(Box<NewOperation>),
@@ -78,15 +86,24 @@ impl Writer {
     pub(super) async fn start(
         options: PgConnectOptions,
         writers: usize,
+        bounds: Bounds,
         changes: broadcast::Sender<Uuid>,
         stop: CancellationToken,
+        observer: Observer,
     ) -> Result<Self, StoreError> {
         let per_kind = (writers / 2).max(1);
         let writers = 2 * per_kind;
-        let conns = Arc::new(Conns::new(options, writers + 1));
+        let conns = Arc::new(Conns::new(
+            "writer",
+            options,
+            writers + 1,
+            None,
+            bounds,
+            observer,
+        ));
         // One connection now: the first write should not pay for it.
-        let first = conns.open().await?;
-        conns.put::<()>(first, &Ok(()));
+        let first = conns.lend(true, Instant::now() + bounds.connect).await?;
+        first.finish::<()>(&Ok(()));
         // Bounded, and larger than the cap on mutations in flight: a full
         // queue means the database has fallen far behind, and the caller
         // is told so at once instead of waiting out its deadline.
@@ -109,6 +126,11 @@ impl Writer {
     /// Closes the idle writer connections (at shutdown, after the drain).
     pub(super) async fn close(&self) {
         self.conns.close().await;
+    }
+
+    /// Writes submitted and not yet answered.
+    pub(super) fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
     }
 
     /// Writes and returns the committed result: inline when no other write
@@ -256,62 +278,92 @@ fn expired_before_rerun() -> StoreError {
     }
 }
 
+/// The pauses between tries of a batch that failed for now: 50 ms doubling
+/// to 1 s, jittered.
+fn retry_pauses() -> backon::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(1))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
 /// Runs the payloads atomically on a writer connection: one autocommit
 /// statement when they are all of one kind (the common case: one round
 /// trip), else one transaction. `Err` when it failed as a whole (then
 /// nothing of it was written, or, if the connection died after the server
 /// committed, all of it). Decisions carry their own NOTIFY (one per
 /// statement, not per row).
+///
+/// A try that failed for now (the connection lost or silent, the server
+/// unreachable, a conflict) is made again on a new connection, without
+/// the jobs whose deadline passed meanwhile (answered as expired), until
+/// none is left: each write recognises its own effect if an earlier try
+/// committed it.
 async fn try_batch(
     conns: &Conns,
     batch: &[(&Payload, Instant)],
 ) -> Result<Vec<Written>, StoreError> {
-    let payloads: Vec<&Payload> = batch.iter().map(|(p, _)| *p).collect();
-    // Owned by this future: if it is dropped mid-statement, so is the
-    // connection, whose state is then unknown.
-    let (mut conn, reused) = conns.take().await?;
-    let result = batch_on(&mut conn, &payloads).await;
-    conns.put(conn, &result);
-    match result {
-        // A reused connection found dead (the database restarted, a proxy
-        // dropped it): the batch runs once more on a new one (see the top
-        // of this file for why that is safe).
-        Err(e) if reused && e.is_connection_lost() => {
-            tracing::info!(error = %e, "ledger connection lost; writing the batch on a new one");
-            rerun(conns, batch).await
-        }
-        other => other,
-    }
-}
-
-/// The second run of a batch whose connection died, on a new connection,
-/// without the jobs whose deadline passed meanwhile (answered as expired).
-async fn rerun(conns: &Conns, batch: &[(&Payload, Instant)]) -> Result<Vec<Written>, StoreError> {
-    let now = Instant::now();
-    let live: Vec<&Payload> = batch
-        .iter()
-        .filter(|(_, deadline)| *deadline > now)
-        .map(|(p, _)| *p)
-        .collect();
-    let mut written = if live.is_empty() {
-        Vec::new()
-    } else {
-        let mut conn = conns.open().await?;
-        let result = batch_on(&mut conn, &live).await;
-        conns.put(conn, &result);
-        result?
-    }
-    .into_iter();
-    Ok(batch
-        .iter()
-        .map(|(_, deadline)| {
-            if *deadline > now {
-                written.next().unwrap_or(Ok(None))
-            } else {
-                Err(expired_before_rerun())
+    const WHAT: &str = "writing to the ledger";
+    let kind = match batch.first().map(|(p, _)| *p) {
+        Some(Payload::Create(_)) => RoundTrip::Intent,
+        _ => RoundTrip::Decision,
+    };
+    let mut answers: Vec<Option<Written>> = batch.iter().map(|_| None).collect();
+    let mut fresh = false;
+    // Whether an earlier try may have committed (its connection broke or
+    // went silent mid-statement): then an expired job may be written.
+    let mut maybe_written = false;
+    let mut pauses = retry_pauses();
+    loop {
+        let now = Instant::now();
+        let mut live = Vec::new();
+        for (i, (_, deadline)) in batch.iter().enumerate() {
+            if answers[i].is_some() {
+                continue;
             }
-        })
-        .collect())
+            if *deadline > now {
+                live.push(i);
+            } else if maybe_written {
+                answers[i] = Some(Err(expired_before_rerun()));
+            } else {
+                answers[i] = Some(Err(expired()));
+            }
+        }
+        let Some(until) = live.iter().map(|i| batch[*i].1).max() else {
+            break;
+        };
+        let payloads: Vec<&Payload> = live.iter().map(|i| batch[*i].0).collect();
+        let tried = async {
+            let mut lent = conns.lend(fresh, until).await?;
+            let written = conns
+                .timed(kind, WHAT, until, batch_on(lent.conn(), &payloads))
+                .await;
+            lent.finish(&written);
+            written
+        }
+        .await;
+        match tried {
+            Ok(written) => {
+                for (i, w) in live.into_iter().zip(written) {
+                    answers[i] = Some(w);
+                }
+                break;
+            }
+            Err(e) if e.is_transient() => {
+                maybe_written |= e.is_connection_lost();
+                fresh = true;
+                let pause = pauses.next().unwrap_or(Duration::from_secs(1));
+                tracing::info!(error = %e, jobs = live.len(), pause_ms = pause.as_millis() as u64,
+                    "ledger write failed for now; writing the batch again on a new connection");
+                tokio::time::sleep_until((Instant::now() + pause).min(until)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(answers.into_iter().map(|a| a.unwrap_or(Ok(None))).collect())
 }
 
 /// A batch's payloads by kind; transitions with their place among the

@@ -1,96 +1,431 @@
-//! The ledger writers' connections, kept apart from the pool: sqlx's pool
-//! pings every connection it takes back (one more round trip per write, and
-//! a task to run it). A writer's connection is pinged only after it sat idle
-//! long enough to have gone stale, and one whose write was cut short (the
-//! caller's deadline fired mid-statement) or whose connection failed is
-//! dropped, never reused.
+//! The store's own connections to PostgreSQL, every round trip bounded.
+//!
+//! sqlx's pool waits without a bound where it matters here: it pings
+//! every connection it takes back (in a task, with no timeout), so a
+//! connection that stopped answering without closing (a NAT or a load
+//! balancer that lost its state, a failover whose old connections were
+//! not reset) holds its slot for ever, and once every slot is held so,
+//! every request waits out its deadline and the replica never recovers.
+//! These pools keep that out:
+//!
+//! - A connection is lent out (`Lent`) and comes back only when the round
+//!   trip it was lent for ended with an answer; one dropped mid-statement
+//!   (its round trip timed out, its caller went away) or whose connection
+//!   failed is closed, never reused: its state is unknown.
+//! - Every round trip is bounded (`Bounds::round_trip`), and a connection
+//!   idle for a while is pinged, bounded too, before it is lent again.
+//!   Once one connection of a pool has gone silent, the other idle ones
+//!   are dropped as well (they went quiet the same way, as a rule: a lost
+//!   NAT mapping loses them all), and new ones are opened.
+//! - A pool with `max` connections lends at most that many at once; the
+//!   wait for one is bounded by the caller's.
+//!
+//! Every session also carries the server side's bounds
+//! (`session_options`): its statements and idle transactions are ended by
+//! the server too, and its TCP keepalives find a client that vanished, so
+//! the locks a dead session holds are released.
 
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::store::{DbFailure, StoreError};
+use crate::store::{DbFailure, DbObserver, RoundTrip, StoreError};
 
-/// A writer connection idle this long is pinged before it is used again.
-const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
-
-/// Opening a writer connection, at most: connection setup stays short.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-pub(super) struct Conns {
-    options: PgConnectOptions,
-    idle: std::sync::Mutex<Vec<(PgConnection, Instant)>>,
-    /// Idle connections kept, at most (one per writer, one inline).
-    keep: usize,
+/// How long the store's round trips to PostgreSQL may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// One statement (or one short transaction) on an open connection,
+    /// measured here; the server's own `statement_timeout` is the same.
+    /// A round trip past it is given up, its connection dropped.
+    pub round_trip: Duration,
+    /// Opening a connection (TCP, TLS, authentication).
+    pub connect: Duration,
 }
 
-impl Conns {
-    pub(super) fn new(options: PgConnectOptions, keep: usize) -> Self {
-        Self {
-            options,
-            idle: std::sync::Mutex::new(Vec::new()),
-            keep,
+impl Bounds {
+    pub const DEFAULT: Self = Self {
+        round_trip: Duration::from_secs(5),
+        connect: Duration::from_secs(5),
+    };
+
+    /// A ping of a connection that sat idle: it answers in a millisecond
+    /// when the connection is alive, so a fifth of a round trip (at most
+    /// 1 s) tells a silent one.
+    fn ping(self) -> Duration {
+        (self.round_trip / 5).clamp(Duration::from_millis(100), Duration::from_secs(1))
+    }
+
+    /// The server's bounds for a session of the service (`-c` options at
+    /// connection start): its statements (`statement_timeout`), a
+    /// transaction left idle by a client that vanished mid-way
+    /// (`idle_in_transaction_session_timeout`), and its end of the
+    /// socket (keepalives; `tcp_user_timeout`: unacknowledged data), so
+    /// that locks held by a session whose client is gone are released.
+    pub fn session_options(self) -> Vec<(&'static str, String)> {
+        let ms = |d: Duration| d.as_millis().max(1).to_string();
+        vec![
+            ("statement_timeout", ms(self.round_trip)),
+            (
+                "idle_in_transaction_session_timeout",
+                ms(2 * self.round_trip),
+            ),
+            ("tcp_keepalives_idle", KEEPALIVE_IDLE.as_secs().to_string()),
+            (
+                "tcp_keepalives_interval",
+                KEEPALIVE_INTERVAL.as_secs().to_string(),
+            ),
+            ("tcp_keepalives_count", KEEPALIVE_COUNT.to_string()),
+            ("tcp_user_timeout", ms(user_timeout(self))),
+        ]
+    }
+}
+
+/// TCP keepalive on the database's sockets (both ends): the first probe
+/// after this long without traffic, then every `KEEPALIVE_INTERVAL`, given
+/// up after `KEEPALIVE_COUNT` unanswered ones (~25 s in all).
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_COUNT: u32 = 3;
+
+/// `TCP_USER_TIMEOUT`: data unacknowledged this long ends the connection
+/// (the kernel's own default is ~15 minutes of retransmissions).
+pub(super) fn user_timeout(b: Bounds) -> Duration {
+    b.round_trip * 2 + Duration::from_secs(5)
+}
+
+/// A writer's connection idle this long is pinged before it is used again
+/// (cheaper than sqlx's ping at every use: one more round trip per write).
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// Reports each round trip (for the database metrics).
+#[derive(Clone, Default)]
+pub(super) struct Observer(Arc<OnceLock<Arc<dyn DbObserver>>>);
+
+impl Observer {
+    pub(super) fn set(&self, o: Arc<dyn DbObserver>) {
+        // Set once, at start; a second observer is ignored on purpose
+        // (the first stays the one the metrics read).
+        if self.0.set(o).is_err() {
+            tracing::debug!("a database observer was already set");
         }
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(PgConnection, Instant)>> {
-        // A panic while holding this lock leaves a plain Vec behind: usable.
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// An idle connection (`true`: reused) or a new one.
-    pub(super) async fn take(&self) -> Result<(PgConnection, bool), StoreError> {
-        loop {
-            let popped = self.idle().pop();
-            let Some((mut conn, since)) = popped else {
-                return self.open().await.map(|c| (c, false));
-            };
-            if since.elapsed() < PING_IF_IDLE_FOR {
-                return Ok((conn, true));
-            }
-            match conn.ping().await {
-                Ok(()) => return Ok((conn, true)),
-                // Gone stale (database restarted, proxy timed it out):
-                // dropped; the next one is tried, or a fresh one opened.
-                Err(e) => tracing::info!(error = %e, "dropping a stale ledger connection"),
-            }
+    pub(super) fn round_trip(&self, kind: RoundTrip, started: Instant, outcome: &'static str) {
+        if let Some(o) = self.0.get() {
+            o.round_trip(kind.as_str(), started.elapsed().as_secs_f64(), outcome);
         }
     }
+}
 
-    pub(super) async fn open(&self) -> Result<PgConnection, StoreError> {
-        const WHAT: &str = "opening a ledger connection";
-        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&self.options)).await
-        {
-            Ok(r) => r.map_err(StoreError::connect(WHAT)),
-            Err(_) => Err(StoreError::database(
-                WHAT,
-                DbFailure::Unavailable,
-                format!("no connection within {CONNECT_TIMEOUT:?}"),
-            )),
-        }
+pub(super) struct Conns {
+    /// What these connections are for, in log lines and errors.
+    name: &'static str,
+    options: PgConnectOptions,
+    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    /// Idle connections kept, at most.
+    keep: usize,
+    /// Connections lent at once, at most (`None`: as many as asked, for
+    /// the writers, whose number is fixed).
+    permits: Option<Arc<Semaphore>>,
+    max: usize,
+    bounds: Bounds,
+    observer: Observer,
+}
+
+/// A connection lent for one round trip: back to the pool only through
+/// `finish` with an answer; dropped otherwise.
+pub(super) struct Lent<'a> {
+    conn: Option<PgConnection>,
+    /// Taken from the idle list (so possibly gone stale), not opened now.
+    pub(super) reused: bool,
+    pool: &'a Conns,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Lent<'_> {
+    pub(super) fn conn(&mut self) -> &mut PgConnection {
+        // Present until `finish` or drop take it.
+        self.conn.as_mut().expect("a lent connection is present")
     }
 
-    /// Takes a connection back after a write that ran to its end. One whose
-    /// connection failed (I/O, protocol, the server ended the session) is
-    /// dropped instead.
-    pub(super) fn put<T>(&self, conn: PgConnection, outcome: &Result<T, StoreError>) {
+    /// Ends the loan after a round trip that answered: healthy, the
+    /// connection goes back; one whose connection failed is dropped.
+    pub(super) fn finish<T>(mut self, outcome: &Result<T, StoreError>) {
         let healthy = match outcome {
             Ok(_) => true,
             Err(e) => !e.is_connection_lost(),
         };
+        if let Some(conn) = self.conn.take()
+            && healthy
+        {
+            self.pool.put(conn);
+        }
+    }
+}
+
+/// Whether a round trip may be made again on another connection when its
+/// connection failed or went silent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Repeat {
+    /// Reads, and writes whose second run finds the first's effect.
+    Safe,
+    /// A write whose second run would act again (or answer otherwise).
+    Never,
+}
+
+impl Conns {
+    pub(super) fn new(
+        name: &'static str,
+        options: PgConnectOptions,
+        keep: usize,
+        max: Option<usize>,
+        bounds: Bounds,
+        observer: Observer,
+    ) -> Self {
+        Self {
+            name,
+            options,
+            idle: Mutex::new(Vec::new()),
+            keep,
+            permits: max.map(|n| Arc::new(Semaphore::new(n.max(1)))),
+            max: max.unwrap_or(0).max(1),
+            bounds,
+            observer,
+        }
+    }
+
+    pub(super) fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    fn idle(&self) -> MutexGuard<'_, Vec<(PgConnection, Instant)>> {
+        // A panic while holding this lock leaves a plain Vec behind: usable.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn put(&self, conn: PgConnection) {
         let mut idle = self.idle();
-        if healthy && idle.len() < self.keep {
+        if idle.len() < self.keep {
             idle.push((conn, Instant::now()));
         }
     }
 
+    /// Drops every idle connection (they close as they drop).
+    fn flush(&self) {
+        let dropped = std::mem::take(&mut *self.idle());
+        if !dropped.is_empty() {
+            tracing::info!(
+                pool = self.name,
+                dropped = dropped.len(),
+                "a database connection went silent; dropping the idle ones too"
+            );
+        }
+    }
+
+    /// Connections lent out now, and the most that may be (for the
+    /// pool-in-use gauge); `None` for a pool without a cap.
+    pub(super) fn in_use(&self) -> Option<(usize, usize)> {
+        let p = self.permits.as_ref()?;
+        Some((self.max.saturating_sub(p.available_permits()), self.max))
+    }
+
+    /// Lends a connection by `until`: an idle one (pinged first if it sat
+    /// idle), or a new one when `fresh` or none is idle.
+    pub(super) async fn lend(&self, fresh: bool, until: Instant) -> Result<Lent<'_>, StoreError> {
+        let permit = match &self.permits {
+            None => None,
+            Some(p) => Some(
+                tokio::time::timeout_at(until, p.clone().acquire_owned())
+                    .await
+                    .map_err(|_| {
+                        StoreError::database(
+                            "waiting for a database connection",
+                            DbFailure::Unavailable,
+                            format!(
+                                "all {} connections of the {} pool stayed busy",
+                                self.max, self.name
+                            ),
+                        )
+                    })?
+                    .map_err(|_| {
+                        StoreError::database(
+                            "waiting for a database connection",
+                            DbFailure::Unavailable,
+                            "the store is closing",
+                        )
+                    })?,
+            ),
+        };
+        let lent = |conn, reused| Lent {
+            conn: Some(conn),
+            reused,
+            pool: self,
+            _permit: permit,
+        };
+        if !fresh && let Some(conn) = self.take_idle(until).await {
+            return Ok(lent(conn, true));
+        }
+        let conn = self.open(until).await?;
+        Ok(lent(conn, false))
+    }
+
+    /// An idle connection that answers (pinged when it sat idle), or none.
+    async fn take_idle(&self, until: Instant) -> Option<PgConnection> {
+        loop {
+            let popped = self.idle().pop();
+            let (mut conn, since) = popped?;
+            if since.elapsed() < PING_IF_IDLE_FOR {
+                return Some(conn);
+            }
+            let by = until.min(Instant::now() + self.bounds.ping());
+            match tokio::time::timeout_at(by, conn.ping()).await {
+                Ok(Ok(())) => return Some(conn),
+                // Gone stale (the database restarted, a proxy closed it):
+                // dropped; the next one is tried, or a new one opened.
+                Ok(Err(e)) => {
+                    tracing::info!(pool = self.name, error = %e, "dropping a stale database connection")
+                }
+                Err(_) => {
+                    drop(conn);
+                    self.flush();
+                    return None;
+                }
+            }
+        }
+    }
+
+    pub(super) async fn open(&self, until: Instant) -> Result<PgConnection, StoreError> {
+        const WHAT: &str = "opening a database connection";
+        let by = until.min(Instant::now() + self.bounds.connect);
+        let started = Instant::now();
+        match tokio::time::timeout_at(by, PgConnection::connect_with(&self.options)).await {
+            Ok(Ok(conn)) => {
+                // Keepalive and TCP_USER_TIMEOUT on our end of it.
+                super::sockets::tune(&self.options, self.bounds).await;
+                Ok(conn)
+            }
+            Ok(Err(e)) => Err(StoreError::connect(WHAT)(e)),
+            Err(_) => {
+                self.observer
+                    .round_trip(RoundTrip::Connect, started, "timeout");
+                Err(StoreError::database(
+                    WHAT,
+                    DbFailure::Unavailable,
+                    format!(
+                        "no connection within {} ms",
+                        by.saturating_duration_since(started).as_millis()
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Runs `f` on a lent connection within one round-trip bound (and
+    /// `until`); a round trip that did not end by then is given up and its
+    /// connection dropped. With `Repeat::Safe`, a round trip whose reused
+    /// connection failed or went silent runs once more on a new one, as
+    /// long as `until` allows.
+    pub(super) async fn run<T, F>(
+        &self,
+        kind: RoundTrip,
+        what: &'static str,
+        repeat: Repeat,
+        until: Instant,
+        f: F,
+    ) -> Result<T, StoreError>
+    where
+        F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>,
+    {
+        let mut fresh = false;
+        loop {
+            let mut lent = self.lend(fresh, until).await?;
+            let reused = lent.reused;
+            let result = self.bounded(kind, what, until, f(lent.conn())).await;
+            lent.finish(&result);
+            match result {
+                Err(e)
+                    if repeat == Repeat::Safe
+                        && !fresh
+                        && reused
+                        && e.is_connection_lost()
+                        && Instant::now() < until =>
+                {
+                    tracing::info!(pool = self.name, error = %e, "database connection lost; once more on a new one");
+                    fresh = true;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One round trip, bounded by `Bounds::round_trip` and `until`,
+    /// observed; on expiry the future (and with it the statement) is
+    /// dropped and a `TimedOut` failure returned.
+    pub(super) async fn bounded<T>(
+        &self,
+        kind: RoundTrip,
+        what: &'static str,
+        until: Instant,
+        fut: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        self.timed(kind, what, until, async {
+            fut.await.map_err(StoreError::db(what))
+        })
+        .await
+    }
+
+    /// `bounded`, for a future that classifies its own errors.
+    pub(super) async fn timed<T>(
+        &self,
+        kind: RoundTrip,
+        what: &'static str,
+        until: Instant,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let by = until.min(started + self.bounds.round_trip);
+        match tokio::time::timeout_at(by, fut).await {
+            Ok(r) => {
+                let outcome = match &r {
+                    Ok(_) => "ok",
+                    Err(e) if e.is_timed_out() => "timeout",
+                    Err(_) => "error",
+                };
+                self.observer.round_trip(kind, started, outcome);
+                r
+            }
+            Err(_) => {
+                self.observer.round_trip(kind, started, "timeout");
+                Err(StoreError::database(
+                    what,
+                    DbFailure::TimedOut,
+                    format!(
+                        "PostgreSQL did not answer within {} ms ({} connection dropped)",
+                        by.saturating_duration_since(started).as_millis(),
+                        self.name
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Closes the idle connections (at shutdown).
     pub(super) async fn close(&self) {
+        if let Some(p) = &self.permits {
+            p.close();
+        }
         let conns: Vec<_> = self.idle().drain(..).collect();
         for (conn, _) in conns {
-            if let Err(e) = conn.close().await {
-                tracing::debug!(error = %e, "closing a ledger connection");
+            match tokio::time::timeout(self.bounds.ping(), conn.close()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "closing a database connection"),
+                // Dropped as it stands: the server ends the session.
+                Err(_) => tracing::debug!("closing a database connection timed out"),
             }
         }
     }

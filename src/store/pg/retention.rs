@@ -17,11 +17,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::Connection as _;
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::store::{PruneCounts, PruneParams, PruneRound, StoreError};
+use super::conns::{Bounds, Conns, Observer};
+use crate::store::{PruneCounts, PruneParams, PruneRound, RoundTrip, StoreError};
+
+/// The round's session ends on the server once idle this long (its client
+/// gone without a word), releasing the advisory lock it holds: a round is
+/// idle only for a pause between batches.
+const ROUND_IDLE_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The advisory lock of retention rounds (`b"vr:retnt"` as a number).
 const LOCK_KEY: i64 = 0x7672_3a72_6574_6e74;
@@ -78,37 +84,58 @@ const EXPIRE: &str = "WITH gone AS (
      )
      DELETE FROM idempotency_tombstones t USING gone WHERE t.key_hash = gone.key_hash";
 
-/// A round holding the lock on its own connection.
+/// A round holding the lock on its own connection; each of its round
+/// trips bounded (`conns.bounded`).
 pub(super) struct PgRound {
     conn: PgConnection,
+    conns: Conns,
 }
 
-/// Takes the lock on a connection of the round's own (out of the pool:
-/// it never goes back holding the lock); `None` while another holds it.
-pub(super) async fn begin(pool: &PgPool) -> Result<Option<Box<dyn PruneRound>>, StoreError> {
+/// Takes the lock on a connection of the round's own (never pooled: it
+/// must not go back holding the lock); `None` while another holds it.
+pub(super) async fn begin(
+    options: &PgConnectOptions,
+    bounds: Bounds,
+    observer: Observer,
+) -> Result<Option<Box<dyn PruneRound>>, StoreError> {
     const WHAT: &str = "beginning a retention round";
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(StoreError::connect(WHAT))?
-        .detach();
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-        .bind(LOCK_KEY)
-        .fetch_one(&mut conn)
-        .await
-        .map_err(StoreError::db(WHAT))?;
+    let options = options.clone().options([(
+        "idle_session_timeout",
+        ROUND_IDLE_SESSION_TIMEOUT.as_millis().to_string(),
+    )]);
+    let conns = Conns::new("retention", options, 0, None, bounds, observer);
+    let until = Instant::now() + bounds.connect + bounds.round_trip;
+    let mut conn = conns.open(until).await?;
+    let locked: bool = conns
+        .bounded(
+            RoundTrip::Retention,
+            WHAT,
+            until,
+            sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                .bind(LOCK_KEY)
+                .fetch_one(&mut conn),
+        )
+        .await?;
     if !locked {
         close(conn).await;
         return Ok(None);
     }
-    Ok(Some(Box::new(PgRound { conn })))
+    Ok(Some(Box::new(PgRound { conn, conns })))
 }
 
 async fn close(conn: PgConnection) {
-    if let Err(e) = conn.close().await {
+    match tokio::time::timeout(Duration::from_secs(1), conn.close()).await {
+        Ok(Ok(())) => {}
         // The session ends either way, and its locks with it.
-        tracing::debug!(error = %e, "retention: closing the round's connection");
+        Ok(Err(e)) => tracing::debug!(error = %e, "retention: closing the round's connection"),
+        Err(_) => tracing::debug!("retention: closing the round's connection timed out"),
     }
+}
+
+/// No bound of its own beyond each round trip's (retention has no
+/// caller's deadline).
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(24 * 3600)
 }
 
 /// Milliseconds before the database's now that a cutoff `keep` back lies,
@@ -127,11 +154,17 @@ impl PgRound {
     ) -> Result<bool, StoreError> {
         let until = Instant::now() + wait;
         loop {
-            let older: i64 = sqlx::query_scalar(OLDER_SNAPSHOTS)
-                .bind(horizon)
-                .fetch_one(&mut self.conn)
-                .await
-                .map_err(StoreError::db("retention: waiting for older transactions"))?;
+            let older: i64 = self
+                .conns
+                .bounded(
+                    RoundTrip::Retention,
+                    "retention: waiting for older transactions",
+                    far(),
+                    sqlx::query_scalar(OLDER_SNAPSHOTS)
+                        .bind(horizon)
+                        .fetch_one(&mut self.conn),
+                )
+                .await?;
             if older == 0 {
                 return Ok(true);
             }
@@ -147,20 +180,31 @@ impl PgRound {
 impl PruneRound for PgRound {
     async fn prune_batch(&mut self, p: &PruneParams) -> Result<PruneCounts, StoreError> {
         const WHAT: &str = "retention: pruning decided operations";
-        let rows: Vec<(Uuid, i64)> = sqlx::query_as(MARK)
-            .bind(cutoff_ms(p.keep, p.ahead))
-            .bind(i64::from(p.limit))
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(StoreError::db(WHAT))?;
+        let rows: Vec<(Uuid, i64)> = self
+            .conns
+            .bounded(
+                RoundTrip::Retention,
+                WHAT,
+                far(),
+                sqlx::query_as(MARK)
+                    .bind(cutoff_ms(p.keep, p.ahead))
+                    .bind(i64::from(p.limit))
+                    .fetch_all(&mut self.conn),
+            )
+            .await?;
         let Some(&(_, marked)) = rows.first() else {
             return Ok(PruneCounts::default());
         };
         let ids: Vec<Uuid> = rows.into_iter().map(|(id, _)| id).collect();
-        let horizon: i64 = sqlx::query_scalar(HORIZON)
-            .fetch_one(&mut self.conn)
-            .await
-            .map_err(StoreError::db(WHAT))?;
+        let horizon: i64 = self
+            .conns
+            .bounded(
+                RoundTrip::Retention,
+                WHAT,
+                far(),
+                sqlx::query_scalar(HORIZON).fetch_one(&mut self.conn),
+            )
+            .await?;
         let mut counts = PruneCounts {
             tombstones_written: marked as u64,
             ..PruneCounts::default()
@@ -169,20 +213,25 @@ impl PruneRound for PgRound {
             counts.deferred = ids.len() as u64;
             return Ok(counts);
         }
-        let mut tx = self.conn.begin().await.map_err(StoreError::db(WHAT))?;
-        let deleted: Vec<Uuid> = sqlx::query_scalar(DELETE_OPERATIONS)
-            .bind(&ids)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(StoreError::db(WHAT))?;
-        let events = sqlx::query(DELETE_EVENTS)
-            .bind(&deleted)
-            .execute(&mut *tx)
-            .await
-            .map_err(StoreError::db(WHAT))?;
-        tx.commit().await.map_err(StoreError::db(WHAT))?;
-        counts.operations = deleted.len() as u64;
-        counts.events = events.rows_affected();
+        let conn = &mut self.conn;
+        let (deleted, events) = self
+            .conns
+            .bounded(RoundTrip::Retention, WHAT, far(), async move {
+                let mut tx = conn.begin().await?;
+                let deleted: Vec<Uuid> = sqlx::query_scalar(DELETE_OPERATIONS)
+                    .bind(&ids)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                let events = sqlx::query(DELETE_EVENTS)
+                    .bind(&deleted)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok((deleted.len() as u64, events.rows_affected()))
+            })
+            .await?;
+        counts.operations = deleted;
+        counts.events = events;
         Ok(counts)
     }
 
@@ -190,19 +239,32 @@ impl PruneRound for PgRound {
         let Some(keep_keys) = p.keep_keys else {
             return Ok(0);
         };
-        let done = sqlx::query(EXPIRE)
-            .bind(cutoff_ms(keep_keys, p.ahead))
-            .bind(i64::from(p.limit))
-            .execute(&mut self.conn)
-            .await
-            .map_err(StoreError::db("retention: expiring tombstones"))?;
+        let done = self
+            .conns
+            .bounded(
+                RoundTrip::Retention,
+                "retention: expiring tombstones",
+                far(),
+                sqlx::query(EXPIRE)
+                    .bind(cutoff_ms(keep_keys, p.ahead))
+                    .bind(i64::from(p.limit))
+                    .execute(&mut self.conn),
+            )
+            .await?;
         Ok(done.rows_affected())
     }
 
     async fn end(mut self: Box<Self>) {
-        let unlocked = sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
-            .bind(LOCK_KEY)
-            .fetch_one(&mut self.conn)
+        let unlocked = self
+            .conns
+            .bounded(
+                RoundTrip::Retention,
+                "retention: unlocking",
+                far(),
+                sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
+                    .bind(LOCK_KEY)
+                    .fetch_one(&mut self.conn),
+            )
             .await;
         if let Err(e) = unlocked {
             // Closing the connection releases it all the same.

@@ -1,0 +1,287 @@
+//! A TCP proxy that fails the way a network fails under a service: its
+//! connections can go silent (kept open, nothing forwarded either way: a
+//! NAT or a load balancer that lost its state, a failover whose old
+//! connections were not reset), be reset (RST), or new ones be refused.
+//! The tests and the history checker put it in front of PostgreSQL to
+//! fault what the service stands on; real sockets both ways, nothing is
+//! simulated but the failure.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// What happens to connections opened from now on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewConns {
+    /// Forwarded as usual.
+    Pass,
+    /// Accepted, then silent: nothing forwarded either way.
+    Silent,
+    /// Accepted and reset at once.
+    Refuse,
+}
+
+pub struct FaultProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+}
+
+struct Shared {
+    upstream: SocketAddr,
+    new: Mutex<NewConns>,
+    open: Mutex<Vec<Arc<Conn>>>,
+    accepted: AtomicU64,
+}
+
+/// One proxied connection's controls.
+struct Conn {
+    silent: watch::Sender<bool>,
+    reset: CancellationToken,
+    closed: AtomicBool,
+}
+
+impl FaultProxy {
+    /// A proxy on a free loopback port to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            upstream,
+            new: Mutex::new(NewConns::Pass),
+            open: Mutex::new(Vec::new()),
+            accepted: AtomicU64::new(0),
+        });
+        let stop = CancellationToken::new();
+        tokio::spawn(accept_loop(listener, shared.clone(), stop.clone()));
+        Ok(Self { addr, shared, stop })
+    }
+
+    /// A proxy to the server a `postgres://` URL names, and the same URL
+    /// through the proxy.
+    pub async fn for_url(url: &str) -> std::io::Result<(Self, String)> {
+        let bad =
+            |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string());
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("not a URL"))?;
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((u, h)) => (format!("{u}@"), h),
+            None => (String::new(), authority),
+        };
+        let hostport = if hostport.contains(':') {
+            hostport.to_string()
+        } else {
+            format!("{hostport}:5432")
+        };
+        let upstream = tokio::net::lookup_host(&hostport)
+            .await?
+            .next()
+            .ok_or_else(|| bad("the host resolves to nothing"))?;
+        let proxy = Self::start(upstream).await?;
+        let url = format!("{scheme}://{userinfo}{}{path}", proxy.addr);
+        Ok((proxy, url))
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.shared.prune()
+    }
+
+    /// Every open connection goes silent; returns how many did.
+    pub fn silence_open(&self) -> usize {
+        let open = self.shared.open_now();
+        for c in &open {
+            c.silent.send_replace(true);
+        }
+        open.len()
+    }
+
+    /// Every open connection is reset (RST both ways); returns how many.
+    pub fn reset_open(&self) -> usize {
+        let open = self.shared.open_now();
+        for c in &open {
+            c.reset.cancel();
+        }
+        open.len()
+    }
+
+    /// What new connections meet from now on.
+    pub fn set_new(&self, new: NewConns) {
+        *self.shared.new.lock().unwrap_or_else(|p| p.into_inner()) = new;
+    }
+
+    /// Silent connections forward again (what they held is delivered), and
+    /// new ones pass.
+    pub fn resume(&self) {
+        self.set_new(NewConns::Pass);
+        for c in self.shared.open_now() {
+            c.silent.send_replace(false);
+        }
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for c in self.shared.open_now() {
+            c.reset.cancel();
+        }
+    }
+}
+
+impl Shared {
+    /// Drops closed connections from the list; how many stay open.
+    fn prune(&self) -> usize {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|c| !c.closed.load(Ordering::SeqCst));
+        open.len()
+    }
+
+    fn open_now(&self) -> Vec<Arc<Conn>> {
+        self.prune();
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let client = match accepted {
+            Ok((client, _)) => client,
+            Err(e) => {
+                tracing::debug!(error = %e, "fault proxy: accept failed");
+                continue;
+            }
+        };
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
+        let new = *shared.new.lock().unwrap_or_else(|p| p.into_inner());
+        if new == NewConns::Refuse {
+            reset(&client);
+            continue;
+        }
+        let conn = Arc::new(Conn {
+            silent: watch::channel(new == NewConns::Silent).0,
+            reset: CancellationToken::new(),
+            closed: AtomicBool::new(false),
+        });
+        shared
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(conn.clone());
+        tokio::spawn(proxy_one(client, shared.upstream, conn));
+    }
+}
+
+/// Closes a socket with an RST instead of a FIN.
+fn reset(s: &TcpStream) {
+    // Without zero linger the close is a FIN: still a closed connection.
+    if let Err(e) = s.set_zero_linger() {
+        tracing::debug!(error = %e, "fault proxy: cannot set zero linger");
+    }
+}
+
+async fn proxy_one(client: TcpStream, upstream: SocketAddr, conn: Arc<Conn>) {
+    let server = tokio::select! {
+        s = TcpStream::connect(upstream) => s,
+        _ = conn.reset.cancelled() => {
+            reset(&client);
+            conn.closed.store(true, Ordering::SeqCst);
+            return;
+        }
+    };
+    let server = match server {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(error = %e, "fault proxy: upstream refused");
+            reset(&client);
+            conn.closed.store(true, Ordering::SeqCst);
+            return;
+        }
+    };
+    for s in [&client, &server] {
+        // Forwarded at once, as the peers wrote it.
+        if let Err(e) = s.set_nodelay(true) {
+            tracing::debug!(error = %e, "fault proxy: cannot set nodelay");
+        }
+    }
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
+    let up = tokio::spawn(pump(cr, sw, conn.clone()));
+    let down = tokio::spawn(pump(sr, cw, conn.clone()));
+    let (up, down) = (up.await, down.await);
+    if let (Ok(Some(a)), Ok(Some(b))) = (up, down) {
+        // Reset: both halves of each socket back, zero linger, dropped.
+        let (client, server) = (a.0.reunite(b.1), b.0.reunite(a.1));
+        for s in [client, server].into_iter().flatten() {
+            reset(&s);
+        }
+    }
+    conn.closed.store(true, Ordering::SeqCst);
+}
+
+/// Forwards `from` to `to` until either ends, holding what it read while
+/// the connection is silent. On a reset, hands both halves back (to be
+/// closed with an RST); `None` after an ordinary end.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    conn: Arc<Conn>,
+) -> Option<(OwnedReadHalf, OwnedWriteHalf)> {
+    let mut silent = conn.silent.subscribe();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // A silent connection reads nothing either, as a black hole.
+        while *silent.borrow_and_update() {
+            tokio::select! {
+                c = silent.changed() => if c.is_err() { return None },
+                _ = conn.reset.cancelled() => return Some((from, to)),
+            }
+        }
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            _ = conn.reset.cancelled() => return Some((from, to)),
+        };
+        // Read just as it went silent: held until it speaks again.
+        while *silent.borrow_and_update() {
+            tokio::select! {
+                c = silent.changed() => if c.is_err() { return None },
+                _ = conn.reset.cancelled() => return Some((from, to)),
+            }
+        }
+        tokio::select! {
+            r = to.write_all(&buf[..n]) => if r.is_err() { break },
+            _ = conn.reset.cancelled() => return Some((from, to)),
+        }
+    }
+    // The peer closed (or failed): pass the end on, as a FIN.
+    if let Err(e) = to.shutdown().await {
+        tracing::debug!(error = %e, "fault proxy: shutdown");
+    }
+    conn.reset.cancel();
+    None
+}

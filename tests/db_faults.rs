@@ -1,0 +1,393 @@
+//! Faults in what the service stands on: PostgreSQL behind a fault proxy
+//! whose connections go silent (open, nothing forwarded: a NAT that lost
+//! its state), are reset, or refused. Through the real server chain, with
+//! the ledger held against the simulator's truth at the end of each run:
+//! no request reached Nova without its operation's intent committed
+//! before it, every answer a caller got is what the ledger says, and once
+//! the database is back every operation is decided as Nova's state says.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::lifecycle::{attach, ids, secs, with_history};
+use support::{AppOptions, TestApp, eventually, spawn_app, with_timeout};
+use tokio::time::Instant;
+use uuid::Uuid;
+use volume_reconciler::domain::State;
+use volume_reconciler::grpc::pb;
+use volume_reconciler::sim::netfault::{FaultProxy, NewConns};
+
+/// A service whose ledger is a fresh database reached through a fault
+/// proxy; the reconciler off unless `args` turn it on.
+async fn behind_proxy(args: &[(&str, &str)]) -> (TestApp, FaultProxy) {
+    let direct = support::pg::fresh_database().await;
+    let (proxy, url) = FaultProxy::for_url(&direct)
+        .await
+        .expect("the proxy starts");
+    let mut opts = AppOptions {
+        db_url: Some(url),
+        ..with_history(support::Ledger::Postgres)
+    };
+    for (flag, value) in args {
+        opts = opts.arg(flag, value);
+    }
+    (spawn_app(opts).await, proxy)
+}
+
+/// What a caller heard: the operation (decided as answered) or a code.
+#[derive(Debug, Clone)]
+enum Heard {
+    Decided(Box<pb::Operation>),
+    Error(tonic::Code, String),
+}
+
+/// One attach of a fresh volume, with its answer.
+async fn one_attach(app: &TestApp, deadline: Duration) -> (String, Uuid, Heard) {
+    let (server, volume) = ids();
+    let key = support::uuid();
+    let heard = match app
+        .raw()
+        .attach_volume(with_timeout(attach(&key, server, volume), deadline))
+        .await
+    {
+        Ok(r) => Heard::Decided(Box::new(r.into_inner())),
+        Err(s) => Heard::Error(s.code(), s.message().to_string()),
+    };
+    (key, volume, heard)
+}
+
+/// Attaches at `callers` concurrency until `stop`, every answer kept.
+async fn attach_load(
+    app: Arc<TestApp>,
+    callers: usize,
+    deadline: Duration,
+    stop: tokio_util::sync::CancellationToken,
+) -> Vec<(String, Uuid, Heard)> {
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let (app, stop) = (app.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut heard = Vec::new();
+            while !stop.is_cancelled() {
+                heard.push(one_attach(&app, deadline).await);
+            }
+            heard
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("a caller task"));
+    }
+    all
+}
+
+/// Runs reconciler rounds until no operation of `keys` is open.
+async fn reconcile_all(app: &TestApp, keys: &[String], within: Duration) {
+    let (store, reconciler) = (app.store.clone(), app.reconciler.clone());
+    let keys = keys.to_vec();
+    eventually(within, "every operation is decided", || {
+        let (store, reconciler, keys) = (store.clone(), reconciler.clone(), keys.clone());
+        async move {
+            if let Err(e) = reconciler.run_once().await {
+                if std::env::var("DEBUG_OPEN").is_ok() {
+                    eprintln!("RUN_ONCE {e}");
+                }
+                return false;
+            }
+            for k in &keys {
+                match store.operation_get_by_key(None, k).await {
+                    Ok(Some(op)) if !op.state.is_terminal() => {
+                        if std::env::var("DEBUG_OPEN").is_ok() {
+                            let log = store.operation_events(op.id).await.unwrap_or_default();
+                            eprintln!(
+                                "OPEN {:?} attempts={} err={:?}",
+                                op.state,
+                                op.attempts,
+                                op.last_error.as_ref().map(|e| &e.message)
+                            );
+                            for e in log {
+                                eprintln!("   {} {} {}", e.kind, e.detail, e.replica);
+                            }
+                        }
+                        return false;
+                    }
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            }
+            true
+        }
+    })
+    .await;
+}
+
+/// The ledger against the simulator's truth, for every attach of the run:
+/// - every request Nova received belongs to an operation whose intent was
+///   written before it arrived;
+/// - a caller told SUCCEEDED has a SUCCEEDED row and the volume attached;
+///   one told FAILED a FAILED row;
+/// - every row is decided as Nova's state says (succeeded ⇔ attached),
+///   and no volume was attached twice.
+async fn check_against_truth(app: &TestApp, heard: &[(String, Uuid, Heard)]) {
+    let truth = app.sim.truth();
+    let mut rows = HashMap::new();
+    for (key, volume, _) in heard {
+        if let Some(op) = app.store.operation_get_by_key(None, key).await.unwrap() {
+            assert_eq!(op.volume_id, *volume);
+            rows.insert(op.id, op);
+        }
+    }
+    for r in truth.requests.iter().filter(|r| r.op == "attach") {
+        let gid = r
+            .global_id
+            .as_deref()
+            .expect("the service names its requests");
+        let id: Uuid = gid
+            .strip_prefix("req-")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("request id {gid}"));
+        let op = rows
+            .get(&id)
+            .unwrap_or_else(|| panic!("Nova received {gid} but the ledger has no operation {id}"));
+        assert!(
+            op.created_at <= r.received_at,
+            "operation {id}: its request reached Nova at {} before its intent was written at {}",
+            r.received_at,
+            op.created_at
+        );
+    }
+    for (key, volume, h) in heard {
+        let attached = truth.attachments.iter().any(|a| a.volume_id == *volume);
+        let effects = truth.attach_effects.get(volume).copied().unwrap_or(0);
+        assert!(
+            effects <= 1,
+            "{key}: volume {volume} attached {effects} times"
+        );
+        let op = app.store.operation_get_by_key(None, key).await.unwrap();
+        match (h, &op) {
+            (Heard::Decided(told), Some(op)) => {
+                let told_state = pb::State::try_from(told.state).unwrap();
+                assert_eq!(told.id, op.id.to_string(), "{key}");
+                assert_eq!(
+                    (told_state, op.state),
+                    (pb::State::Succeeded, State::Succeeded),
+                    "{key}: the caller was told {told_state:?}, the ledger says {:?}",
+                    op.state
+                );
+            }
+            (Heard::Decided(told), None) => {
+                panic!("{key}: the caller was told {told:?}, the ledger has no row")
+            }
+            (Heard::Error(code, message), Some(op))
+                if *code == tonic::Code::FailedPrecondition
+                    || *code == tonic::Code::InvalidArgument =>
+            {
+                assert_eq!(op.state, State::Failed, "{key}: told {code:?} {message}");
+            }
+            (Heard::Error(..), _) => {}
+        }
+        if let Some(op) = op {
+            assert!(op.state.is_terminal(), "{key}: still {:?}", op.state);
+            assert_eq!(
+                op.state == State::Succeeded,
+                attached,
+                "{key}: the ledger says {:?} ({:?}); Nova's attachment list says attached={attached}",
+                op.state,
+                op.resolution
+            );
+        } else {
+            assert!(
+                !attached && effects == 0,
+                "{key}: volume {volume} was attached without an operation"
+            );
+        }
+    }
+}
+
+/// `GET path` of the admin listener: status and body, within `within`.
+async fn admin_get(app: &TestApp, path: &str, within: Duration) -> Option<(u16, String)> {
+    let url = format!("{}{path}", app.admin_url);
+    let got = tokio::time::timeout(within, async move {
+        let r = reqwest::get(url).await.ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.text().await.ok()?))
+    })
+    .await;
+    got.ok().flatten()
+}
+
+#[tokio::test]
+async fn silent_database_connections_are_replaced_and_new_attaches_succeed_within_15s() {
+    let (app, proxy) = behind_proxy(&[]).await;
+    // Warm: connections of every pool open (writers, reads, leases).
+    let mut heard = Vec::new();
+    let warm = futures_util::future::join_all((0..16).map(|_| one_attach(&app, secs(10.0)))).await;
+    for (key, _, h) in &warm {
+        assert!(matches!(h, Heard::Decided(_)), "{key}: {h:?}");
+        let op = app.store.operation_get_by_key(None, key).await.unwrap();
+        assert!(op.is_some());
+    }
+    heard.extend(warm);
+    // Every open connection goes quiet; new ones still work.
+    let silenced = proxy.silence_open();
+    assert!(silenced >= 3, "{silenced} connections were open");
+    let faulted = Instant::now();
+    // Liveness never waits on the database.
+    let live = admin_get(&app, "/healthz", secs(1.0)).await;
+    assert_eq!(
+        live.map(|l| l.0),
+        Some(200),
+        "/healthz while the database is silent"
+    );
+    // Callers that arrive now, each with time to spare.
+    let first_wave =
+        futures_util::future::join_all((0..8).map(|_| one_attach(&app, secs(30.0)))).await;
+    for (key, _, h) in &first_wave {
+        assert!(
+            matches!(h, Heard::Decided(op) if op.state == pb::State::Succeeded as i32),
+            "{key}: {h:?}"
+        );
+    }
+    heard.extend(first_wave);
+    let recovered = faulted.elapsed();
+    assert!(
+        recovered < secs(15.0),
+        "attaches that arrived with the fault took {recovered:?}"
+    );
+    // And from now on at once again.
+    let (key, v, h) = one_attach(&app, secs(5.0)).await;
+    assert!(matches!(h, Heard::Decided(_)), "{key}: {h:?}");
+    heard.push((key, v, h));
+    let ready = admin_get(&app, "/readyz", secs(5.0)).await;
+    assert_eq!(ready.map(|r| r.0), Some(200));
+    // The timeouts were seen and counted.
+    let timeouts: f64 = support::lifecycle::metric(&app, "volume_reconciler_db_timeouts_total")
+        .await
+        .iter()
+        .map(|(_, v)| v)
+        .sum();
+    assert!(timeouts >= 1.0, "no database timeout counted");
+    check_against_truth(&app, &heard).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_database_silent_for_20s_then_back_loses_nothing_answered_and_the_reconciler_decides_the_rest()
+ {
+    let (app, proxy) = behind_proxy(&[]).await;
+    let app = Arc::new(app);
+    let mut heard =
+        futures_util::future::join_all((0..8).map(|_| one_attach(&app, secs(10.0)))).await;
+    // Every connection, open or new, silent for 20 s, under load.
+    proxy.silence_open();
+    proxy.set_new(NewConns::Silent);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let load = tokio::spawn(attach_load(app.clone(), 4, secs(6.0), stop.clone()));
+    // Readiness says what is wrong (and answers within its probe's time);
+    // liveness answers.
+    let app2 = app.clone();
+    eventually(secs(15.0), "/readyz reports the database", || {
+        let app = app2.clone();
+        async move {
+            matches!(admin_get(&app, "/readyz", secs(4.0)).await,
+                Some((503, body)) if body.contains("database"))
+        }
+    })
+    .await;
+    assert_eq!(
+        admin_get(&app, "/healthz", secs(1.0)).await.map(|l| l.0),
+        Some(200)
+    );
+    tokio::time::sleep_until(Instant::now() + secs(20.0)).await;
+    proxy.resume();
+    // Back: new attaches succeed again, soon.
+    let (app3, after) = (app.clone(), Arc::new(std::sync::Mutex::new(Vec::new())));
+    let after2 = after.clone();
+    eventually(
+        secs(15.0),
+        "an attach succeeds once the database is back",
+        || {
+            let (app, after) = (app3.clone(), after2.clone());
+            async move {
+                let one = one_attach(&app, secs(5.0)).await;
+                let ok = matches!(one.2, Heard::Decided(_));
+                after.lock().unwrap().push(one);
+                ok
+            }
+        },
+    )
+    .await;
+    stop.cancel();
+    heard.extend(load.await.expect("the load"));
+    heard.extend(after.lock().unwrap().drain(..));
+    let answered_ok = heard
+        .iter()
+        .filter(|(_, _, h)| matches!(h, Heard::Decided(_)))
+        .count();
+    assert!(answered_ok >= 8, "{answered_ok} answered");
+    let keys: Vec<String> = heard.iter().map(|(k, _, _)| k.clone()).collect();
+    reconcile_all(&app, &keys, secs(60.0)).await;
+    check_against_truth(&app, &heard).await;
+    drop((app2, app3));
+    Arc::try_unwrap(app)
+        .ok()
+        .expect("the last handle")
+        .stop()
+        .await;
+}
+
+#[tokio::test]
+async fn database_connections_reset_mid_batch_lose_nothing() {
+    let (app, proxy) = behind_proxy(&[]).await;
+    let app = Arc::new(app);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let load = tokio::spawn(attach_load(app.clone(), 32, secs(10.0), stop.clone()));
+    // Resets at every 300 ms for 6 s, while batches are being written.
+    let mut resets = 0;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        resets += proxy.reset_open();
+    }
+    // New connections refused for a moment, too.
+    proxy.set_new(NewConns::Refuse);
+    proxy.reset_open();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.set_new(NewConns::Pass);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.cancel();
+    let heard = load.await.expect("the load");
+    assert!(resets >= 20, "{resets} connections reset");
+    let ok = heard
+        .iter()
+        .filter(|(_, _, h)| matches!(h, Heard::Decided(_)))
+        .count();
+    assert!(ok >= 32, "only {ok} of {} attaches answered", heard.len());
+    let keys: Vec<String> = heard.iter().map(|(k, _, _)| k.clone()).collect();
+    reconcile_all(&app, &keys, secs(60.0)).await;
+    check_against_truth(&app, &heard).await;
+    Arc::try_unwrap(app)
+        .ok()
+        .expect("the last handle")
+        .stop()
+        .await;
+}
+
+#[tokio::test]
+async fn the_database_sockets_carry_keepalive_and_a_user_timeout() {
+    let (app, proxy) = behind_proxy(&[]).await;
+    let (key, _, h) = one_attach(&app, secs(10.0)).await;
+    assert!(matches!(h, Heard::Decided(_)), "{key}: {h:?}");
+    let fds = volume_reconciler::store::pg::sockets::sockets_to(proxy.addr());
+    assert!(!fds.is_empty(), "no socket to the database found");
+    for fd in fds {
+        let (keepalive, idle, user_timeout) =
+            volume_reconciler::store::pg::sockets::socket_options(fd).expect("socket options");
+        assert!(keepalive, "fd {fd}: no keepalive");
+        assert_eq!(idle, 10, "fd {fd}: keepalive idle");
+        assert_eq!(user_timeout, 15_000, "fd {fd}: TCP_USER_TIMEOUT");
+    }
+    app.stop().await;
+}
