@@ -372,6 +372,12 @@ pub struct ServeArgs {
     /// CA (PEM) that client certificates must be signed by (mutual TLS).
     #[arg(long, env = "VOLUME_RECONCILER_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<std::path::PathBuf>,
+    /// Roles of callers named by their client certificate (mutual TLS
+    /// without --auth-tokens): CN=NAME=ROLE and OU=UNIT=ROLE entries,
+    /// comma separated, `OU` for "the OU names the role", or @FILE of
+    /// them. The CN's entry wins, then the OUs'; else orchestrator.
+    #[arg(long, env = "VOLUME_RECONCILER_TLS_CLIENT_ROLES")]
+    pub tls_client_roles: Option<String>,
     /// Bound of a TLS handshake with a client (connection setup only).
     #[arg(long, env = "VOLUME_RECONCILER_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = "5s")]
     pub tls_handshake_timeout: Duration,

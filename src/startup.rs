@@ -573,13 +573,11 @@ fn spawn_grpc(
         // 0.14.9 the grace drops connections without a GOAWAY.
         builder = builder.max_connection_age(age);
     }
-    let tokens = crate::grpc::auth::TokenSet::parse(cfg.auth_tokens.as_deref().unwrap_or(""))
-        .map_err(|e| anyhow::anyhow!("--auth-tokens: {e}"))?;
-    if tokens.is_empty() && cfg.tls_client_ca.is_none() {
-        tracing::warn!(
-            "no caller authentication configured (--auth-tokens, --tls-client-ca): anyone who reaches the gRPC port can attach volumes"
-        );
-    }
+    let auth = crate::grpc::auth::AuthPolicy::from_settings(
+        cfg.auth_tokens.as_deref(),
+        cfg.tls_client_ca.is_some(),
+        cfg.tls_client_roles.as_deref(),
+    )?;
     // The metrics layer outermost: it sees every answer, those of the
     // layers below included.
     let grpc_metrics = GrpcMetricsLayer::new(metrics.clone(), SERVED_DESCRIPTOR_SETS)?;
@@ -590,7 +588,7 @@ fn spawn_grpc(
             cfg.budget_policy(),
             metrics.clone(),
         ))
-        .layer(crate::grpc::auth::AuthLayer::new(tokens))
+        .layer(crate::grpc::auth::AuthLayer::new(auth))
         .layer(crate::grpc::overload::OverloadLayer::new(
             cfg.max_inflight_mutations,
             cfg.caller_rate_limit,

@@ -840,3 +840,381 @@ async fn accepted_grpc_connections_have_nagle_off_with_and_without_tls() {
     drop(channel);
     app.stop().await;
 }
+
+// ---------------------------------------------------------------------
+// Roles of callers named by their client certificate.
+// ---------------------------------------------------------------------
+
+/// A client over mutual TLS presenting `client`, a certificate of the
+/// test PKI's client CA.
+async fn cert_client(
+    app: &support::TestApp,
+    pki: &support::pki::Pki,
+    client: &(String, String),
+) -> VolumeReconcilerClient<Channel> {
+    let addr = app.grpc_url.trim_start_matches("http://");
+    let server_ca = support::pki::Pki::read(&pki.server_ca);
+    VolumeReconcilerClient::new(
+        tls_channel(addr, &server_ca, Some((&client.0, &client.1)))
+            .await
+            .expect("a certificate of the client CA connects"),
+    )
+}
+
+/// An operation of `caller` left recorded and undecided (nothing sent,
+/// no lease): one an operator may resolve.
+async fn pending_of(app: &support::TestApp, caller: &str) -> Uuid {
+    use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
+    use volume_reconciler::store::{CreateOutcome, NewOperation};
+    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
+    let params = RequestParams::default();
+    let new = NewOperation {
+        id: Uuid::now_v7(),
+        idempotency_key: format!("pending-{volume}"),
+        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        action: Action::Attach,
+        server_id: server,
+        volume_id: volume,
+        params,
+        state: State::Pending,
+        attempts: 0,
+        deadline_in: Duration::from_secs(60),
+        lease_owner: "nobody".into(),
+        lease_for: Duration::ZERO,
+        caller: Some(caller.into()),
+        trace: None,
+        replica: "test".into(),
+        events: vec![NewEvent::new("recorded", "left pending")],
+    };
+    match app
+        .store
+        .operation_create(new, Instant::now() + Duration::from_secs(10))
+        .await
+        .unwrap()
+    {
+        CreateOutcome::Created(op) => op.id,
+        CreateOutcome::Existing(_) => unreachable!("a fresh key"),
+    }
+}
+
+fn resolve_req(id: Uuid) -> tonic::Request<pb::ResolveOperationRequest> {
+    with_timeout(
+        pb::ResolveOperationRequest {
+            operation_id: id.to_string(),
+            state: pb::State::Failed as i32,
+            reason: "the hypervisor shows no such disk".into(),
+        },
+        Duration::from_secs(10),
+    )
+}
+
+fn get_req(id: &str) -> tonic::Request<pb::GetOperationRequest> {
+    with_timeout(
+        pb::GetOperationRequest {
+            operation_id: id.into(),
+            ..Default::default()
+        },
+        Duration::from_secs(10),
+    )
+}
+
+fn attach_req(key: &str) -> tonic::Request<pb::AttachVolumeRequest> {
+    with_timeout(
+        pb::AttachVolumeRequest {
+            idempotency_key: key.into(),
+            server_id: Uuid::new_v4().to_string(),
+            volume_id: Uuid::new_v4().to_string(),
+            ..Default::default()
+        },
+        Duration::from_secs(10),
+    )
+}
+
+/// `--tls-client-roles` (here a file): a certificate's CN entry gives its
+/// role, else its subject's OU (`OU`: a unit named after a role), else it
+/// is an orchestrator. Operators resolve and read everyone's operations;
+/// orchestrators are refused and read their own.
+#[tokio::test]
+async fn certificate_callers_get_their_role_from_their_common_name_then_their_unit() {
+    let pki = support::pki::Pki::new();
+    let roles = pki.dir.join("client-roles");
+    std::fs::write(
+        &roles,
+        "# who may decide for the cloud\nCN=oncall=operator\nCN=demoted=orchestrator\n\n# units named after roles\nOU\n",
+    )
+    .unwrap();
+    let app = spawn_app(
+        pki.server_flags(AppOptions::default())
+            .arg("--tls-client-roles", &format!("@{}", roles.display())),
+    )
+    .await;
+    let mut owner = cert_client(&app, &pki, &pki.clients.client("orchestrator-a")).await;
+    let owned = owner
+        .attach_volume(attach_req("k"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(owned.caller, "orchestrator-a");
+    let cases = [
+        (
+            "oncall",
+            pki.clients.client("oncall"),
+            true,
+            "its CN's entry",
+        ),
+        (
+            "sre-1",
+            pki.clients.client_in("sre-1", &["sre", "operator"]),
+            true,
+            "its unit",
+        ),
+        (
+            "demoted",
+            pki.clients.client_in("demoted", &["operator"]),
+            false,
+            "its CN's entry over its unit",
+        ),
+        (
+            "dev-1",
+            pki.clients.client_in("dev-1", &["developers"]),
+            false,
+            "no entry",
+        ),
+    ];
+    for (name, cert, operator, why) in cases {
+        let mut c = cert_client(&app, &pki, &cert).await;
+        let pending = pending_of(&app, "orchestrator-a").await;
+        let resolved = c.resolve_operation(resolve_req(pending)).await;
+        let row = app.store.operation_get(pending).await.unwrap().unwrap();
+        let seen = c.get_operation(get_req(&owned.id)).await;
+        if operator {
+            let op = resolved.unwrap_or_else(|e| panic!("{name} is an operator by {why}: {e:?}"));
+            assert_eq!(op.into_inner().resolution, pb::Resolution::Operator as i32);
+            assert_eq!(row.state, volume_reconciler::domain::State::Failed);
+            let audit = app.store.operation_events(pending).await.unwrap();
+            assert!(
+                audit
+                    .iter()
+                    .any(|e| e.metadata.get("caller").map(String::as_str) == Some(name)),
+                "the decision names its maker: {audit:#?}"
+            );
+            assert_eq!(seen.unwrap().into_inner().id, owned.id, "{name} reads all");
+        } else {
+            let e = resolved.unwrap_err();
+            assert_eq!(e.code(), Code::PermissionDenied, "{name} by {why}: {e:?}");
+            assert!(e.message().contains(name), "{}", e.message());
+            assert_eq!(row.state, volume_reconciler::domain::State::Pending);
+            let e = seen.unwrap_err();
+            assert_eq!(e.code(), Code::NotFound, "{name} reads its own only: {e:?}");
+        }
+    }
+    app.stop().await;
+}
+
+/// Mutual TLS without a role source: every CA-signed client is an
+/// orchestrator, whatever its CN or OU says. None may resolve or
+/// reconcile, and each reads its own operations only; a certificate that
+/// names no caller (no CN) is refused.
+#[tokio::test]
+async fn without_a_role_source_a_ca_signed_client_cannot_resolve_and_reads_its_own() {
+    let pki = support::pki::Pki::new();
+    let app = spawn_app(pki.server_flags(AppOptions::default())).await;
+    let mut mine = cert_client(&app, &pki, &pki.clients.client("orchestrator-a")).await;
+    let own = mine
+        .attach_volume(attach_req("k"))
+        .await
+        .unwrap()
+        .into_inner();
+    for cert in [
+        pki.clients.client("oncall"),
+        pki.clients.client_in("sre-1", &["operator"]),
+    ] {
+        let mut c = cert_client(&app, &pki, &cert).await;
+        let pending = pending_of(&app, "orchestrator-a").await;
+        let e = c.resolve_operation(resolve_req(pending)).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        let e = c
+            .reconcile_operation(with_timeout(
+                pb::ReconcileOperationRequest {
+                    operation_id: pending.to_string(),
+                },
+                Duration::from_secs(10),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        let row = app.store.operation_get(pending).await.unwrap().unwrap();
+        assert_eq!(
+            (row.state, row.resolution),
+            (volume_reconciler::domain::State::Pending, None),
+            "nothing was decided"
+        );
+        let e = c.get_operation(get_req(&own.id)).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "another caller's: {e:?}");
+        let theirs = c.attach_volume(attach_req("k")).await.unwrap().into_inner();
+        assert_ne!(theirs.id, own.id);
+        let e = mine.get_operation(get_req(&theirs.id)).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    }
+    assert_eq!(
+        mine.get_operation(get_req(&own.id))
+            .await
+            .unwrap()
+            .into_inner()
+            .id,
+        own.id
+    );
+    let mut nameless = cert_client(&app, &pki, &pki.clients.client_in("", &["operator"])).await;
+    let e = nameless
+        .list_operations(with_timeout(
+            pb::ListOperationsRequest::default(),
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("common name"), "{}", e.message());
+    app.stop().await;
+}
+
+/// Runs `serve` with `args` (on a fresh embedded ledger, against a
+/// simulator) and reads its JSON log until it serves, exits, or 30 s
+/// pass: the lines, whether it served, and what it said when it did not.
+async fn serve_start(args: &[&str]) -> (Vec<String>, bool, String) {
+    use tokio::io::AsyncBufReadExt;
+    support::init_logs();
+    let sim = volume_reconciler::sim::start("127.0.0.1:0".parse().unwrap(), Default::default())
+        .await
+        .unwrap();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-start-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = format!("sqlite://{}", dir.join("ledger.db").display());
+    let mut child = tokio::process::Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &db,
+            "--nova-url",
+            &sim.nova_url,
+            "--no-reconciler",
+            "--shutdown-delay",
+            "0s",
+        ])
+        .args(args)
+        .env("VOLUME_RECONCILER_LOG", "info")
+        .env("VOLUME_RECONCILER_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary starts");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let served = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let serving = line.contains("\"message\":\"serving\"");
+            seen.push(line);
+            if serving {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "serve neither served nor exited in 30 s:\n{}",
+            seen.join("\n")
+        )
+    });
+    // Cleanup: it may have exited on its own already.
+    drop(child.start_kill());
+    drop(child.wait().await);
+    sim.stop().await;
+    drop(std::fs::remove_dir_all(&dir));
+    let said = seen.join("\n");
+    (seen, served, said)
+}
+
+/// At start: client certificates without a role source are warned about
+/// (nobody is an operator then); a role source silences it; bad entries
+/// of `--tls-client-roles`, and settings it cannot work with, stop the
+/// start with an error naming the flag.
+#[tokio::test]
+async fn the_start_warns_of_certificates_without_roles_and_refuses_bad_role_settings() {
+    let pki = support::pki::Pki::new();
+    let mtls = [
+        "--tls-cert",
+        pki.server_cert.as_str(),
+        "--tls-key",
+        pki.server_key.as_str(),
+        "--tls-client-ca",
+        pki.client_ca.as_str(),
+    ];
+    let warning = |lines: &[String]| {
+        lines
+            .iter()
+            .find(|l| l.contains("without a role source"))
+            .cloned()
+    };
+    let (lines, served, said) = serve_start(&mtls).await;
+    assert!(served, "{said}");
+    let line = warning(&lines).unwrap_or_else(|| panic!("no warning in:\n{said}"));
+    assert!(
+        line.contains("\"level\":\"WARN\"")
+            && line.contains("--tls-client-roles")
+            && line.contains("ResolveOperation"),
+        "{line}"
+    );
+    let mut with_roles = mtls.to_vec();
+    with_roles.extend(["--tls-client-roles", "CN=oncall=operator"]);
+    let (lines, served, said) = serve_start(&with_roles).await;
+    assert!(served, "{said}");
+    assert_eq!(warning(&lines), None, "a role source, no warning:\n{said}");
+
+    let tokens = format!("ci:orchestrator:{}", sha256_hex("t"));
+    let bad_entries = "CN=oncall=admin,O=ops=operator,oncall";
+    let with = |extra: &[&'static str]| {
+        let mut v: Vec<String> = mtls.iter().map(|s| s.to_string()).collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    for (args, expected) in [
+        (
+            with(&["--tls-client-roles", bad_entries]),
+            vec![
+                "--tls-client-roles: entry #1 \"CN=oncall=admin\": the role must be orchestrator or operator",
+                "entry #2 \"O=ops=operator\": only CN",
+                "entry #3 \"oncall\": expected CN=NAME=ROLE",
+            ],
+        ),
+        (
+            with(&["--tls-client-roles", "CN=oncall=operator", "--auth-tokens"])
+                .into_iter()
+                .chain([tokens.clone()])
+                .collect(),
+            vec!["--tls-client-roles has no effect with --auth-tokens"],
+        ),
+        (
+            vec![
+                "--tls-client-roles".to_string(),
+                "CN=oncall=operator".to_string(),
+            ],
+            vec!["--tls-client-roles needs --tls-client-ca"],
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (_, served, said) = serve_start(&args).await;
+        assert!(!served, "{args:?} must not start:\n{said}");
+        // The log is JSON: its quotes are escaped.
+        let said = said.replace("\\\"", "\"");
+        for e in expected {
+            assert!(said.contains(e), "{e:?} in:\n{said}");
+        }
+    }
+}

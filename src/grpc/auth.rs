@@ -1,21 +1,32 @@
 //! Caller authentication and authorization, a layer of the server chain.
 //!
-//! Callers present `authorization: Bearer <token>`. The service keeps only
-//! SHA-256 hashes of the tokens, each with a name and a role, and compares
-//! in constant time. `orchestrator` may attach, detach, get, list, watch and
-//! read events; `operator` may also reconcile and resolve. No credentials
-//! when they are required → `UNAUTHENTICATED`; a role without the right →
-//! `PERMISSION_DENIED`. The caller's name reaches the handlers (and so the
-//! ledger and the reconcile log). Tokens are never logged.
+//! Who a caller is, and so what it may do and whose operations it reads:
 //!
-//! A caller authenticated by mutual TLS alone (no tokens configured) is
-//! named by its certificate's subject common name, as Kubernetes names
-//! users: its operations record it and its idempotency keys are its own.
-//! It has the orchestrator's access to other callers' keys (none); methods
-//! are not gated by role without tokens, as before. When tokens are
-//! configured, the token is required and names the caller, whatever
-//! certificate the connection presented.
+//! - **Tokens** (`--auth-tokens`): callers present `authorization: Bearer
+//!   <token>`. The service keeps only SHA-256 hashes of the tokens, each
+//!   with a name and a role, and compares in constant time. When tokens
+//!   are configured, the token is required and names the caller and its
+//!   role, whatever certificate the connection presented (the certificate
+//!   then only admits the connection). Tokens are never logged.
+//! - **Client certificates** (mutual TLS, `--tls-client-ca`, no tokens):
+//!   the caller is named by its certificate's subject common name (the last
+//!   CN), as Kubernetes names users; a certificate without a usable CN is
+//!   refused. Its role comes from `--tls-client-roles` ([`CertRoles`]): an
+//!   entry for its CN first, else an entry for one of its subject's OUs,
+//!   else `orchestrator`. Without that flag every certificate caller is an
+//!   orchestrator (warned at start), never an operator.
+//! - **Nobody** (no tokens, no client certificates): one anonymous caller,
+//!   with no name and every right, as before authentication existed.
+//!
+//! `orchestrator` may attach, detach, get, list, watch and read events of
+//! its own operations; `operator` may also reconcile and resolve, and reads
+//! every caller's. No credentials when they are required →
+//! `UNAUTHENTICATED`; a role without the right → `PERMISSION_DENIED`. The
+//! caller ([`Caller`]) reaches the handlers in the request's extensions
+//! (and so the ledger and the reconcile log); its absence means the
+//! anonymous caller.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -26,7 +37,7 @@ use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
 /// What a caller may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
     Orchestrator,
     Operator,
@@ -53,6 +64,34 @@ impl Role {
 pub struct Caller {
     pub name: String,
     pub role: Role,
+}
+
+/// The longest caller name, in bytes (a token's name, a certificate's CN,
+/// a `caller` filter).
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Whether `name` may name a caller: 1..=255 bytes, no control character
+/// (the ledger keeps it in text columns and JSON, where a NUL cannot go,
+/// and logs print it). `Err` says why.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() {
+        return Err(if name.is_empty() {
+            "is empty"
+        } else {
+            "is blank"
+        }
+        .into());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "is {} bytes long; the limit is {MAX_NAME_LEN}",
+            name.len()
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(format!("contains the control character {c:?}"));
+    }
+    Ok(())
 }
 
 #[derive(Clone)]
@@ -97,16 +136,19 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// The entries of a list setting: separated by commas or newlines, blank
+/// ones and `#` comments skipped.
+fn list_entries(spec: &str) -> impl Iterator<Item = &str> {
+    spec.split([',', '\n'])
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && !s.starts_with('#'))
+}
+
 impl TokenSet {
     /// Parses `NAME:ROLE:SHA256HEX` entries (comma or newline separated).
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut entries = Vec::new();
-        for (i, raw) in spec
-            .split([',', '\n'])
-            .map(str::trim)
-            .filter(|s| !s.is_empty() && !s.starts_with('#'))
-            .enumerate()
-        {
+        for (i, raw) in list_entries(spec).enumerate() {
             let parts: Vec<&str> = raw.split(':').collect();
             if parts.len() != 3 {
                 return Err(format!(
@@ -114,6 +156,8 @@ impl TokenSet {
                     i + 1
                 ));
             }
+            check_name(parts[0])
+                .map_err(|why| format!("auth token entry #{}: the name {why}", i + 1))?;
             let role = Role::parse(parts[1]).ok_or_else(|| {
                 format!(
                     "auth token {:?}: role must be orchestrator or operator",
@@ -162,6 +206,189 @@ impl TokenSet {
     }
 }
 
+/// The flag of [`CertRoles`], for its errors and warnings.
+pub const CLIENT_ROLES_FLAG: &str = "--tls-client-roles";
+
+/// Roles of certificate callers (`--tls-client-roles`): entries
+/// `CN=NAME=ROLE` (the certificate whose subject common name is NAME) and
+/// `OU=UNIT=ROLE` (a certificate with UNIT among its subject's
+/// organizational units), and `OU` alone for `OU=orchestrator=orchestrator,
+/// OU=operator=operator` (the OU names the role). Values match exactly
+/// (case and all). A certificate's role is its CN's entry if there is one
+/// (so a CN entry can also take back what an OU would give), else the
+/// highest of its OUs' entries (units are groups: their rights add up),
+/// else `orchestrator`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CertRoles {
+    by_cn: BTreeMap<String, Role>,
+    by_ou: BTreeMap<String, Role>,
+}
+
+impl CertRoles {
+    /// The flag's value: the entries themselves, or `@FILE` for a file of
+    /// them (the same grammar; one a line reads best). Errors name the flag
+    /// (and the file), with every bad entry at once.
+    pub fn load(value: &str) -> Result<Self, String> {
+        let (text, origin) = match value.strip_prefix('@') {
+            Some(path) => (
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("{CLIENT_ROLES_FLAG}: cannot read {path}: {e}"))?,
+                format!(" ({path})"),
+            ),
+            None => (value.to_string(), String::new()),
+        };
+        Self::parse(&text)
+            .map_err(|problems| format!("{CLIENT_ROLES_FLAG}{origin}: {}", problems.join("; ")))
+    }
+
+    /// Parses entries separated by commas or newlines (`#` starts a
+    /// comment line); `Err` lists every problem.
+    pub fn parse(spec: &str) -> Result<Self, Vec<String>> {
+        let mut roles = Self::default();
+        let mut problems = Vec::new();
+        let mut count = 0;
+        for (i, raw) in list_entries(spec).enumerate() {
+            count += 1;
+            let parsed = if raw.eq_ignore_ascii_case("OU") {
+                Ok(vec![
+                    (true, Role::Orchestrator.as_str(), Role::Orchestrator),
+                    (true, Role::Operator.as_str(), Role::Operator),
+                ])
+            } else {
+                parse_role_entry(raw).map(|one| vec![one])
+            };
+            match parsed {
+                Err(why) => problems.push(format!("entry #{} {raw:?}: {why}", i + 1)),
+                Ok(found) => {
+                    for (is_ou, value, role) in found {
+                        let (map, attr) = if is_ou {
+                            (&mut roles.by_ou, "OU")
+                        } else {
+                            (&mut roles.by_cn, "CN")
+                        };
+                        match map.insert(value.to_string(), role) {
+                            Some(before) if before != role => problems.push(format!(
+                                "entry #{} {raw:?}: {attr}={value} is given twice, as {} and as {}",
+                                i + 1,
+                                before.as_str(),
+                                role.as_str()
+                            )),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        if count == 0 {
+            problems.push("names no entry (CN=NAME=ROLE, OU=UNIT=ROLE or OU)".into());
+        }
+        if problems.is_empty() {
+            Ok(roles)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The role of a certificate whose subject has `common_name` and
+    /// `units`.
+    pub fn role_of(&self, common_name: &str, units: &[String]) -> Role {
+        if let Some(role) = self.by_cn.get(common_name) {
+            return *role;
+        }
+        units
+            .iter()
+            .filter_map(|u| self.by_ou.get(u))
+            .max()
+            .copied()
+            .unwrap_or(Role::Orchestrator)
+    }
+}
+
+/// One `CN=NAME=ROLE` or `OU=UNIT=ROLE`: (is it an OU, the value, the role).
+fn parse_role_entry(raw: &str) -> Result<(bool, &str, Role), String> {
+    const SHAPE: &str = "expected CN=NAME=ROLE, OU=UNIT=ROLE or OU";
+    let (attr, rest) = raw.split_once('=').ok_or(SHAPE)?;
+    let (value, role) = rest.rsplit_once('=').ok_or(SHAPE)?;
+    let attr = attr.trim();
+    let is_ou = if attr.eq_ignore_ascii_case("CN") {
+        false
+    } else if attr.eq_ignore_ascii_case("OU") {
+        true
+    } else {
+        return Err(format!(
+            "only CN (the subject's common name) and OU (its organizational units) are matched, not {attr:?}"
+        ));
+    };
+    let value = value.trim();
+    check_name(value).map_err(|why| format!("the {} {why}", attr.to_ascii_uppercase()))?;
+    let role = Role::parse(role.trim()).ok_or_else(|| {
+        format!(
+            "the role must be orchestrator or operator, not {:?}",
+            role.trim()
+        )
+    })?;
+    Ok((is_ou, value, role))
+}
+
+/// Who callers are (see the module's documentation): the tokens, and the
+/// roles of certificate callers.
+#[derive(Debug, Clone, Default)]
+pub struct AuthPolicy {
+    tokens: TokenSet,
+    cert_roles: CertRoles,
+}
+
+impl AuthPolicy {
+    /// From `--auth-tokens`, whether `--tls-client-ca` is set, and
+    /// `--tls-client-roles`; errors name the flag. Warns of what leaves
+    /// the service open: no authentication at all, or client certificates
+    /// without a role source (then nobody is an operator).
+    pub fn from_settings(
+        auth_tokens: Option<&str>,
+        client_ca: bool,
+        client_roles: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let tokens = TokenSet::parse(auth_tokens.unwrap_or(""))
+            .map_err(|e| anyhow::anyhow!("--auth-tokens: {e}"))?;
+        let cert_roles = match client_roles {
+            None => None,
+            Some(_) if !client_ca => anyhow::bail!(
+                "{CLIENT_ROLES_FLAG} needs --tls-client-ca: without client certificates nobody is named by one"
+            ),
+            Some(_) if !tokens.is_empty() => anyhow::bail!(
+                "{CLIENT_ROLES_FLAG} has no effect with --auth-tokens: the token names every caller and its role, and a certificate only admits the connection; drop one of the two"
+            ),
+            Some(v) => Some(CertRoles::load(v).map_err(|e| anyhow::anyhow!(e))?),
+        };
+        if tokens.is_empty() && !client_ca {
+            tracing::warn!(
+                "no caller authentication configured (--auth-tokens, --tls-client-ca): anyone who reaches the gRPC port can attach volumes"
+            );
+        }
+        if tokens.is_empty() && client_ca && cert_roles.is_none() {
+            tracing::warn!(
+                "client certificates are accepted (--tls-client-ca) without a role source ({CLIENT_ROLES_FLAG}): every certificate caller is an orchestrator, and nobody may call ReconcileOperation or ResolveOperation; name operators with {CLIENT_ROLES_FLAG} 'CN=NAME=operator' (or by OU)"
+            );
+        }
+        Ok(Self {
+            tokens,
+            cert_roles: cert_roles.unwrap_or_default(),
+        })
+    }
+
+    /// The caller a verified client certificate (DER) names, or why it
+    /// names none.
+    pub fn certificate_caller(&self, cert: &[u8]) -> Result<Caller, String> {
+        let subject = subject_of(cert).ok_or("the client certificate's subject cannot be read")?;
+        let name = subject.common_name.ok_or(
+            "the client certificate has no readable subject common name (CN): it names no caller",
+        )?;
+        check_name(&name).map_err(|why| format!("the client certificate's common name {why}"))?;
+        let role = self.cert_roles.role_of(&name, &subject.units);
+        Ok(Caller { name, role })
+    }
+}
+
 /// Which role a method needs; `None`: open to everybody (health checks).
 pub fn required_role(path: &str) -> Option<Role> {
     let method = path.rsplit('/').next().unwrap_or("");
@@ -180,13 +407,13 @@ fn allows(have: Role, need: Role) -> bool {
 
 #[derive(Clone)]
 pub struct AuthLayer {
-    tokens: Arc<TokenSet>,
+    policy: Arc<AuthPolicy>,
 }
 
 impl AuthLayer {
-    pub fn new(tokens: TokenSet) -> Self {
+    pub fn new(policy: AuthPolicy) -> Self {
         Self {
-            tokens: Arc::new(tokens),
+            policy: Arc::new(policy),
         }
     }
 }
@@ -196,7 +423,7 @@ impl<S> Layer<S> for AuthLayer {
     fn layer(&self, inner: S) -> Self::Service {
         AuthService {
             inner,
-            tokens: self.tokens.clone(),
+            policy: self.policy.clone(),
         }
     }
 }
@@ -204,15 +431,46 @@ impl<S> Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct AuthService<S> {
     inner: S,
-    tokens: Arc<TokenSet>,
+    policy: Arc<AuthPolicy>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 fn refuse<R: Default>(reason: Reason, message: &str, method: &str) -> http::Response<R> {
-    let mut meta = std::collections::BTreeMap::new();
+    let mut meta = BTreeMap::new();
     meta.insert("method".to_string(), method.to_string());
     super::status::status(reason, message, meta).into_http()
+}
+
+/// The caller a request's bearer token names, or why it names none.
+fn token_caller<B>(req: &http::Request<B>, tokens: &TokenSet) -> Result<Caller, &'static str> {
+    let presented = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .ok_or("credentials required: authorization: Bearer <token>")?;
+    tokens
+        .check(presented)
+        .ok_or("the bearer token is not valid")
+}
+
+/// The client certificate the connection was verified with (mutual TLS):
+/// tonic puts the connection's info in every request's extensions, and the
+/// TLS stream's carries the certificates rustls verified at the handshake
+/// (against --tls-client-ca). `None` without TLS or without a client
+/// certificate.
+fn peer_certificates<B>(
+    req: &http::Request<B>,
+) -> Option<Arc<Vec<tonic::transport::CertificateDer<'static>>>> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    req.extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()?
+        .peer_certs()
 }
 
 impl<S, B, R> Service<http::Request<B>> for AuthService<S>
@@ -230,80 +488,40 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        if self.tokens.is_empty() {
-            if let Some(caller) = certificate_caller(&req) {
-                req.extensions_mut().insert(caller);
-            }
-            return Box::pin(self.inner.call(req));
-        }
-        let path = req.uri().path().to_string();
-        let Some(need) = required_role(&path) else {
+        let Some(need) = required_role(req.uri().path()) else {
             return Box::pin(self.inner.call(req));
         };
-        let presented = req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim);
-        let caller = match presented {
-            None => {
-                return Box::pin(async move {
-                    Ok(refuse(
-                        Reason::Unauthenticated,
-                        "credentials required: authorization: Bearer <token>",
-                        &path,
-                    ))
-                });
-            }
-            Some(token) => match self.tokens.check(token) {
-                Some(c) => c,
-                None => {
-                    return Box::pin(async move {
-                        Ok(refuse(
-                            Reason::Unauthenticated,
-                            "the bearer token is not valid",
-                            &path,
-                        ))
-                    });
-                }
-            },
+        let refused = |req: &http::Request<B>, reason: Reason, message: &str| -> Self::Future {
+            let response = refuse(reason, message, req.uri().path());
+            Box::pin(async move { Ok(response) })
+        };
+        let found = if !self.policy.tokens.is_empty() {
+            token_caller(&req, &self.policy.tokens).map_err(str::to_string)
+        } else if let Some(certs) = peer_certificates(&req)
+            && let Some(leaf) = certs.first()
+        {
+            self.policy.certificate_caller(leaf.as_ref())
+        } else {
+            // Nobody is authenticated: the one anonymous caller.
+            return Box::pin(self.inner.call(req));
+        };
+        let caller = match found {
+            Ok(c) => c,
+            Err(why) => return refused(&req, Reason::Unauthenticated, &why),
         };
         if !allows(caller.role, need) {
             let msg = format!(
-                "caller {:?} (role {}) may not call {path}; it needs role {}",
+                "caller {:?} (role {}) may not call {}; it needs role {}",
                 caller.name,
                 caller.role.as_str(),
+                req.uri().path(),
                 need.as_str()
             );
-            return Box::pin(async move { Ok(refuse(Reason::PermissionDenied, &msg, &path)) });
+            return refused(&req, Reason::PermissionDenied, &msg);
         }
         req.extensions_mut().insert(caller);
         Box::pin(self.inner.call(req))
     }
-}
-
-/// The caller a verified client certificate names (mutual TLS): its
-/// subject's common name. `None` without TLS, without a client
-/// certificate, or when the certificate has no usable common name (the
-/// caller is then unnamed, as without authentication).
-fn certificate_caller<B>(req: &http::Request<B>) -> Option<Caller> {
-    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-    // tonic puts the connection's info in every request's extensions; the
-    // TLS stream's carries the certificates rustls verified at the
-    // handshake (against --tls-client-ca).
-    let certs = req
-        .extensions()
-        .get::<TlsConnectInfo<TcpConnectInfo>>()?
-        .peer_certs()?;
-    let name = common_name(certs.first()?.as_ref())?;
-    Some(Caller {
-        name,
-        role: Role::Orchestrator,
-    })
 }
 
 /// One DER element: (tag, contents, what follows it).
@@ -330,11 +548,23 @@ const SEQUENCE: u8 = 0x30;
 const SET: u8 = 0x31;
 /// id-at-commonName, 2.5.4.3.
 const COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+/// id-at-organizationalUnitName, 2.5.4.11.
+const ORGANIZATIONAL_UNIT: &[u8] = &[0x55, 0x04, 0x0b];
 
-/// The subject common name of a DER certificate: the last one when there
-/// are several, as Kubernetes reads it. A certificate rustls accepted is
-/// well formed; anything unexpected here reads as "no name".
-pub fn common_name(cert: &[u8]) -> Option<String> {
+/// What a certificate's subject says about its caller.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Subject {
+    /// The last common name (as Kubernetes reads it), when readable and
+    /// not blank.
+    pub common_name: Option<String>,
+    /// Every readable organizational unit, in order.
+    pub units: Vec<String>,
+}
+
+/// The subject of a DER certificate. A certificate rustls accepted is well
+/// formed; anything unexpected here reads as `None` (no subject), and an
+/// attribute of a string kind not read here as absent.
+pub fn subject_of(cert: &[u8]) -> Option<Subject> {
     let (SEQUENCE, cert, _) = der_element(cert)? else {
         return None;
     };
@@ -353,7 +583,7 @@ pub fn common_name(cert: &[u8]) -> Option<String> {
     let (SEQUENCE, mut rdns, _) = der_element(rest)? else {
         return None;
     };
-    let mut found = None;
+    let mut subject = Subject::default();
     while !rdns.is_empty() {
         let (tag, mut set, next) = der_element(rdns)?;
         rdns = next;
@@ -365,11 +595,22 @@ pub fn common_name(cert: &[u8]) -> Option<String> {
             set = next;
             let (_, oid, value) = der_element(pair)?;
             if oid == COMMON_NAME {
-                found = directory_string(value)?;
+                subject.common_name = directory_string(value)?;
+            } else if oid == ORGANIZATIONAL_UNIT
+                && let Some(unit) = directory_string(value)?
+            {
+                subject.units.push(unit);
             }
         }
     }
-    found.filter(|n: &String| !n.trim().is_empty())
+    subject.common_name = subject.common_name.filter(|n| !n.trim().is_empty());
+    Some(subject)
+}
+
+/// The subject common name of a DER certificate: the last one when there
+/// are several, as Kubernetes reads it.
+pub fn common_name(cert: &[u8]) -> Option<String> {
+    subject_of(cert)?.common_name
 }
 
 /// A DirectoryString's text (`Some(None)`: a kind not read here).
@@ -429,6 +670,102 @@ mod tests {
         assert_eq!(common_name(&nameless), None);
         assert_eq!(common_name(b"not a certificate"), None);
         assert_eq!(common_name(&named[..named.len() / 2]), None);
+    }
+
+    #[test]
+    fn a_subject_gives_its_units_and_its_last_common_name() {
+        use rcgen::{DnType, DnValue};
+        // rcgen keeps one value per attribute type; a second OU comes from
+        // a custom type with the same OID.
+        let ou = DnType::CustomDnType(vec![2, 5, 4, 11]);
+        let cert = cert_with(&[
+            (
+                DnType::OrganizationalUnitName,
+                DnValue::Utf8String("sre".into()),
+            ),
+            (ou, DnValue::PrintableString("operator".try_into().unwrap())),
+            (DnType::CommonName, DnValue::Utf8String("oncall".into())),
+        ]);
+        assert_eq!(
+            subject_of(&cert),
+            Some(Subject {
+                common_name: Some("oncall".into()),
+                units: vec!["sre".into(), "operator".into()],
+            })
+        );
+    }
+
+    #[test]
+    fn certificate_roles_come_from_the_common_name_first_then_the_units() {
+        let roles = CertRoles::parse(
+            "CN=oncall=operator, OU=sre=operator\n# a comment line\nCN=demoted=orchestrator,OU",
+        )
+        .unwrap();
+        let units = |u: &[&str]| u.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(roles.role_of("oncall", &[]), Role::Operator);
+        assert_eq!(roles.role_of("ci", &units(&["sre"])), Role::Operator);
+        assert_eq!(roles.role_of("ci", &units(&["operator"])), Role::Operator);
+        assert_eq!(
+            roles.role_of("ci", &units(&["orchestrator", "operator"])),
+            Role::Operator,
+            "units add up"
+        );
+        assert_eq!(
+            roles.role_of("demoted", &units(&["operator"])),
+            Role::Orchestrator,
+            "a CN entry wins over the units"
+        );
+        assert_eq!(roles.role_of("ci", &units(&["dev"])), Role::Orchestrator);
+        assert_eq!(
+            roles.role_of("Oncall", &[]),
+            Role::Orchestrator,
+            "exact match"
+        );
+        assert_eq!(
+            CertRoles::default().role_of("oncall", &units(&["operator"])),
+            Role::Orchestrator,
+            "no role source: never an operator"
+        );
+    }
+
+    #[test]
+    fn bad_certificate_role_entries_are_all_reported_with_the_flag() {
+        let problems = CertRoles::parse(
+            "CN=a=admin,O=x=operator,CN==operator,oncall,CN=b=operator,CN=b=orchestrator,CN=c\u{0}=operator",
+        )
+        .unwrap_err();
+        let all = problems.join("\n");
+        for expected in [
+            "entry #1 \"CN=a=admin\": the role must be orchestrator or operator",
+            "entry #2 \"O=x=operator\": only CN",
+            "entry #3 \"CN==operator\": the CN is empty",
+            "entry #4 \"oncall\": expected CN=NAME=ROLE",
+            "entry #6 \"CN=b=orchestrator\": CN=b is given twice, as operator and as orchestrator",
+            "the CN contains the control character '\\0'",
+        ] {
+            assert!(all.contains(expected), "{expected:?} in:\n{all}");
+        }
+        assert_eq!(problems.len(), 6, "{all}");
+        let e = CertRoles::load(" ,# nothing").unwrap_err();
+        assert!(e.starts_with("--tls-client-roles: names no entry"), "{e}");
+        let e = CertRoles::load("@/nonexistent/roles").unwrap_err();
+        assert!(
+            e.starts_with("--tls-client-roles: cannot read /nonexistent/roles"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn caller_names_are_printable_and_bounded() {
+        assert!(check_name("ci-a").is_ok());
+        assert!(check_name("orchestrator é").is_ok());
+        for bad in ["", "  ", "a\0b", "a\nb", "a\u{7f}"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_name(&"x".repeat(MAX_NAME_LEN)).is_ok());
+        assert!(check_name(&"x".repeat(MAX_NAME_LEN + 1)).is_err());
+        let e = TokenSet::parse(&format!("a\u{1}b:operator:{}", sha256_hex("t"))).unwrap_err();
+        assert!(e.contains("control character"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::pb;
-use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
+use crate::domain::{Action, InvalidField, Operation, OperationEvent, Resolution, State};
 
 pub fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp {
@@ -87,6 +87,52 @@ pub fn event_to_pb(e: &OperationEvent) -> pb::OperationEvent {
     }
 }
 
+/// A caller's name in a request (`GetOperationRequest.caller`,
+/// `ListOperationsRequest.caller`): `None` when empty, else a name as
+/// callers are named (1..=255 bytes, no control characters: a NUL would
+/// reach the database's query and fail there, as UNAVAILABLE).
+pub fn caller_filter(field: &'static str, value: &str) -> Result<Option<String>, InvalidField> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    super::auth::check_name(value)
+        .map(|()| Some(value.to_string()))
+        .map_err(|why| InvalidField::new(field, why))
+}
+
+/// The reason of an operator's decision, trimmed: required, at most
+/// [`MAX_REASON_LEN`](super::MAX_REASON_LEN) bytes, and no control
+/// characters but tabs and line breaks (the ledger keeps it in its events,
+/// where a NUL cannot be written; logs print it).
+pub fn resolve_reason(value: &str) -> Result<&str, InvalidField> {
+    const FIELD: &str = "reason";
+    let reason = value.trim();
+    if reason.is_empty() {
+        return Err(InvalidField::new(
+            FIELD,
+            "is required: say why you know better than the cloud shows",
+        ));
+    }
+    if reason.len() > super::MAX_REASON_LEN {
+        return Err(InvalidField::new(
+            FIELD,
+            format!("exceeds {} bytes", super::MAX_REASON_LEN),
+        ));
+    }
+    if let Some(c) = reason
+        .chars()
+        .find(|c| c.is_control() && !matches!(c, '\t' | '\n'))
+    {
+        return Err(InvalidField::new(
+            FIELD,
+            format!(
+                "contains the control character {c:?}; only printable text, tabs and line breaks are allowed"
+            ),
+        ));
+    }
+    Ok(reason)
+}
+
 /// Page tokens are opaque to clients: a versioned, hex-encoded position.
 pub fn encode_page_token(seq: i64) -> String {
     format!("v1.{}", hex(format!("seq:{seq}").as_bytes()))
@@ -115,6 +161,22 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_text_fields_refuse_control_characters_naming_the_field() {
+        assert_eq!(caller_filter("caller", ""), Ok(None));
+        assert_eq!(caller_filter("caller", "ci-a"), Ok(Some("ci-a".into())));
+        for bad in ["a\0b", "a\u{1b}[31m", &"c".repeat(256)] {
+            assert_eq!(caller_filter("caller", bad).unwrap_err().field, "caller");
+        }
+        assert_eq!(
+            resolve_reason("  seen on the hypervisor\n\tby hand  "),
+            Ok("seen on the hypervisor\n\tby hand")
+        );
+        for bad in ["", "  ", "why\0", "a\rb", "\u{7}", &"r".repeat(1025)] {
+            assert_eq!(resolve_reason(bad).unwrap_err().field, "reason", "{bad:?}");
+        }
+    }
 
     #[test]
     fn page_tokens_round_trip_and_reject_garbage() {

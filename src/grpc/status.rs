@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
+use uuid::Uuid;
 
 use crate::domain::{ErrorCode, InvalidField, Operation, Reason, State};
 use crate::executor::ExecError;
@@ -79,14 +80,10 @@ pub fn from_store(e: StoreError) -> Status {
             );
             status(Reason::IdempotencyKeyExpired, e.to_string(), m)
         }
-        StoreError::VolumeBusy {
-            volume_id,
-            operation_id,
-        } => {
-            m.insert("volume_id".into(), volume_id.to_string());
-            m.insert("operation_id".into(), operation_id.to_string());
-            status(Reason::VolumeBusy, e.to_string(), m)
-        }
+        // Whose operation holds the volume is not known here: the answer
+        // does not name it (the service's handlers name it to those who
+        // may know, through `volume_busy`).
+        StoreError::VolumeBusy { volume_id, .. } => volume_busy(*volume_id, None),
         StoreError::NotFound(id) => {
             m.insert("operation_id".into(), id.to_string());
             status(Reason::OperationNotFound, e.to_string(), m)
@@ -133,6 +130,27 @@ pub fn from_store(e: StoreError) -> Status {
             status(Reason::LedgerRowUnreadable, e.to_string(), m)
         }
     }
+}
+
+/// `VOLUME_BUSY`: `volume_id` has another operation in flight. `holder`,
+/// that operation, is named (message and metadata `operation_id`) only
+/// when the caller may know it: its own caller, or one who reads every
+/// caller's. Otherwise the volume is busy and nothing tells whose.
+pub fn volume_busy(volume_id: Uuid, holder: Option<Uuid>) -> Status {
+    let mut m = BTreeMap::new();
+    m.insert("volume_id".into(), volume_id.to_string());
+    let message = match holder {
+        Some(id) => {
+            m.insert("operation_id".into(), id.to_string());
+            StoreError::VolumeBusy {
+                volume_id,
+                operation_id: id,
+            }
+            .to_string()
+        }
+        None => format!("volume {volume_id} already has an operation in flight"),
+    };
+    status(Reason::VolumeBusy, message, m)
 }
 
 pub fn from_exec(e: ExecError) -> Status {

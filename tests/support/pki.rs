@@ -38,6 +38,29 @@ impl Ca {
         self.sign(p)
     }
 
+    /// A client leaf whose subject is `OU=unit,...,CN=common_name` (how
+    /// `--tls-client-roles` may give a role by unit), at most two units,
+    /// no CN when `common_name` is empty: (cert PEM, key PEM).
+    pub fn client_in(&self, common_name: &str, units: &[&str]) -> (String, String) {
+        assert!(units.len() <= 2, "rcgen keeps one value per attribute type");
+        let mut p = rcgen::CertificateParams::new(vec!["client.example".to_string()]).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        for (i, unit) in units.iter().enumerate() {
+            // rcgen keeps one value per attribute type: further units
+            // under a custom type with the same OID (2.5.4.11).
+            let kind = match i {
+                0 => rcgen::DnType::OrganizationalUnitName,
+                _ => rcgen::DnType::CustomDnType(vec![2, 5, 4, 11]),
+            };
+            p.distinguished_name.push(kind, *unit);
+        }
+        if !common_name.is_empty() {
+            p.distinguished_name
+                .push(rcgen::DnType::CommonName, common_name);
+        }
+        self.sign(p)
+    }
+
     fn sign(&self, p: rcgen::CertificateParams) -> (String, String) {
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
