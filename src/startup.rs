@@ -221,6 +221,14 @@ impl Application {
         background.cancel();
         let tasks = tasks.stop_reconciling().await;
         stages.hand_over(&store, drain_deadline).await;
+        let stopped = exec.stop_tasks().await;
+        if stopped > 0 {
+            tracing::info!(
+                phase = "stop_tasks",
+                stopped,
+                "shutdown: operation tasks still running stopped; their leases lapse one lease from now"
+            );
+        }
         tasks.stop_the_rest().await;
         // The database pool last.
         store.close().await;
@@ -504,7 +512,15 @@ impl Stages<'_> {
             .exec
             .wait_idle(drain_deadline.max(Instant::now() + Duration::from_millis(10)))
             .await;
-        let handed = match store.operation_release_leases(&self.exec.replica).await {
+        // Leases of operations whose task still runs here stay this
+        // replica's until the process ends (they lapse one lease later):
+        // released now, another replica could take one over while its
+        // task here may still send a request.
+        let running = self.exec.held();
+        let handed = match store
+            .operation_release_leases(&self.exec.replica, &running)
+            .await
+        {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(error = %e, "shutdown: could not release leases; they expire by themselves");

@@ -296,7 +296,7 @@ async fn claims_lease_each_operation_to_one_replica(store: Arc<dyn Store>) {
     );
     // Released leases are claimable at once.
     assert_eq!(
-        store.operation_release_leases("rb").await.unwrap(),
+        store.operation_release_leases("rb", &[]).await.unwrap(),
         b.len() as u64
     );
     assert_eq!(
@@ -1067,7 +1067,7 @@ async fn state_counts_follow_every_change(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_counts_exact(store.as_ref(), "after an operator's decision").await;
-    let released = store.operation_release_leases("rc").await.unwrap();
+    let released = store.operation_release_leases("rc", &[]).await.unwrap();
     assert!(released > 0);
     assert_counts_exact(store.as_ref(), "after releasing leases").await;
 }

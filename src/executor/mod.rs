@@ -151,6 +151,9 @@ pub struct Executor {
     inflight: Mutex<HashMap<Uuid, watch::Receiver<Option<Operation>>>>,
     holds: holds::Holds,
     tasks: tokio_util::task::TaskTracker,
+    /// Stops every operation task still running (the end of a shutdown:
+    /// what the process's exit would do).
+    stop: tokio_util::sync::CancellationToken,
 }
 
 impl Executor {
@@ -173,12 +176,25 @@ impl Executor {
             inflight: Mutex::new(HashMap::new()),
             holds: holds::Holds::default(),
             tasks: tokio_util::task::TaskTracker::new(),
+            stop: tokio_util::sync::CancellationToken::new(),
         })
     }
 
     /// Operation tasks this replica is running now.
     pub fn running(&self) -> usize {
         self.tasks.len()
+    }
+
+    /// Stops the operation tasks still running, as the process's exit
+    /// would (the last step of a shutdown, after the leases of finished
+    /// ones were handed over): whatever a stopped task did is in the
+    /// ledger as an attempt counted, for the next holder to re-observe.
+    /// Waits up to a second for them to unwind.
+    pub async fn stop_tasks(&self) -> usize {
+        let running = self.running();
+        self.stop.cancel();
+        self.wait_idle(Instant::now() + Duration::from_secs(1)).await;
+        running
     }
 
     /// Waits until every operation task has ended, or `deadline`.
@@ -251,7 +267,7 @@ impl Executor {
             req.trace.clone(),
             this.own(new, budget, created_tx, done),
         );
-        self.tasks.spawn(Box::pin(task));
+        self.tasks.spawn(stoppable(self.stop.clone(), Box::pin(task)));
         Spawned {
             created,
             result,
@@ -425,10 +441,17 @@ impl Executor {
                 .remove(&id);
             drop(hold);
         };
-        self.tasks.spawn(crate::telemetry::context::operation_task(
-            id, action, trace, task,
+        self.tasks.spawn(stoppable(
+            self.stop.clone(),
+            crate::telemetry::context::operation_task(id, action, trace, task),
         ));
         result
+    }
+
+    /// The operations whose lease this replica holds for a task running
+    /// here now.
+    pub fn held(&self) -> Vec<Uuid> {
+        self.holds.ids()
     }
 
     /// Holds `id`'s lease (renewed by the heartbeat) until the guard drops.
@@ -682,6 +705,15 @@ impl Executor {
                 Err(e) => tracing::warn!(error = %e, held = ids.len(), "could not renew leases"),
             }
         }
+    }
+}
+
+/// `task`, ended early (dropped at its current await) when `stop` fires.
+async fn stoppable(stop: tokio_util::sync::CancellationToken, task: impl std::future::Future<Output = ()>) {
+    tokio::select! {
+        biased;
+        () = task => {}
+        () = stop.cancelled() => {}
     }
 }
 

@@ -530,7 +530,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Lets go of this replica's leases on open operations (drain): they
     /// become claimable by any reconciler at once.
-    async fn operation_release_leases(&self, replica: &str) -> Result<u64, StoreError>;
+    /// Releases the leases `replica` holds on open operations, except those
+    /// of `keep` (operations whose task still runs here: released, they
+    /// could be taken over while that task may still send a request).
+    async fn operation_release_leases(
+        &self,
+        replica: &str,
+        keep: &[Uuid],
+    ) -> Result<u64, StoreError>;
 
     /// Operations by state and resolution, kept as they change (never a
     /// scan of the ledger: /metrics asks at every scrape).

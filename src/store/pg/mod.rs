@@ -827,8 +827,12 @@ impl Store for PgStore {
         }
     }
 
-    async fn operation_release_leases(&self, replica: &str) -> Result<u64, StoreError> {
-        let replica = replica.to_string();
+    async fn operation_release_leases(
+        &self,
+        replica: &str,
+        keep: &[Uuid],
+    ) -> Result<u64, StoreError> {
+        let (replica, keep) = (replica.to_string(), keep.to_vec());
         let until = Instant::now() + 2 * self.leases.bounds().round_trip;
         self.leases
             .run(
@@ -841,13 +845,15 @@ impl Store for PgStore {
                         "WITH rel AS (
                             UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
                             WHERE lease_owner = $1 AND state NOT IN ('succeeded', 'failed')
+                              AND NOT (id = ANY($2))
                             RETURNING id
                          )
                          INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
                          SELECT rel.id, 'handed_over', 'replica shut down; lease released for another reconciler', '{}'::jsonb, $1
                          FROM rel",
                     )
-                    .bind(replica.clone());
+                    .bind(replica.clone())
+                    .bind(keep.clone());
                     Box::pin(async move { Ok(q.execute(c).await?.rows_affected()) })
                 },
             )

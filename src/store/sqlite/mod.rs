@@ -578,15 +578,21 @@ impl Store for SqliteStore {
         Ok(op)
     }
 
-    async fn operation_release_leases(&self, replica: &str) -> Result<u64, StoreError> {
+    async fn operation_release_leases(
+        &self,
+        replica: &str,
+        keep: &[Uuid],
+    ) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
-        let ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        let mut ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT id FROM operations WHERE lease_owner = ? AND {OPEN}"
         )))
         .bind(replica)
         .fetch_all(&mut *tx)
         .await
         .map_err(db("releasing leases"))?;
+        let keep: Vec<String> = keep.iter().map(Uuid::to_string).collect();
+        ids.retain(|id| !keep.contains(id));
         for id in &ids {
             sqlx::query("UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE id = ?")
                 .bind(now_us())
