@@ -375,10 +375,14 @@ impl KeystoneAuth {
             .get("x-subject-token")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| format!("POST {url}: reading the body: {}", error_chain(&e)))?;
+        // The renewal's own timeout bounds the read; the cap bounds memory.
+        let bytes = super::http::read_body(
+            resp,
+            Instant::now() + self.cfg.renewal_timeout,
+            KEYSTONE_BODY_CAP,
+        )
+        .await
+        .map_err(|e| format!("POST {url}: reading the body: {e}"))?;
         if !status.is_success() {
             let fault = super::types::parse_fault(&bytes);
             return Err(format!(
@@ -416,7 +420,12 @@ impl KeystoneAuth {
     }
 }
 
-/// The whole chain of an error's causes, `a: b: c`.
+/// The largest token body read: 4 MiB. A token carries the whole service
+/// catalog, which a large public cloud makes hundreds of KiB.
+const KEYSTONE_BODY_CAP: usize = 4 * 1024 * 1024;
+
+/// The whole chain of an error's causes, `a: b: c` (NUL-free: it goes into
+/// ledger rows).
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -428,7 +437,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         }
         cur = c.source();
     }
-    s
+    super::types::clean_text(&s)
 }
 
 #[cfg(test)]
