@@ -903,3 +903,134 @@ async fn a_body_over_the_cap_is_refused_naming_the_url_and_the_cap() {
     assert!(e.outcome_unknown());
     assert!(h.sim.is_attached(s, v));
 }
+
+/// Keystone token requests the simulator received (refused ones too).
+fn token_posts(h: &SimHandle) -> usize {
+    h.sim
+        .truth()
+        .http
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/auth/tokens"))
+        .count()
+}
+
+#[tokio::test]
+async fn a_failing_renewal_backs_off_and_the_valid_token_keeps_serving() {
+    let cfg = SimConfig {
+        require_auth: true,
+        record_history: true,
+        ..SimConfig::default()
+    };
+    let (h, _) = sim_and_client(cfg, "2.89").await;
+    let mut k = keystone(&h);
+    // Tokens live an hour; this one is due for renewal a second after it
+    // was issued, and stays valid for the hour.
+    k.renew_before = Duration::from_secs(3600 - 1);
+    let client = NovaClient::new(NovaConfig {
+        endpoint: NovaEndpoint::Keystone(k),
+        ..NovaConfig::default()
+    });
+    client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap();
+    assert_eq!(h.sim.issued_tokens().len(), 1);
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Auth,
+            Fault::Status {
+                code: 503,
+                effect: false,
+            },
+        )
+        .always(),
+    );
+    // Once the token is due, renewals fail; callers are served all along.
+    support::eventually(
+        Duration::from_secs(15),
+        "a renewal was tried and refused",
+        || async {
+            client
+                .list(Uuid::new_v4(), in_secs(5.0))
+                .await
+                .expect("the token held serves while a renewal fails");
+            token_posts(&h) >= 2
+        },
+    )
+    .await;
+    // Two seconds of calls back to back: every one served with the token
+    // held, and Keystone asked a few times (1 s doubling, jittered), not
+    // once per call.
+    let before = token_posts(&h);
+    let end = Instant::now() + Duration::from_secs(2);
+    let mut calls = 0;
+    while Instant::now() < end {
+        client
+            .list(Uuid::new_v4(), in_secs(5.0))
+            .await
+            .expect("the token held serves while renewals fail");
+        calls += 1;
+    }
+    let asked = token_posts(&h) - before;
+    assert!(calls >= 20, "only {calls} calls in 2 s");
+    assert!(
+        asked <= 4,
+        "Keystone asked {asked} times in 2 s ({calls} calls)"
+    );
+    // Keystone back: a renewal within the bounded backoff replaces it.
+    h.sim.clear_faults();
+    support::eventually(
+        Duration::from_secs(30),
+        "a renewal succeeds after the backoff",
+        || async {
+            client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap();
+            h.sim.issued_tokens().len() == 2
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_caller_without_a_valid_token_hears_why_and_keystone_is_not_asked_again_at_once() {
+    let cfg = SimConfig {
+        require_auth: true,
+        ..SimConfig::default()
+    };
+    let (h, _) = sim_and_client(cfg, "2.89").await;
+    let client = NovaClient::new(NovaConfig {
+        endpoint: NovaEndpoint::Keystone(keystone(&h)),
+        ..NovaConfig::default()
+    });
+    client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap();
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Auth,
+            Fault::Status {
+                code: 503,
+                effect: false,
+            },
+        )
+        .always(),
+    );
+    // The token is refused (401), the renewal fails: Keystone's reason.
+    h.sim.expire_tokens();
+    let e = client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap_err();
+    assert_eq!(
+        (e.kind.clone(), e.stage),
+        (NovaErrorKind::AuthFailed, Stage::Authenticate),
+        "{e}"
+    );
+    assert!(e.cause.contains("503"), "{}", e.cause);
+    // The next caller, inside the backoff (at least half a second): waits
+    // for the renewal due after it, told why there is no token.
+    let e = client.list(Uuid::new_v4(), in_secs(0.3)).await.unwrap_err();
+    assert_eq!(
+        (e.kind.clone(), e.stage),
+        (NovaErrorKind::DeadlineExceeded, Stage::Authenticate),
+        "{e}"
+    );
+    // (Asked at once, Keystone's 503 would have come back within a few
+    // milliseconds: an AuthFailed, not this.)
+    assert!(
+        e.cause.contains("the last one failed") && e.cause.contains("503"),
+        "{}",
+        e.cause
+    );
+}
