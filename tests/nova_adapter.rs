@@ -991,6 +991,7 @@ async fn a_failing_renewal_backs_off_and_the_valid_token_keeps_serving() {
 async fn a_caller_without_a_valid_token_hears_why_and_keystone_is_not_asked_again_at_once() {
     let cfg = SimConfig {
         require_auth: true,
+        record_history: true,
         ..SimConfig::default()
     };
     let (h, _) = sim_and_client(cfg, "2.89").await;
@@ -1018,19 +1019,32 @@ async fn a_caller_without_a_valid_token_hears_why_and_keystone_is_not_asked_agai
         "{e}"
     );
     assert!(e.cause.contains("503"), "{}", e.cause);
-    // The next caller, inside the backoff (at least half a second): waits
-    // for the renewal due after it, told why there is no token.
+    let asked = token_posts(&h);
+    // The next caller, inside the backoff (at least half a second) and
+    // with less time than it: answered at once with Keystone's reason (not
+    // a deadline), and Keystone is not asked.
     let e = client.list(Uuid::new_v4(), in_secs(0.3)).await.unwrap_err();
     assert_eq!(
         (e.kind.clone(), e.stage),
-        (NovaErrorKind::DeadlineExceeded, Stage::Authenticate),
+        (NovaErrorKind::AuthFailed, Stage::Authenticate),
         "{e}"
     );
-    // (Asked at once, Keystone's 503 would have come back within a few
-    // milliseconds: an AuthFailed, not this.)
     assert!(
-        e.cause.contains("the last one failed") && e.cause.contains("503"),
+        e.cause.contains("503") && e.cause.contains("the last renewal failed"),
         "{}",
         e.cause
     );
+    assert_eq!(
+        token_posts(&h),
+        asked,
+        "Keystone was not asked inside the backoff"
+    );
+    // A caller with time to wait for the next renewal waits for it, and
+    // hears how it went.
+    let e = client
+        .list(Uuid::new_v4(), in_secs(10.0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, NovaErrorKind::AuthFailed, "{e}");
+    assert_eq!(token_posts(&h), asked + 1, "one renewal, after the backoff");
 }

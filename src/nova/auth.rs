@@ -10,7 +10,9 @@
 //! runs, and after one failed: nobody waits on Keystone while they hold a
 //! token Nova accepts. A failed renewal backs off (1 s doubling to 30 s,
 //! each pause jittered to between half and all of it) before the next one
-//! goes to Keystone, so a Keystone in trouble is not asked once per call.
+//! goes to Keystone, so a Keystone in trouble is not asked once per call;
+//! a caller without a token whose deadline comes before the next renewal
+//! is answered at once with the last one's failure.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -326,7 +328,8 @@ impl KeystoneAuth {
     /// A valid token, waiting at most until `deadline` for a renewal. A
     /// token due for renewal starts one (after the backoff, if the last
     /// failed) and serves meanwhile while it is still usable; only a caller
-    /// without a usable token waits.
+    /// without a usable token waits — or, when the backoff outlasts its
+    /// deadline, is answered at once with the last renewal's error.
     pub async fn token(self: &Arc<Self>, deadline: Instant) -> Result<Token, String> {
         let (mut rx, last_error) = {
             // A poisoned lock means a panic elsewhere already; keep serving.
@@ -337,16 +340,30 @@ impl KeystoneAuth {
             {
                 return Ok(t.clone());
             }
+            let usable = st.token.as_ref().filter(|t| t.usable(now)).cloned();
+            let backing_off = st.retry_at.filter(|at| *at > Instant::now());
+            // No token to serve, and the next renewal may not go to Keystone
+            // before this caller's deadline: its answer is the last one's.
+            if usable.is_none()
+                && let Some(at) = backing_off
+                && at >= deadline
+            {
+                let last = st.last_error.as_deref().unwrap_or("unknown");
+                return Err(format!(
+                    "{last} (the last renewal failed; the next goes to Keystone in {} ms, after this request's deadline)",
+                    at.saturating_duration_since(Instant::now()).as_millis()
+                ));
+            }
             let rx = match &st.renewing {
                 Some(rx) => rx.clone(),
                 None => {
-                    let rx = self.clone().start_renewal(st.retry_at);
+                    let rx = self.clone().start_renewal(backing_off);
                     st.renewing = Some(rx.clone());
                     rx
                 }
             };
-            if let Some(t) = st.token.as_ref().filter(|t| t.usable(now)) {
-                return Ok(t.clone());
+            if let Some(t) = usable {
+                return Ok(t);
             }
             (rx, st.last_error.clone())
         };
