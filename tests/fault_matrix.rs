@@ -795,15 +795,26 @@ async fn detach_waits_until_the_volume_is_gone_and_recovers_lost_responses() {
 
 /// A detach from a server that no longer exists has succeeded: nothing is
 /// attached to a server that is gone. Confirming with Nova's list, Nova's
-/// 404 says so; with Cinder, its pre-check sees the volume attached
-/// nowhere and nothing is sent.
+/// 404 says so, and a look at the server (`GET /servers/{id}`) agrees;
+/// with Cinder, its pre-check sees the volume attached nowhere and nothing
+/// is sent.
 #[tokio::test]
 async fn a_detach_from_a_deleted_server_succeeds_in_both_confirmation_modes() {
     for (mode, resolution, requests) in [
         ("nova-list", pb::Resolution::Response, 1),
         ("cinder", pb::Resolution::Reobserved, 0),
     ] {
-        let app = spawn_app(AppOptions::default().arg("--confirm-with", mode)).await;
+        let app = spawn_app(
+            AppOptions {
+                sim: SimConfig {
+                    record_history: true,
+                    ..SimConfig::default()
+                },
+                ..AppOptions::default()
+            }
+            .arg("--confirm-with", mode),
+        )
+        .await;
         let (s, v) = ids();
         app.sim.seed_attachment(s, v);
         app.sim.remove_server(s);
@@ -823,8 +834,277 @@ async fn a_detach_from_a_deleted_server_succeeds_in_both_confirmation_modes() {
         );
         assert_eq!(app.sim.detach_requests(v), requests, "{mode}");
         assert!(!app.sim.is_attached(s, v));
+        assert_eq!(
+            server_looks(&app, s),
+            requests,
+            "{mode}: the 404 decided after a look at the server"
+        );
         app.stop().await;
     }
+}
+
+/// `GET /servers/{id}` requests the simulator received for `server`.
+fn server_looks(app: &TestApp, server: Uuid) -> u32 {
+    let path = format!("/v2.1/servers/{server}");
+    app.sim
+        .truth()
+        .http
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == path)
+        .count() as u32
+}
+
+/// What something in front of Nova answers instead of Nova.
+fn page(code: u16, content_type: &str, body: &str, effect: bool) -> Fault {
+    Fault::Page {
+        code,
+        content_type: content_type.into(),
+        body: body.into(),
+        effect,
+    }
+}
+
+const NGINX_404: &str = "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n";
+
+fn with_history() -> AppOptions {
+    AppOptions {
+        sim: SimConfig {
+            record_history: true,
+            ..SimConfig::default()
+        },
+        ..AppOptions::default()
+    }
+}
+
+/// An ingress in front of Nova lost its route: every compute request about
+/// the server is answered with its HTML 404 page, while the server and the
+/// attachment are there. Nothing of that is Nova's word: the detach is
+/// UNKNOWN (never SUCCEEDED "the server is gone"), as Nova holds it.
+#[tokio::test]
+async fn a_detach_answered_by_an_ingresss_404_page_while_attached_is_not_succeeded() {
+    let app = spawn_app(with_history().arg("--confirm-with", "nova-list")).await;
+    let (s, v) = ids();
+    app.sim.seed_attachment(s, v);
+    for op in [
+        FaultOp::Detach,
+        FaultOp::List,
+        FaultOp::Server,
+        FaultOp::Show,
+    ] {
+        app.sim.add_fault(
+            FaultRule::new(op, page(404, "text/html", NGINX_404, false))
+                .server(s)
+                .always(),
+        );
+    }
+    let err = app
+        .raw()
+        .detach_volume(with_timeout(
+            detach("ingress-404", s, v),
+            Duration::from_secs(4),
+        ))
+        .await
+        .expect_err("nothing could be known");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(
+        (err.code(), reason.as_str()),
+        (Code::DeadlineExceeded, "OUTCOME_UNKNOWN"),
+        "{meta:?}"
+    );
+    let r = row(&app, &meta["operation_id"]).await;
+    // The ledger agrees with Nova: still attached, not decided detached.
+    assert!(app.sim.is_attached(s, v), "Nova still holds the attachment");
+    assert_eq!(r.state, State::Unknown);
+    assert_eq!(app.sim.detach_requests(v), 1, "never sent again");
+    let events = app.store.operation_events(r.id).await.unwrap();
+    let failed = events
+        .iter()
+        .find(|e| e.kind == "request_failed")
+        .expect("the answer is logged");
+    assert_eq!(failed.metadata["error_class"], "foreign_answer");
+    assert_eq!(failed.metadata["reason"], "NOVA_BAD_RESPONSE");
+    assert_eq!(failed.metadata["http_status"], "404");
+    assert!(!failed.metadata.contains_key("nova_fault"), "{failed:?}");
+    app.stop().await;
+}
+
+/// An attach answered by something in front of Nova — its 404 page after
+/// Nova attached, a 502 page after Nova attached, a captive proxy's 200
+/// page while Nova did nothing — is decided by what Nova's list shows,
+/// never by the page, and never sent again.
+#[tokio::test]
+async fn an_attach_answered_by_a_proxys_page_is_decided_by_what_nova_holds() {
+    let app = spawn_app(AppOptions::default()).await;
+    for (key, code, body, effect) in [
+        ("page-404", 404, NGINX_404, true),
+        (
+            "page-502",
+            502,
+            "<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>",
+            true,
+        ),
+        (
+            "page-200",
+            200,
+            "<html><body>Welcome! Please accept the terms of use to continue.</body></html>",
+            false,
+        ),
+    ] {
+        let (s, v) = ids();
+        app.sim.add_fault(
+            FaultRule::new(FaultOp::Attach, page(code, "text/html", body, effect)).volume(v),
+        );
+        let got = app
+            .raw()
+            .attach_volume(with_timeout(attach(key, s, v), Duration::from_secs(4)))
+            .await;
+        let r = row_by_key(&app, key).await;
+        assert_eq!(app.sim.attach_requests(v), 1, "{key}: never sent again");
+        assert_eq!(app.sim.is_attached(s, v), effect, "{key}");
+        if effect {
+            let op = got.unwrap_or_else(|e| panic!("{key}: {e:?}")).into_inner();
+            assert_eq!(
+                (op.state, op.resolution),
+                (
+                    pb::State::Succeeded as i32,
+                    pb::Resolution::Reobserved as i32
+                ),
+                "{key}"
+            );
+            assert_eq!(r.state, State::Succeeded, "{key}");
+        } else {
+            let err = got.expect_err(key);
+            assert_eq!(error_info(&err).0, "OUTCOME_UNKNOWN", "{key}: {err:?}");
+            assert_eq!(r.state, State::Unknown, "{key}");
+        }
+    }
+    app.stop().await;
+}
+
+/// Nova's own 404 "Instance … could not be found" on a detach, while the
+/// server exists (a request routed to a cell or region that does not hold
+/// it): the look at the server finds it, so the 404 decides nothing and
+/// the attachment list does — still attached: UNKNOWN; not attached:
+/// SUCCEEDED by observation, not by the 404.
+#[tokio::test]
+async fn a_novas_404_for_a_server_that_exists_does_not_decide_a_detach() {
+    let app = spawn_app(with_history().arg("--confirm-with", "nova-list")).await;
+    let (s, v) = ids();
+    app.sim.seed_attachment(s, v);
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Detach, Fault::ServerNotFound).volume(v));
+    let err = app
+        .raw()
+        .detach_volume(with_timeout(
+            detach("misrouted-1", s, v),
+            Duration::from_secs(4),
+        ))
+        .await
+        .expect_err("still attached: not decided");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "OUTCOME_UNKNOWN", "{meta:?}");
+    assert_eq!(row(&app, &meta["operation_id"]).await.state, State::Unknown);
+    assert!(app.sim.is_attached(s, v), "Nova still holds it");
+    assert_eq!(app.sim.detach_requests(v), 1);
+    assert_eq!(server_looks(&app, s), 1, "the server was looked at");
+    // The same 404 where nothing is attached: the list decides.
+    let (s2, v2) = ids();
+    app.sim
+        .add_fault(FaultRule::new(FaultOp::Detach, Fault::ServerNotFound).volume(v2));
+    let op = app
+        .raw()
+        .detach_volume(with_timeout(
+            detach("misrouted-2", s2, v2),
+            Duration::from_secs(4),
+        ))
+        .await
+        .expect("nothing attached: done")
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (
+            pb::State::Succeeded as i32,
+            pb::Resolution::Reobserved as i32
+        )
+    );
+    assert_eq!(server_looks(&app, s2), 1);
+    app.stop().await;
+}
+
+/// A server that is really gone, whose look fails (something in front
+/// answers `GET /servers/{id}` with a 502 page): the 404 alone decides
+/// nothing; the attachment list, Nova's 404 for the server, does.
+#[tokio::test]
+async fn a_detach_from_a_deleted_server_whose_look_fails_is_decided_by_the_list() {
+    let app = spawn_app(with_history().arg("--confirm-with", "nova-list")).await;
+    let (s, v) = ids();
+    app.sim.seed_attachment(s, v);
+    app.sim.remove_server(s);
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Server,
+            page(502, "text/html", "<html>502 Bad Gateway</html>", false),
+        )
+        .server(s)
+        .always(),
+    );
+    let op = app
+        .raw()
+        .detach_volume(with_timeout(detach("gone-1", s, v), Duration::from_secs(4)))
+        .await
+        .expect("the list shows the server gone")
+        .into_inner();
+    assert_eq!(
+        (op.state, op.resolution),
+        (
+            pb::State::Succeeded as i32,
+            pb::Resolution::Reobserved as i32
+        )
+    );
+    assert_eq!(server_looks(&app, s), 1);
+    assert!(!app.sim.is_attached(s, v));
+    app.stop().await;
+}
+
+/// Nova's message with a NUL in it (PostgreSQL's text and jsonb refuse
+/// U+0000): the refusal is recorded all the same, the NUL replaced.
+#[tokio::test]
+async fn a_nul_in_novas_message_does_not_make_the_decision_unwritable() {
+    let app = spawn_app(AppOptions::default()).await;
+    let (s, v) = ids();
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Attach,
+            page(
+                409,
+                "application/json; charset=UTF-8",
+                r#"{"conflictingRequest": {"code": 409, "message": "Instance is locked\u0000 by an admin"}}"#,
+                false,
+            ),
+        )
+        .volume(v)
+        .always(),
+    );
+    let err = app
+        .raw()
+        .attach_volume(with_timeout(attach("nul-1", s, v), Duration::from_secs(3)))
+        .await
+        .expect_err("locked all along");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "NOVA_CONFLICT", "{err:?}");
+    let r = row(&app, &meta["operation_id"]).await;
+    assert_eq!(r.state, State::Failed);
+    let last = r.last_error.expect("the refusal is recorded");
+    assert!(
+        last.message.contains("locked\u{FFFD} by an admin"),
+        "{}",
+        last.message
+    );
+    assert!(
+        last.metadata.values().all(|v| !v.contains('\0')),
+        "{last:?}"
+    );
+    app.stop().await;
 }
 
 #[tokio::test]

@@ -420,7 +420,7 @@ async fn novas_own_errors_are_classified_by_meaning() {
     assert_eq!(e.nova_fault.as_deref(), Some("computeFault"));
     assert!(e.outcome_unknown());
     assert!(h.sim.is_attached(s, v));
-    // A proxy's non-JSON 504.
+    // A proxy's non-JSON 504: not Nova's answer, of unknown effect.
     let (s, v) = ids();
     h.sim.add_fault(
         FaultRule::new(
@@ -436,11 +436,12 @@ async fn novas_own_errors_are_classified_by_meaning() {
         .attach(s, v, &params, in_secs(5.0))
         .await
         .unwrap_err();
-    assert_eq!(e.kind, NovaErrorKind::Rejected(Rejection::ServerError));
+    assert_eq!(e.kind, NovaErrorKind::Foreign);
     assert_eq!(
         (e.status, e.nova_fault.clone(), e.nova_message.as_deref()),
-        (Some(504), None, Some("Gateway Timeout"))
+        (Some(504), None, None)
     );
+    assert!(e.cause.contains("Gateway Timeout"), "{}", e.cause);
     assert!(e.outcome_unknown());
     // Detach: 404 not attached means done; 400 while detaching means in progress.
     let (s, v) = ids();
@@ -636,4 +637,414 @@ async fn wrong_credentials_fail_authentication_with_keystones_reason() {
         !e.cause.contains("wrong"),
         "the password never appears in errors"
     );
+}
+
+const NGINX_404: &str = "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n";
+
+/// What something in front of Nova answers instead of Nova.
+fn page(code: u16, content_type: &str, body: &str, effect: bool) -> Fault {
+    Fault::Page {
+        code,
+        content_type: content_type.into(),
+        body: body.into(),
+        effect,
+    }
+}
+
+#[tokio::test]
+async fn answers_that_are_not_novas_decide_nothing() {
+    let (h, client) = sim_and_client(SimConfig::default(), "2.89").await;
+    let params = RequestParams::default();
+    // A detach of an attached volume answered by an ingress's 404 page:
+    // not "the server is gone".
+    let (s, v) = ids();
+    h.sim.seed_attachment(s, v);
+    h.sim.add_fault(
+        FaultRule::new(FaultOp::Detach, page(404, "text/html", NGINX_404, false)).volume(v),
+    );
+    let e = client.detach(s, v, in_secs(5.0)).await.unwrap_err();
+    assert_eq!(
+        (e.kind.clone(), e.stage, e.status),
+        (NovaErrorKind::Foreign, Stage::Decode, Some(404)),
+        "{e}"
+    );
+    assert!(e.outcome_unknown() && e.rejection().is_none(), "{e}");
+    assert!(e.nova_fault.is_none() && e.nova_message.is_none());
+    assert!(
+        e.cause.contains("text/html") && e.cause.contains("404 Not Found"),
+        "the page is quoted: {}",
+        e.cause
+    );
+    assert_eq!(e.metadata()["error_class"], "foreign_answer");
+    assert!(h.sim.is_attached(s, v), "the volume never left");
+    // Nor is the list's 404 page: the look fails, it sees no "gone".
+    h.sim.add_fault(
+        FaultRule::new(FaultOp::List, page(404, "text/html", NGINX_404, false)).server(s),
+    );
+    let e = client.list(s, in_secs(5.0)).await.unwrap_err();
+    assert_eq!(e.kind, NovaErrorKind::Foreign, "{e}");
+    // Nova's own 404 for a path it has no route for is about no server.
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Detach,
+            page(
+                404,
+                "application/json; charset=UTF-8",
+                r#"{"itemNotFound": {"code": 404, "message": "The resource could not be found."}}"#,
+                false,
+            ),
+        )
+        .volume(v),
+    );
+    let e = client.detach(s, v, in_secs(5.0)).await.unwrap_err();
+    assert_eq!(e.kind, NovaErrorKind::Rejected(Rejection::Other), "{e}");
+    assert!(e.outcome_unknown());
+    // An attach answered by a captive proxy's 200 page at 2.89, and by a
+    // load balancer's 502 page: neither says it attached or did not.
+    for (code, body) in [
+        (
+            200,
+            "<html><body>Welcome! Please accept the terms of use.</body></html>",
+        ),
+        (502, "<html><body><h1>502 Bad Gateway</h1></body></html>"),
+    ] {
+        let (s, v) = ids();
+        h.sim.add_fault(
+            FaultRule::new(FaultOp::Attach, page(code, "text/html", body, false)).volume(v),
+        );
+        let e = client
+            .attach(s, v, &params, in_secs(5.0))
+            .await
+            .unwrap_err();
+        let kind = if code == 200 {
+            NovaErrorKind::Undecodable
+        } else {
+            NovaErrorKind::Foreign
+        };
+        assert_eq!((e.kind.clone(), e.status), (kind, Some(code)), "{e}");
+        assert!(e.outcome_unknown(), "{e}");
+        assert!(!h.sim.is_attached(s, v));
+    }
+    // A JSON fault cut short by a proxy, with its framing intact.
+    let (s, v) = ids();
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Attach,
+            page(
+                409,
+                "application/json",
+                r#"{"conflictingRequest": {"code": 409, "message": "Instance is lo"#,
+                false,
+            ),
+        )
+        .volume(v),
+    );
+    let e = client
+        .attach(s, v, &params, in_secs(5.0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, NovaErrorKind::Foreign, "{e}");
+}
+
+#[tokio::test]
+async fn a_proxys_own_401_is_not_replayed_as_keystonemiddlewares() {
+    let cfg = SimConfig {
+        require_auth: true,
+        ..SimConfig::default()
+    };
+    let (h, _) = sim_and_client(cfg, "2.89").await;
+    let client = NovaClient::new(NovaConfig {
+        endpoint: NovaEndpoint::Keystone(keystone(&h)),
+        ..NovaConfig::default()
+    });
+    client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap();
+    let auth = client.auth().unwrap().clone();
+    assert_eq!(auth.renewals(), 1);
+    // The attach went through to Nova, then a proxy answered its own 401:
+    // where it came from is unknown, so nothing is sent again.
+    let (s, v) = ids();
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Attach,
+            page(
+                401,
+                "text/html",
+                "<html><head><title>401 Authorization Required</title></head></html>",
+                true,
+            ),
+        )
+        .volume(v),
+    );
+    let e = client
+        .attach(s, v, &RequestParams::default(), in_secs(5.0))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.kind.clone(), e.status),
+        (NovaErrorKind::Foreign, Some(401)),
+        "{e}"
+    );
+    assert!(e.outcome_unknown());
+    assert_eq!(h.sim.attach_requests(v), 1, "not replayed");
+    assert_eq!(h.sim.attach_effects(v), 1);
+    assert_eq!(auth.renewals(), 1, "the token was not thrown away");
+}
+
+#[tokio::test]
+async fn a_look_at_the_server_says_gone_only_with_novas_own_404() {
+    let (h, client) = sim_and_client(SimConfig::default(), "2.89").await;
+    let rid = volume_reconciler::nova::RequestId::fresh();
+    let s = Uuid::new_v4();
+    assert!(
+        client
+            .server_exists_as(&rid, s, in_secs(5.0))
+            .await
+            .unwrap()
+            .value
+    );
+    // Something in front answers the look: it proves nothing.
+    h.sim.add_fault(
+        FaultRule::new(FaultOp::Server, page(404, "text/html", NGINX_404, false)).server(s),
+    );
+    let e = client
+        .server_exists_as(&rid, s, in_secs(5.0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, NovaErrorKind::Foreign, "{e}");
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Server,
+            Fault::Status {
+                code: 503,
+                effect: false,
+            },
+        )
+        .server(s),
+    );
+    let e = client
+        .server_exists_as(&rid, s, in_secs(5.0))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.kind,
+        NovaErrorKind::Rejected(Rejection::ServerError),
+        "{e}"
+    );
+    h.sim.remove_server(s);
+    assert!(
+        !client
+            .server_exists_as(&rid, s, in_secs(5.0))
+            .await
+            .unwrap()
+            .value
+    );
+}
+
+#[tokio::test]
+async fn a_body_over_the_cap_is_refused_naming_the_url_and_the_cap() {
+    let (h, client) = sim_and_client(SimConfig::default(), "2.89").await;
+    let (s, v) = ids();
+    // Announced (Content-Length) or streamed without end: refused either way.
+    for announced in [true, false] {
+        h.sim.add_fault(
+            FaultRule::new(
+                FaultOp::List,
+                Fault::HugeBody {
+                    bytes: 3 << 20,
+                    announced,
+                },
+            )
+            .server(s),
+        );
+        let e = client.list(s, in_secs(10.0)).await.unwrap_err();
+        assert_eq!(
+            (e.kind.clone(), e.stage, e.status),
+            (NovaErrorKind::TooLarge, Stage::ReadBody, Some(200)),
+            "announced {announced}: {e}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("/servers/{s}/os-volume_attachments"))
+                && text.contains("2 MiB cap"),
+            "names the URL and the cap: {text}"
+        );
+        assert_eq!(e.metadata()["error_class"], "body_too_large");
+    }
+    // Below the cap a body is read whole (and then judged: no list).
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::List,
+            Fault::HugeBody {
+                bytes: 1 << 20,
+                announced: false,
+            },
+        )
+        .server(s),
+    );
+    let e = client.list(s, in_secs(10.0)).await.unwrap_err();
+    assert_eq!(e.kind, NovaErrorKind::Undecodable, "{e}");
+    // A mutation whose answer is too large is of unknown effect (this one
+    // took effect).
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Attach,
+            Fault::HugeBody {
+                bytes: 3 << 20,
+                announced: false,
+            },
+        )
+        .volume(v),
+    );
+    let e = client
+        .attach(s, v, &RequestParams::default(), in_secs(10.0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, NovaErrorKind::TooLarge, "{e}");
+    assert!(e.outcome_unknown());
+    assert!(h.sim.is_attached(s, v));
+}
+
+/// Keystone token requests the simulator received (refused ones too).
+fn token_posts(h: &SimHandle) -> usize {
+    h.sim
+        .truth()
+        .http
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/auth/tokens"))
+        .count()
+}
+
+#[tokio::test]
+async fn a_failing_renewal_backs_off_and_the_valid_token_keeps_serving() {
+    let cfg = SimConfig {
+        require_auth: true,
+        record_history: true,
+        ..SimConfig::default()
+    };
+    let (h, _) = sim_and_client(cfg, "2.89").await;
+    let mut k = keystone(&h);
+    // Tokens live an hour; this one is due for renewal a second after it
+    // was issued, and stays valid for the hour.
+    k.renew_before = Duration::from_secs(3600 - 1);
+    let client = NovaClient::new(NovaConfig {
+        endpoint: NovaEndpoint::Keystone(k),
+        ..NovaConfig::default()
+    });
+    client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap();
+    assert_eq!(h.sim.issued_tokens().len(), 1);
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Auth,
+            Fault::Status {
+                code: 503,
+                effect: false,
+            },
+        )
+        .always(),
+    );
+    // Once the token is due, renewals fail; callers are served all along.
+    support::eventually(
+        Duration::from_secs(15),
+        "a renewal was tried and refused",
+        || async {
+            client
+                .list(Uuid::new_v4(), in_secs(5.0))
+                .await
+                .expect("the token held serves while a renewal fails");
+            token_posts(&h) >= 2
+        },
+    )
+    .await;
+    // Two seconds of calls back to back: every one served with the token
+    // held, and Keystone asked a few times (1 s doubling, jittered), not
+    // once per call.
+    let before = token_posts(&h);
+    let end = Instant::now() + Duration::from_secs(2);
+    let mut calls = 0;
+    while Instant::now() < end {
+        client
+            .list(Uuid::new_v4(), in_secs(5.0))
+            .await
+            .expect("the token held serves while renewals fail");
+        calls += 1;
+    }
+    let asked = token_posts(&h) - before;
+    assert!(calls >= 20, "only {calls} calls in 2 s");
+    assert!(
+        asked <= 4,
+        "Keystone asked {asked} times in 2 s ({calls} calls)"
+    );
+    // Keystone back: a renewal within the bounded backoff replaces it.
+    h.sim.clear_faults();
+    support::eventually(
+        Duration::from_secs(30),
+        "a renewal succeeds after the backoff",
+        || async {
+            client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap();
+            h.sim.issued_tokens().len() == 2
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_caller_without_a_valid_token_hears_why_and_keystone_is_not_asked_again_at_once() {
+    let cfg = SimConfig {
+        require_auth: true,
+        record_history: true,
+        ..SimConfig::default()
+    };
+    let (h, _) = sim_and_client(cfg, "2.89").await;
+    let client = NovaClient::new(NovaConfig {
+        endpoint: NovaEndpoint::Keystone(keystone(&h)),
+        ..NovaConfig::default()
+    });
+    client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap();
+    h.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Auth,
+            Fault::Status {
+                code: 503,
+                effect: false,
+            },
+        )
+        .always(),
+    );
+    // The token is refused (401), the renewal fails: Keystone's reason.
+    h.sim.expire_tokens();
+    let e = client.list(Uuid::new_v4(), in_secs(5.0)).await.unwrap_err();
+    assert_eq!(
+        (e.kind.clone(), e.stage),
+        (NovaErrorKind::AuthFailed, Stage::Authenticate),
+        "{e}"
+    );
+    assert!(e.cause.contains("503"), "{}", e.cause);
+    let asked = token_posts(&h);
+    // The next caller, inside the backoff (at least half a second) and
+    // with less time than it: answered at once with Keystone's reason (not
+    // a deadline), and Keystone is not asked.
+    let e = client.list(Uuid::new_v4(), in_secs(0.3)).await.unwrap_err();
+    assert_eq!(
+        (e.kind.clone(), e.stage),
+        (NovaErrorKind::AuthFailed, Stage::Authenticate),
+        "{e}"
+    );
+    assert!(
+        e.cause.contains("503") && e.cause.contains("the last renewal failed"),
+        "{}",
+        e.cause
+    );
+    assert_eq!(
+        token_posts(&h),
+        asked,
+        "Keystone was not asked inside the backoff"
+    );
+    // A caller with time to wait for the next renewal waits for it, and
+    // hears how it went.
+    let e = client
+        .list(Uuid::new_v4(), in_secs(10.0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, NovaErrorKind::AuthFailed, "{e}");
+    assert_eq!(token_posts(&h), asked + 1, "one renewal, after the backoff");
 }

@@ -86,6 +86,15 @@ pub(crate) enum Next {
         absent: Box<Next>,
         error: Box<Next>,
     },
+    /// Look at the server itself (`GET /servers/{id}`) once: Nova's own
+    /// 404 for it is `gone`; the server shown is `present`; anything else
+    /// is `error`.
+    LookServer {
+        until: Until,
+        gone: Box<Next>,
+        present: Box<Next>,
+        error: Box<Next>,
+    },
     /// Look until the volume shows `want`, or `until`.
     Watch {
         want: Presence,
@@ -202,17 +211,23 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
         NovaErrorKind::Rejected(Rejection::Detaching) if action == Action::Detach => {
             detach_not_in_use()
         }
-        // The server or the volume no longer exists: nothing is attached
-        // to it, whatever any earlier attempt did.
+        // The server is gone, Nova says: a detach is done — once a look at
+        // the server agrees (a 404 from a Nova that is not the server's, a
+        // request routed to another cell or region, must not finalize it).
+        NovaErrorKind::Rejected(Rejection::ServerNotFound) if action == Action::Detach => {
+            detach_server_not_found()
+        }
+        // The volume no longer exists (Nova asked Cinder): nothing is
+        // attached; an attach cannot be made.
+        NovaErrorKind::Rejected(Rejection::VolumeNotFound) if action == Action::Detach => {
+            Next::Decide(succeeded(
+                Resolution::Response,
+                "the volume no longer exists: nothing is attached",
+                false,
+            ))
+        }
         NovaErrorKind::Rejected(Rejection::ServerNotFound | Rejection::VolumeNotFound) => {
-            match action {
-                Action::Detach => Next::Decide(succeeded(
-                    Resolution::Response,
-                    "the server or the volume no longer exists: nothing is attached",
-                    false,
-                )),
-                Action::Attach => Next::Decide(Verdict::Failed { reason: e.reason() }),
-            }
+            Next::Decide(Verdict::Failed { reason: e.reason() })
         }
         // An error status (`error_attaching`) stays until an operator
         // resets it: waiting does not cure it.
@@ -261,6 +276,32 @@ fn already_attached(server: Uuid, servers: &[String]) -> Next {
             })
         },
         error: unknown("volume reported attached, observation failed"),
+    }
+}
+
+/// A detach answered with Nova's 404 "Instance … could not be found": the
+/// server and its attachments are gone, if `GET /servers/{id}` agrees.
+/// Shown after all, the 404 was not the server's word: its effect is
+/// unknown, so watch the attachment list as after a lost answer; the look
+/// failed: the same (nothing is decided on the 404 alone).
+fn detach_server_not_found() -> Next {
+    let watch = || {
+        Box::new(watch_for(
+            Action::Detach,
+            "detached (observed gone after a 404 for a server that exists)",
+            true,
+            "Nova answered 404 for a server a look could not confirm gone, and the volume was still listed at the deadline",
+        ))
+    };
+    Next::LookServer {
+        until: Until::ObserveBy,
+        gone: decide(succeeded(
+            Resolution::Response,
+            "the server no longer exists (Nova's 404, and a look at the server agrees): nothing is attached",
+            false,
+        )),
+        present: watch(),
+        error: watch(),
     }
 }
 
@@ -384,7 +425,10 @@ impl fmt::Display for Verdict {
 impl Next {
     fn nested(&self) -> String {
         match self {
-            Next::Observe { .. } | Next::Watch { .. } | Next::Retry { .. } => format!("({self})"),
+            Next::Observe { .. }
+            | Next::LookServer { .. }
+            | Next::Watch { .. }
+            | Next::Retry { .. } => format!("({self})"),
             _ => self.to_string(),
         }
     }
@@ -413,6 +457,18 @@ impl fmt::Display for Next {
                 "look{until}: attached → {}; absent → {}; error → {}",
                 attached.nested(),
                 absent.nested(),
+                error.nested()
+            ),
+            Next::LookServer {
+                until,
+                gone,
+                present,
+                error,
+            } => write!(
+                f,
+                "look at the server{until}: gone → {}; present → {}; error → {}",
+                gone.nested(),
+                present.nested(),
                 error.nested()
             ),
             Next::Watch {

@@ -220,6 +220,19 @@ impl Executor {
                         Err(_) => *error,
                     }
                 }
+                Next::LookServer {
+                    until,
+                    gone,
+                    present,
+                    error,
+                } => {
+                    let until = self.until(run, until);
+                    match self.look_at_server(run, until).await {
+                        Ok(false) => *gone,
+                        Ok(true) => *present,
+                        Err(_) => *error,
+                    }
+                }
                 Next::Watch {
                     want,
                     until,

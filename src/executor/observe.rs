@@ -1,6 +1,6 @@
 //! Looking at Nova: the server's attachment list, once or until it shows
-//! the wanted state. I/O only; what a look means is decided in
-//! `classify.rs`.
+//! the wanted state, and the server itself. I/O only; what a look means is
+//! decided in `classify.rs`.
 
 use tokio::time::Instant;
 
@@ -66,6 +66,61 @@ impl Executor {
                     NewEvent::new(
                         event::OBSERVED,
                         format!("observation failed: {}", e.clock()),
+                    )
+                    .with("reason", e.reason())
+                    .with_all(&e.metadata()),
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// Looks at the server itself (bounded by `until`): `Ok(false)` only
+    /// for Nova's own 404 naming it (then nothing is on it), `Ok(true)` when
+    /// Nova shows it, `Err` when the look failed (any other answer).
+    pub(crate) async fn look_at_server(
+        &self,
+        run: &mut Run,
+        until: Instant,
+    ) -> Result<bool, NovaError> {
+        let started = Instant::now();
+        let rid = RequestId::for_operation(run.op.id);
+        match self
+            .nova
+            .server_exists_as(&rid, run.op.server_id, until)
+            .await
+        {
+            Ok(answered) => {
+                let exists = answered.value;
+                self.metrics.nova(
+                    "show_server",
+                    if exists { "ok" } else { "server_gone" },
+                    started.elapsed().as_secs_f64(),
+                );
+                let detail = if exists {
+                    "the server exists (GET /servers/{id}): Nova's 404 for it was not the server's word"
+                } else {
+                    "the server no longer exists (GET /servers/{id} answered Nova's 404): the volume is not on it"
+                };
+                if !exists {
+                    run.last_seen = Some(false);
+                }
+                let ev = NewEvent::new(event::OBSERVED, detail)
+                    .with("server_exists", exists)
+                    .with(
+                        "nova_request_id",
+                        answered.nova_request_id.as_deref().unwrap_or("-"),
+                    );
+                push_observation(run, ev);
+                Ok(exists)
+            }
+            Err(e) => {
+                self.metrics
+                    .nova("show_server", e.kind.as_str(), e.elapsed.as_secs_f64());
+                run.events.push(
+                    NewEvent::new(
+                        event::OBSERVED,
+                        format!("the look at the server failed: {}", e.clock()),
                     )
                     .with("reason", e.reason())
                     .with_all(&e.metadata()),

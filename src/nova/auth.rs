@@ -6,6 +6,13 @@
 //! A renewal runs in its own task on its own bounded timeout, detached from
 //! any caller: one caller's short deadline or cancellation never kills the
 //! renewal others wait on, and concurrent callers start one renewal.
+//! A token due for renewal but still valid keeps serving while a renewal
+//! runs, and after one failed: nobody waits on Keystone while they hold a
+//! token Nova accepts. A failed renewal backs off (1 s doubling to 30 s,
+//! each pause jittered to between half and all of it) before the next one
+//! goes to Keystone, so a Keystone in trouble is not asked once per call;
+//! a caller without a token whose deadline comes before the next renewal
+//! is answered at once with the last one's failure.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -168,10 +175,55 @@ impl fmt::Debug for Token {
 
 type Renewal = watch::Receiver<Option<Result<Token, String>>>;
 
+/// The pause after the first failed renewal; it doubles per failure in a
+/// row, up to [`RENEWAL_BACKOFF_MAX`].
+const RENEWAL_BACKOFF_MIN: Duration = Duration::from_secs(1);
+/// The longest pause between failed renewals: a Keystone back up is used
+/// within this (and a token's renewal window, 120 s by default, holds
+/// several tries).
+const RENEWAL_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A token this close to `expires_at` is not sent any more: it could expire
+/// on its way, and its 401 cost a replay.
+const USABLE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The pause before the next renewal after `failures` in a row (≥ 1):
+/// `RENEWAL_BACKOFF_MIN × 2^(failures−1)`, at most `RENEWAL_BACKOFF_MAX`,
+/// jittered to between half and all of it (replicas that lost Keystone
+/// together do not come back together).
+fn renewal_backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    let full = RENEWAL_BACKOFF_MIN
+        .saturating_mul(1u32 << exp)
+        .min(RENEWAL_BACKOFF_MAX);
+    full.mul_f64(0.5 + rand::random::<f64>() * 0.5)
+}
+
 #[derive(Default)]
 struct State {
     token: Option<Token>,
     renewing: Option<Renewal>,
+    /// Renewals that failed in a row (0 after a success).
+    failures: u32,
+    /// No renewal goes to Keystone before this (the backoff after a
+    /// failure).
+    retry_at: Option<Instant>,
+    /// Why the last renewal failed, for callers left without a token.
+    last_error: Option<String>,
+}
+
+impl Token {
+    /// Not due for renewal: `renew_before` or more before `expires_at`.
+    fn fresh(&self, renew_before: Duration, now: DateTime<Utc>) -> bool {
+        self.expires_at.is_none_or(|exp| {
+            exp - chrono::Duration::from_std(renew_before).unwrap_or_default() > now
+        })
+    }
+
+    /// Still accepted by Nova for a while: a token due for renewal serves
+    /// until [`USABLE_MARGIN`] before it expires.
+    fn usable(&self, now: DateTime<Utc>) -> bool {
+        self.fresh(USABLE_MARGIN, now)
+    }
 }
 
 pub struct KeystoneAuth {
@@ -273,28 +325,47 @@ impl KeystoneAuth {
         self.renewals.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// A valid token, waiting at most until `deadline` for a renewal.
+    /// A valid token, waiting at most until `deadline` for a renewal. A
+    /// token due for renewal starts one (after the backoff, if the last
+    /// failed) and serves meanwhile while it is still usable; only a caller
+    /// without a usable token waits — or, when the backoff outlasts its
+    /// deadline, is answered at once with the last renewal's error.
     pub async fn token(self: &Arc<Self>, deadline: Instant) -> Result<Token, String> {
-        let mut rx = {
+        let (mut rx, last_error) = {
             // A poisoned lock means a panic elsewhere already; keep serving.
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(t) = &st.token {
-                let fresh = t.expires_at.is_none_or(|exp| {
-                    exp - chrono::Duration::from_std(self.cfg.renew_before).unwrap_or_default()
-                        > Utc::now()
-                });
-                if fresh {
-                    return Ok(t.clone());
-                }
+            let now = Utc::now();
+            if let Some(t) = &st.token
+                && t.fresh(self.cfg.renew_before, now)
+            {
+                return Ok(t.clone());
             }
-            match &st.renewing {
+            let usable = st.token.as_ref().filter(|t| t.usable(now)).cloned();
+            let backing_off = st.retry_at.filter(|at| *at > Instant::now());
+            // No token to serve, and the next renewal may not go to Keystone
+            // before this caller's deadline: its answer is the last one's.
+            if usable.is_none()
+                && let Some(at) = backing_off
+                && at >= deadline
+            {
+                let last = st.last_error.as_deref().unwrap_or("unknown");
+                return Err(format!(
+                    "{last} (the last renewal failed; the next goes to Keystone in {} ms, after this request's deadline)",
+                    at.saturating_duration_since(Instant::now()).as_millis()
+                ));
+            }
+            let rx = match &st.renewing {
                 Some(rx) => rx.clone(),
                 None => {
-                    let rx = self.clone().start_renewal();
+                    let rx = self.clone().start_renewal(backing_off);
                     st.renewing = Some(rx.clone());
                     rx
                 }
+            };
+            if let Some(t) = usable {
+                return Ok(t);
             }
+            (rx, st.last_error.clone())
         };
         let wait = async {
             loop {
@@ -308,10 +379,12 @@ impl KeystoneAuth {
         };
         match tokio::time::timeout_at(deadline, wait).await {
             Ok(r) => r,
-            Err(_) => Err(
-                "the caller's deadline expired waiting for a Keystone token (the renewal goes on)"
-                    .into(),
-            ),
+            Err(_) => Err(match last_error {
+                None => "the caller's deadline expired waiting for a Keystone token (the renewal goes on)".into(),
+                Some(e) => format!(
+                    "the caller's deadline expired waiting for a Keystone token (the renewal goes on, after a backoff: the last one failed: {e})"
+                ),
+            }),
         }
     }
 
@@ -324,7 +397,9 @@ impl KeystoneAuth {
         }
     }
 
-    fn start_renewal(self: Arc<Self>) -> Renewal {
+    /// Starts the renewal every caller waits on; it asks Keystone at
+    /// `not_before` (the backoff after a failure), or now.
+    fn start_renewal(self: Arc<Self>, not_before: Option<Instant>) -> Renewal {
         let (tx, rx) = watch::channel(None);
         self.renewals
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -332,6 +407,9 @@ impl KeystoneAuth {
         // started it: its trace goes with the token request.
         let trace = crate::telemetry::context::current();
         tokio::spawn(crate::telemetry::context::within_opt(trace, async move {
+            if let Some(at) = not_before {
+                tokio::time::sleep_until(at).await;
+            }
             let result =
                 match tokio::time::timeout(self.cfg.renewal_timeout, self.authenticate()).await {
                     Ok(r) => r,
@@ -340,15 +418,35 @@ impl KeystoneAuth {
                         self.cfg.renewal_timeout
                     )),
                 };
-            {
+            let backoff = {
                 let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                if let Ok(t) = &result {
-                    st.token = Some(t.clone());
-                }
                 st.renewing = None;
-            }
-            if let Err(e) = &result {
-                tracing::warn!(auth_url = %self.cfg.auth_url, error = %e, "Keystone token renewal failed");
+                match &result {
+                    // A failure keeps the token held: it serves while usable.
+                    Ok(t) => {
+                        st.token = Some(t.clone());
+                        st.failures = 0;
+                        st.retry_at = None;
+                        st.last_error = None;
+                        None
+                    }
+                    Err(e) => {
+                        st.failures = st.failures.saturating_add(1);
+                        let pause = renewal_backoff(st.failures);
+                        st.retry_at = Some(Instant::now() + pause);
+                        st.last_error = Some(e.clone());
+                        Some((pause, st.failures))
+                    }
+                }
+            };
+            if let (Err(e), Some((pause, failures))) = (&result, backoff) {
+                tracing::warn!(
+                    auth_url = %self.cfg.auth_url,
+                    error = %e,
+                    failures,
+                    next_in_ms = pause.as_millis() as u64,
+                    "Keystone token renewal failed; the token held serves while it is valid"
+                );
             }
             // No receiver left is fine: every waiter gave up.
             drop(tx.send(Some(result)));
@@ -375,10 +473,14 @@ impl KeystoneAuth {
             .get("x-subject-token")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| format!("POST {url}: reading the body: {}", error_chain(&e)))?;
+        // The renewal's own timeout bounds the read; the cap bounds memory.
+        let bytes = super::http::read_body(
+            resp,
+            Instant::now() + self.cfg.renewal_timeout,
+            KEYSTONE_BODY_CAP,
+        )
+        .await
+        .map_err(|e| format!("POST {url}: reading the body: {e}"))?;
         if !status.is_success() {
             let fault = super::types::parse_fault(&bytes);
             return Err(format!(
@@ -416,7 +518,12 @@ impl KeystoneAuth {
     }
 }
 
-/// The whole chain of an error's causes, `a: b: c`.
+/// The largest token body read: 4 MiB. A token carries the whole service
+/// catalog, which a large public cloud makes hundreds of KiB.
+const KEYSTONE_BODY_CAP: usize = 4 * 1024 * 1024;
+
+/// The whole chain of an error's causes, `a: b: c` (NUL-free: it goes into
+/// ledger rows).
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -428,7 +535,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         }
         cur = c.source();
     }
-    s
+    super::types::clean_text(&s)
 }
 
 #[cfg(test)]
@@ -559,6 +666,51 @@ mod tests {
             body["auth"]["identity"]["password"]["user"]["password"],
             "pw"
         );
+    }
+
+    #[test]
+    fn a_failed_renewal_backs_off_doubling_jittered_and_bounded() {
+        for failures in 1..40 {
+            let full = RENEWAL_BACKOFF_MIN
+                .saturating_mul(1 << (failures - 1).min(16))
+                .min(RENEWAL_BACKOFF_MAX);
+            for _ in 0..20 {
+                let pause = renewal_backoff(failures);
+                assert!(
+                    pause >= full / 2 && pause <= full,
+                    "{failures} failures: {pause:?} outside {:?}..={full:?}",
+                    full / 2
+                );
+            }
+        }
+        assert!(renewal_backoff(u32::MAX) <= RENEWAL_BACKOFF_MAX);
+        // Jittered: not one value for everybody.
+        let pauses: std::collections::BTreeSet<_> = (0..20).map(|_| renewal_backoff(3)).collect();
+        assert!(pauses.len() > 1, "{pauses:?}");
+    }
+
+    #[test]
+    fn a_token_due_for_renewal_serves_until_just_before_it_expires() {
+        let now = Utc::now();
+        let token = |in_secs: i64| Token {
+            id: Secret::new("t"),
+            expires_at: Some(now + chrono::Duration::seconds(in_secs)),
+            compute_url: "http://nova".into(),
+            block_storage_url: None,
+        };
+        let renew_before = Duration::from_secs(120);
+        assert!(token(600).fresh(renew_before, now));
+        // Due (inside the renewal window), still usable.
+        assert!(!token(60).fresh(renew_before, now));
+        assert!(token(60).usable(now));
+        // Too close to expiring to send, and expired.
+        assert!(!token(2).usable(now));
+        assert!(!token(-1).usable(now));
+        let forever = Token {
+            expires_at: None,
+            ..token(0)
+        };
+        assert!(forever.fresh(renew_before, now) && forever.usable(now));
     }
 
     #[test]

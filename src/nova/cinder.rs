@@ -26,7 +26,7 @@ use uuid::Uuid;
 use super::error::Stage;
 use super::http::RequestId;
 use super::http::{Failure, FailureKind, RawResponse, Service};
-use super::types::parse_fault;
+use super::types::{clean_text, parse_fault};
 
 /// A volume's `status`, as Cinder reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,8 +300,19 @@ impl CinderError {
         }
     }
 
-    /// Every piece of context, as `ErrorInfo`/event metadata.
+    /// Every piece of context, as `ErrorInfo`/event metadata (free of NUL,
+    /// which a ledger row cannot hold: see `types::clean_text`).
     pub fn metadata(&self) -> BTreeMap<String, String> {
+        let mut m = self.raw_metadata();
+        for v in m.values_mut() {
+            if v.contains('\0') {
+                *v = clean_text(v);
+            }
+        }
+        m
+    }
+
+    fn raw_metadata(&self) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
         m.insert("service".into(), "cinder".into());
         m.insert("method".into(), self.method.to_string());
@@ -404,6 +415,9 @@ impl From<Failure> for CinderError {
                 FailureKind::ResponseLost => CinderErrorKind::ResponseLost,
                 FailureKind::AuthFailed => CinderErrorKind::AuthFailed,
                 FailureKind::NoEndpoint => CinderErrorKind::NoEndpoint,
+                // Not read whole: nothing is known from it (the cause names
+                // the cap); asking again may be answered.
+                FailureKind::TooLarge => CinderErrorKind::Undecodable,
             },
             stage: f.stage,
             method: f.method,
@@ -532,7 +546,8 @@ impl Answer<'_> {
             cinder_message: None,
             elapsed: self.started.elapsed(),
             budget: self.deadline.saturating_duration_since(self.started),
-            cause,
+            // A decode error may quote the body.
+            cause: clean_text(&cause),
         }
     }
 
@@ -681,6 +696,8 @@ mod tests {
             status,
             body: bytes::Bytes::from(body.to_string()),
             request_id: Some("req-1".into()),
+            content_type: None,
+            api_version: None,
         };
         let kind = |r: &RawResponse| {
             Answer {

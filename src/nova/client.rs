@@ -20,14 +20,12 @@ use reqwest::Method;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::answer::{AttachShape, Exchange};
 use super::auth::{KeystoneAuth, KeystoneConfig};
 use super::cinder::{CinderClient, CinderError};
-use super::error::{NovaError, NovaErrorKind, Rejection, Stage};
+use super::error::{NovaError, NovaErrorKind};
 use super::http::{Base, CatalogService, Failure, FailureKind, RawResponse, Service};
-use super::types::{
-    AttachBody, AttachSpec, AttachmentEnvelope, AttachmentList, NovaAttachment, classify,
-    parse_fault,
-};
+use super::types::{AttachBody, AttachSpec, NovaAttachment};
 use super::version::{parse_versions, version_root};
 use crate::domain::RequestParams;
 
@@ -307,15 +305,13 @@ impl NovaClient {
             .map_err(NovaError::from);
         self.observe_reachability(&sent);
         let (url, raw) = sent?;
+        let answer = exchange("GET", url, &raw, started, deadline);
         if !(200..300).contains(&raw.status) && raw.status != 300 {
-            return Err(self.rejection("GET", url, &raw, started, deadline));
+            return Err(answer.refusal());
         }
         match parse_versions(&raw.body) {
-            Ok(range) => Ok((url, range)),
-            Err(cause) => Err(NovaError {
-                cause,
-                ..self.decode_error_with("GET", url, &raw, started, deadline)
-            }),
+            Ok(range) => Ok((answer.url, range)),
+            Err(cause) => Err(answer.undecodable(cause)),
         }
     }
 
@@ -476,14 +472,22 @@ impl NovaClient {
         let (url, raw) = self
             .execute(rid, Method::POST, &path, Some(&body), deadline)
             .await?;
-        let value = match raw.status {
-            200 => serde_json::from_slice::<AttachmentEnvelope>(&raw.body)
-                .map(|e| AttachAnswer::Attached(e.volume_attachment))
-                .map_err(|e| self.decode_error("POST", url, &raw, started, deadline, e))?,
-            202 => AttachAnswer::Accepted,
-            _ => return Err(self.rejection("POST", url, &raw, started, deadline)),
-        };
+        let value = exchange("POST", url, &raw, started, deadline).attach(
+            self.attach_shape(&raw),
+            server_id,
+            volume_id,
+        )?;
         Ok(answered(&raw, value))
+    }
+
+    /// How Nova answers an attach it took: by the microversion spoken, or
+    /// (`latest` not resolved yet) the one Nova says it answered with.
+    fn attach_shape(&self, raw: &RawResponse) -> AttachShape {
+        if self.microversion_header == "latest" {
+            AttachShape::from_header(raw.api_version.as_deref())
+        } else {
+            AttachShape::at(self.microversion)
+        }
     }
 
     /// `GET /servers/{id}/os-volume_attachments`: one request, no `limit`
@@ -509,12 +513,27 @@ impl NovaClient {
         let (url, raw) = self
             .execute::<()>(rid, Method::GET, &path, None, deadline)
             .await?;
-        match raw.status {
-            200 => serde_json::from_slice::<AttachmentList>(&raw.body)
-                .map(|l| answered(&raw, l.volume_attachments))
-                .map_err(|e| self.decode_error("GET", url, &raw, started, deadline, e)),
-            _ => Err(self.rejection("GET", url, &raw, started, deadline)),
-        }
+        let items = exchange("GET", url, &raw, started, deadline).list(server_id)?;
+        Ok(answered(&raw, items))
+    }
+
+    /// `GET /servers/{id}`: whether the server exists (`false` only for
+    /// Nova's own 404 naming it; anything else that is not the server is an
+    /// error). The look that must agree before a detach's 404 "server not
+    /// found" decides anything.
+    pub async fn server_exists_as(
+        &self,
+        rid: &RequestId,
+        server_id: Uuid,
+        deadline: Instant,
+    ) -> Result<Answered<bool>, NovaError> {
+        let path = format!("/servers/{server_id}");
+        let started = Instant::now();
+        let (url, raw) = self
+            .execute::<()>(rid, Method::GET, &path, None, deadline)
+            .await?;
+        let exists = exchange("GET", url, &raw, started, deadline).server(server_id)?;
+        Ok(answered(&raw, exists))
     }
 
     /// `GET /servers/{id}/os-volume_attachments/{volume_id}`.
@@ -529,12 +548,7 @@ impl NovaClient {
         let (url, raw) = self
             .execute::<()>(&RequestId::fresh(), Method::GET, &path, None, deadline)
             .await?;
-        match raw.status {
-            200 => serde_json::from_slice::<AttachmentEnvelope>(&raw.body)
-                .map(|e| e.volume_attachment)
-                .map_err(|e| self.decode_error("GET", url, &raw, started, deadline, e)),
-            _ => Err(self.rejection("GET", url, &raw, started, deadline)),
-        }
+        exchange("GET", url, &raw, started, deadline).show(server_id, volume_id)
     }
 
     /// `DELETE /servers/{id}/os-volume_attachments/{volume_id}`: 202 means
@@ -562,76 +576,8 @@ impl NovaClient {
         let (url, raw) = self
             .execute::<()>(rid, Method::DELETE, &path, None, deadline)
             .await?;
-        match raw.status {
-            202 | 204 | 200 => Ok(answered(&raw, ())),
-            _ => Err(self.rejection("DELETE", url, &raw, started, deadline)),
-        }
-    }
-
-    fn decode_error(
-        &self,
-        method: &'static str,
-        url: String,
-        raw: &RawResponse,
-        started: Instant,
-        deadline: Instant,
-        e: serde_json::Error,
-    ) -> NovaError {
-        NovaError {
-            cause: format!("the body does not match the contract: {e}"),
-            ..self.decode_error_with(method, url, raw, started, deadline)
-        }
-    }
-
-    fn decode_error_with(
-        &self,
-        method: &'static str,
-        url: String,
-        raw: &RawResponse,
-        started: Instant,
-        deadline: Instant,
-    ) -> NovaError {
-        NovaError {
-            kind: NovaErrorKind::Undecodable,
-            stage: Stage::Decode,
-            method,
-            url,
-            status: Some(raw.status),
-            nova_request_id: raw.request_id.clone(),
-            nova_fault: None,
-            nova_message: None,
-            elapsed: started.elapsed(),
-            budget: deadline.saturating_duration_since(started),
-            may_have_reached_nova: true,
-            cause: String::new(),
-        }
-    }
-
-    fn rejection(
-        &self,
-        method: &'static str,
-        url: String,
-        raw: &RawResponse,
-        started: Instant,
-        deadline: Instant,
-    ) -> NovaError {
-        let status = raw.status;
-        let fault = parse_fault(&raw.body);
-        let rejection = classify(status, &fault);
-        NovaError {
-            may_have_reached_nova: !matches!(rejection, Rejection::Unauthorized),
-            kind: NovaErrorKind::Rejected(rejection),
-            stage: Stage::ReadBody,
-            method,
-            url,
-            status: Some(status),
-            nova_request_id: raw.request_id.clone(),
-            cause: format!("HTTP {status}"),
-            nova_fault: fault.name,
-            nova_message: fault.message,
-            elapsed: started.elapsed(),
-            budget: deadline.saturating_duration_since(started),
-        }
+        exchange("DELETE", url, &raw, started, deadline).detach()?;
+        Ok(answered(&raw, ()))
     }
 
     /// Sends one request under `deadline` (see `http::Service::execute`).
@@ -653,6 +599,23 @@ impl NovaClient {
     }
 }
 
+/// An answer to judge (see `answer.rs`).
+fn exchange<'a>(
+    method: &'static str,
+    url: String,
+    raw: &'a RawResponse,
+    started: Instant,
+    deadline: Instant,
+) -> Exchange<'a> {
+    Exchange {
+        method,
+        url,
+        raw,
+        started,
+        deadline,
+    }
+}
+
 /// `value`, answered under `raw`'s request id.
 fn answered<T>(raw: &RawResponse, value: T) -> Answered<T> {
     Answered {
@@ -671,6 +634,7 @@ impl From<Failure> for NovaError {
                 // Nova's endpoint is required when the token is issued, so
                 // a missing one is a failed authentication.
                 FailureKind::AuthFailed | FailureKind::NoEndpoint => NovaErrorKind::AuthFailed,
+                FailureKind::TooLarge => NovaErrorKind::TooLarge,
             },
             stage: f.stage,
             method: f.method,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use super::types::clean_text;
 use crate::domain::Reason;
 
 /// Where in a request's life the failure happened.
@@ -54,7 +55,8 @@ pub enum Rejection {
     DeviceInUse,
     /// 404 "Instance X is not attached to volume Y": a detach is done.
     NotAttached,
-    /// 404 "Instance X could not be found."
+    /// 404 "Instance X could not be found." On a detach it decides only
+    /// once a look at the server agrees (`classify.rs`).
     ServerNotFound,
     /// 404 "Volume X could not be found."
     VolumeNotFound,
@@ -68,9 +70,11 @@ pub enum Rejection {
     BadRequest,
     /// 401 even after re-authenticating once.
     Unauthorized,
-    /// 5xx (computeFault, a proxy's 502/504): the outcome is unknown.
+    /// Nova's own 5xx (`computeFault`, `serviceUnavailable`): the outcome
+    /// is unknown. (A proxy's 502/504 page is `NovaErrorKind::Foreign`.)
     ServerError,
-    /// Any other status.
+    /// Any other status Nova answered with its fault, or a 404 that is
+    /// about none of the server, the volume, the attachment: unknown.
     Other,
 }
 
@@ -106,8 +110,19 @@ pub enum NovaErrorKind {
     ResponseLost,
     /// Nova answered with an error.
     Rejected(Rejection),
-    /// Nova answered 2xx with a body that does not fit the contract.
+    /// Nova answered 2xx with a body that does not fit the contract, or a
+    /// success Nova does not give for this call at this microversion (a
+    /// 202 attach below 2.101, a 200 from 2.101, a detach's 202 with a
+    /// body): not Nova's word that it acted.
     Undecodable,
+    /// An error status whose body is not Nova's fault (nor, for a 401,
+    /// keystonemiddleware's): a proxy's or an ingress's page, a JSON body
+    /// cut short, another service answering. It says nothing about what
+    /// Nova did: of unknown effect, like a lost response.
+    Foreign,
+    /// The body ran past the size cap (`http::MAX_BODY_BYTES`): not read
+    /// whole, so nothing is known from it.
+    TooLarge,
     /// Keystone did not give us a token.
     AuthFailed,
 }
@@ -120,6 +135,8 @@ impl NovaErrorKind {
             NovaErrorKind::ResponseLost => "response_lost",
             NovaErrorKind::Rejected(_) => "rejected",
             NovaErrorKind::Undecodable => "undecodable",
+            NovaErrorKind::Foreign => "foreign_answer",
+            NovaErrorKind::TooLarge => "body_too_large",
             NovaErrorKind::AuthFailed => "auth_failed",
         }
     }
@@ -150,7 +167,9 @@ impl NovaError {
         match &self.kind {
             NovaErrorKind::DeadlineExceeded
             | NovaErrorKind::ResponseLost
-            | NovaErrorKind::Undecodable => self.may_have_reached_nova,
+            | NovaErrorKind::Undecodable
+            | NovaErrorKind::Foreign
+            | NovaErrorKind::TooLarge => self.may_have_reached_nova,
             NovaErrorKind::Rejected(Rejection::ServerError | Rejection::Other) => true,
             _ => false,
         }
@@ -169,7 +188,11 @@ impl NovaError {
             NovaErrorKind::DeadlineExceeded => Reason::NovaTimeout,
             NovaErrorKind::ConnectFailed => Reason::NovaUnreachable,
             NovaErrorKind::ResponseLost => Reason::NovaResponseLost,
-            NovaErrorKind::Undecodable => Reason::NovaBadResponse,
+            // Not Nova's answer, or not one read whole: Nova's reasons
+            // are for what Nova said.
+            NovaErrorKind::Undecodable | NovaErrorKind::Foreign | NovaErrorKind::TooLarge => {
+                Reason::NovaBadResponse
+            }
             NovaErrorKind::AuthFailed => Reason::KeystoneAuthFailed,
             NovaErrorKind::Rejected(r) => match r {
                 Rejection::AlreadyAttached { .. } => Reason::NovaAlreadyAttached,
@@ -190,8 +213,19 @@ impl NovaError {
         }
     }
 
-    /// Every piece of context, as `ErrorInfo`/event metadata.
+    /// Every piece of context, as `ErrorInfo`/event metadata (free of NUL,
+    /// which a ledger row cannot hold: see `types::clean_text`).
     pub fn metadata(&self) -> BTreeMap<String, String> {
+        let mut m = self.raw_metadata();
+        for v in m.values_mut() {
+            if v.contains('\0') {
+                *v = clean_text(v);
+            }
+        }
+        m
+    }
+
+    fn raw_metadata(&self) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
         m.insert("method".into(), self.method.to_string());
         m.insert("url".into(), self.url.clone());
@@ -245,6 +279,12 @@ impl NovaError {
             (NovaErrorKind::ResponseLost, _) => "the request was sent but no response came",
             (NovaErrorKind::Rejected(_), _) => "Nova answered with an error",
             (NovaErrorKind::Undecodable, _) => "Nova's answer did not fit the contract",
+            (NovaErrorKind::Foreign, _) => {
+                "the answer was not Nova's (a proxy's or a load balancer's page?): its effect is unknown"
+            }
+            (NovaErrorKind::TooLarge, _) => {
+                "the response body exceeded the size cap and was not read"
+            }
             (NovaErrorKind::AuthFailed, _) => "Keystone refused or failed to issue a token",
         }
     }

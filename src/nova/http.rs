@@ -10,7 +10,8 @@
 //! No transport constant bounds a request: the client has no total, read or
 //! response-header timeout; only connection setup (TCP connect, TLS
 //! handshake) keeps its own short bound, because it is not the service's
-//! working time.
+//! working time. A body is read chunk by chunk under the request's
+//! deadline and refused past [`MAX_BODY_BYTES`] (a size, not a clock).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,15 @@ use uuid::Uuid;
 use super::auth::{KeystoneAuth, Secret, Token, error_chain};
 use super::error::Stage;
 use super::trace::with_trace;
+use super::types::{clean_text, keystone_refusal};
+
+/// The largest response body read from Nova or Cinder: 2 MiB. The largest
+/// answer the adapters read is an attachment list, at most 1,000
+/// block-device rows of ~300 bytes (Nova's `max_limit`); anything past 2
+/// MiB is not an answer of theirs, and 128 requests in flight per host
+/// hold at most 256 MiB. A bigger body (a proxy streaming a page without
+/// end) is refused once the cap is passed, not buffered.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 /// Told how long each request waited for a connection slot.
 pub type SlotWaitObserver = Arc<dyn Fn(Duration) + Send + Sync>;
@@ -118,6 +128,8 @@ pub(crate) enum FailureKind {
     AuthFailed,
     /// The token's catalog has no endpoint for the service.
     NoEndpoint,
+    /// The body ran past [`MAX_BODY_BYTES`]: refused unread.
+    TooLarge,
 }
 
 /// A request that ended without an answer, with all its context.
@@ -143,6 +155,12 @@ pub(crate) struct RawResponse {
     pub status: u16,
     pub body: Bytes,
     pub request_id: Option<String>,
+    /// `Content-Type`, for errors that quote an answer that is not the
+    /// service's.
+    pub content_type: Option<String>,
+    /// The microversion the service says it answered with
+    /// (`OpenStack-API-Version`, e.g. `compute 2.89`).
+    pub api_version: Option<String>,
 }
 
 /// Where the service is: a URL given directly, or the token's catalog.
@@ -434,10 +452,13 @@ impl Service {
             let raw = call.send(req, &url).await?;
             if raw.status == 401
                 && !replayed
+                && keystone_refusal(&raw.body)
                 && let (Some(auth), Some(t)) = (&self.auth, &token)
             {
                 // keystonemiddleware refused the token: the service never saw
                 // the request, so replaying it once is safe even for a POST.
+                // A 401 of another shape (a proxy's) is not replayed: where
+                // it came from, and whether the request went on, is unknown.
                 tracing::info!(url = %url, "answered 401; re-authenticating and replaying once");
                 auth.invalidate(t);
                 replayed = true;
@@ -485,7 +506,8 @@ impl Call {
             elapsed: self.started.elapsed(),
             budget: self.deadline.saturating_duration_since(self.started),
             may_have_reached,
-            cause,
+            // Causes quote transport errors, which may quote what came back.
+            cause: clean_text(&cause),
         }
     }
 
@@ -522,16 +544,24 @@ impl Call {
             Ok(Ok(r)) => r,
         };
         let status = resp.status().as_u16();
-        let request_id = ["x-openstack-request-id", "x-compute-request-id"]
-            .iter()
-            .find_map(|h| resp.headers().get(*h)?.to_str().ok())
-            .map(str::to_string);
-        let (kind, cause) = match read_body(resp, self.deadline).await {
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let request_id =
+            header("x-openstack-request-id").or_else(|| header("x-compute-request-id"));
+        let content_type = header("content-type");
+        let api_version = header("openstack-api-version");
+        let (kind, cause) = match read_body(resp, self.deadline, MAX_BODY_BYTES).await {
             Ok(body) => {
                 return Ok(RawResponse {
                     status,
                     body,
                     request_id,
+                    content_type,
+                    api_version,
                 });
             }
             Err(BodyError::Deadline(got)) => (
@@ -542,6 +572,7 @@ impl Call {
                 FailureKind::ResponseLost,
                 format!("body cut off after {got} bytes: {cause}"),
             ),
+            Err(e @ BodyError::TooLarge { .. }) => (FailureKind::TooLarge, e.to_string()),
         };
         let mut f = self.failure(kind, Stage::ReadBody, url, true, cause);
         f.status = Some(status);
@@ -550,19 +581,87 @@ impl Call {
     }
 }
 
-enum BodyError {
+/// Why a body was not read whole.
+pub(super) enum BodyError {
+    /// The deadline came first, after this many bytes.
     Deadline(usize),
+    /// The stream failed after this many bytes.
     Lost(usize, String),
+    /// Past `cap`: announced so (`Content-Length`), or read past it.
+    TooLarge {
+        cap: usize,
+        announced: Option<u64>,
+        read: usize,
+    },
 }
 
-async fn read_body(mut resp: reqwest::Response, deadline: Instant) -> Result<Bytes, BodyError> {
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Deadline(got) => write!(f, "body still incomplete after {got} bytes"),
+            BodyError::Lost(got, cause) => write!(f, "body cut off after {got} bytes: {cause}"),
+            BodyError::TooLarge {
+                cap,
+                announced: Some(len),
+                ..
+            } => write!(
+                f,
+                "the body is larger than the {} cap (Content-Length {len}); not read",
+                human_bytes(*cap)
+            ),
+            BodyError::TooLarge { cap, read, .. } => write!(
+                f,
+                "the body is larger than the {} cap ({read} bytes read, and more came); the rest was not read",
+                human_bytes(*cap)
+            ),
+        }
+    }
+}
+
+/// `2 MiB`, `512 KiB` or `100 bytes`.
+fn human_bytes(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+/// Reads `resp`'s body chunk by chunk until `deadline`, refusing it once
+/// it passes `cap` bytes (or announces more): memory stays bounded
+/// whatever answers, and the deadline still bounds the time.
+pub(super) async fn read_body(
+    mut resp: reqwest::Response,
+    deadline: Instant,
+    cap: usize,
+) -> Result<Bytes, BodyError> {
+    if let Some(len) = resp.content_length()
+        && len > cap as u64
+    {
+        return Err(BodyError::TooLarge {
+            cap,
+            announced: Some(len),
+            read: 0,
+        });
+    }
     let mut buf = Vec::new();
     loop {
         match tokio::time::timeout_at(deadline, resp.chunk()).await {
             Err(_) => return Err(BodyError::Deadline(buf.len())),
             Ok(Err(e)) => return Err(BodyError::Lost(buf.len(), error_chain(&e))),
             Ok(Ok(None)) => return Ok(Bytes::from(buf)),
-            Ok(Ok(Some(chunk))) => buf.extend_from_slice(&chunk),
+            Ok(Ok(Some(chunk))) => {
+                if buf.len() + chunk.len() > cap {
+                    return Err(BodyError::TooLarge {
+                        cap,
+                        announced: None,
+                        read: buf.len() + chunk.len(),
+                    });
+                }
+                buf.extend_from_slice(&chunk);
+            }
         }
     }
 }

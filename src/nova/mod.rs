@@ -7,9 +7,12 @@
 //!   imports neither client.
 //! - `client.rs`: Nova's calls, the HTTP client's connection policy; how an
 //!   attach or detach is confirmed.
+//! - `answer.rs`: what an answer means, and first whether it is Nova's at
+//!   all (a proxy's page decides nothing).
 //! - `cinder.rs`: Cinder's view of a volume, and its errors.
 //! - `auth.rs`: Keystone tokens and the service catalog.
 
+pub(crate) mod answer;
 pub mod auth;
 pub mod cinder;
 pub mod client;

@@ -16,6 +16,9 @@ pub enum FaultOp {
     Auth,
     /// Cinder's volume show (`GET /v3/{project_id}/volumes/{id}`).
     Cinder,
+    /// Nova's server show (`GET /v2.1/servers/{id}`), the look that must
+    /// agree before a detach's 404 decides anything.
+    Server,
     Any,
 }
 
@@ -42,6 +45,25 @@ pub enum Fault {
     Status { code: u16, effect: bool },
     /// Answer a proxy's non-JSON page (502/504).
     ProxyError { code: u16, effect: bool },
+    /// Answer what something in front of Nova answers instead of Nova's
+    /// answer: any status, content type and body (an ingress that lost its
+    /// route answers 404 with its HTML page, a captive proxy 200, a gateway
+    /// 401 with its login wall, a proxy a JSON body cut short). With
+    /// `effect`, Nova did the work first.
+    Page {
+        code: u16,
+        content_type: String,
+        body: String,
+        effect: bool,
+    },
+    /// Answer Nova's own 404 "Instance S could not be found." although the
+    /// server exists (a request routed to a cell or region that does not
+    /// hold it), without effect.
+    ServerNotFound,
+    /// Answer as usual (after the effect) with a body of `bytes` bytes
+    /// instead of Nova's: with `Content-Length` when `announced`, else
+    /// streamed in chunks without it.
+    HugeBody { bytes: usize, announced: bool },
     /// A load balancer answers 504 at once while Nova goes on: the request
     /// takes effect `ms` later (an attach below 2.101 waits on conductor up
     /// to `long_rpc_timeout`).
@@ -120,6 +142,7 @@ impl Fault {
             Fault::CloseBeforeEffect
                 | Fault::Status { effect: false, .. }
                 | Fault::ProxyError { effect: false, .. }
+                | Fault::Page { effect: false, .. }
                 | Fault::StallBody { effect: false, .. }
                 | Fault::TruncateBody { effect: false }
                 | Fault::LateEffect { .. }

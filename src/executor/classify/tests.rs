@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::nova::Stage;
+use crate::nova::answer::{AttachShape, Judged, judged};
 
 const SERVER: Uuid = Uuid::from_u128(0x7ebe_d2ce_85b3_40b5_84ae_8cc7_25c3_7ed2);
 const OTHER: &str = "3a9b7c1e-0000-4000-8000-000000000001";
@@ -37,13 +38,134 @@ fn rejected(r: Rejection, status: u16) -> NovaError {
     )
 }
 
-/// A sample of each answer README's table names, by its cell text.
-fn samples() -> BTreeMap<&'static str, Option<NovaError>> {
-    sample_map(rejection_samples(), failure_samples())
+/// The samples of each answer README's table names, by its cell text:
+/// none for a success (`200`, `202`), else the errors that answer is.
+fn samples() -> BTreeMap<&'static str, Option<Vec<NovaError>>> {
+    let mut m = sample_map(rejection_samples(), failure_samples());
+    for (cell, errors) in wire_samples() {
+        assert!(
+            m.insert(cell, Some(errors)).is_none(),
+            "{cell:?} sampled twice"
+        );
+    }
+    m
 }
 
+const NGINX_404: &str = "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n";
+const JSON: &str = "application/json; charset=UTF-8";
+
+/// Answers as they come over the wire, judged by the adapter itself
+/// (`nova::answer`): what README calls Nova's own answers and what it says
+/// is not. (cell, [(call, status, content type, body)]).
+fn wire_samples() -> Vec<(&'static str, Vec<NovaError>)> {
+    let server_gone = format!(
+        r#"{{"itemNotFound": {{"code": 404, "message": "Instance {SERVER} could not be found."}}}}"#
+    );
+    let attachment = format!(
+        r#"{{"volumeAttachment": {{"device": "/dev/vdb", "id": "{OTHER}", "serverId": "{SERVER}", "volumeId": "{OTHER}"}}}}"#
+    );
+    let foreign: Vec<(u16, &str, String)> = vec![
+        // An ingress that lost its route; ingress-nginx's default backend.
+        (404, "text/html", NGINX_404.into()),
+        (404, "text/plain", "default backend - 404".into()),
+        // An API gateway's own JSON.
+        (404, "application/json", r#"{"message":"no Route matched with those values"}"#.into()),
+        // nginx and haproxy in front of a nova-api that is down or slow.
+        (502, "text/html", "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1></center><hr><center>nginx</center></body></html>".into()),
+        (503, "text/html", "<html><body><h1>503 Service Unavailable</h1>\nNo server is available to handle this request.\n</body></html>".into()),
+        (504, "text/html", "Gateway Timeout".into()),
+        // A proxy's own authentication, not keystonemiddleware's.
+        (401, "text/html", "<html><head><title>401 Authorization Required</title></head></html>".into()),
+        (401, "application/json", r#"{"message":"Unauthorized"}"#.into()),
+        // Nova's fault, cut short by a proxy that buffered it.
+        (404, JSON, server_gone[..server_gone.len() - 4].to_string()),
+        (409, JSON, r#"{"conflictingRequest": {"code": 409, "mess"#.into()),
+        // A fault whose name is not the status's.
+        (404, JSON, server_gone.replace("itemNotFound", "computeFault")),
+    ];
+    let refusals = |list: &[(u16, &str, String)]| -> Vec<NovaError> {
+        list.iter()
+            .flat_map(|(status, ct, body)| {
+                [Judged::Attach(AttachShape::Attached), Judged::Detach]
+                    .map(|call| judged(call, *status, ct, body, SERVER, OTHER_ID))
+            })
+            .collect()
+    };
+    let attach = |shape, status, ct: &str, body: &str| {
+        judged(Judged::Attach(shape), status, ct, body, SERVER, OTHER_ID)
+    };
+    let detach =
+        |status, ct: &str, body: &str| judged(Judged::Detach, status, ct, body, SERVER, OTHER_ID);
+    vec![
+        (
+            "404 server not found",
+            refusals(&[(404, JSON, server_gone.clone())]),
+        ),
+        (
+            "404 about no server, volume or attachment",
+            refusals(&[(
+                404,
+                JSON,
+                r#"{"itemNotFound": {"code": 404, "message": "The resource could not be found."}}"#
+                    .into(),
+            )]),
+        ),
+        (
+            "error status whose body is not Nova's fault",
+            refusals(&foreign),
+        ),
+        (
+            "200 whose body is not Nova's attachment",
+            vec![
+                attach(
+                    AttachShape::Attached,
+                    200,
+                    "text/html",
+                    "<html><body>Please sign in to the hotel network</body></html>",
+                ),
+                attach(
+                    AttachShape::Attached,
+                    200,
+                    JSON,
+                    r#"{"volumeAttachment": {"volumeId""#,
+                ),
+                attach(
+                    AttachShape::Attached,
+                    200,
+                    JSON,
+                    &attachment.replace(OTHER, "5aa119a8-d25b-45a7-8d1b-88e127885635"),
+                ),
+            ],
+        ),
+        (
+            "success Nova does not give at the microversion",
+            vec![
+                attach(AttachShape::Accepted, 200, JSON, &attachment),
+                attach(AttachShape::Attached, 202, JSON, ""),
+                attach(
+                    AttachShape::Accepted,
+                    202,
+                    "text/html",
+                    "<html>Accepted</html>",
+                ),
+                attach(AttachShape::Either, 204, JSON, ""),
+            ],
+        ),
+        (
+            "success other than an empty 202",
+            vec![
+                detach(200, "text/html", "<html><body>OK</body></html>"),
+                detach(204, "text/plain", ""),
+                detach(202, "text/html", "<html>queued</html>"),
+            ],
+        ),
+    ]
+}
+
+const OTHER_ID: Uuid = Uuid::from_u128(0x3a9b_7c1e_0000_4000_8000_0000_0000_0001);
+
 /// Nova's rejections: (cell, rejection, HTTP status).
-fn rejection_samples() -> [(&'static str, Rejection, u16); 16] {
+fn rejection_samples() -> [(&'static str, Rejection, u16); 15] {
     let already = |server: String| Rejection::AlreadyAttached {
         servers: vec![server],
     };
@@ -64,7 +186,6 @@ fn rejection_samples() -> [(&'static str, Rejection, u16); 16] {
             400,
         ),
         ("404 not attached", Rejection::NotAttached, 404),
-        ("404 server not found", Rejection::ServerNotFound, 404),
         ("404 volume not found", Rejection::VolumeNotFound, 404),
         ("403 forbidden", Rejection::Forbidden, 403),
         ("400 other", Rejection::BadRequest, 400),
@@ -93,7 +214,7 @@ fn rejection_samples() -> [(&'static str, Rejection, u16); 16] {
 
 /// Failures before, during or after the exchange: (cell, kind, stage, HTTP
 /// status, may have reached Nova).
-fn failure_samples() -> [FailureSample; 8] {
+fn failure_samples() -> [FailureSample; 9] {
     use NovaErrorKind::*;
     [
         (
@@ -152,22 +273,29 @@ fn failure_samples() -> [FailureSample; 8] {
             Some(200),
             true,
         ),
+        (
+            "body over the size cap",
+            TooLarge,
+            Stage::ReadBody,
+            Some(200),
+            true,
+        ),
     ]
 }
 
 type FailureSample = (&'static str, NovaErrorKind, Stage, Option<u16>, bool);
 
 fn sample_map(
-    rejections: [(&'static str, Rejection, u16); 16],
-    failures: [FailureSample; 8],
-) -> BTreeMap<&'static str, Option<NovaError>> {
-    let mut m: BTreeMap<&'static str, Option<NovaError>> =
+    rejections: [(&'static str, Rejection, u16); 15],
+    failures: [FailureSample; 9],
+) -> BTreeMap<&'static str, Option<Vec<NovaError>>> {
+    let mut m: BTreeMap<&'static str, Option<Vec<NovaError>>> =
         [("200", None), ("202", None)].into_iter().collect();
     for (cell, r, status) in rejections {
-        m.insert(cell, Some(rejected(r, status)));
+        m.insert(cell, Some(vec![rejected(r, status)]));
     }
     for (cell, kind, stage, status, reached) in failures {
-        m.insert(cell, Some(err(kind, stage, status, reached)));
+        m.insert(cell, Some(vec![err(kind, stage, status, reached)]));
     }
     m
 }
@@ -221,19 +349,21 @@ fn every_answer_in_the_readme_table_is_classified_as_the_row_says() {
         });
         covered.insert(answer.as_str());
         for a in actions(action) {
-            let ans = match (answer.as_str(), sample) {
-                ("200", _) => Answer::Done,
-                ("202", _) => Answer::Accepted,
-                (_, Some(e)) => Answer::Failed(e),
+            let answers: Vec<Answer<'_>> = match (answer.as_str(), sample) {
+                ("200", _) => vec![Answer::Done],
+                ("202", _) => vec![Answer::Accepted],
+                (_, Some(errors)) => errors.iter().map(Answer::Failed).collect(),
                 (_, None) => unreachable!(),
             };
-            let got = classify(a, SERVER, &ans).to_string();
-            assert_eq!(
-                &got,
-                next,
-                "README row ({action} | {answer}) for {}",
-                a.as_str()
-            );
+            for ans in &answers {
+                let got = classify(a, SERVER, ans).to_string();
+                assert_eq!(
+                    &got,
+                    next,
+                    "README row ({action} | {answer}) for {}, sample {ans:?}",
+                    a.as_str()
+                );
+            }
         }
     }
     let missing: Vec<_> = samples.keys().filter(|k| !covered.contains(*k)).collect();

@@ -268,6 +268,11 @@ fn early_answer(m: &Mutation, fault: &Option<Fault>) -> Option<Response<Body>> {
                 }
             ),
         ),
+        Some(Fault::ServerNotFound) => (
+            404,
+            "itemNotFound",
+            format!("Instance {} could not be found.", m.server),
+        ),
         Some(Fault::DeviceInUse) => (
             409,
             "conflictingRequest",

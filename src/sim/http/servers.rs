@@ -2,7 +2,8 @@
 //! attachments: `GET /servers`, `/servers/detail` (with a `name` filter)
 //! and `/servers/{id}`, as openstacksdk calls them to find a server before
 //! a detach. Servers the simulator knows are listed; any other id exists
-//! unless removed (404 then, as for a name that is not an id).
+//! unless removed (404 then, as for a name that is not an id). Fault rules
+//! with `"op": "server"` hit `GET /servers/{id}`.
 
 use std::collections::HashMap;
 
@@ -11,7 +12,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode};
 use uuid::Uuid;
 
-use super::{AppState, json, microversion, unauthorized};
+use super::wire::after_effect;
+use super::{AppState, abort, json, microversion, unauthorized};
+use crate::sim::{Fault, FaultOp};
 
 fn with_request_id(mut r: Response<Body>) -> Response<Body> {
     if let Ok(v) = HeaderValue::from_str(&format!("req-{}", Uuid::new_v4())) {
@@ -112,9 +115,16 @@ async fn show_server(st: AppState, server: String, h: HeaderMap) -> Response<Bod
         return unauthorized();
     }
     let mv = microversion(&h);
-    let found = Uuid::parse_str(&server)
-        .ok()
-        .and_then(|id| st.sim.server(id));
+    let id = Uuid::parse_str(&server).ok();
+    let fault = id.and_then(|id| st.sim.take_fault(FaultOp::Server, Some(id), None));
+    match fault {
+        Some(Fault::DelayBeforeEffect { ms }) => {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
+        Some(Fault::CloseBeforeEffect) => return abort(),
+        _ => {}
+    }
+    let found = id.and_then(|id| st.sim.server(id));
     let resp = match found {
         Some(s) => json(
             200,
@@ -128,7 +138,7 @@ async fn show_server(st: AppState, server: String, h: HeaderMap) -> Response<Bod
             mv,
         ),
     };
-    with_request_id(resp)
+    with_request_id(after_effect(fault, resp, mv).await)
 }
 
 #[derive(serde::Deserialize)]

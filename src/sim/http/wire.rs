@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::Response;
 
 use super::{abort, render};
-use crate::sim::{Answer, Fault};
+use crate::sim::Fault;
 
 /// Applies a fault that acts after processing (or instead of it).
 pub(super) async fn after_effect(
@@ -29,14 +29,25 @@ pub(super) async fn after_effect(
             .header("content-type", "application/json")
             .body(Body::from("<html><body>Service temporarily rewritten by a proxy</body></html>"))
             .unwrap_or_else(|_| Response::new(Body::empty())),
+        // Nova's fault, named as Nova names that status.
         Some(Fault::Status { code, .. }) => render(
-            Answer::Fault {
-                status: code,
-                name: if code == 503 { "serviceUnavailable" } else { "computeFault" },
-                message: "Unexpected API Error. Please report this at http://bugs.launchpad.net/nova/ and attach the Nova API log if possible.".into(),
-            },
+            crate::sim::fault(
+                code,
+                "Unexpected API Error. Please report this at http://bugs.launchpad.net/nova/ and attach the Nova API log if possible.".into(),
+            ),
             mv,
         ),
+        Some(Fault::Page {
+            code,
+            content_type,
+            body,
+            ..
+        }) => Response::builder()
+            .status(code)
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap_or_else(|_| Response::new(Body::empty())),
+        Some(Fault::HugeBody { bytes, announced }) => huge(ok, bytes, announced),
         Some(Fault::ProxyError { code, .. }) => Response::builder()
             .status(code)
             .header("content-type", "text/html")
@@ -44,6 +55,28 @@ pub(super) async fn after_effect(
             .unwrap_or_else(|_| Response::new(Body::empty())),
         _ => ok,
     }
+}
+
+/// `ok`'s status and headers with a body of `bytes` spaces (valid JSON
+/// whitespace, so only its size is wrong): whole with its length, or
+/// streamed in 64 KiB chunks without one.
+fn huge(ok: Response<Body>, bytes: usize, announced: bool) -> Response<Body> {
+    let (mut parts, _) = ok.into_parts();
+    parts.headers.remove("content-length");
+    if announced {
+        return Response::from_parts(parts, Body::from(vec![b' '; bytes]));
+    }
+    const CHUNK: usize = 64 * 1024;
+    let stream = futures_util::stream::unfold(bytes, |left| async move {
+        (left > 0).then(|| {
+            let n = left.min(CHUNK);
+            (
+                Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b' '; n])),
+                left - n,
+            )
+        })
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
 }
 
 /// Sends the headers and half the body, stalls, then the rest.
