@@ -355,7 +355,7 @@ async fn leases_are_renewed_by_their_holder_and_never_taken_while_live(store: Ar
             .operation_renew_leases("r2", &[op.id], Duration::from_secs(60))
             .await
             .unwrap(),
-        0
+        Vec::<uuid::Uuid>::new()
     );
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
@@ -364,7 +364,7 @@ async fn leases_are_renewed_by_their_holder_and_never_taken_while_live(store: Ar
                 .operation_renew_leases("r1", &[op.id], Duration::from_secs(2))
                 .await
                 .unwrap(),
-            1
+            vec![op.id]
         );
         assert!(
             store

@@ -126,10 +126,18 @@ impl Executor {
         let op = &run.op;
         let name = op.action.as_str();
         let rid = RequestId::for_operation(op.id);
+        let gate = super::LeaseGate::new(self, op.id, outbound);
         let (sent, nova_id) = match op.action {
             Action::Attach => match self
                 .nova
-                .attach_as(&rid, op.server_id, op.volume_id, &op.params, outbound)
+                .attach_gated(
+                    &rid,
+                    op.server_id,
+                    op.volume_id,
+                    &op.params,
+                    outbound,
+                    &gate,
+                )
                 .await
             {
                 Ok(a) => (
@@ -143,13 +151,16 @@ impl Executor {
             },
             Action::Detach => match self
                 .nova
-                .detach_as(&rid, op.server_id, op.volume_id, outbound)
+                .detach_gated(&rid, op.server_id, op.volume_id, outbound, &gate)
                 .await
             {
                 Ok(a) => (Sent::Accepted, a.nova_request_id),
                 Err(e) => (Sent::Failed(e), None),
             },
         };
+        if let Some(left) = gate.left_at() {
+            run.last_left_at = Some(left);
+        }
         let elapsed = started.elapsed();
         let answered = |ev: NewEvent| match &nova_id {
             Some(id) => ev.with("nova_request_id", id),

@@ -193,7 +193,8 @@ impl Executor {
     pub async fn stop_tasks(&self) -> usize {
         let running = self.running();
         self.stop.cancel();
-        self.wait_idle(Instant::now() + Duration::from_secs(1)).await;
+        self.wait_idle(Instant::now() + Duration::from_secs(1))
+            .await;
         running
     }
 
@@ -267,7 +268,8 @@ impl Executor {
             req.trace.clone(),
             this.own(new, budget, created_tx, done),
         );
-        self.tasks.spawn(stoppable(self.stop.clone(), Box::pin(task)));
+        self.tasks
+            .spawn(stoppable(self.stop.clone(), Box::pin(task)));
         Spawned {
             created,
             result,
@@ -296,6 +298,9 @@ impl Executor {
         let hold = self.holds.hold(id);
         let op = match result {
             Ok(CreateOutcome::Created(op)) => {
+                // The intent's lease was set after its write left.
+                self.holds
+                    .confirm(&[id], write_started + self.settings.lease);
                 self.inflight
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -379,12 +384,14 @@ impl Executor {
                     // Renewed before anything is sent: a lease that lapsed
                     // while the database was away may be taken over by
                     // another replica's reconciler any moment.
+                    let sent = Instant::now();
                     match self
                         .store
                         .operation_renew_leases(&self.replica, &[id], self.settings.lease)
                         .await
                     {
-                        Ok(1) => {
+                        Ok(renewed) if renewed.contains(&id) => {
+                            self.holds.confirm(&[id], sent + self.settings.lease);
                             tracing::info!(operation_id = %id, "the intent was recorded; driving it");
                             return Some(op);
                         }
@@ -687,29 +694,111 @@ impl Executor {
             if ids.is_empty() {
                 continue;
             }
+            let sent = Instant::now();
             match self
                 .store
                 .operation_renew_leases(&self.replica, &ids, self.settings.lease)
                 .await
             {
-                Ok(n) if n < ids.len() as u64 => {
-                    // Decided meanwhile, or taken over after a lapse: the
-                    // holder's next write is fenced either way.
-                    tracing::debug!(
-                        held = ids.len(),
-                        renewed = n,
-                        "some leases were not renewed"
-                    );
+                Ok(renewed) => {
+                    // Held at least a lease from when the renewal left.
+                    self.holds.confirm(&renewed, sent + self.settings.lease);
+                    if renewed.len() < ids.len() {
+                        // Decided meanwhile, or taken over after a lapse:
+                        // the holder's next write is fenced either way.
+                        tracing::debug!(
+                            held = ids.len(),
+                            renewed = renewed.len(),
+                            "some leases were not renewed"
+                        );
+                    }
                 }
-                Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, held = ids.len(), "could not renew leases"),
             }
         }
     }
 }
 
+/// A request leaves only this long before its lease is known to end, at
+/// the latest: room for the two clocks' drift and the request's way out.
+const SEND_MARGIN: Duration = Duration::from_millis(500);
+
+/// The send gate of one run (see `nova::SendGate`): a request leaves only
+/// while the run's lease is known to hold — by the heartbeat's last
+/// renewal, else by a renewal made now — and the instant it left is
+/// noted. Without it, a request that waited long for a slot or a token
+/// while the database was away could leave after another replica took the
+/// operation over: two requests for one key.
+pub(crate) struct LeaseGate<'a> {
+    exec: &'a Executor,
+    id: Uuid,
+    /// The request's own deadline: a renewal made here waits no longer.
+    deadline: Instant,
+    left_at: Mutex<Option<Instant>>,
+}
+
+impl<'a> LeaseGate<'a> {
+    pub(crate) fn new(exec: &'a Executor, id: Uuid, deadline: Instant) -> Self {
+        Self {
+            exec,
+            id,
+            deadline,
+            left_at: Mutex::new(None),
+        }
+    }
+
+    /// When the request left, if it did.
+    pub(crate) fn left_at(&self) -> Option<Instant> {
+        *self.left_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn confirm_lease(&self) -> Result<(), String> {
+        let now = Instant::now();
+        if self
+            .exec
+            .holds
+            .confirmed_until(self.id)
+            .is_some_and(|until| until > now + SEND_MARGIN)
+        {
+            return Ok(());
+        }
+        let lease = self.exec.settings.lease;
+        let by = self.deadline.min(now + lease / 2);
+        let ids = [self.id];
+        let renewal = self
+            .exec
+            .store
+            .operation_renew_leases(&self.exec.replica, &ids, lease);
+        match tokio::time::timeout_at(by, renewal).await {
+            Ok(Ok(renewed)) if renewed.contains(&self.id) => {
+                self.exec.holds.confirm(&[self.id], now + lease);
+                Ok(())
+            }
+            Ok(Ok(_)) => Err("the operation's lease is no longer this replica's".into()),
+            Ok(Err(e)) => Err(format!("its lease could not be renewed: {e}")),
+            Err(_) => Err(format!(
+                "its lease could not be renewed within {} ms",
+                by.saturating_duration_since(now).as_millis()
+            )),
+        }
+    }
+}
+
+impl crate::nova::SendGate for LeaseGate<'_> {
+    fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.confirm_lease().await?;
+            *self.left_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            Ok(())
+        })
+    }
+}
+
 /// `task`, ended early (dropped at its current await) when `stop` fires.
-async fn stoppable(stop: tokio_util::sync::CancellationToken, task: impl std::future::Future<Output = ()>) {
+async fn stoppable(
+    stop: tokio_util::sync::CancellationToken,
+    task: impl std::future::Future<Output = ()>,
+) {
     tokio::select! {
         biased;
         () = task => {}

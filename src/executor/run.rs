@@ -97,6 +97,8 @@ pub(crate) struct Run {
     pub backoff: backon::ExponentialBackoff,
     /// Whether the last look found the volume on the server.
     pub last_seen: Option<bool>,
+    /// When this run's last request left (its gate let it out).
+    pub last_left_at: Option<tokio::time::Instant>,
 }
 
 impl Run {
@@ -111,6 +113,7 @@ impl Run {
             by_reconciler,
             backoff: send_backoff(),
             last_seen: None,
+            last_left_at: None,
         }
     }
 

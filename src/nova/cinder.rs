@@ -418,6 +418,8 @@ impl From<Failure> for CinderError {
                 // Not read whole: nothing is known from it (the cause names
                 // the cap); asking again may be answered.
                 FailureKind::TooLarge => CinderErrorKind::Undecodable,
+                // Cinder's reads have no gate.
+                FailureKind::Withheld => CinderErrorKind::ConnectFailed,
             },
             stage: f.stage,
             method: f.method,
@@ -479,7 +481,14 @@ impl CinderClient {
         let started = Instant::now();
         let (url, raw) = self
             .service
-            .execute::<()>(rid.as_str(), Method::GET, &path, None, deadline)
+            .execute::<()>(
+                rid.as_str(),
+                Method::GET,
+                &path,
+                None,
+                deadline,
+                &super::http::Open,
+            )
             .await?;
         let answer = Answer {
             url,

@@ -24,7 +24,8 @@ use super::answer::{AttachShape, Exchange};
 use super::auth::{KeystoneAuth, KeystoneConfig};
 use super::cinder::{CinderClient, CinderError};
 use super::error::{NovaError, NovaErrorKind};
-use super::http::{Base, CatalogService, Failure, FailureKind, RawResponse, Service};
+pub use super::http::SendGate;
+use super::http::{Base, CatalogService, Failure, FailureKind, Open, RawResponse, Service};
 use super::types::{AttachBody, AttachSpec, NovaAttachment};
 use super::version::{parse_versions, version_root};
 use crate::domain::RequestParams;
@@ -451,6 +452,20 @@ impl NovaClient {
         params: &RequestParams,
         deadline: Instant,
     ) -> Result<Answered<AttachAnswer>, NovaError> {
+        self.attach_gated(rid, server_id, volume_id, params, deadline, &Open)
+            .await
+    }
+
+    /// `attach_as`, leaving only when `gate` allows it (see [`SendGate`]).
+    pub async fn attach_gated(
+        &self,
+        rid: &RequestId,
+        server_id: Uuid,
+        volume_id: Uuid,
+        params: &RequestParams,
+        deadline: Instant,
+        gate: &dyn SendGate,
+    ) -> Result<Answered<AttachAnswer>, NovaError> {
         let body = AttachBody {
             volume_attachment: AttachSpec {
                 volume_id: volume_id.to_string(),
@@ -470,7 +485,7 @@ impl NovaClient {
         let path = format!("/servers/{server_id}/os-volume_attachments");
         let started = Instant::now();
         let (url, raw) = self
-            .execute(rid, Method::POST, &path, Some(&body), deadline)
+            .execute(rid, Method::POST, &path, Some(&body), deadline, gate)
             .await?;
         let value = exchange("POST", url, &raw, started, deadline).attach(
             self.attach_shape(&raw),
@@ -511,7 +526,7 @@ impl NovaClient {
         let path = format!("/servers/{server_id}/os-volume_attachments");
         let started = Instant::now();
         let (url, raw) = self
-            .execute::<()>(rid, Method::GET, &path, None, deadline)
+            .execute::<()>(rid, Method::GET, &path, None, deadline, &Open)
             .await?;
         let items = exchange("GET", url, &raw, started, deadline).list(server_id)?;
         Ok(answered(&raw, items))
@@ -530,7 +545,7 @@ impl NovaClient {
         let path = format!("/servers/{server_id}");
         let started = Instant::now();
         let (url, raw) = self
-            .execute::<()>(rid, Method::GET, &path, None, deadline)
+            .execute::<()>(rid, Method::GET, &path, None, deadline, &Open)
             .await?;
         let exists = exchange("GET", url, &raw, started, deadline).server(server_id)?;
         Ok(answered(&raw, exists))
@@ -546,7 +561,14 @@ impl NovaClient {
         let path = format!("/servers/{server_id}/os-volume_attachments/{volume_id}");
         let started = Instant::now();
         let (url, raw) = self
-            .execute::<()>(&RequestId::fresh(), Method::GET, &path, None, deadline)
+            .execute::<()>(
+                &RequestId::fresh(),
+                Method::GET,
+                &path,
+                None,
+                deadline,
+                &Open,
+            )
             .await?;
         exchange("GET", url, &raw, started, deadline).show(server_id, volume_id)
     }
@@ -571,10 +593,23 @@ impl NovaClient {
         volume_id: Uuid,
         deadline: Instant,
     ) -> Result<Answered<()>, NovaError> {
+        self.detach_gated(rid, server_id, volume_id, deadline, &Open)
+            .await
+    }
+
+    /// `detach_as`, leaving only when `gate` allows it (see [`SendGate`]).
+    pub async fn detach_gated(
+        &self,
+        rid: &RequestId,
+        server_id: Uuid,
+        volume_id: Uuid,
+        deadline: Instant,
+        gate: &dyn SendGate,
+    ) -> Result<Answered<()>, NovaError> {
         let path = format!("/servers/{server_id}/os-volume_attachments/{volume_id}");
         let started = Instant::now();
         let (url, raw) = self
-            .execute::<()>(rid, Method::DELETE, &path, None, deadline)
+            .execute::<()>(rid, Method::DELETE, &path, None, deadline, gate)
             .await?;
         exchange("DELETE", url, &raw, started, deadline).detach()?;
         Ok(answered(&raw, ()))
@@ -588,10 +623,11 @@ impl NovaClient {
         path: &str,
         body: Option<&B>,
         deadline: Instant,
+        gate: &dyn SendGate,
     ) -> Result<(String, RawResponse), NovaError> {
         let sent = self
             .service
-            .execute(rid.as_str(), method, path, body, deadline)
+            .execute(rid.as_str(), method, path, body, deadline, gate)
             .await
             .map_err(NovaError::from);
         self.observe_reachability(&sent);
@@ -634,6 +670,7 @@ impl From<Failure> for NovaError {
                 // Nova's endpoint is required when the token is issued, so
                 // a missing one is a failed authentication.
                 FailureKind::AuthFailed | FailureKind::NoEndpoint => NovaErrorKind::AuthFailed,
+                FailureKind::Withheld => NovaErrorKind::Withheld,
                 FailureKind::TooLarge => NovaErrorKind::TooLarge,
             },
             stage: f.stage,

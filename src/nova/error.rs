@@ -125,6 +125,9 @@ pub enum NovaErrorKind {
     TooLarge,
     /// Keystone did not give us a token.
     AuthFailed,
+    /// Kept from leaving by its gate (the operation's lease could not be
+    /// confirmed): never sent.
+    Withheld,
 }
 
 impl NovaErrorKind {
@@ -138,6 +141,7 @@ impl NovaErrorKind {
             NovaErrorKind::Foreign => "foreign_answer",
             NovaErrorKind::TooLarge => "body_too_large",
             NovaErrorKind::AuthFailed => "auth_failed",
+            NovaErrorKind::Withheld => "withheld",
         }
     }
 }
@@ -194,6 +198,7 @@ impl NovaError {
                 Reason::NovaBadResponse
             }
             NovaErrorKind::AuthFailed => Reason::KeystoneAuthFailed,
+            NovaErrorKind::Withheld => Reason::NotSent,
             NovaErrorKind::Rejected(r) => match r {
                 Rejection::AlreadyAttached { .. } => Reason::NovaAlreadyAttached,
                 Rejection::Detaching => Reason::NovaDetaching,
@@ -286,6 +291,9 @@ impl NovaError {
                 "the response body exceeded the size cap and was not read"
             }
             (NovaErrorKind::AuthFailed, _) => "Keystone refused or failed to issue a token",
+            (NovaErrorKind::Withheld, _) => {
+                "not sent: this replica could not confirm it still holds the operation's lease"
+            }
         }
     }
 }

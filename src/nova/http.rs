@@ -130,6 +130,28 @@ pub(crate) enum FailureKind {
     NoEndpoint,
     /// The body ran past [`MAX_BODY_BYTES`]: refused unread.
     TooLarge,
+    /// Its gate kept the request from leaving (see [`SendGate`]): nothing
+    /// was sent.
+    Withheld,
+}
+
+/// Asked right before a request leaves, once its slot and token are had
+/// (a wait for either may be long): `Err(why)` keeps it from leaving, and
+/// the request fails as `Withheld`, not sent. The executor's gate makes
+/// sure its operation's lease still holds, so a request never leaves after
+/// another replica may have taken the operation over, and notes the instant
+/// it left.
+pub trait SendGate: Send + Sync {
+    fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>>;
+}
+
+/// A gate that is always open (reads, and requests no lease guards).
+pub struct Open;
+
+impl SendGate for Open {
+    fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// A request that ended without an answer, with all its context.
@@ -361,6 +383,7 @@ impl Service {
         path: &str,
         body: Option<&B>,
         deadline: Instant,
+        gate: &dyn SendGate,
     ) -> Result<(String, RawResponse), Failure> {
         let call = Call {
             method: method_name(&method),
@@ -395,7 +418,7 @@ impl Service {
         }
         // Only the slot wait is inline: a request queued behind the cap keeps
         // a small future; the send's state is allocated once it may run.
-        Box::pin(self.send_with_replay(&call, request_id, method, path, body)).await
+        Box::pin(self.send_with_replay(&call, request_id, method, path, body, gate)).await
     }
 
     async fn send_with_replay<B: serde::Serialize>(
@@ -405,6 +428,7 @@ impl Service {
         method: Method,
         path: &str,
         body: Option<&B>,
+        gate: &dyn SendGate,
     ) -> Result<(String, RawResponse), Failure> {
         let mut replayed = false;
         loop {
@@ -447,6 +471,15 @@ impl Service {
                     &url,
                     false,
                     "no time left to send the request; not sent".into(),
+                ));
+            }
+            if let Err(why) = gate.may_send().await {
+                return Err(call.failure(
+                    FailureKind::Withheld,
+                    Stage::AcquireSlot,
+                    &url,
+                    false,
+                    format!("not sent: {why}"),
                 ));
             }
             let raw = call.send(req, &url).await?;

@@ -29,7 +29,7 @@ pub use cinder::{
 };
 pub use client::{
     Answered, AttachAnswer, CaBundle, ConfirmWith, Confirmation, Microversion, NovaClient,
-    NovaConfig, NovaEndpoint, RequestId, TlsTrust, VersionRange, build_http_client,
+    NovaConfig, NovaEndpoint, RequestId, SendGate, TlsTrust, VersionRange, build_http_client,
 };
 pub use error::{NovaError, NovaErrorKind, Rejection, Stage};
 pub use types::NovaAttachment;

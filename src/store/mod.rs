@@ -486,7 +486,7 @@ pub trait Store: Send + Sync + 'static {
         replica: &str,
         ids: &[Uuid],
         lease: Duration,
-    ) -> Result<u64, StoreError>;
+    ) -> Result<Vec<Uuid>, StoreError>;
 
     /// When the oldest decision due for verification `stage` (decided at
     /// least `delay` ago) that no replica has taken yet was decided; `None`

@@ -679,9 +679,10 @@ impl Store for PgStore {
         replica: &str,
         ids: &[Uuid],
         lease: Duration,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Vec<Uuid>, StoreError> {
+        type Renewed = Vec<(Uuid,)>;
         if ids.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
         // Open = completed_at IS NULL, not a state test: see TRANSITION_MANY.
         // Rows another transaction holds (a decision being written, in its
@@ -692,27 +693,30 @@ impl Store for PgStore {
         // (`clock_timestamp()`), not from the statement's start.
         let (replica, ids) = (replica.to_string(), ids.to_vec());
         let until = Instant::now() + lease;
-        self.leases
+        let renewed: Renewed = self
+            .leases
             .run(
                 RoundTrip::Lease,
                 "renewing leases",
                 Repeat::Safe,
                 until,
                 move |c| {
-                    let q = sqlx::query(
+                    let q = sqlx::query_as(
                         "UPDATE operations o SET lease_expires_at = clock_timestamp() + $3 * interval '1 millisecond'
                          FROM (SELECT id FROM operations
                                WHERE id = ANY($1) AND lease_owner = $2 AND completed_at IS NULL
                                ORDER BY id FOR UPDATE SKIP LOCKED) held
-                         WHERE o.id = held.id",
+                         WHERE o.id = held.id
+                         RETURNING o.id",
                     )
                     .bind(ids.clone())
                     .bind(replica.clone())
                     .bind(lease.as_secs_f64() * 1000.0);
-                    Box::pin(async move { Ok(q.execute(c).await?.rows_affected()) })
+                    Box::pin(q.fetch_all(c))
                 },
             )
-            .await
+            .await?;
+        Ok(renewed.into_iter().map(|(id,)| id).collect())
     }
 
     async fn verification_backlog(

@@ -430,8 +430,8 @@ impl Store for SqliteStore {
         replica: &str,
         ids: &[Uuid],
         lease: Duration,
-    ) -> Result<u64, StoreError> {
-        let mut renewed = 0;
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let mut renewed = Vec::new();
         let mut tx = self.begin().await?;
         let until = now_us() + lease.as_micros() as i64;
         for id in ids {
@@ -444,7 +444,9 @@ impl Store for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(db("renewing leases"))?;
-            renewed += r.rows_affected();
+            if r.rows_affected() > 0 {
+                renewed.push(*id);
+            }
         }
         tx.commit().await.map_err(db("renewing leases"))?;
         Ok(renewed)
