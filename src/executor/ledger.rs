@@ -68,7 +68,11 @@ impl Executor {
                         resolution = op.resolution.map(|r| r.as_str()).unwrap_or(""), "operation decided");
                     return op;
                 }
-                Ok(None) => return self.reread(&run.op).await,
+                Ok(None) => {
+                    // Fenced: another writer decided, or holds it now.
+                    let current = self.reread(&run.op).await;
+                    return self.after_fence(current, run.budget.answer_by).await;
+                }
                 Err(e) if first_try.elapsed() < DECISION_HORIZON => {
                     tracing::warn!(operation_id = %run.op.id, error = %e, pause_ms = pause.as_millis() as u64,
                         state = d.state.as_str(), "could not record the decision yet; trying again");

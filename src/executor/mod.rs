@@ -600,6 +600,17 @@ impl Executor {
                 _ => {}
             }
         }
+        self.wait_decided_elsewhere(id, until).await
+    }
+
+    /// Waits (on change notifications, re-reading every second) for an
+    /// operation another replica or pass drives; as `wait_decided` after
+    /// its look at this replica's own runs.
+    async fn wait_decided_elsewhere(
+        &self,
+        id: Uuid,
+        until: Instant,
+    ) -> Result<Operation, ExecError> {
         let mut changes = self.store.subscribe();
         // Another replica may decide it: asked to notify (the loop below
         // re-reads every second regardless).
@@ -660,10 +671,28 @@ impl Executor {
         let decision = match Box::pin(self.send_loop(&mut run, first_sent)).await {
             Ok(d) => d,
             // Fenced out: another replica or an operator decided meanwhile.
-            Err(run::Fenced(current)) => return current,
+            Err(run::Fenced(current)) => {
+                return Box::pin(self.after_fence(current, run.budget.answer_by)).await;
+            }
         };
         let decision = Box::pin(self.confirm(&mut run, decision)).await;
         Box::pin(self.record(&mut run, decision)).await
+    }
+
+    /// After this run was fenced (another replica took the operation over):
+    /// the operation as the other decides it, if it does by `until`, so the
+    /// caller hears the decision rather than the row as it stood.
+    pub(crate) async fn after_fence(&self, current: Operation, until: Instant) -> Operation {
+        if current.state.is_terminal() || Instant::now() >= until {
+            return current;
+        }
+        match self.wait_decided_elsewhere(current.id, until).await {
+            Ok(op) => op,
+            Err(e) => {
+                tracing::debug!(operation_id = %current.id, error = %e, "waiting for the new holder's decision");
+                current
+            }
+        }
     }
 
     /// A new operation whose volume is still being created: waits for it
