@@ -15,6 +15,10 @@
 //! `cargo test --test real_nova` runs this tier alone (README, "Real Nova
 //! in the suite").
 
+// The differential test (real Nova against the simulator) shares this
+// binary's Nova.
+#[path = "real_nova/differential.rs"]
+mod differential;
 mod support;
 
 use std::time::Duration;
@@ -801,5 +805,152 @@ async fn revoked(mv: &str) {
     assert_eq!(statuses, vec![ok, 401, ok]);
     assert_eq!(api.attach_effects(s, v2).await, 1);
     assert_eq!(ledger_matches_truth(&app, &api).await, 2);
+    app.stop().await;
+}
+
+/// Can Nova's own records decide a lost request sooner than the settle
+/// window? Its instance-action log (`/servers/{id}/os-instance-actions`)
+/// keys each action by Nova's own request id, which only an answer
+/// carries; the global request id the service sends with every request
+/// (`X-OpenStack-Request-ID: req-<operation id>`) is recorded nowhere in
+/// it, and no action or event names the volume. So a request whose answer
+/// was lost cannot be found there, and the cases the settle window waits
+/// for leave no action at all: a request that never reached Nova, an
+/// attach Cinder failed inside Nova (conductor records the action only
+/// after Cinder's reservation), and an attach the conductor has not got to
+/// yet look the same. Only a failure after the reservation (the
+/// hypervisor's) is recorded, under the id of an answer that arrived. The
+/// README ("Real Nova in the suite") draws the conclusion; this test keeps
+/// the evidence, and fails when Nova starts recording what would change it.
+#[tokio::test]
+async fn novas_instance_actions_cannot_decide_a_lost_request_sooner() {
+    let api = Api::new().await;
+    let s = api.server().await;
+    let (app, _) = service(&api, "latest", &[("--settle-window", "6s")]).await;
+    let path = format!("/servers/{s}/os-volume_attachments");
+    // (a) An answer lost after Nova did the work.
+    let v = Uuid::new_v4();
+    api.nova
+        .proxy
+        .arm(Rule::new("POST", path.clone(), Fault::LoseAnswerFin).body(v.to_string()));
+    let op = attach(&app, "actions-lost", s, v, LONG)
+        .await
+        .expect("recovered");
+    assert_eq!(op.state, pb::State::Succeeded as i32);
+    let global = format!("req-{}", op.id);
+    let sent = api
+        .nova
+        .proxy
+        .exchanges(&path)
+        .into_iter()
+        .find(|e| e.method == "POST" && e.body.contains(&v.to_string()))
+        .expect("the POST");
+    assert_eq!(sent.global_request_id.as_deref(), Some(global.as_str()));
+    let nova_id = sent
+        .nova_request_id
+        .clone()
+        .expect("Nova's own id, lost with the answer");
+    let actions = api.actions(s).await;
+    let text = serde_json::to_string(&actions).unwrap();
+    let attaches: Vec<_> = actions
+        .iter()
+        .filter(|a| a["action"] == "attach_volume")
+        .collect();
+    assert_eq!(attaches.len(), 1, "{actions:#?}");
+    assert_eq!(
+        attaches[0]["request_id"],
+        nova_id.as_str(),
+        "keyed by Nova's id"
+    );
+    assert!(
+        !text.contains(&global),
+        "the global id is not recorded: {text}"
+    );
+    assert!(
+        !text.contains(&v.to_string()),
+        "no action names the volume: {text}"
+    );
+    // (b) A request that never reached Nova: no action (the operation is
+    // left UNKNOWN for the settle window).
+    let v2 = Uuid::new_v4();
+    api.nova.proxy.arm(
+        Rule::new(
+            "POST",
+            path.clone(),
+            Fault::LoseRequest {
+                hold: Duration::from_millis(300),
+            },
+        )
+        .body(v2.to_string()),
+    );
+    let err = attach(&app, "actions-never", s, v2, Duration::from_secs(5))
+        .await
+        .expect_err("unknown");
+    assert_eq!(error_info(&err).0, "OUTCOME_UNKNOWN");
+    // (c) Cinder failing inside Nova's attach at 2.104: a 202, and no
+    // action under its id, ever; the same as (b) and as an attach the
+    // conductor has not reached yet.
+    let v3 = Uuid::new_v4();
+    api.fail_cinder_attach(v3, 1).await;
+    let err = attach(&app, "actions-cinder", s, v3, Duration::from_secs(5))
+        .await
+        .expect_err("unknown");
+    assert_eq!(error_info(&err).0, "OUTCOME_UNKNOWN");
+    let cinder_id = api
+        .nova
+        .proxy
+        .exchanges(&path)
+        .into_iter()
+        .find(|e| e.method == "POST" && e.body.contains(&v3.to_string()))
+        .and_then(|e| e.nova_request_id)
+        .expect("the 202's id");
+    let (status, _) = api
+        .call(
+            false,
+            reqwest::Method::GET,
+            &format!("/servers/{s}/os-instance-actions/{cinder_id}"),
+            "2.84",
+            None,
+        )
+        .await;
+    assert_eq!(status, 404, "no action for an attach Cinder failed");
+    let attaches = api
+        .actions(s)
+        .await
+        .into_iter()
+        .filter(|a| a["action"] == "attach_volume")
+        .count();
+    assert_eq!(attaches, 1, "(b) and (c) left no action");
+    // (d) The one failure the log records: the hypervisor's, after the
+    // reservation, under the id of the 202 (which a lost answer takes with
+    // it). As the project's member (the service's role) reads it.
+    let v4 = Uuid::new_v4();
+    api.fail_compute_attach(v4).await;
+    let (status, body) = api
+        .call(
+            false,
+            reqwest::Method::POST,
+            &path,
+            "latest",
+            Some(serde_json::json!({"volumeAttachment": {"volumeId": v4.to_string()}})),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let error_event = |actions: Vec<serde_json::Value>| {
+        actions.into_iter().find_map(|a| {
+            let events = a["events"].as_array().cloned().unwrap_or_default();
+            events.into_iter().find(|e| e["result"] == "Error")
+        })
+    };
+    support::eventually(
+        Duration::from_secs(20),
+        "the hypervisor's failure is recorded",
+        || async { error_event(api.actions(s).await).is_some() },
+    )
+    .await;
+    let failed = error_event(api.actions(s).await).expect("recorded");
+    assert_eq!(failed["event"], "compute_attach_volume", "{failed}");
+    assert!(!api.is_attached(s, v4).await, "rolled back");
+    assert!(ledger_matches_truth(&app, &api).await >= 1);
     app.stop().await;
 }

@@ -168,8 +168,17 @@ fn ensure_venv() -> Result<PathBuf, String> {
         std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
     let status = Command::new(venv.join("bin/python"))
         // `python -m pip`: a venv's pip script has the venv's path in its
-        // shebang, which breaks when target/ moves.
-        .args(["-m", "pip", "install", "--disable-pip-version-check", "-r"])
+        // shebang, which breaks when target/ moves. `--no-deps`: the file
+        // is the whole frozen set, so pip installs exactly it (resolving
+        // would wander through SQLAlchemy 2.1 wheels for oslo.db's extra).
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "-r",
+        ])
         .arg(&requirements)
         .stdout(log_file.try_clone().map_err(|e| e.to_string())?)
         .stderr(log_file)
@@ -185,6 +194,10 @@ fn ensure_venv() -> Result<PathBuf, String> {
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         ));
     }
+    run(
+        Command::new(venv.join("bin/python")).args(["-m", "pip", "check"]),
+        "pip check (the pinned set is incomplete or inconsistent)",
+    )?;
     run(
         Command::new(venv.join("bin/python")).args([
             "-c",

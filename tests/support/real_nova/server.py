@@ -10,8 +10,9 @@ socket, with:
 - Keystone v3 password authentication at `/identity/v3/auth/tokens`, whose
   catalog names the compute endpoint the test harness gave (its fault proxy
   in front of this server), so the service runs in Keystone mode;
-- the request context Nova's `keystone` pipeline would get from
-  keystonemiddleware, made from the token (Nova 34 has no `noauth2`);
+- in keystonemiddleware's place in Nova's `keystone` pipeline, a check of
+  our tokens that sets the headers keystonemiddleware would (Nova 34 has no
+  `noauth2`), so Nova's own context middleware makes the request context;
 - a harness API under `/_harness/` (never through the fault proxy): faults
   injected inside Nova's flows (Cinder's attachment_create, the hypervisor's
   attach), token revocation, and the ground truth: every
@@ -45,7 +46,7 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 import uuid  # noqa: E402
 
-import nova.api.auth  # noqa: E402
+import keystonemiddleware.auth_token  # noqa: E402
 from nova import exception  # noqa: E402
 from nova import objects  # noqa: E402
 from nova.tests import fixtures as nova_fixtures  # noqa: E402
@@ -71,6 +72,8 @@ class Harness:
         self.lock = threading.Lock()
         self.password = password
         self.compute_url = None
+        # Our own URL (Keystone's, in a 401's WWW-Authenticate).
+        self.base_url = None
         # token -> {user, user_id, project, project_id, roles, expires}
         self.tokens = {}
         self.issued = collections.Counter()
@@ -168,9 +171,10 @@ class NovaStack(integrated_helpers._IntegratedTestBase):
     # Casts stay asynchronous, as in production (the fixture's default turns
     # them into calls, which would hide the 2.101+ background attach).
     CAST_AS_CALL = False
-    # keystonemiddleware is stubbed out (it would ask a real Keystone); our
-    # token check (see Front) sets the headers it would set.
-    STUB_KEYSTONE = True
+    # keystonemiddleware's auth_token is replaced by our TokenCheck (see
+    # main), in its place in Nova's pipeline; Nova's own context middleware
+    # stays.
+    STUB_KEYSTONE = False
     paste_config = None
 
     def _setup_services(self):
@@ -202,19 +206,64 @@ def read_json(environ):
 
 # The headers keystonemiddleware's auth_token sets for a valid token (and
 # removes from what the client sent): Nova's NovaKeystoneContext makes the
-# request context from them, its request ids included.
+# request context from them (with the request ids the middleware before it
+# assigned).
 AUTH_HEADERS = ('HTTP_X_IDENTITY_STATUS', 'HTTP_X_USER_ID', 'HTTP_X_USER_NAME',
                 'HTTP_X_USER_DOMAIN_ID', 'HTTP_X_USER_DOMAIN_NAME',
                 'HTTP_X_PROJECT_ID', 'HTTP_X_PROJECT_NAME',
                 'HTTP_X_PROJECT_DOMAIN_ID', 'HTTP_X_PROJECT_DOMAIN_NAME',
-                'HTTP_X_ROLES', 'HTTP_X_SERVICE_CATALOG',
-                # the fixture's context stub's (not used; see main)
-                'HTTP_X_AUTH_USER', 'HTTP_X_AUTH_PROJECT_ID')
+                'HTTP_X_ROLES', 'HTTP_X_SERVICE_CATALOG')
+
+
+class TokenCheck:
+    """What keystonemiddleware's auth_token does for Nova, with our tokens:
+    in its place in Nova's paste pipeline (so a 401 carries Nova's request
+    ids, and version documents stay open), it answers a missing, invalid or
+    revoked token with its 401 and sets the headers it sets for a valid
+    one (and removes them from what the client sent)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        for h in AUTH_HEADERS:
+            environ.pop(h, None)
+        token = environ.get('HTTP_X_AUTH_TOKEN')
+        with HARNESS.lock:
+            t = HARNESS.tokens.get(token)
+        if t is None or t['expires'] < time.time():
+            body = json.dumps({'error': {
+                'code': 401, 'title': 'Unauthorized',
+                'message': 'The request you have made requires '
+                           'authentication.'}}).encode()
+            start_response('401 Unauthorized', [
+                ('Content-Type', 'application/json; charset=UTF-8'),
+                ('Content-Length', str(len(body))),
+                ('WWW-Authenticate',
+                 'Keystone uri="%s/identity"' % HARNESS.base_url)])
+            return [body]
+        environ.update({
+            'HTTP_X_IDENTITY_STATUS': 'Confirmed',
+            'HTTP_X_USER_ID': t['user_id'],
+            'HTTP_X_USER_NAME': t['user'],
+            'HTTP_X_USER_DOMAIN_ID': 'default',
+            'HTTP_X_USER_DOMAIN_NAME': 'Default',
+            'HTTP_X_PROJECT_ID': t['project_id'],
+            'HTTP_X_PROJECT_NAME': t['project'],
+            'HTTP_X_PROJECT_DOMAIN_ID': 'default',
+            'HTTP_X_PROJECT_DOMAIN_NAME': 'Default',
+            'HTTP_X_ROLES': ','.join(t['roles']),
+        })
+        return self.app(environ, start_response)
+
+
+def token_check_factory(global_conf, **local_conf):
+    """auth_token's paste filter factory, replaced (see main)."""
+    return TokenCheck
 
 
 class Front:
-    """The WSGI app waitress serves: Keystone, the harness API, and Nova
-    behind a token check."""
+    """The WSGI app waitress serves: Keystone, the harness API, and Nova."""
 
     def __init__(self, nova_app, base_url):
         self.nova = nova_app
@@ -231,38 +280,7 @@ class Front:
             LOG.exception('harness request %s failed', path)
             return json_answer(start_response, '500 Internal Server Error',
                                {'error': traceback.format_exc()})
-        for h in AUTH_HEADERS:
-            environ.pop(h, None)
-        # Version documents are open, as in Nova's paste pipelines.
-        if path not in ('', '/', '/v2.1', '/v2.1/'):
-            token = environ.get('HTTP_X_AUTH_TOKEN')
-            with HARNESS.lock:
-                t = HARNESS.tokens.get(token)
-            if t is None or t['expires'] < time.time():
-                return self.unauthorized(start_response)
-            environ.update({
-                'HTTP_X_IDENTITY_STATUS': 'Confirmed',
-                'HTTP_X_USER_ID': t['user_id'],
-                'HTTP_X_USER_NAME': t['user'],
-                'HTTP_X_USER_DOMAIN_ID': 'default',
-                'HTTP_X_USER_DOMAIN_NAME': 'Default',
-                'HTTP_X_PROJECT_ID': t['project_id'],
-                'HTTP_X_PROJECT_NAME': t['project'],
-                'HTTP_X_PROJECT_DOMAIN_ID': 'default',
-                'HTTP_X_PROJECT_DOMAIN_NAME': 'Default',
-                'HTTP_X_ROLES': ','.join(t['roles']),
-            })
         return self.nova(environ, start_response)
-
-    def unauthorized(self, start_response):
-        # keystonemiddleware's answer to a missing, invalid or revoked token.
-        return json_answer(
-            start_response, '401 Unauthorized',
-            {'error': {'code': 401, 'title': 'Unauthorized',
-                       'message': 'The request you have made requires '
-                                  'authentication.'}},
-            [('WWW-Authenticate',
-              'Keystone uri="%s/identity"' % self.base_url)])
 
     def keystone(self, environ, start_response, path):
         if path.rstrip('/') == '/identity/v3' and \
@@ -383,13 +401,14 @@ def main():
     install_hooks()
 
     NovaStack.paste_config = args.paste_config
-    # Nova's own context maker: the fixture's stub (STUB_KEYSTONE) would
-    # make contexts without the request ids the middleware assigned, so the
-    # instance actions would carry ids no answer ever named.
-    real_context = nova.api.auth.NovaKeystoneContext.__dict__['_create_context']
+    # Our token check where keystonemiddleware's auth_token is (it would ask
+    # a real Keystone). Not the fixture's stub: that one also replaces
+    # Nova's context middleware with contexts that lack the request ids the
+    # middleware assigned, so instance actions would carry ids no answer
+    # ever named.
+    keystonemiddleware.auth_token.filter_factory = token_check_factory
     stack = NovaStack('test_serve')
     stack.setUp()
-    nova.api.auth.NovaKeystoneContext._create_context = real_context
     # Nova's log to a file the harness names when a test fails (the test
     # fixtures keep theirs in memory only).
     handler = logging.FileHandler(args.log_file)
@@ -406,6 +425,7 @@ def main():
         channel_timeout=300, ident='real-nova')
     # Known once bound (port 0: the kernel picks a free one).
     front.base_url = 'http://127.0.0.1:%s' % server.effective_port
+    HARNESS.base_url = front.base_url
     print('READY %s' % front.base_url, flush=True)
     server.run()
 
