@@ -561,6 +561,19 @@ async fn concurrent(mv: &str) {
         if by == pb::Resolution::Reobserved {
             reobserved += 1;
         }
+        // The answers lost were lost (at latest every attach is decided by
+        // a look, lost or not): their reconcile log says so, the others'
+        // does not.
+        let events = app
+            .store
+            .operation_events(op.id.parse().unwrap())
+            .await
+            .unwrap();
+        let failed = events.iter().any(|e| {
+            e.kind == "request_failed"
+                && e.metadata.get("error_class").map(String::as_str) == Some("response_lost")
+        });
+        assert_eq!(failed, lost.contains(&v), "{v}: {events:#?}");
         if lost.contains(&v) {
             assert_eq!(
                 by,
