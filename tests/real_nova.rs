@@ -23,7 +23,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::real_nova::{Api, Fault, MULTIATTACH_VOLUME, Rule, attached_at};
+use support::real_nova::fault_proxy::{Fault, Rule};
+use support::real_nova::{Api, MULTIATTACH_VOLUME, attached_at};
 use support::{AppOptions, TestApp, error_info, spawn_app, with_timeout};
 use tokio::time::Instant;
 use tonic::Code;

@@ -402,7 +402,15 @@ async fn real_nova_and_the_simulator_answer_alike_but_for_the_kept_differences()
         let status = d
             .at(mv, "attach", M::POST, &list(s1), Some(attach_body(v1)))
             .await;
-        settle(&mut d, &format!("{mv} v1"), &api, &h, s1, v1, true, status).await;
+        settle(
+            &mut d,
+            &format!("{mv} v1"),
+            &api,
+            &h,
+            (s1, v1, true),
+            status,
+        )
+        .await;
         d.at(mv, "list", M::GET, &list(s1), None).await;
         d.at(mv, "show", M::GET, &one(s1, v1), None).await;
         d.at(
@@ -442,7 +450,15 @@ async fn real_nova_and_the_simulator_answer_alike_but_for_the_kept_differences()
                         "tag": "t1", "delete_on_termination": true}})),
                 )
                 .await;
-            settle(&mut d, &format!("{mv} v2"), &api, &h, s1, v2, true, status).await;
+            settle(
+                &mut d,
+                &format!("{mv} v2"),
+                &api,
+                &h,
+                (s1, v2, true),
+                status,
+            )
+            .await;
             // Left attached: Nova 34's compute cannot detach a tagged
             // volume from a fake-driver server (`_delete_disk_metadata`
             // reads device metadata only a real hypervisor driver writes:
@@ -450,7 +466,15 @@ async fn real_nova_and_the_simulator_answer_alike_but_for_the_kept_differences()
             d.at(mv, "show tagged", M::GET, &one(s1, v2), None).await;
         }
         let status = d.at(mv, "detach", M::DELETE, &one(s1, v1), None).await;
-        settle(&mut d, &format!("{mv} v1"), &api, &h, s1, v1, false, status).await;
+        settle(
+            &mut d,
+            &format!("{mv} v1"),
+            &api,
+            &h,
+            (s1, v1, false),
+            status,
+        )
+        .await;
         d.at(mv, "detach again", M::DELETE, &one(s1, v1), None)
             .await;
         d.at(mv, "show detached", M::GET, &one(s1, v1), None).await;
@@ -500,9 +524,7 @@ async fn real_nova_and_the_simulator_answer_alike_but_for_the_kept_differences()
                 &format!("{mv} multi"),
                 &api,
                 &h,
-                s1,
-                multi,
-                true,
+                (s1, multi, true),
                 status,
             )
             .await;
@@ -514,9 +536,7 @@ async fn real_nova_and_the_simulator_answer_alike_but_for_the_kept_differences()
                 &format!("{mv} multi"),
                 &api,
                 &h,
-                s1,
-                multi,
-                false,
+                (s1, multi, false),
                 status,
             )
             .await;
@@ -552,9 +572,7 @@ async fn real_nova_and_the_simulator_answer_alike_but_for_the_kept_differences()
         "2.89 attach tagged",
         &api,
         &h,
-        s1,
-        tagged,
-        true,
+        (s1, tagged, true),
         status,
     )
     .await;
@@ -636,9 +654,7 @@ async fn settle(
     label: &str,
     api: &Api,
     h: &sim::SimHandle,
-    s: Uuid,
-    v: Uuid,
-    attached: bool,
+    (s, v, attached): (Uuid, Uuid, bool),
     status: u16,
 ) {
     if status >= 300 {

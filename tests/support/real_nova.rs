@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use sha2::Digest;
 use uuid::Uuid;
 
-pub use fault_proxy::{Fault, FaultProxy, Rule};
+use fault_proxy::FaultProxy;
 
 /// The password every user of the harness's Keystone has.
 pub const PASSWORD: &str = "pw-real-nova-7Qx";
