@@ -49,6 +49,15 @@ impl Sim {
         if let Some(refused) = attach_refusal(&w, server, volume) {
             return refused;
         }
+        // Nova's reservation checks the caller can see multiattach
+        // volumes (compute API 2.60).
+        if w.multiattach.contains(&volume) && mv < (2, 60) {
+            return fault(
+                400,
+                "Multiattach volumes are only supported starting with compute API version 2.60."
+                    .into(),
+            );
+        }
         // Below 2.101 Cinder's reservation runs before the answer.
         if mv < (2, 101)
             && let Some(refused) = self.cinder_reserve_refusal(&w, volume)

@@ -7,6 +7,7 @@ pub mod lifecycle;
 pub mod pg;
 pub mod pki;
 pub mod proxy;
+pub mod real_nova;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,6 +84,9 @@ pub struct AppOptions {
     pub db_url: Option<String>,
     /// Use this Nova URL instead of a fresh simulator.
     pub nova_url: Option<String>,
+    /// Keystone mode: no simulator and no `--nova-url` (`args` carry the
+    /// `--os-*` settings; the real-Nova tier).
+    pub keystone: bool,
     pub replica: String,
     /// The ledger, when `db_url` names none.
     pub ledger: Ledger,
@@ -95,6 +99,7 @@ impl Default for AppOptions {
             sim: SimConfig::default(),
             db_url: None,
             nova_url: None,
+            keystone: false,
             replica: "test-a".into(),
             ledger: Ledger::Postgres,
         }
@@ -125,13 +130,14 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
     init_logs();
     volume_reconciler::nova::client::install_crypto_provider();
     let (sim, sim_handle, nova_url) = match opts.nova_url {
-        Some(url) => (Sim::new(SimConfig::default()), None, url),
+        _ if opts.keystone => (Sim::new(SimConfig::default()), None, None),
+        Some(url) => (Sim::new(SimConfig::default()), None, Some(url)),
         None => {
             let h = sim::start("127.0.0.1:0".parse().unwrap(), opts.sim)
                 .await
                 .expect("simulator starts");
             let (s, u) = (h.sim.clone(), h.nova_url.clone());
-            (s, Some(h), u)
+            (s, Some(h), Some(u))
         }
     };
     let mut embedded = None;
@@ -152,8 +158,6 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
         "127.0.0.1:0",
         "--database-url",
         &db_url,
-        "--nova-url",
-        &nova_url,
         "--replica-id",
         &opts.replica,
         "--shutdown-delay",
@@ -167,6 +171,9 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if let Some(url) = nova_url {
+        args.extend(["--nova-url".to_string(), url]);
+    }
     // Its own simulator serves Cinder too, as a cloud does (a test that
     // wants Nova's list passes `--confirm-with nova-list`).
     if let Some(h) = &sim_handle {

@@ -70,11 +70,16 @@ pub(super) async fn versions(State(st): State<AppState>) -> Response<Body> {
     )
 }
 
-pub(super) async fn version_v21(State(st): State<AppState>) -> Response<Body> {
+/// `GET /v2.1[/]`: served by a versioned resource, so its answer carries
+/// the negotiated microversion (2.1 unless asked).
+pub(super) async fn version_v21(
+    State(st): State<AppState>,
+    h: axum::http::HeaderMap,
+) -> Response<Body> {
     json(
         200,
         serde_json::json!({ "version": nova_v21(&st.base_url) }),
-        (0, 0),
+        super::microversion(&h),
     )
 }
 

@@ -9,12 +9,15 @@
 //! - `servers.rs`: the compute API's server lookups and lists.
 //! - `cinder.rs`: the block-storage v3 API (volumes, version discovery).
 //! - `wire.rs`: faults applied on the wire (stalls, cuts, proxy pages).
+//! - `version.rs`: around every versioned call: microversion negotiation,
+//!   request ids, `Vary`.
 //! - `admin.rs`: version discovery, Keystone, the `/sim` admin API.
 
 mod admin;
 mod cinder;
 mod nova;
 mod servers;
+mod version;
 mod wire;
 
 use std::net::SocketAddr;
@@ -158,8 +161,8 @@ async fn serve_connection(
 }
 
 fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/", get(admin::versions))
+    // Nova's versioned API, behind what Nova does around every call.
+    let compute = Router::new()
         .route("/v2.1", get(admin::version_v21))
         .route("/v2.1/", get(admin::version_v21))
         .route("/v2.1/servers", get(servers::index))
@@ -186,6 +189,13 @@ fn router(state: AppState) -> Router {
             "/v2.1/{project}/servers/{server_id}/os-volume_attachments/{volume_id}",
             get(nova::show_p).delete(nova::detach_p),
         )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            version::layer,
+        ));
+    Router::new()
+        .route("/", get(admin::versions))
+        .merge(compute)
         .route("/identity/v3/auth/tokens", post(admin::issue_token))
         .route("/identity", get(admin::identity_versions))
         .route("/identity/", get(admin::identity_versions))
@@ -212,12 +222,19 @@ fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// A JSON answer with Nova's headers: the request ids and, when one was
-/// negotiated, the microversion.
+/// A JSON answer with Nova's headers: the microversion, when one was
+/// negotiated (the request ids and `Vary` are `version.rs`'s). Nova's own
+/// answers say `application/json`; its faults (and keystonemiddleware's
+/// 401) add the charset.
 fn json(status: u16, v: serde_json::Value, mv: (u32, u32)) -> Response<Body> {
+    let content_type = if status < 400 {
+        "application/json"
+    } else {
+        "application/json; charset=UTF-8"
+    };
     let mut r = Response::builder()
         .status(status)
-        .header("content-type", "application/json; charset=UTF-8");
+        .header("content-type", content_type);
     if mv != (0, 0) {
         let v = format!("{}.{}", mv.0, mv.1);
         r = r

@@ -121,11 +121,23 @@ pub(super) async fn attach(
         Ok(v) => v,
         Err(r) => return r,
     };
-    if spec.tag.is_some() && mv < (2, 49) {
-        return bad_request("Invalid input for field/attribute volumeAttachment. Additional properties are not allowed ('tag' was unexpected)".into(), mv);
-    }
-    if spec.delete_on_termination.is_some() && mv < (2, 79) {
-        return bad_request("Invalid input for field/attribute volumeAttachment. Additional properties are not allowed ('delete_on_termination' was unexpected)".into(), mv);
+    for (field, given, since) in [
+        ("tag", spec.tag.is_some(), (2, 49)),
+        (
+            "delete_on_termination",
+            spec.delete_on_termination.is_some(),
+            (2, 79),
+        ),
+    ] {
+        if given && mv < since {
+            return bad_request(
+                format!(
+                    "Invalid input for field/attribute volumeAttachment. Value: {}. Additional properties are not allowed ('{field}' was unexpected)",
+                    python_repr_of(&body, "volumeAttachment")
+                ),
+                mv,
+            );
+        }
     }
     let m = Mutation {
         op: FaultOp::Attach,
@@ -134,7 +146,7 @@ pub(super) async fn attach(
         mv,
         action: "attach_volume",
     };
-    mutate(&st.sim, m, &h, move |sim, cause, fault| {
+    let mut r = mutate(&st.sim, m, &h, move |sim, cause, fault| {
         sim.attach(
             server,
             volume,
@@ -148,7 +160,109 @@ pub(super) async fn attach(
             cause,
         )
     })
-    .await
+    .await;
+    // The 2.101+ attach's empty 202 is webob's default response.
+    if r.status() == 202 {
+        r.headers_mut().insert(
+            axum::http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=UTF-8"),
+        );
+    }
+    r
+}
+
+/// A JSON value read with its objects' members in the order they were
+/// sent (serde_json's maps sort them), printed as Python's `repr` prints
+/// the dict json.loads makes: Nova's schema errors quote the offending
+/// value that way.
+enum Py {
+    None,
+    Bool(bool),
+    Number(serde_json::Number),
+    Str(String),
+    List(Vec<Py>),
+    Dict(Vec<(String, Py)>),
+}
+
+impl<'de> serde::Deserialize<'de> for Py {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Py;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_unit<E>(self) -> Result<Py, E> {
+                Ok(Py::None)
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<Py, E> {
+                Ok(Py::Bool(b))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Py, E> {
+                Ok(Py::Number(n.into()))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Py, E> {
+                Ok(Py::Number(n.into()))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<Py, E> {
+                Ok(serde_json::Number::from_f64(n).map_or(Py::None, Py::Number))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Py, E> {
+                Ok(Py::Str(s.to_string()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Py, A::Error> {
+                let mut out = Vec::new();
+                while let Some(v) = a.next_element()? {
+                    out.push(v);
+                }
+                Ok(Py::List(out))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Py, A::Error> {
+                let mut out = Vec::new();
+                while let Some(kv) = m.next_entry()? {
+                    out.push(kv);
+                }
+                Ok(Py::Dict(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl std::fmt::Display for Py {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let quoted = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
+        match self {
+            Py::None => f.write_str("None"),
+            Py::Bool(true) => f.write_str("True"),
+            Py::Bool(false) => f.write_str("False"),
+            Py::Number(n) => write!(f, "{n}"),
+            Py::Str(s) => f.write_str(&quoted(s)),
+            Py::List(items) => {
+                let items: Vec<String> = items.iter().map(Py::to_string).collect();
+                write!(f, "[{}]", items.join(", "))
+            }
+            Py::Dict(members) => {
+                let members: Vec<String> = members
+                    .iter()
+                    .map(|(k, v)| format!("{}: {v}", quoted(k)))
+                    .collect();
+                write!(f, "{{{}}}", members.join(", "))
+            }
+        }
+    }
+}
+
+/// Python's `repr` of the member `key` of the JSON object `body`.
+fn python_repr_of(body: &[u8], key: &str) -> String {
+    match serde_json::from_slice::<Py>(body) {
+        Ok(Py::Dict(members)) => members
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
 }
 
 pub(super) async fn detach_p(
