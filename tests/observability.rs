@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::Utc;
-use sha2::Digest;
 use support::{AppOptions, TestApp, spawn_app, with_timeout};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -150,10 +149,7 @@ async fn scrape(app: &TestApp) -> (String, Exposition) {
 }
 
 fn sha256_hex(s: &str) -> String {
-    sha2::Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    volume_reconciler::grpc::auth::sha256_hex(s)
 }
 
 fn bearer<T>(mut r: tonic::Request<T>, token: &str) -> tonic::Request<T> {
@@ -770,7 +766,7 @@ fn observability_exprs() -> (Exprs, Exprs) {
             ));
         }
     }
-    let alerts: serde_yaml::Value = serde_yaml::from_str(
+    let alerts: yaml_serde::Value = yaml_serde::from_str(
         &std::fs::read_to_string(format!("{ROOT}/deploy/observability/alerts.yaml")).unwrap(),
     )
     .unwrap();
@@ -884,7 +880,7 @@ async fn every_metric_the_dashboard_and_the_alerts_read_exists_in_a_live_metrics
 
 #[test]
 fn every_alert_rule_says_how_bad_it_is_and_what_to_do() {
-    let alerts: serde_yaml::Value = serde_yaml::from_str(
+    let alerts: yaml_serde::Value = yaml_serde::from_str(
         &std::fs::read_to_string(format!("{ROOT}/deploy/observability/alerts.yaml")).unwrap(),
     )
     .unwrap();

@@ -435,7 +435,7 @@ fn the_image_listens_for_probes_and_scrapes_and_says_what_it_is() {
 // ------------------------------------------------- kustomize, without a cluster
 
 use serde::Deserialize as _;
-use serde_yaml::{Mapping, Value};
+use yaml_serde::{Mapping, Value};
 
 /// The kustomization fields the renderer below models; any other field
 /// fails the test rather than being silently ignored.
@@ -451,7 +451,7 @@ const KUSTOMIZE_FIELDS: &[&str] = &[
 
 fn yaml_docs(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text)
+    yaml_serde::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
         .filter(|v: &Value| !v.is_null())
         .collect()
@@ -1120,11 +1120,8 @@ fn the_demo_overlay_wires_the_simulator_and_postgres_and_matches_the_binary() {
     assert!(listen.ip().is_unspecified());
     assert_eq!(port_named(c, "nova"), i64::from(listen.port()));
     // The token the README's walk-through sends is an operator's.
-    use sha2::Digest as _;
-    let hash: String = sha2::Sha256::digest(b"demo-token")
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    // `printf %s demo-token | sha256sum`, as the README says to make one.
+    let hash = "7c43ef5ae21d43ce2743f770c68e24def1a43ee2f416d2438410c8af7af2ff2c";
     assert_eq!(
         sv.env["VOLUME_RECONCILER_AUTH_TOKENS"],
         format!("demo:operator:{hash}")
@@ -1177,7 +1174,7 @@ fn the_monitoring_kit_scrapes_the_admin_service_and_ships_the_dashboard_and_rule
         Some("1")
     );
     let rule = find(&obs, "PrometheusRule", "volume-reconciler");
-    let alerts: Value = serde_yaml::from_str(&read("deploy/observability/alerts.yaml")).unwrap();
+    let alerts: Value = yaml_serde::from_str(&read("deploy/observability/alerts.yaml")).unwrap();
     assert_eq!(
         rule["spec"]["groups"], alerts["groups"],
         "prometheusrule.yaml and alerts.yaml hold the same rules"
