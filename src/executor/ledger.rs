@@ -52,7 +52,8 @@ impl Executor {
         );
         match written {
             Ok(Some(op)) => {
-                tracing::info!(operation_id = %op.id, state = op.state.as_str(),
+                // One per operation: debug (the metrics count them).
+                tracing::debug!(operation_id = %op.id, state = op.state.as_str(),
                     resolution = op.resolution.map(|r| r.as_str()).unwrap_or(""), "operation decided");
                 op
             }
