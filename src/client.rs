@@ -415,7 +415,9 @@ impl ClientTls {
                 read_pem("client key", k)?,
             )),
             (None, None) => None,
-            _ => anyhow::bail!("a client certificate needs its key: give both --cert and --key"),
+            _ => anyhow::bail!(
+                "a client certificate needs its key: give both --client-cert and --client-key"
+            ),
         };
         Ok(Self {
             ca_pem: ca.map(|p| read_pem("CA certificate", p)).transpose()?,
@@ -443,7 +445,7 @@ impl ConnectOptions {
             None => Ok(format!("http://{s}")),
             Some(("https", _)) => Ok(s.to_string()),
             Some(("http", _)) if self.tls.is_some() => anyhow::bail!(
-                "server {s:?}: TLS options (--ca, --cert, --key) need https:// or no scheme"
+                "server {s:?}: TLS options (--ca, --client-cert, --client-key) need https:// or no scheme"
             ),
             Some(("http", _)) => Ok(s.to_string()),
             Some((scheme, _)) => {

@@ -127,6 +127,14 @@ pub enum Command {
     Config(ConfigCommand),
     /// Exit 0 when the admin endpoint answers ready (container health checks).
     Healthcheck(service::HealthcheckArgs),
+    /// Print the shell completion script (e.g. `volume-reconciler
+    /// completions bash > /etc/bash_completion.d/volume-reconciler`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `volume-reconciler man > volume-reconciler.1`.
+    Man,
 }
 
 #[derive(Debug, Subcommand)]
@@ -217,6 +225,20 @@ pub async fn run(invocation: Invocation) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "volume-reconciler", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            // The main page, with every subcommand listed; each one's
+            // flags are in `volume-reconciler SUBCOMMAND --help`.
+            let mut page = Vec::new();
+            clap_mangen::Man::new(cmd).render(&mut page)?;
+            std::io::Write::write_all(&mut std::io::stdout(), &page)?;
+            Ok(())
+        }
         Command::Config(ConfigCommand::Show(cmd)) => {
             let report = settings::Report::of(&sources, &cmd.args);
             match cmd.output {
