@@ -162,7 +162,12 @@ pub fn transport_hint(s: &Status, server: &str) -> Option<String> {
     if s.get_error_details().error_info().is_some() {
         return None;
     }
-    let text = chain(s).to_ascii_lowercase();
+    hint(&chain(s), server)
+}
+
+/// [`transport_hint`] from an error chain's text.
+fn hint(chain: &str, server: &str) -> Option<String> {
+    let text = chain.to_ascii_lowercase();
     let has = |needle: &str| text.contains(needle);
     let tls = server.trim().starts_with("https://");
     let url = if server.contains("://") {
@@ -207,8 +212,11 @@ pub fn transport_hint(s: &Status, server: &str) -> Option<String> {
         )
     } else if has("invalidcertificate") || has("unknownissuer") || has("certificate") {
         format!(
-            "the TLS handshake with {server} failed on its certificate ({}): give --ca the CA that signed it, and use the host name the certificate names",
-            s.message()
+            "the TLS handshake with {server} failed on the server's certificate: give --ca the CA that signed it, and use a host name the certificate names"
+        )
+    } else if has("timeout expired") || has("handshake did not finish") {
+        format!(
+            "{server} accepts connections but does not answer as a gRPC server in time (a hung process, a proxy, or a port that is not this service's)"
         )
     } else if has("timed out") || has("deadline has elapsed") {
         format!(
@@ -522,6 +530,44 @@ impl Client {
             bearer,
             ..Self::from_channel(opts.endpoint()?.connect_lazy())
         })
+    }
+
+    /// Connects and asks `grpc.health.v1` once, within `within`: the CLI's
+    /// commands fail in seconds, naming the likely cause and fix, on a port
+    /// that refuses, speaks TLS or HTTP/1, or accepts and never answers
+    /// (a call would wait for its deadline). The health service is open,
+    /// so a bad token is still the call's own answer; a server that says
+    /// NOT_SERVING (draining) is still used.
+    pub async fn connect_within(opts: &ConnectOptions, within: Duration) -> anyhow::Result<Self> {
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let channel = opts.endpoint()?.connect_lazy();
+        let client = Self {
+            bearer: opts.bearer()?,
+            ..Self::from_channel(channel.clone())
+        };
+        let mut request = tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        });
+        request.set_timeout(within);
+        let server = &opts.server;
+        match tokio::time::timeout(within, HealthClient::new(channel).check(request)).await {
+            Ok(Ok(_)) => Ok(client),
+            // A server without the health service still serves the API.
+            Ok(Err(s))
+                if s.code() == Code::Unimplemented && transport_hint(&s, server).is_none() =>
+            {
+                Ok(client)
+            }
+            Ok(Err(s)) => match transport_hint(&s, server) {
+                Some(_) => Err(anyhow::Error::new(explain(&s, server, 0))),
+                None => Ok(client),
+            },
+            Err(_) => anyhow::bail!(
+                "cannot reach {server}: {} (nothing within {})",
+                hint("handshake did not finish", server).unwrap_or_default(),
+                crate::config::render_duration(within)
+            ),
+        }
     }
 
     pub fn from_channel(channel: Channel) -> Self {

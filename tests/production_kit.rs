@@ -182,11 +182,11 @@ struct Setting {
     source: String,
 }
 
-/// `config show` in exactly this environment (nothing inherited that the
-/// binary would read).
+/// `config show -o json` in exactly this environment (nothing inherited
+/// that the binary would read): each setting's value in force and source.
 fn config_show(env: &BTreeMap<String, String>) -> BTreeMap<String, Setting> {
     let mut cmd = Command::new(BIN);
-    cmd.args(["config", "show"]);
+    cmd.args(["config", "show", "-o", "json"]);
     for (k, _) in std::env::vars() {
         if k.starts_with("VOLUME_RECONCILER_") || k == "DATABASE_URL" || k.starts_with("OS_") {
             cmd.env_remove(k);
@@ -194,25 +194,22 @@ fn config_show(env: &BTreeMap<String, String>) -> BTreeMap<String, Setting> {
     }
     cmd.envs(env);
     let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "config show refused this environment {env:?}:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    stdout
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let parts: Vec<&str> = l.split_whitespace().collect();
-            // name, value (may be empty), source, environment variable
-            let n = parts.len();
-            assert!(n >= 3, "{l:?}");
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    shown["settings"]
+        .as_array()
+        .expect("settings")
+        .iter()
+        .map(|s| {
             (
-                parts[0].to_string(),
+                s["setting"].as_str().unwrap().to_string(),
                 Setting {
-                    value: parts[1..n - 2].join(" "),
-                    source: parts[n - 2].to_string(),
+                    value: s["value"].as_str().unwrap_or("").to_string(),
+                    source: s["source"].as_str().unwrap().to_string(),
                 },
             )
         })
@@ -1459,19 +1456,15 @@ fn the_kits_settings_are_serves_defaults_unless_their_line_says_why() {
             "VOLUME_RECONCILER_CONFIG".to_string(),
             Path::new(ROOT).join(file).to_string_lossy().to_string(),
         );
+        // config show prints the value in force (settle-window, when set,
+        // is what both windows are).
         let shown = config_show(&env);
-        let both = table
-            .get("settle-window")
-            .map(|v| duration(&flag_value("settle-window", v)));
         for window in [
             "settle-window-attach",
             "settle-window-detach",
             "verify-window",
         ] {
-            let in_force = match (window, both) {
-                ("verify-window", _) | (_, None) => duration(&shown[window].value),
-                (_, Some(both)) => both,
-            };
+            let in_force = duration(&shown[window].value);
             let default = duration(&defaults[window].value);
             assert!(
                 in_force >= default,

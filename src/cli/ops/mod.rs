@@ -47,6 +47,9 @@ pub struct OpsArgs {
     pub command: OpsCommand,
 }
 
+/// How long connecting (TCP, TLS, HTTP/2) may take.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+
 /// A call's deadline when `--timeout` is not given.
 const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -385,7 +388,7 @@ impl Ops {
 
 pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
     let ops = Ops {
-        client: Client::connect(&args.client.connect_options()?)?,
+        client: Client::connect_within(&args.client.connect_options()?, CONNECT_WITHIN).await?,
         server: args.client.server.clone(),
         json: args.output == Output::Json,
         timeout: args.timeout,
