@@ -291,8 +291,11 @@ pub async fn health(opts: &ConnectOptions, timeout: Duration) -> anyhow::Result<
     let answer = tokio::time::timeout(timeout, HealthClient::new(channel).check(request))
         .await
         .map_err(|_| {
+            // TCP connect is bounded by 3 s (the endpoint's), so this is
+            // a port that accepted and did not answer.
             anyhow::anyhow!(
-                "cannot reach {server}: no answer within {}: the address may be unreachable (a firewall, a wrong host or port)",
+                "cannot reach {server}: {} (nothing within {})",
+                hint("handshake did not finish", server).unwrap_or_default(),
                 crate::config::render_duration(timeout)
             )
         })?

@@ -233,8 +233,9 @@ fn verdict(args: &LoadArgs, stats: &Stats) -> anyhow::Result<()> {
     let errors: u64 = lock(&stats.errors).values().sum();
     if calls == errors {
         anyhow::bail!(
-            "bench: no call succeeded ({calls} made in {}; errors above)",
-            crate::config::render_duration(args.duration)
+            "bench: no call succeeded in {} ({calls} answered, all errors; {} still in flight at the end)",
+            crate::config::render_duration(args.duration),
+            stats.cut_off.load(Ordering::Relaxed)
         );
     }
     if let Some(max) = args.max_error_rate {
