@@ -189,6 +189,8 @@ async fn misconfigured_targets_end_in_seconds_with_a_message_that_names_the_fix(
     assert!(r.ok, "healthcheck --grpc: {}", r.stderr);
     let r = run(&["healthcheck", "--url", &refused], &[]).await;
     assert_fails_saying(&r, "healthcheck, refused", "connection refused");
+    let r = run(&["healthcheck", "--url", &grpc], &[]).await;
+    assert_fails_saying(&r, "healthcheck, the gRPC port", "ask it with --grpc");
     let r = run(&["healthcheck", "--grpc", "--listen", &tls_grpc], &[]).await;
     assert_fails_saying(&r, "healthcheck --grpc, plaintext to TLS", "speaks TLS");
     drop(hung);

@@ -170,8 +170,9 @@ fn http_hint(e: &reqwest::Error) -> String {
     } else if lower.contains("http2")
         || lower.contains("invalid http version")
         || lower.contains("frame")
+        || lower.contains("unexpected message")
     {
-        "this is not the admin listener (the gRPC port? use --grpc to ask it)"
+        "this is not the admin listener but an HTTP/2 port (serve's gRPC port? ask it with --grpc --listen HOST:PORT)"
     } else {
         return chain;
     };
