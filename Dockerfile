@@ -15,6 +15,11 @@
 # one process only); replicas need DATABASE_URL=postgres://...
 
 ARG RUST_VERSION=1.95
+# The bases are named by tag, not yet pinned by digest: no digest of either
+# could be verified from where this file is maintained. Pin them where you
+# build (`docker buildx imagetools inspect rust:1.95-bookworm`, then
+# `FROM rust:1.95-bookworm@sha256:...`, likewise the distroless one), and
+# let your registry's update bot move the pins.
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
