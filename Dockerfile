@@ -15,14 +15,21 @@
 # one process only); replicas need DATABASE_URL=postgres://...
 
 ARG RUST_VERSION=1.95
+# The bases are named by tag, not yet pinned by digest: no digest of either
+# could be verified from where this file is maintained. Pin them where you
+# build (`docker buildx imagetools inspect rust:1.95-bookworm`, then
+# `FROM rust:1.95-bookworm@sha256:...`, likewise the distroless one), and
+# let your registry's update bot move the pins.
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
-# 1. Dependencies only, cached until Cargo.toml, Cargo.lock, build.rs or the
-#    proto change: a stub crate with the real manifest builds every
-#    dependency (and the generated gRPC code).
+# 1. Dependencies only, cached until Cargo.toml, Cargo.lock, build.rs, the
+#    proto or the migrations change: a stub crate with the real manifest
+#    builds every dependency (and the generated gRPC code; build.rs embeds
+#    the migrations, so it reads them here too).
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
+COPY migrations migrations
 RUN mkdir src \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \
@@ -32,7 +39,6 @@ RUN mkdir src \
 # 2. The crate itself. `cargo clean --package` above dropped the stub's
 #    artifacts, so the real sources always rebuild, whatever their mtimes.
 #    The context has no .git: the commit comes in as a build argument.
-COPY migrations migrations
 COPY src src
 ARG GIT_SHA=unknown
 RUN VOLUME_RECONCILER_GIT_SHA=${GIT_SHA} cargo build --release --locked \

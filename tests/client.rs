@@ -47,7 +47,7 @@ async fn a_call_made_before_the_server_is_up_is_retried_with_its_key_until_it_la
     let op = call.await.unwrap().expect("the retried call lands");
     let retries = stats.lock().unwrap().clone();
     assert!(
-        retries.by_code.get("Unavailable").copied().unwrap_or(0) >= 2,
+        retries.by_code.get("UNAVAILABLE").copied().unwrap_or(0) >= 2,
         "{retries:?}"
     );
     let row = app

@@ -29,10 +29,10 @@ fn env_to_flag(sub: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn compose() -> serde_yaml::Value {
+fn compose() -> yaml_serde::Value {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yml"))
         .unwrap();
-    serde_yaml::from_str(&text).expect("docker-compose.yml is YAML")
+    yaml_serde::from_str(&text).expect("docker-compose.yml is YAML")
 }
 
 fn port_of(addr: &str) -> String {

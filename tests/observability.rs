@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::Utc;
-use sha2::Digest;
 use support::{AppOptions, TestApp, spawn_app, with_timeout};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -150,10 +149,7 @@ async fn scrape(app: &TestApp) -> (String, Exposition) {
 }
 
 fn sha256_hex(s: &str) -> String {
-    sha2::Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    volume_reconciler::grpc::auth::sha256_hex(s)
 }
 
 fn bearer<T>(mut r: tonic::Request<T>, token: &str) -> tonic::Request<T> {
@@ -770,7 +766,7 @@ fn observability_exprs() -> (Exprs, Exprs) {
             ));
         }
     }
-    let alerts: serde_yaml::Value = serde_yaml::from_str(
+    let alerts: yaml_serde::Value = yaml_serde::from_str(
         &std::fs::read_to_string(format!("{ROOT}/deploy/observability/alerts.yaml")).unwrap(),
     )
     .unwrap();
@@ -884,7 +880,7 @@ async fn every_metric_the_dashboard_and_the_alerts_read_exists_in_a_live_metrics
 
 #[test]
 fn every_alert_rule_says_how_bad_it_is_and_what_to_do() {
-    let alerts: serde_yaml::Value = serde_yaml::from_str(
+    let alerts: yaml_serde::Value = yaml_serde::from_str(
         &std::fs::read_to_string(format!("{ROOT}/deploy/observability/alerts.yaml")).unwrap(),
     )
     .unwrap();
@@ -900,10 +896,21 @@ fn every_alert_rule_says_how_bad_it_is_and_what_to_do() {
                 ),
                 "{name}: severity"
             );
-            for a in ["summary", "description", "runbook"] {
+            for a in ["summary", "description"] {
                 let text = r["annotations"][a].as_str().unwrap_or("");
                 assert!(text.trim().len() > 10, "{name}: annotation {a}");
             }
+            // A link to the runbook (where alert routers and Grafana look),
+            // not prose in the rule.
+            assert_eq!(
+                r["annotations"]["runbook_url"].as_str(),
+                Some(format!("README.md#alert-{}", name.to_lowercase()).as_str()),
+                "{name}: runbook_url"
+            );
+            assert!(
+                r["annotations"]["runbook"].is_null(),
+                "{name}: the runbook lives in the README, runbook_url points at it"
+            );
             if let Some(f) = r["for"].as_str() {
                 humantime::parse_duration(f).unwrap_or_else(|e| panic!("{name}: for {f}: {e}"));
             }
@@ -921,6 +928,50 @@ fn every_alert_rule_says_how_bad_it_is_and_what_to_do() {
     ] {
         assert!(names.contains(required), "no alert {required}");
     }
+}
+
+/// The README's alert table lists every rule with its severity, and every
+/// rule's runbook_url names a heading of the README (GitHub's anchor of
+/// `#### Alert: NAME`).
+#[test]
+fn the_readme_lists_every_alert_with_its_severity_and_runbook() {
+    let alerts: yaml_serde::Value = yaml_serde::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/deploy/observability/alerts.yaml")).unwrap(),
+    )
+    .unwrap();
+    let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).unwrap();
+    let table: BTreeSet<(String, String)> = readme
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix("`VolumeReconciler")?;
+            let name = format!("VolumeReconciler{}", name.strip_suffix('`')?);
+            Some((name, cells.get(2)?.to_string()))
+        })
+        .collect();
+    let anchors: BTreeSet<String> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("#### Alert: "))
+        .map(|name| format!("alert-{}", name.trim().to_lowercase()))
+        .collect();
+    let mut rules = BTreeSet::new();
+    for g in alerts["groups"].as_sequence().unwrap() {
+        for r in g["rules"].as_sequence().unwrap() {
+            let name = r["alert"].as_str().unwrap().to_string();
+            let severity = r["labels"]["severity"].as_str().unwrap().to_string();
+            let url = r["annotations"]["runbook_url"].as_str().unwrap_or("");
+            let anchor = url.strip_prefix("README.md#").unwrap_or(url);
+            assert!(
+                anchors.contains(anchor),
+                "{name}: runbook_url {url:?} names no `#### Alert: {name}` heading of the README"
+            );
+            rules.insert((name, severity));
+        }
+    }
+    assert_eq!(
+        table, rules,
+        "the README's alert table (left) and alerts.yaml (right) differ"
+    );
 }
 
 #[test]

@@ -182,11 +182,11 @@ struct Setting {
     source: String,
 }
 
-/// `config show` in exactly this environment (nothing inherited that the
-/// binary would read).
+/// `config show -o json` in exactly this environment (nothing inherited
+/// that the binary would read): each setting's value in force and source.
 fn config_show(env: &BTreeMap<String, String>) -> BTreeMap<String, Setting> {
     let mut cmd = Command::new(BIN);
-    cmd.args(["config", "show"]);
+    cmd.args(["config", "show", "-o", "json"]);
     for (k, _) in std::env::vars() {
         if k.starts_with("VOLUME_RECONCILER_") || k == "DATABASE_URL" || k.starts_with("OS_") {
             cmd.env_remove(k);
@@ -194,25 +194,22 @@ fn config_show(env: &BTreeMap<String, String>) -> BTreeMap<String, Setting> {
     }
     cmd.envs(env);
     let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "config show refused this environment {env:?}:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    stdout
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let parts: Vec<&str> = l.split_whitespace().collect();
-            // name, value (may be empty), source, environment variable
-            let n = parts.len();
-            assert!(n >= 3, "{l:?}");
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    shown["settings"]
+        .as_array()
+        .expect("settings")
+        .iter()
+        .map(|s| {
             (
-                parts[0].to_string(),
+                s["setting"].as_str().unwrap().to_string(),
                 Setting {
-                    value: parts[1..n - 2].join(" "),
-                    source: parts[n - 2].to_string(),
+                    value: s["value"].as_str().unwrap_or("").to_string(),
+                    source: s["source"].as_str().unwrap().to_string(),
                 },
             )
         })
@@ -374,7 +371,9 @@ fn the_image_listens_for_probes_and_scrapes_and_says_what_it_is() {
         "the default ledger is a relative path (in the WORKDIR volume)"
     );
 
-    // The health check's default URL is the admin listener's /readyz.
+    // The health check asks the admin listener serve has in the same
+    // environment (the image's VOLUME_RECONCILER_ADMIN_LISTEN, 0.0.0.0:9090,
+    // asked on loopback): healthcheck reads that very variable.
     let hc = runtime.iter().find(|(_, i, _)| i == "HEALTHCHECK").unwrap();
     assert!(hc.2.contains("[\"volume-reconciler\", \"healthcheck\"]"));
     let out = Command::new(BIN)
@@ -382,9 +381,10 @@ fn the_image_listens_for_probes_and_scrapes_and_says_what_it_is() {
         .output()
         .unwrap();
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("http://127.0.0.1:9090/readyz"),
-        "healthcheck's default URL"
+        String::from_utf8_lossy(&out.stdout).contains("[env: VOLUME_RECONCILER_ADMIN_LISTEN="),
+        "healthcheck follows the admin listener's variable"
     );
+    assert!(image().env.contains_key("VOLUME_RECONCILER_ADMIN_LISTEN"));
 
     // OCI labels, their version and description those of Cargo.toml.
     let manifest: toml::Table = read("Cargo.toml").parse().unwrap();
@@ -435,7 +435,7 @@ fn the_image_listens_for_probes_and_scrapes_and_says_what_it_is() {
 // ------------------------------------------------- kustomize, without a cluster
 
 use serde::Deserialize as _;
-use serde_yaml::{Mapping, Value};
+use yaml_serde::{Mapping, Value};
 
 /// The kustomization fields the renderer below models; any other field
 /// fails the test rather than being silently ignored.
@@ -451,7 +451,7 @@ const KUSTOMIZE_FIELDS: &[&str] = &[
 
 fn yaml_docs(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text)
+    yaml_serde::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
         .filter(|v: &Value| !v.is_null())
         .collect()
@@ -860,6 +860,13 @@ fn check_serve(objects: &[Value], external: &BTreeMap<String, BTreeMap<String, S
         );
     }
     let r = &c["readinessProbe"];
+    // One slow answer of the database check (2 s) must not take every
+    // replica out at once: readiness fails only on a second one in a row.
+    assert!(
+        r["failureThreshold"].as_u64().unwrap_or(3) >= 2,
+        "readinessProbe failureThreshold {:?}: one slow query would take every replica out",
+        r["failureThreshold"]
+    );
     let notice =
         r["periodSeconds"].as_u64().unwrap_or(10) * r["failureThreshold"].as_u64().unwrap_or(3);
     assert!(
@@ -946,6 +953,175 @@ fn documented_secrets() -> BTreeMap<String, BTreeMap<String, String>> {
     )])
 }
 
+/// The admin port is reachable only from the monitoring namespace; the
+/// gRPC port from callers.
+fn check_network_policy(objects: &[Value], sv: &Serve) {
+    let pod_labels = &sv.deployment["spec"]["template"]["metadata"]["labels"];
+    let policies: Vec<&Value> = objects
+        .iter()
+        .filter(|o| s(&o["kind"]) == "NetworkPolicy")
+        .filter(|o| labels_match(&o["spec"]["podSelector"]["matchLabels"], pod_labels))
+        .collect();
+    assert_eq!(
+        policies.len(),
+        1,
+        "one NetworkPolicy selects the server's pods"
+    );
+    let spec = &policies[0]["spec"];
+    assert!(seq(&spec["policyTypes"]).iter().any(|t| s(t) == "Ingress"));
+    let c = &sv.container;
+    let (grpc, admin) = (port_named(c, "grpc"), port_named(c, "admin"));
+    let mut grpc_open = false;
+    for rule in seq(&spec["ingress"]) {
+        let ports: Vec<i64> = seq(&rule["ports"])
+            .iter()
+            .map(|p| resolve_port(c, &p["port"]))
+            .collect();
+        if ports.contains(&grpc) {
+            grpc_open = true;
+        }
+        if ports.is_empty() || ports.contains(&admin) {
+            let from = seq(&rule["from"]);
+            assert!(
+                !from.is_empty()
+                    && from.iter().all(|f| {
+                        f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                            .as_str()
+                            == Some("monitoring")
+                            && f["podSelector"].is_null()
+                            && f["ipBlock"].is_null()
+                    }),
+                "the admin port {admin} is open beyond the monitoring namespace: {rule:?}"
+            );
+        }
+    }
+    assert!(grpc_open, "the gRPC port {grpc} is reachable by callers");
+}
+
+/// The clouds.yaml alternative: the Secret the example makes is mounted
+/// (optional) where the commented lines of secret.example.env point, and
+/// its clouds.yaml is one `serve` resolves to Keystone without a problem.
+fn check_clouds_yaml_secret(sv: &Serve, known: &BTreeSet<String>) {
+    let example = read("deploy/kubernetes/base/secret.example.env");
+    let env: BTreeMap<String, String> = example
+        .lines()
+        .filter_map(|l| l.strip_prefix("# OS_"))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (format!("OS_{k}"), v.trim().to_string()))
+        .collect();
+    for k in ["OS_CLOUD", "OS_CLIENT_CONFIG_FILE", "OS_CACERT"] {
+        assert!(
+            env.contains_key(k),
+            "secret.example.env: the clouds.yaml lines name {k}"
+        );
+        // OS_CLIENT_CONFIG_FILE is read as openstacksdk reads it (no flag):
+        // the config show below finds the file through it.
+        assert!(
+            k == "OS_CLIENT_CONFIG_FILE" || known.contains(k),
+            "{k} is not read by serve"
+        );
+    }
+    let secret = &yaml_docs(&base_dir().join("clouds-secret.example.yaml"))[0];
+    assert_eq!(s(&secret["kind"]), "Secret");
+    let name = s(&secret["metadata"]["name"]);
+    let pod = &sv.deployment["spec"]["template"]["spec"];
+    let volume = seq(&pod["volumes"])
+        .iter()
+        .find(|v| v["secret"]["secretName"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no volume of the Secret {name}"));
+    assert_eq!(
+        volume["secret"]["optional"].as_bool(),
+        Some(true),
+        "the pods start without the clouds Secret"
+    );
+    let mount = seq(&sv.container["volumeMounts"])
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("the clouds Secret is mounted");
+    for k in ["OS_CLIENT_CONFIG_FILE", "OS_CACERT"] {
+        let path = Path::new(&env[k]);
+        let key = path.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            path.parent(),
+            Some(Path::new(s(&mount["mountPath"]))),
+            "{k} is inside the mount"
+        );
+        assert!(
+            secret["stringData"][key].is_string(),
+            "the Secret has the key {key} that {k} names"
+        );
+    }
+    let dir = temp_dir("clouds");
+    let file = dir.join("clouds.yaml");
+    std::fs::write(&file, s(&secret["stringData"]["clouds.yaml"])).unwrap();
+    let out = Command::new(BIN)
+        .args(["config", "show", "-o", "json"])
+        .env_clear()
+        .env("OS_CLOUD", &env["OS_CLOUD"])
+        .env("OS_CLIENT_CONFIG_FILE", &file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["nova"]["mode"], "keystone", "{shown}");
+    assert!(
+        shown["nova"]["problem"].is_null() && shown["nova"]["unresolved"].is_null(),
+        "the example's clouds.yaml resolves: {}",
+        shown["nova"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The optional migrate Job runs the same image's `migrate` with the
+/// Secret's DATABASE_URL, as locked down as the server.
+#[test]
+fn the_migrate_job_runs_migrate_from_the_same_image_and_secret() {
+    let objects = kustomize(&Path::new(ROOT).join("deploy/kubernetes/migrate"));
+    let job = find(&objects, "Job", "volume-reconciler-migrate");
+    let pod = &job["spec"]["template"]["spec"];
+    assert!(matches!(s(&pod["restartPolicy"]), "OnFailure" | "Never"));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    let c = &seq(&pod["containers"])[0];
+    assert_eq!(
+        seq(&c["args"]).iter().map(s).collect::<Vec<_>>(),
+        ["migrate"]
+    );
+    assert!(c["command"].is_null(), "the image's ENTRYPOINT runs");
+    let base = kustomize(&base_dir());
+    let server = find(&base, "Deployment", "volume-reconciler");
+    let server_image = s(&seq(&server["spec"]["template"]["spec"]["containers"])[0]["image"]);
+    assert_eq!(s(&c["image"]), server_image, "the server's image");
+    assert_eq!(
+        c["securityContext"]["readOnlyRootFilesystem"].as_bool(),
+        Some(true)
+    );
+    // Every variable is one `migrate` reads.
+    let help = Command::new(BIN)
+        .args(["migrate", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for e in seq(&c["env"]) {
+        let name = s(&e["name"]);
+        assert!(
+            help.contains(&format!("[env: {name}")),
+            "migrate does not read {name}"
+        );
+    }
+    let db = seq(&c["env"])
+        .iter()
+        .find(|e| s(&e["name"]) == "DATABASE_URL")
+        .expect("DATABASE_URL");
+    assert_eq!(
+        s(&db["valueFrom"]["secretKeyRef"]["name"]),
+        "volume-reconciler"
+    );
+}
+
 #[tokio::test]
 async fn the_kubernetes_base_matches_the_binary_and_its_probes_answer_on_a_live_server() {
     let objects = kustomize(&base_dir());
@@ -959,6 +1135,8 @@ async fn the_kubernetes_base_matches_the_binary_and_its_probes_answer_on_a_live_
         );
     }
     let sv = check_serve(&objects, &secrets);
+    check_network_policy(&objects, &sv);
+    check_clouds_yaml_secret(&sv, &known);
 
     // The real server, with the ConfigMap's settings (listeners, database
     // and Nova those of the test): the probes' paths answer as the
@@ -1120,11 +1298,8 @@ fn the_demo_overlay_wires_the_simulator_and_postgres_and_matches_the_binary() {
     assert!(listen.ip().is_unspecified());
     assert_eq!(port_named(c, "nova"), i64::from(listen.port()));
     // The token the README's walk-through sends is an operator's.
-    use sha2::Digest as _;
-    let hash: String = sha2::Sha256::digest(b"demo-token")
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    // `printf %s demo-token | sha256sum`, as the README says to make one.
+    let hash = "7c43ef5ae21d43ce2743f770c68e24def1a43ee2f416d2438410c8af7af2ff2c";
     assert_eq!(
         sv.env["VOLUME_RECONCILER_AUTH_TOKENS"],
         format!("demo:operator:{hash}")
@@ -1177,7 +1352,7 @@ fn the_monitoring_kit_scrapes_the_admin_service_and_ships_the_dashboard_and_rule
         Some("1")
     );
     let rule = find(&obs, "PrometheusRule", "volume-reconciler");
-    let alerts: Value = serde_yaml::from_str(&read("deploy/observability/alerts.yaml")).unwrap();
+    let alerts: Value = yaml_serde::from_str(&read("deploy/observability/alerts.yaml")).unwrap();
     assert_eq!(
         rule["spec"]["groups"], alerts["groups"],
         "prometheusrule.yaml and alerts.yaml hold the same rules"
@@ -1281,19 +1456,15 @@ fn the_kits_settings_are_serves_defaults_unless_their_line_says_why() {
             "VOLUME_RECONCILER_CONFIG".to_string(),
             Path::new(ROOT).join(file).to_string_lossy().to_string(),
         );
+        // config show prints the value in force (settle-window, when set,
+        // is what both windows are).
         let shown = config_show(&env);
-        let both = table
-            .get("settle-window")
-            .map(|v| duration(&flag_value("settle-window", v)));
         for window in [
             "settle-window-attach",
             "settle-window-detach",
             "verify-window",
         ] {
-            let in_force = match (window, both) {
-                ("verify-window", _) | (_, None) => duration(&shown[window].value),
-                (_, Some(both)) => both,
-            };
+            let in_force = duration(&shown[window].value);
             let default = duration(&defaults[window].value);
             assert!(
                 in_force >= default,

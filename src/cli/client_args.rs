@@ -12,8 +12,8 @@ use crate::config::DEFAULT_LISTEN;
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
     /// The server: HOST:PORT, http://HOST:PORT or https://HOST:PORT. Without
-    /// a scheme, TLS is on when --ca, --cert or --key is given.
-    #[arg(long, env = "VOLUME_RECONCILER_SERVER", default_value = DEFAULT_LISTEN, global = true)]
+    /// a scheme, TLS is on when --ca, --client-cert or --client-key is given.
+    #[arg(long, env = "VOLUME_RECONCILER_SERVER", default_value = DEFAULT_LISTEN, global = true, help_heading = "Connection")]
     pub server: String,
     /// Bearer token, sent as `authorization: Bearer` (see --auth-tokens of
     /// `serve`).
@@ -22,21 +22,45 @@ pub struct ClientArgs {
         env = "VOLUME_RECONCILER_TOKEN",
         hide_env_values = true,
         conflicts_with = "token_file",
-        global = true
+        global = true,
+        help_heading = "Connection"
     )]
     pub token: Option<String>,
     /// A file holding the bearer token (surrounding whitespace is ignored).
-    #[arg(long, env = "VOLUME_RECONCILER_TOKEN_FILE", global = true)]
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_TOKEN_FILE",
+        global = true,
+        help_heading = "Connection"
+    )]
     pub token_file: Option<PathBuf>,
     /// CA certificate (PEM) that signed the server's certificate; without
     /// it, https uses the system's trusted roots.
-    #[arg(long, env = "VOLUME_RECONCILER_CA", global = true)]
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_CA",
+        global = true,
+        help_heading = "Connection"
+    )]
     pub ca: Option<PathBuf>,
-    /// Client certificate (PEM) for mutual TLS; needs --key.
-    #[arg(long, env = "VOLUME_RECONCILER_CERT", global = true)]
+    /// Client certificate (PEM) for mutual TLS; needs --client-key.
+    #[arg(
+        long = "client-cert",
+        visible_alias = "cert",
+        env = "VOLUME_RECONCILER_CERT",
+        global = true,
+        help_heading = "Connection"
+    )]
     pub cert: Option<PathBuf>,
-    /// Key (PEM) of the client certificate; needs --cert.
-    #[arg(long, env = "VOLUME_RECONCILER_KEY", global = true)]
+    /// Key (PEM) of the client certificate; needs --client-cert. (`--key`
+    /// still works; it is not an idempotency key.)
+    #[arg(
+        long = "client-key",
+        visible_alias = "key",
+        env = "VOLUME_RECONCILER_KEY",
+        global = true,
+        help_heading = "Connection"
+    )]
     pub key: Option<PathBuf>,
 }
 

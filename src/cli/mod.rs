@@ -26,10 +26,19 @@ use clap::{Parser, Subcommand};
 use crate::config::ServeArgs;
 use crate::telemetry::LogFormat;
 
+/// `--version`: the crate's version and the commit it was built from
+/// (`unknown` from a source tree without git, e.g. a tarball; see build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("VOLUME_RECONCILER_GIT_SHA"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "volume-reconciler",
-    version,
+    version = VERSION,
     about = "Attach and detach OpenStack volumes exactly once per idempotency key, and record the true outcome"
 )]
 pub struct Cli {
@@ -38,7 +47,8 @@ pub struct Cli {
         global = true,
         env = "VOLUME_RECONCILER_LOG_FORMAT",
         value_enum,
-        default_value = "auto"
+        default_value = "auto",
+        help_heading = "Logging"
     )]
     pub log_format: LogFormat,
     /// A tracing filter, e.g. `info` or `volume_reconciler=debug`.
@@ -46,21 +56,59 @@ pub struct Cli {
         long,
         global = true,
         env = "VOLUME_RECONCILER_LOG",
-        default_value = "info"
+        default_value = "info",
+        help_heading = "Logging"
     )]
     pub log: String,
-    /// A TOML file of `serve` settings (keys are flag names); flags and
-    /// environment variables override it.
-    #[arg(long, global = true, env = settings::CONFIG_ENV)]
+    /// A TOML file of `serve` settings (keys are flag names), for `serve`
+    /// and `config show` (which take it too); flags and environment
+    /// variables override it.
+    #[arg(long, env = settings::CONFIG_ENV, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// `--config FILE`, on the commands that read it (`serve`, `config show`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigFileArg {
+    /// A TOML file of `serve` settings (keys are flag names); flags and
+    /// environment variables override it.
+    #[arg(long, env = settings::CONFIG_ENV, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+}
+
+/// `serve`: the settings, and the file they may come from.
+#[derive(Debug, clap::Args)]
+pub struct ServeCommand {
+    #[command(flatten)]
+    pub file: ConfigFileArg,
+    #[command(flatten)]
+    pub args: ServeArgs,
+}
+
+/// `config show`: `serve`'s settings, the file, and the output format.
+#[derive(Debug, clap::Args)]
+pub struct ShowCommand {
+    #[command(flatten)]
+    pub file: ConfigFileArg,
+    /// table (aligned columns) or json.
+    #[arg(
+        short = 'o',
+        long,
+        value_enum,
+        default_value = "table",
+        help_heading = "Output"
+    )]
+    pub output: ops::Output,
+    #[command(flatten)]
+    pub args: ServeArgs,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the gRPC service (applies pending migrations first).
-    Serve(Box<ServeArgs>),
+    Serve(Box<ServeCommand>),
     /// Apply pending database migrations and exit.
     Migrate(service::MigrateArgs),
     /// Run the Nova and Keystone simulator.
@@ -79,13 +127,22 @@ pub enum Command {
     Config(ConfigCommand),
     /// Exit 0 when the admin endpoint answers ready (container health checks).
     Healthcheck(service::HealthcheckArgs),
+    /// Print the shell completion script (e.g. `volume-reconciler
+    /// completions bash > /etc/bash_completion.d/volume-reconciler`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `volume-reconciler man > volume-reconciler.1`.
+    Man,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Print every `serve` setting with its value and source (flag, env,
-    /// file, default), secrets masked. Takes the same flags as `serve`.
-    Show(Box<ServeArgs>),
+    /// Print every `serve` setting with the value in force and where it
+    /// came from (flag, env, file, default, or the setting it is derived
+    /// from), secrets masked. Takes the same flags as `serve`.
+    Show(Box<ShowCommand>),
 }
 
 /// A parsed command line: what to run, and where each setting came from
@@ -113,6 +170,7 @@ impl ErrorStyle {
             Command::Serve(_) | Command::NovaSim(_) | Command::Migrate(_) => Self::Log,
             Command::Ops(a) if a.output == ops::Output::Json => Self::Json,
             Command::Bench(a) if a.output() == bench::Output::Json => Self::Json,
+            Command::Config(ConfigCommand::Show(a)) if a.output == ops::Output::Json => Self::Json,
             _ => Self::Text,
         }
     }
@@ -159,7 +217,7 @@ impl Invocation {
 pub async fn run(invocation: Invocation) -> anyhow::Result<()> {
     let Invocation { cli, sources } = invocation;
     match cli.command {
-        Command::Serve(args) => service::serve(*args).await,
+        Command::Serve(cmd) => service::serve(cmd.args).await,
         Command::Migrate(args) => service::migrate(args).await,
         Command::Healthcheck(args) => service::healthcheck(args).await,
         Command::NovaSim(args) => nova_sim::run(args).await,
@@ -167,9 +225,26 @@ pub async fn run(invocation: Invocation) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
-        Command::Config(ConfigCommand::Show(args)) => {
-            print!("{}", settings::show(&sources));
-            print!("{}", settings::show_openstack(&args));
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "volume-reconciler", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            // The main page, with every subcommand listed; each one's
+            // flags are in `volume-reconciler SUBCOMMAND --help`.
+            let mut page = Vec::new();
+            clap_mangen::Man::new(cmd).render(&mut page)?;
+            std::io::Write::write_all(&mut std::io::stdout(), &page)?;
+            Ok(())
+        }
+        Command::Config(ConfigCommand::Show(cmd)) => {
+            let report = settings::Report::of(&sources, &cmd.args);
+            match cmd.output {
+                ops::Output::Json => println!("{}", serde_json::to_string_pretty(&report.json())?),
+                ops::Output::Table => print!("{}", report.text()),
+            }
             Ok(())
         }
     }

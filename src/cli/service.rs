@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::config::{
-    DEFAULT_ADMIN_LISTEN, DEFAULT_DATABASE_URL, LEDGER_CONTEXT, ServeArgs, duration,
-    render_duration,
+    DEFAULT_ADMIN_LISTEN, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, LEDGER_CONTEXT, ServeArgs,
+    duration, render_duration,
 };
 use crate::{nova, startup, store};
 
@@ -26,15 +26,75 @@ pub struct MigrateArgs {
     pub db_connect_timeout: Duration,
 }
 
+/// Where `healthcheck` asks: by default the admin listener's `/readyz`, at
+/// the address `serve` listens on in the same environment (so it works in
+/// the image, where `VOLUME_RECONCILER_ADMIN_LISTEN=0.0.0.0:9090`); with
+/// `--grpc`, `grpc.health.v1` on the gRPC listener.
 #[derive(Debug, Clone, Args)]
 pub struct HealthcheckArgs {
-    #[arg(long, default_value = format!("http://{DEFAULT_ADMIN_LISTEN}/readyz"))]
-    pub url: String,
+    /// The admin listener, as `serve --admin-listen` (an unspecified
+    /// address such as 0.0.0.0 is asked on loopback).
+    #[arg(long, env = "VOLUME_RECONCILER_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN, value_name = "HOST:PORT")]
+    pub admin_listen: String,
+    /// Ask this instead: http(s)://HOST:PORT/PATH, or HOST:PORT (its /readyz).
+    #[arg(long, conflicts_with = "grpc")]
+    pub url: Option<String>,
+    /// Ask `grpc.health.v1.Health/Check` on the gRPC listener instead of
+    /// the admin listener's /readyz.
+    #[arg(long)]
+    pub grpc: bool,
+    /// The gRPC listener for --grpc, as `serve --listen` (HOST:PORT, or
+    /// https://HOST:PORT when serve has TLS on).
+    #[arg(long, env = "VOLUME_RECONCILER_LISTEN", default_value = DEFAULT_LISTEN, value_name = "HOST:PORT")]
+    pub listen: String,
+    /// How long the check may take.
+    #[arg(long, value_parser = duration, default_value = "3s")]
+    pub timeout: Duration,
 }
 
-/// Bound of the health check's one request (a container probe's own
-/// timeout is usually a few seconds more).
-const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(3);
+/// A listen address as a place to connect to: 0.0.0.0 and [::] are this
+/// host, asked on loopback.
+fn connectable(listen: &str) -> String {
+    let (scheme, rest) = match listen.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), listen),
+    };
+    let rest = match rest.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() && a.is_ipv4() => format!("127.0.0.1:{}", a.port()),
+        Ok(a) if a.ip().is_unspecified() => format!("[::1]:{}", a.port()),
+        _ => rest.to_string(),
+    };
+    format!("{scheme}{rest}")
+}
+
+impl HealthcheckArgs {
+    /// The URL of the HTTP check.
+    fn http_url(&self) -> anyhow::Result<String> {
+        let given = self.url.as_deref().map(str::trim);
+        let target = given.unwrap_or(&self.admin_listen);
+        let target = connectable(target);
+        let url = if target.contains("://") {
+            target
+        } else {
+            format!("http://{target}/readyz")
+        };
+        let parsed = reqwest::Url::parse(&url).map_err(|e| {
+            anyhow::anyhow!(
+                "{} {url:?} is not a URL ({e}): write http://HOST:PORT/PATH or HOST:PORT",
+                if given.is_some() {
+                    "--url"
+                } else {
+                    "--admin-listen"
+                }
+            )
+        })?;
+        anyhow::ensure!(
+            matches!(parsed.scheme(), "http" | "https"),
+            "--url {url:?}: http:// or https:// (or HOST:PORT)"
+        );
+        Ok(url)
+    }
+}
 
 /// Runs the service until SIGTERM/SIGINT, then drains in stages.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -61,20 +121,60 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Succeeds when the admin endpoint answers 2xx.
+/// Succeeds when the admin endpoint answers 2xx (or, `--grpc`, the gRPC
+/// health service SERVING).
 pub async fn healthcheck(args: HealthcheckArgs) -> anyhow::Result<()> {
     nova::client::install_crypto_provider();
+    if args.grpc {
+        let opts = crate::client::ConnectOptions::new(connectable(&args.listen));
+        return crate::client::health(&opts, args.timeout).await;
+    }
+    let url = args.http_url()?;
     let resp = reqwest::Client::new()
-        .get(&args.url)
-        .timeout(HEALTHCHECK_TIMEOUT)
+        .get(&url)
+        .timeout(args.timeout)
         .send()
         .await
-        .map_err(|e| anyhow::anyhow!("GET {}: {e}", args.url))?;
+        .map_err(|e| anyhow::anyhow!("GET {url}: {}", http_hint(&e)))?;
     anyhow::ensure!(
         resp.status().is_success(),
-        "GET {}: HTTP {}",
-        args.url,
-        resp.status()
+        "GET {url}: HTTP {}{}",
+        resp.status(),
+        if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            " (not ready: the database is unreachable, or the replica is draining)"
+        } else {
+            ""
+        }
     );
     Ok(())
+}
+
+/// A failed GET with its cause chain and, when it is recognisable, the fix.
+fn http_hint(e: &reqwest::Error) -> String {
+    let mut chain = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        chain.push_str(": ");
+        chain.push_str(&s.to_string());
+        source = s.source();
+    }
+    let lower = chain.to_ascii_lowercase();
+    let hint = if lower.contains("connection refused") {
+        "connection refused: nothing listens there; is serve running, and is this its --admin-listen (VOLUME_RECONCILER_ADMIN_LISTEN)?"
+    } else if e.is_timeout() {
+        "no answer in time: a wrong address, or a firewall"
+    } else if lower.contains("dns error") || lower.contains("failed to lookup") {
+        "cannot resolve the host name"
+    } else if lower.contains("invalidcontenttype") || lower.contains("corrupt message") {
+        "the admin listener does not speak TLS: use http://"
+    } else if lower.contains("http2")
+        || lower.contains("invalid http version")
+        || lower.contains("frame")
+        || lower.contains("unexpected message")
+    {
+        "this is not the admin listener but an HTTP/2 port (serve's gRPC port? ask it with --grpc --listen HOST:PORT)"
+    } else {
+        return chain;
+    };
+    format!("{hint} [{chain}]")
 }

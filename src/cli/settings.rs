@@ -91,7 +91,22 @@ fn config_path(args: &[OsString]) -> Option<PathBuf> {
         .ignore_errors(true)
         .try_get_matches_from(args)
         .ok()?;
-    matches.get_one::<PathBuf>("config").cloned()
+    // `serve --config F` or `config show --config F`, else the top level's
+    // `--config F serve` (both read the variable too).
+    let sub = match matches.subcommand() {
+        Some(("serve", m)) => Some(m),
+        Some(("config", m)) => m.subcommand_matches("show"),
+        _ => None,
+    };
+    sub.and_then(|m| m.get_one::<PathBuf>("config"))
+        .or_else(|| matches.get_one::<PathBuf>("config"))
+        .cloned()
+}
+
+/// `serve`'s settings alone (no `--config`, no `--output`): what the file
+/// may set and `config show` prints.
+fn settings_command() -> clap::Command {
+    <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"))
 }
 
 fn read_file(path: &Path) -> anyhow::Result<toml::Table> {
@@ -120,7 +135,7 @@ fn apply_file(
     mut cmd: clap::Command,
     table: &toml::Table,
 ) -> anyhow::Result<(clap::Command, BTreeSet<String>)> {
-    let serve = cmd.find_subcommand("serve").expect("serve exists").clone();
+    let serve = settings_command();
     let id_of = |long: &str| {
         serve
             .get_arguments()
@@ -154,30 +169,127 @@ fn with_default(cmd: clap::Command, path: &[&str], id: &str, value: &str) -> cla
     }
 }
 
-/// Masks the password of a URL (`postgres://user:***@host/db`).
+/// Masks the password of a URL (`postgres://user:***@host/db`): the
+/// store's own masking, which takes a password with `@` in it whole.
 pub fn mask_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://")
-        && let Some((userinfo, host)) = rest.split_once('@')
-        && let Some((user, _)) = userinfo.split_once(':')
-    {
-        return format!("{scheme}://{user}:***@{host}");
-    }
-    url.to_string()
+    crate::store::mask_url(url)
 }
 
-/// `config show`: every `serve` setting, its value, where it came from and
-/// its environment variable; secrets masked.
-pub fn show(sources: &Sources) -> String {
+/// One line of `config show`'s first table.
+#[derive(Debug, Clone)]
+pub struct Shown {
+    pub setting: String,
+    /// As in force (masked); `None`: unset.
+    pub value: Option<String>,
+    /// flag, env, file, default, unset, or `via OTHER` for a value that
+    /// another setting decides.
+    pub source: String,
+    pub env: Option<String>,
+    /// A value given for this setting that does not apply (the other
+    /// setting's wins): (value, source).
+    pub overridden: Option<(String, String)>,
+}
+
+/// What `config show` prints: every `serve` setting as in force, and what
+/// the OpenStack settings resolve to.
+pub struct Report {
+    pub settings: Vec<Shown>,
+    pub notes: Vec<String>,
+    pub openstack: OpenStackView,
+}
+
+/// Settings that another decides when it is set: (setting, decided by).
+const DERIVED: &[(&str, &str)] = &[
+    ("settle-window-attach", "settle-window"),
+    ("settle-window-detach", "settle-window"),
+];
+
+impl Report {
+    pub fn of(sources: &Sources, args: &ServeArgs) -> Self {
+        let mut settings = given(sources);
+        let mut notes = Vec::new();
+        for (setting, by) in DERIVED {
+            let Some(by) = settings.iter().find(|s| s.setting == *by).cloned() else {
+                continue;
+            };
+            let Some(value) = by.value.clone() else {
+                continue;
+            };
+            let Some(row) = settings.iter_mut().find(|s| s.setting == *setting) else {
+                continue;
+            };
+            if row.source != "default"
+                && let Some(own) = &row.value
+            {
+                notes.push(format!(
+                    "{setting} {own} ({}) does not apply: {} ({}) sets it",
+                    row.source, by.setting, by.source
+                ));
+                row.overridden = Some((own.clone(), row.source.clone()));
+            }
+            row.value = Some(value);
+            row.source = format!("via {}", by.setting);
+        }
+        Self {
+            settings,
+            notes,
+            openstack: OpenStackView::of(args),
+        }
+    }
+
+    /// The tables for people.
+    pub fn text(&self) -> String {
+        let mut table = super::output::plain_table(["SETTING", "VALUE", "SOURCE", "ENV"]);
+        for s in &self.settings {
+            table.add_row([
+                s.setting.clone(),
+                s.value.clone().unwrap_or_else(|| "-".into()),
+                s.source.clone(),
+                s.env.clone().unwrap_or_default(),
+            ]);
+        }
+        let mut out = format!("{}\n", table.trim_fmt());
+        for n in &self.notes {
+            out.push_str(&format!("note: {n}\n"));
+        }
+        out.push_str(&self.openstack.text());
+        out
+    }
+
+    /// The same for scripts.
+    pub fn json(&self) -> serde_json::Value {
+        let settings: Vec<_> = self
+            .settings
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "setting": s.setting,
+                    "value": s.value,
+                    "source": s.source,
+                    "env": s.env,
+                    "overridden": s.overridden.as_ref().map(|(v, src)| serde_json::json!({"value": v, "source": src})),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "settings": settings,
+            "notes": self.notes,
+            "nova": self.openstack.json(),
+        })
+    }
+}
+
+/// Every `serve` setting as given: its value, where it came from and its
+/// environment variable; secrets masked.
+fn given(sources: &Sources) -> Vec<Shown> {
     let Some(("config", config)) = sources.matches.subcommand() else {
-        return String::new();
+        return Vec::new();
     };
     let Some(("show", show)) = config.subcommand() else {
-        return String::new();
+        return Vec::new();
     };
-    let cmd = Cli::command();
-    let serve = cmd.find_subcommand("serve").expect("serve exists");
-    let mut table = super::output::plain_table(["SETTING", "VALUE", "SOURCE", "ENV"]);
-    for arg in serve.get_arguments() {
+    let mut rows = Vec::new();
+    for arg in settings_command().get_arguments() {
         let id = arg.get_id().as_str();
         let Some(long) = arg.get_long() else { continue };
         let value = show
@@ -196,21 +308,23 @@ pub fn show(sources: &Sources) -> String {
             _ => "unset",
         };
         let shown = if value.is_empty() {
-            "-".to_string()
+            None
         } else if SECRET_IDS.contains(&id) {
-            "***".to_string()
+            Some("***".to_string())
         } else if id.contains("url") {
-            mask_url(&value)
+            Some(mask_url(&value))
         } else {
-            value
+            Some(value)
         };
-        let env = arg
-            .get_env()
-            .map(|e| e.to_string_lossy().to_string())
-            .unwrap_or_default();
-        table.add_row([long.to_string(), shown, source.to_string(), env]);
+        rows.push(Shown {
+            setting: long.to_string(),
+            value: shown,
+            source: source.to_string(),
+            env: arg.get_env().map(|e| e.to_string_lossy().to_string()),
+            overridden: None,
+        });
     }
-    format!("{}\n", table.trim_fmt())
+    rows
 }
 
 /// `config show`'s second part: where Nova is and, in Keystone mode, every
@@ -219,61 +333,109 @@ pub fn show(sources: &Sources) -> String {
 /// masked; then what keeps these settings from working, if anything (the
 /// check `serve` makes at start). Shown, not failed: a configuration that
 /// does not work yet is when this is read.
-pub fn show_openstack(args: &ServeArgs) -> String {
-    let mut out = String::new();
-    match &args.nova_url {
-        Some(url) => out.push_str(&format!(
-            "\nNova: direct mode, {} (no Keystone; of the OS_* settings only OS_CACERT and OS_INSECURE apply)\n",
-            mask_url(url)
-        )),
-        None => match args.openstack.resolve() {
-            Ok(r) => out.push_str(&resolved_cloud(args, &r)),
-            Err(e) => out.push_str(&format!("\nOpenStack (Keystone mode): {e:#}\n")),
-        },
-    }
-    match args.nova_config() {
-        Ok(nova) if nova.tls.insecure => {
-            out.push_str("\nWARNING: TLS certificate verification is off for Keystone and Nova\n")
-        }
-        Ok(_) => {}
-        Err(e) => out.push_str(&format!("\nproblem: {e:#}\n")),
-    }
-    out
+pub struct OpenStackView {
+    /// `Some(url)`: direct mode.
+    direct: Option<String>,
+    /// Keystone mode: `OS_CLOUD` and the files it was read from.
+    cloud: Option<(String, Vec<PathBuf>)>,
+    /// Keystone mode: (key, value, source).
+    rows: Vec<(String, String, String)>,
+    /// Why the OpenStack settings could not be resolved at all.
+    unresolved: Option<String>,
+    insecure: bool,
+    problem: Option<String>,
 }
 
-/// The resolved OpenStack settings as a table.
-fn resolved_cloud(args: &ServeArgs, r: &crate::config::clouds::Resolved) -> String {
-    let mut out = match (&r.cloud, r.files.as_slice()) {
-        (Some(cloud), files) => format!(
-            "\nOpenStack (Keystone mode): OS_CLOUD={cloud} from {}\n",
-            files
-                .iter()
-                .map(|f| f.display().to_string())
-                .collect::<Vec<_>>()
-                .join(" + ")
-        ),
-        (None, _) => "\nOpenStack (Keystone mode), no OS_CLOUD:\n".to_string(),
-    };
-    let mut table = super::output::plain_table(["KEY", "VALUE", "SOURCE"]);
-    if r.get("auth_type").is_none()
-        && let Ok(k) = args.openstack.keystone(r)
-    {
-        let inferred = match k.credential {
-            Credential::Password { .. } => "password",
-            _ => "v3applicationcredential",
+impl OpenStackView {
+    fn of(args: &ServeArgs) -> Self {
+        let mut view = Self {
+            direct: args.nova_url.as_deref().map(mask_url),
+            cloud: None,
+            rows: Vec::new(),
+            unresolved: None,
+            insecure: false,
+            problem: None,
         };
-        table.add_row(["auth_type", inferred, "default"]);
+        if view.direct.is_none() {
+            match args.openstack.resolve() {
+                Ok(r) => {
+                    view.cloud = r.cloud.clone().map(|c| (c, r.files.clone()));
+                    if r.get("auth_type").is_none()
+                        && let Ok(k) = args.openstack.keystone(&r)
+                    {
+                        let inferred = match k.credential {
+                            Credential::Password { .. } => "password",
+                            _ => "v3applicationcredential",
+                        };
+                        view.rows
+                            .push(("auth_type".into(), inferred.into(), "default".into()));
+                    }
+                    for (key, value, source) in r.rows() {
+                        let value = if key.ends_with("url") {
+                            mask_url(&value)
+                        } else {
+                            value
+                        };
+                        view.rows.push((key.to_string(), value, source));
+                    }
+                }
+                Err(e) => view.unresolved = Some(format!("{e:#}")),
+            }
+        }
+        match args.nova_config() {
+            Ok(nova) => view.insecure = nova.tls.insecure,
+            Err(e) => view.problem = Some(format!("{e:#}")),
+        }
+        view
     }
-    for (key, value, source) in r.rows() {
-        let value = if key.ends_with("url") {
-            mask_url(&value)
-        } else {
-            value
-        };
-        table.add_row([key.to_string(), value, source]);
+
+    fn text(&self) -> String {
+        let mut out = String::new();
+        match (&self.direct, &self.unresolved, &self.cloud) {
+            (Some(url), _, _) => out.push_str(&format!(
+                "\nNova: direct mode, {url} (no Keystone; of the OS_* settings only OS_CACERT and OS_INSECURE apply)\n"
+            )),
+            (None, Some(e), _) => out.push_str(&format!("\nOpenStack (Keystone mode): {e}\n")),
+            (None, None, cloud) => {
+                out.push_str(&match cloud {
+                    Some((cloud, files)) => format!(
+                        "\nOpenStack (Keystone mode): OS_CLOUD={cloud} from {}\n",
+                        files
+                            .iter()
+                            .map(|f| f.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(" + ")
+                    ),
+                    None => "\nOpenStack (Keystone mode), no OS_CLOUD:\n".to_string(),
+                });
+                let mut table = super::output::plain_table(["KEY", "VALUE", "SOURCE"]);
+                for (k, v, src) in &self.rows {
+                    table.add_row([k, v, src]);
+                }
+                out.push_str(&format!("{}\n", table.trim_fmt()));
+            }
+        }
+        if self.insecure {
+            out.push_str("\nWARNING: TLS certificate verification is off for Keystone and Nova\n");
+        }
+        if let Some(p) = &self.problem {
+            out.push_str(&format!("\nproblem: {p}\n"));
+        }
+        out
     }
-    out.push_str(&format!("{}\n", table.trim_fmt()));
-    out
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": if self.direct.is_some() { "direct" } else { "keystone" },
+            "nova_url": self.direct,
+            "os_cloud": self.cloud.as_ref().map(|(c, _)| c),
+            "files": self.cloud.as_ref().map(|(_, f)| f.iter().map(|p| p.display().to_string()).collect::<Vec<_>>()),
+            "openstack": self.rows.iter().map(|(k, v, src)| serde_json::json!({"key": k, "value": v, "source": src})).collect::<Vec<_>>(),
+            "unresolved": self.unresolved,
+            "tls_verification_off": self.insecure,
+            "problem": self.problem,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 /// Where a resolved value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,7 +251,7 @@ pub fn resolve(
 fn read_yaml(path: &Path) -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    serde_yaml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    yaml_serde::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// The entry of `cloud` in the file at `path` (`clouds: {name: {...}}`).

@@ -49,7 +49,8 @@ impl Executor {
         // caller meanwhile hears OPERATION_IN_PROGRESS at its deadline,
         // never a decision the ledger does not hold.
         let first_try = Instant::now();
-        let mut pause = std::time::Duration::from_millis(250);
+        const FIRST_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+        let mut pause = FIRST_PAUSE;
         loop {
             let write_by = run
                 .budget
@@ -64,7 +65,8 @@ impl Executor {
             );
             match written {
                 Ok(Some(op)) => {
-                    tracing::info!(operation_id = %op.id, state = op.state.as_str(),
+                    // One per operation: debug (the metrics count them).
+                    tracing::debug!(operation_id = %op.id, state = op.state.as_str(),
                         resolution = op.resolution.map(|r| r.as_str()).unwrap_or(""), "operation decided");
                     return op;
                 }
@@ -74,8 +76,14 @@ impl Executor {
                     return self.after_fence(current, run.budget.answer_by).await;
                 }
                 Err(e) if first_try.elapsed() < DECISION_HORIZON => {
-                    tracing::warn!(operation_id = %run.op.id, error = %e, pause_ms = pause.as_millis() as u64,
-                        state = d.state.as_str(), "could not record the decision yet; trying again");
+                    // Once per operation at warn (an outage fails them all).
+                    if pause == FIRST_PAUSE {
+                        tracing::warn!(operation_id = %run.op.id, error = %e, state = d.state.as_str(),
+                            "could not record the decision yet; trying again until it is");
+                    } else {
+                        tracing::debug!(operation_id = %run.op.id, error = %e, pause_ms = pause.as_millis() as u64,
+                            "could not record the decision yet; trying again");
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(std::time::Duration::from_secs(5));
                 }

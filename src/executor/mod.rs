@@ -478,7 +478,7 @@ impl Executor {
         let (id, new) = match created {
             CreateOutcome::Created(op) => (op.id, true),
             CreateOutcome::Existing(op) => {
-                tracing::info!(operation_id = %op.id, state = op.state.as_str(), "idempotency key replayed; joining the operation");
+                tracing::debug!(operation_id = %op.id, state = op.state.as_str(), "idempotency key replayed; joining the operation");
                 if op.state.is_terminal() {
                     return Ok(op);
                 }

@@ -30,7 +30,7 @@ pub(super) struct Pending {
 
 /// Whether the volume is on the server, by Nova's list; `None` when the
 /// look failed.
-fn presence(op: &Operation, listed: &Observation) -> Option<bool> {
+fn presence(r: &Reconciler, op: &Operation, listed: &Observation) -> Option<bool> {
     match listed {
         Ok(items) => {
             let v = op.volume_id.to_string();
@@ -38,7 +38,9 @@ fn presence(op: &Operation, listed: &Observation) -> Option<bool> {
         }
         Err(e) if e.rejection() == Some(&Rejection::ServerNotFound) => Some(false),
         Err(e) => {
-            tracing::warn!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
+            // Counted, and logged once for the round (Reconciler::run_once).
+            tracing::debug!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
+            r.look_failed(e);
             None
         }
     }
@@ -159,7 +161,7 @@ impl Reconciler {
                     let mut d = 0;
                     for p in pending {
                         let present = match &seen {
-                            Some(listed) => presence(&p.op, listed),
+                            Some(listed) => presence(&this, &p.op, listed),
                             None => this.cinder_presence(&p.op).await,
                         };
                         match this.verify_with(&p.op, present, look_at, p.stage).await {
@@ -207,7 +209,7 @@ impl Reconciler {
                 let seen = self
                     .observe_server(op.server_id, super::look_trace([&op]))
                     .await;
-                presence(&op, &seen)
+                presence(self, &op, &seen)
             }
             LookAt::Cinder => self.cinder_presence(&op).await,
         };
@@ -254,7 +256,9 @@ impl Reconciler {
             Ok(v) => Some(v.attached_to(op.server_id).is_some()),
             Err(e) if e.kind == crate::nova::CinderErrorKind::VolumeNotFound => Some(false),
             Err(e) => {
-                tracing::warn!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
+                // Counted, and logged once for the round (Reconciler::run_once).
+                tracing::debug!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
+                self.look_failed(&e);
                 None
             }
         }

@@ -10,6 +10,7 @@
 //! purpose by the caller.
 
 mod error;
+mod migrations;
 pub mod pg;
 mod rows;
 pub mod sqlite;

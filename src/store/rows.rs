@@ -29,11 +29,11 @@ pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, stat
 /// ("ab", "c") and ("a", "bc") apart). PostgreSQL computes the same bytes
 /// in SQL (`volume_reconciler_key_hash`).
 pub(super) fn key_hash(caller: Option<&str>, key: &str) -> [u8; 16] {
-    use sha2::Digest as _;
     let caller = caller.unwrap_or("");
-    let digest = sha2::Sha256::digest(format!("{}:{caller}{key}", caller.len()));
+    let input = format!("{}:{caller}{key}", caller.len());
+    let digest = ring::digest::digest(&ring::digest::SHA256, input.as_bytes());
     let mut out = [0u8; 16];
-    out.copy_from_slice(&digest[..16]);
+    out.copy_from_slice(&digest.as_ref()[..16]);
     out
 }
 
@@ -129,8 +129,26 @@ macro_rules! column {
 }
 pub(super) use column;
 
+/// A struct read from a row by column name, as `#[derive(sqlx::FromRow)]`
+/// would (that derive needs sqlx's `derive` feature, which builds both
+/// drivers a second time for the host).
+macro_rules! from_row {
+    ($(#[$m:meta])* $vis:vis struct $name:ident { $($field:ident: $ty:ty,)* }) => {
+        $(#[$m])* $vis struct $name { $($field: $ty,)* }
+        impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for $name
+        where
+            &'static str: sqlx::ColumnIndex<R>,
+            $($ty: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,)*
+        {
+            fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+                Ok(Self { $($field: row.try_get(stringify!($field))?,)* })
+            }
+        }
+    };
+}
+
+from_row! {
 /// One `operations` row as read, before it is checked.
-#[derive(sqlx::FromRow)]
 pub(super) struct OperationRow {
     id: Id,
     idempotency_key: String,
@@ -161,9 +179,10 @@ pub(super) struct OperationRow {
     trace_parent: Option<String>,
     trace_state: Option<String>,
 }
+}
 
+from_row! {
 /// One `operation_events` row as read.
-#[derive(sqlx::FromRow)]
 pub(super) struct EventRow {
     at: Time,
     kind: String,
@@ -171,17 +190,20 @@ pub(super) struct EventRow {
     metadata: Json,
     replica: String,
 }
+}
 
-#[derive(sqlx::FromRow)]
+from_row! {
 pub(super) struct CountRow {
     state: String,
     resolution: Option<String>,
     n: i64,
 }
+}
 
-#[derive(sqlx::FromRow)]
+from_row! {
 pub(super) struct SeqRow {
     seq: i64,
+}
 }
 
 /// A column that could not be read at all: the row is named when its id
@@ -350,11 +372,24 @@ where
 }
 
 /// A row of `conflict_sql`.
-#[derive(sqlx::FromRow)]
 pub(super) struct ConflictRow {
-    #[sqlx(flatten)]
     op: OperationRow,
     by_key: bool,
+}
+
+/// The operation's columns, and `by_key` beside them.
+impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for ConflictRow
+where
+    &'static str: sqlx::ColumnIndex<R>,
+    OperationRow: sqlx::FromRow<'r, R>,
+    bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            op: OperationRow::from_row(row)?,
+            by_key: row.try_get("by_key")?,
+        })
+    }
 }
 
 /// Why an intent row was not inserted, from the row `conflict_sql` found:

@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::{Value, json};
-use sha2::Digest;
 use uuid::Uuid;
 
 use fault_proxy::FaultProxy;
@@ -130,10 +129,15 @@ fn ensure_venv() -> Result<PathBuf, String> {
     let requirements = source_dir().join("requirements.txt");
     let pins = std::fs::read(&requirements)
         .map_err(|e| format!("reading {}: {e}", requirements.display()))?;
-    let mut h = sha2::Sha256::new();
+    let mut h = ring::digest::Context::new(&ring::digest::SHA256);
     h.update(&pins);
     h.update(python_version.as_bytes());
-    let want = format!("{:x}", h.finalize());
+    let want: String = h
+        .finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let marker = venv.join(".vr-requirements-sha256");
     let lock_path = target.join("real-nova-venv.lock");
     let lock = std::fs::File::create(&lock_path)

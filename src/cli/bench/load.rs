@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::{LoadArgs, Output, parse_mix};
 use crate::cli::output::{bare_table, quantile};
-use crate::client::{Client, RetryStats};
+use crate::client::{Client, RetryStats, code_name};
 
 /// What all workers record.
 #[derive(Default)]
@@ -23,12 +23,25 @@ struct Stats {
     errors: Mutex<BTreeMap<String, u64>>,
     /// Calls started (for `--max-calls`).
     started: AtomicU64,
+    /// Calls still in flight when `--duration` ended (not measured).
+    cut_off: AtomicU64,
     retries: Mutex<RetryStats>,
+    /// Why the run stopped early: the server refused the credentials.
+    refused: Mutex<Option<crate::client::CallError>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A worker that panicked mid-update leaves numbers still worth reporting.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How one call failed.
+enum Failure {
+    /// The canonical code name (`UNAVAILABLE`), or the HTTP outcome of a
+    /// direct Nova call.
+    Code(String),
+    /// UNAUTHENTICATED or PERMISSION_DENIED: no call of this run can pass.
+    Refused(Box<crate::client::CallError>),
 }
 
 /// One worker's fixed part.
@@ -73,21 +86,37 @@ impl Worker {
             };
             let key = format!("bench-{}-{w}-{i}", self.run_id);
             let t = Instant::now();
-            let result = self.call(&key, target, detach).await;
+            // The run ends at --duration, whatever the calls' deadlines:
+            // one still in flight then is cut off, not waited for.
+            let Ok(result) =
+                tokio::time::timeout_at(self.end, self.call(&key, target, detach)).await
+            else {
+                self.stats.cut_off.fetch_add(1, Ordering::Relaxed);
+                break;
+            };
             let us = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
             lock(&self.stats.latencies).push(us);
             match result {
                 Ok(()) if !detach && self.direct_nova.is_none() => attached.push(target),
                 Ok(()) => {}
-                Err(code) => *lock(&self.stats.errors).entry(code).or_default() += 1,
+                Err(Failure::Refused(e)) => {
+                    // Every call would be refused alike: stop them all.
+                    *lock(&self.stats.errors)
+                        .entry(code_name(e.code))
+                        .or_default() += 1;
+                    lock(&self.stats.refused).get_or_insert(*e);
+                    self.stop.store(true, Ordering::Relaxed);
+                }
+                Err(Failure::Code(code)) => *lock(&self.stats.errors).entry(code).or_default() += 1,
             }
         }
     }
 
-    /// One call; the error is a status code name.
-    async fn call(&self, key: &str, (s, v): (Uuid, Uuid), detach: bool) -> Result<(), String> {
+    /// One call; the error is a status code name, or the refusal that
+    /// stops the run.
+    async fn call(&self, key: &str, (s, v): (Uuid, Uuid), detach: bool) -> Result<(), Failure> {
         if let Some(nova) = &self.direct_nova {
-            return self.direct_attach(nova, s, v).await;
+            return self.direct_attach(nova, s, v).await.map_err(Failure::Code);
         }
         let (s, v) = (s.to_string(), v.to_string());
         let r = if detach {
@@ -99,7 +128,12 @@ impl Worker {
                 .attach_counted(key, &s, &v, self.deadline, retries)
                 .await
         };
-        r.map(drop).map_err(|e| format!("{:?}", e.code))
+        r.map(drop).map_err(|e| match e.code {
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                Failure::Refused(Box::new(e))
+            }
+            code => Failure::Code(code_name(code)),
+        })
     }
 
     async fn direct_attach(&self, nova: &str, s: Uuid, v: Uuid) -> Result<(), String> {
@@ -134,6 +168,9 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
     let clients: Vec<Client> = (0..conns)
         .map(|_| Client::connect(&opts))
         .collect::<anyhow::Result<_>>()?;
+    if args.direct_nova.is_none() {
+        check_health(&opts, &args.client.server).await?;
+    }
     let started = Instant::now();
     let worker = Worker {
         client: clients[0].clone(),
@@ -165,7 +202,52 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     worker.stop.store(true, Ordering::Relaxed);
     progress.await?;
-    report(&args, conns, elapsed, &worker.stats)
+    report(&args, conns, elapsed, &worker.stats)?;
+    verdict(&args, &worker.stats)
+}
+
+/// How long the health check before the load may take.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The server answers `grpc.health.v1` SERVING before any load is sent:
+/// an unreachable server, a TLS mismatch or a wrong port is one clear
+/// error, not thousands of failed calls.
+async fn check_health(opts: &crate::client::ConnectOptions, server: &str) -> anyhow::Result<()> {
+    match crate::client::health(opts, HEALTH_TIMEOUT).await {
+        Ok(()) => Ok(()),
+        Err(e) => anyhow::bail!("bench: the server's health check failed, no load sent: {e:#}"),
+    }
+    .map_err(|e: anyhow::Error| e.context(format!("--server {server}")))
+}
+
+/// The exit status: 1 when the server refused the credentials, when no
+/// call succeeded, or when errors passed `--max-error-rate`.
+fn verdict(args: &LoadArgs, stats: &Stats) -> anyhow::Result<()> {
+    if let Some(e) = lock(&stats.refused).take() {
+        anyhow::bail!(
+            "bench stopped at the first refusal, every call would get it: {}",
+            crate::client::explain_refusal(e)
+        );
+    }
+    let calls = lock(&stats.latencies).len() as u64;
+    let errors: u64 = lock(&stats.errors).values().sum();
+    if calls == errors {
+        anyhow::bail!(
+            "bench: no call succeeded in {} ({calls} answered, all errors; {} still in flight at the end)",
+            crate::config::render_duration(args.duration),
+            stats.cut_off.load(Ordering::Relaxed)
+        );
+    }
+    if let Some(max) = args.max_error_rate {
+        let rate = errors as f64 / calls as f64;
+        anyhow::ensure!(
+            rate <= max,
+            "bench: {:.2} % of the calls failed, more than --max-error-rate {max} ({:.2} %)",
+            rate * 100.0,
+            max * 100.0
+        );
+    }
+    Ok(())
 }
 
 /// A bar over `--duration` on stderr, with calls, rate and errors (hidden
@@ -221,6 +303,7 @@ fn report(args: &LoadArgs, conns: usize, elapsed: f64, stats: &Stats) -> anyhow:
             "ops_per_second": ok as f64 / elapsed,
             "latency_ms": {"p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99), "max": ms(1.0)},
             "errors": errors,
+            "cut_off": stats.cut_off.load(Ordering::Relaxed),
             "transport_retries": retries.by_code,
         });
         println!("{summary}");
@@ -256,9 +339,20 @@ fn report(args: &LoadArgs, conns: usize, elapsed: f64, stats: &Stats) -> anyhow:
     let errors = if errors.is_empty() {
         "none".to_string()
     } else {
-        format!("{errors:?}")
+        errors
+            .iter()
+            .map(|(code, n)| format!("{code} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     t.add_row(["errors".to_string(), errors]);
+    let cut = stats.cut_off.load(Ordering::Relaxed);
+    if cut > 0 {
+        t.add_row([
+            "cut off".to_string(),
+            format!("{cut} call(s) still in flight at the end of --duration (not counted)"),
+        ]);
+    }
     println!("{}", t.trim_fmt());
     Ok(())
 }

@@ -77,11 +77,13 @@ pub struct LoadArgs {
     /// Send the attach requests straight to this Nova endpoint instead.
     #[arg(long)]
     pub direct_nova: Option<String>,
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = concurrency)]
     pub concurrency: usize,
     /// HTTP/2 connections to spread the callers over (default: one per 200 callers).
     #[arg(long)]
     pub connections: Option<usize>,
+    /// How long the load runs; calls still in flight then are cut off
+    /// (counted apart, not as errors).
     #[arg(long, value_parser = duration, default_value = "30s")]
     pub duration: Duration,
     /// Share of attaches and detaches, e.g. attach=3,detach=1.
@@ -103,6 +105,31 @@ pub struct LoadArgs {
     /// Print no progress line.
     #[arg(long)]
     pub quiet: bool,
+    /// Exit 1 when more than this share of the calls failed (0 to 1;
+    /// default: only when none succeeded).
+    #[arg(long, value_parser = share)]
+    pub max_error_rate: Option<f64>,
+}
+
+/// Callers of `--concurrency`: at least one.
+fn concurrency(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("at least 1 caller".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?}: {e}")),
+    }
+}
+
+/// A share between 0 and 1 (`--max-error-rate`).
+fn share(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not between 0 and 1 (0.01 is 1 %)"))
+    }
 }
 
 #[derive(Debug, Clone, Args)]

@@ -7,7 +7,7 @@
 use std::fmt;
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use uuid::Uuid;
 
 use crate::domain::{Action, State};

@@ -28,7 +28,7 @@ use std::time::Duration;
 use clap::Args;
 use futures_util::StreamExt;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tokio::time::Instant;
 
 use crate::config::{duration, signed_duration};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use rand::Rng;
+use rand::RngExt;
 use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 use uuid::Uuid;

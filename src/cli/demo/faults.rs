@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use uuid::Uuid;
 
 use super::{DemoArgs, SERVERS};

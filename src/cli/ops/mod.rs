@@ -11,7 +11,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use tokio_stream::StreamExt;
 
 use super::client_args::ClientArgs;
-use crate::client::{CallError, Client};
+use crate::client::Client;
 use crate::config::duration;
 use crate::grpc::pb;
 use render::{
@@ -29,14 +29,29 @@ pub enum Output {
 pub struct OpsArgs {
     #[command(flatten)]
     pub client: ClientArgs,
-    #[arg(long, value_enum, default_value = "table", global = true)]
+    /// table (for people) or json (for scripts; RFC 3339 times in UTC).
+    #[arg(
+        short = 'o',
+        long,
+        value_enum,
+        default_value = "table",
+        global = true,
+        help_heading = "Output"
+    )]
     pub output: Output,
-    /// Deadline of each call.
-    #[arg(long, value_parser = duration, default_value = "30s", global = true)]
-    pub timeout: Duration,
+    /// Deadline of each call (default 30s); of `ops watch`, how long to
+    /// follow before giving up (default: until decided).
+    #[arg(long, value_parser = duration, global = true, help_heading = "Connection")]
+    pub timeout: Option<Duration>,
     #[command(subcommand)]
     pub command: OpsCommand,
 }
+
+/// How long connecting (TCP, TLS, HTTP/2) may take.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+
+/// A call's deadline when `--timeout` is not given.
+const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StateArg {
@@ -53,32 +68,38 @@ pub enum Verdict {
     Failed,
 }
 
+/// The largest page the server gives (`ListOperations`' page_size).
+const MAX_PAGE: i32 = 500;
+
 /// Filters and paging of `ops list`.
 #[derive(Debug, Clone, Args)]
 pub struct ListArgs {
-    #[arg(long, value_enum)]
+    /// Only operations in this state.
+    #[arg(long, value_enum, help_heading = "Filters")]
     pub state: Option<StateArg>,
-    #[arg(long)]
+    /// Only operations on this Nova server (its UUID).
+    #[arg(long, value_name = "UUID", help_heading = "Filters")]
     pub server_id: Option<String>,
-    #[arg(long)]
+    /// Only operations on this volume (its UUID).
+    #[arg(long, value_name = "UUID", help_heading = "Filters")]
     pub volume_id: Option<String>,
     /// Only operations whose later observation disagreed.
-    #[arg(long)]
+    #[arg(long, help_heading = "Filters")]
     pub drifted: bool,
     /// Only operations handed to people (not decidable in time).
-    #[arg(long)]
+    #[arg(long, help_heading = "Filters")]
     pub escalated: bool,
     /// Only this caller's operations.
-    #[arg(long)]
+    #[arg(long, help_heading = "Filters")]
     pub caller: Option<String>,
-    /// Operations per page (the server caps it at 500).
-    #[arg(long, default_value_t = 50)]
+    /// Operations per page, 1 to 500 (the server's own limit).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i32).range(1..=i64::from(MAX_PAGE)), help_heading = "Paging")]
     pub limit: i32,
     /// Start at this page (the `next_page_token` of an earlier page).
-    #[arg(long, conflicts_with = "all")]
+    #[arg(long, conflicts_with = "all", help_heading = "Paging")]
     pub page_token: Option<String>,
     /// Every page, not just the first.
-    #[arg(long)]
+    #[arg(long, help_heading = "Paging")]
     pub all: bool,
 }
 
@@ -88,7 +109,7 @@ pub struct ShowArgs {
     /// The operation's id.
     #[arg(required_unless_present = "idempotency_key")]
     pub id: Option<String>,
-    /// Or the idempotency key its caller sent (`--key` is the TLS key).
+    /// Or the idempotency key its caller sent.
     #[arg(long, conflicts_with = "id")]
     pub idempotency_key: Option<String>,
     /// Whose key it is (keys are per caller; default: the caller this
@@ -105,7 +126,8 @@ pub enum OpsCommand {
     Show(ShowArgs),
     /// Re-observe an operation now and record the finding.
     Reconcile { id: String },
-    /// Follow an operation until it is decided.
+    /// Follow an operation until it is decided (or `--timeout` passes:
+    /// then exit 1), a line per change of state.
     Watch { id: String },
     /// Decide an operation by hand (audited).
     Resolve {
@@ -140,7 +162,7 @@ struct Ops {
     /// The server as given, for errors that never reached it.
     server: String,
     json: bool,
-    timeout: Duration,
+    timeout: Option<Duration>,
 }
 
 impl Ops {
@@ -148,15 +170,12 @@ impl Ops {
     /// metadata kept for `--output json`); one that never reached the
     /// server names it.
     fn fail(&self, status: tonic::Status) -> anyhow::Error {
-        let mut e = CallError::from_status(&status, 0);
-        if e.code == tonic::Code::Unavailable && e.reason.is_none() {
-            e.message = format!("cannot reach {}: {}", self.server, e.message);
-        }
-        anyhow::Error::new(e)
+        anyhow::Error::new(crate::client::explain(&status, &self.server, 0))
     }
 
     fn req<T>(&self, msg: T) -> tonic::Request<T> {
-        self.client.request(msg, Some(self.timeout))
+        self.client
+            .request(msg, Some(self.timeout.unwrap_or(DEFAULT_CALL_TIMEOUT)))
     }
 
     /// The first page, the page at `--page-token`, or every page (`--all`).
@@ -232,33 +251,99 @@ impl Ops {
         Ok(())
     }
 
+    /// Follows the operation: a line per change of what it is (state,
+    /// resolution, attempts, error, drift), not per update of its row;
+    /// ends when it is decided, or fails when `--timeout` passes first.
     async fn watch(&self, id: String) -> anyhow::Result<()> {
-        // A watch has no deadline of its own: it ends when decided.
-        let mut stream = self
-            .client
-            .raw()
-            .watch_operation(
-                self.client
-                    .request(pb::WatchOperationRequest { operation_id: id }, None),
-            )
-            .await
-            .map_err(|e| self.fail(e))?
-            .into_inner();
-        while let Some(item) = stream.next().await {
-            let op = item.map_err(|e| self.fail(e))?;
-            if self.json {
-                println!("{}", serde_json::to_string(&op_json(&op))?);
-            } else {
-                println!(
-                    "{}  {} ({}) attempts={}",
-                    ts(&op.updated_at),
-                    state_name(op.state),
-                    resolution_name(op.resolution),
-                    op.attempts
+        // The last state seen, kept outside the stream's future: a timeout
+        // drops that future.
+        let seen: std::cell::Cell<Option<i32>> = std::cell::Cell::new(None);
+        let follow = async {
+            // The deadline, when there is one, is the server's too.
+            let request = self.client.request(
+                pb::WatchOperationRequest {
+                    operation_id: id.clone(),
+                },
+                self.timeout,
+            );
+            let mut stream = self
+                .client
+                .raw()
+                .watch_operation(request)
+                .await
+                .map_err(|e| self.fail(e))?
+                .into_inner();
+            let mut last: Option<(i32, i32, u32, String, bool)> = None;
+            while let Some(item) = stream.next().await {
+                let op = match item {
+                    Ok(op) => op,
+                    // The server ends the stream at our deadline: that is
+                    // the timeout, said below, not a failed call.
+                    Err(s) if s.code() == tonic::Code::DeadlineExceeded => break,
+                    Err(s) => return Err(self.fail(s)),
+                };
+                let now = (
+                    op.state,
+                    op.resolution,
+                    op.attempts,
+                    op.last_error
+                        .as_ref()
+                        .map(|e| e.reason.clone())
+                        .unwrap_or_default(),
+                    op.drifted,
                 );
+                if last.as_ref() != Some(&now) {
+                    if self.json {
+                        println!("{}", serde_json::to_string(&op_json(&op))?);
+                    } else {
+                        println!(
+                            "{}  {} ({}) attempts={}{}",
+                            ts(&op.updated_at),
+                            state_name(op.state),
+                            resolution_name(op.resolution),
+                            op.attempts,
+                            op.last_error
+                                .as_ref()
+                                .map(|e| format!("  {}", e.reason))
+                                .unwrap_or_default()
+                        );
+                    }
+                    last = Some(now);
+                }
+                seen.set(Some(op.state));
+            }
+            Ok::<_, anyhow::Error>(())
+        };
+        match self.timeout {
+            // Past the deadline the state is what was last seen: the
+            // stream's future is dropped, and the error below says so.
+            Some(t) => {
+                if let Ok(followed) = tokio::time::timeout(t, follow).await {
+                    followed?;
+                }
+            }
+            None => follow.await?,
+        }
+        let decided = matches!(
+            seen.get().map(pb::State::try_from),
+            Some(Ok(pb::State::Succeeded | pb::State::Failed))
+        );
+        match seen.get() {
+            _ if decided => Ok(()),
+            other => {
+                let t = self.timeout.map(crate::config::render_duration);
+                anyhow::bail!(
+                    "operation {id} was not decided {}{}; it goes on without this watch: `ops show {id}`, or watch again with a longer --timeout",
+                    match &t {
+                        Some(t) => format!("within --timeout {t}"),
+                        None => "before the server ended the stream".to_string(),
+                    },
+                    other
+                        .map(|state| format!(" (still {})", state_name(state)))
+                        .unwrap_or_default()
+                )
             }
         }
-        Ok(())
     }
 
     /// Prints one operation the way the output format asks.
@@ -303,7 +388,7 @@ impl Ops {
 
 pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
     let ops = Ops {
-        client: Client::connect(&args.client.connect_options()?)?,
+        client: Client::connect_within(&args.client.connect_options()?, CONNECT_WITHIN).await?,
         server: args.client.server.clone(),
         json: args.output == Output::Json,
         timeout: args.timeout,

@@ -13,10 +13,10 @@ fn time(t: &Option<prost_types::Timestamp>) -> Option<DateTime<Utc>> {
     })
 }
 
-/// For people: `2026-11-30 09:56:43.952` (UTC), or `-`.
+/// For people: `2026-11-30 09:56:43.952Z` (UTC, and it says so), or `-`.
 pub fn ts(t: &Option<prost_types::Timestamp>) -> String {
     time(t)
-        .map(|d| d.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
+        .map(|d| d.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string())
         .unwrap_or_else(|| "-".into())
 }
 
@@ -257,6 +257,7 @@ pub fn list_table(ops: &[pb::Operation]) -> comfy_table::Table {
         "STATE",
         "RESOLUTION",
         "TRY",
+        "SERVER",
         "VOLUME",
         "CALLER",
         "CREATED",
@@ -279,6 +280,7 @@ pub fn list_table(ops: &[pb::Operation]) -> comfy_table::Table {
             state_name(op.state),
             resolution_name(op.resolution),
             op.attempts.to_string(),
+            op.server_id.clone(),
             op.volume_id.clone(),
             caller.to_string(),
             ts(&op.created_at),
@@ -330,6 +332,6 @@ mod tests {
         });
         assert_eq!(ts_json(&t), serde_json::json!("2025-11-30T09:56:43.952Z"));
         assert_eq!(ts_json(&None), serde_json::Value::Null);
-        assert_eq!(ts(&t), "2025-11-30 09:56:43.952");
+        assert_eq!(ts(&t), "2025-11-30 09:56:43.952Z");
     }
 }

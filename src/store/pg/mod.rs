@@ -42,7 +42,9 @@ use super::{
 };
 use crate::domain::{NewEvent, Operation, OperationEvent, State, event};
 
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/pg");
+/// The embedded migrations of `migrations/pg` (src/store/migrations.rs).
+pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(|| super::migrations::migrator(super::migrations::PG));
 
 column!(Postgres, Id, Uuid, |v| Ok(Id(v)));
 column!(Postgres, Time, DateTime<Utc>, |v| Ok(Time(v)));

@@ -43,7 +43,9 @@ use super::{
 };
 use crate::domain::{NewEvent, Operation, OperationError, OperationEvent, State, event};
 
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+/// The embedded migrations of `migrations/sqlite` (src/store/migrations.rs).
+pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(|| super::migrations::migrator(super::migrations::SQLITE));
 
 column!(Sqlite, Id, String, |s: String| Uuid::parse_str(&s)
     .map(Id)

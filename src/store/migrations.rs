@@ -1,0 +1,58 @@
+//! The SQL migrations of both stores, embedded at build time (build.rs
+//! writes the list from `migrations/pg` and `migrations/sqlite`; a new file
+//! there is picked up by the next build), and the sqlx `Migrator` of each.
+//! sqlx's `migrate!` does the same, but needs its `macros` feature, which
+//! builds SQLite and both drivers a second time for the host. The
+//! checksums are sqlx's own (`Migration::new`), so databases migrated by
+//! either see the same history.
+
+use std::borrow::Cow;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+
+include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+
+/// A migrator of the given embedded migrations (`PG` or `SQLITE`).
+pub fn migrator(files: &'static [(i64, &'static str, &'static str)]) -> Migrator {
+    Migrator::with_migrations(
+        files
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(description),
+                    MigrationType::Simple,
+                    AssertSqlSafe(sql).into_sql_str(),
+                    // As sqlx reads a migration file: this first line opts out
+                    // of the transaction around it.
+                    sql.starts_with("-- no-transaction"),
+                )
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The embedded migrations are exactly what sqlx reads from the folders
+    /// (versions, descriptions, checksums): a file added is embedded, and a
+    /// database migrated by an earlier build (`migrate!`) keeps its history.
+    #[tokio::test]
+    async fn the_embedded_migrations_are_the_folders_as_sqlx_reads_them() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        for (files, dir) in [(PG, "migrations/pg"), (SQLITE, "migrations/sqlite")] {
+            let from_disk = Migrator::new(root.join(dir)).await.unwrap();
+            let embedded = migrator(files);
+            let view = |m: &Migrator| {
+                m.iter()
+                    .map(|m| (m.version, m.description.to_string(), m.checksum.to_vec()))
+                    .collect::<Vec<_>>()
+            };
+            assert!(!files.is_empty(), "{dir}");
+            assert_eq!(view(&embedded), view(&from_disk), "{dir}");
+        }
+    }
+}
