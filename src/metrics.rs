@@ -51,9 +51,15 @@ pub struct NovaLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabels {
+pub struct DecidedLabels {
+    pub action: String,
     pub state: String,
     pub resolution: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpenLabels {
+    pub state: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -108,7 +114,14 @@ pub struct Metrics {
     pub requests_without_deadline: Counter,
     pub nova_outbound_deadline: Histogram,
     pub nova_latency: Family<NovaLabels, Histogram>,
-    pub operations: Family<StateLabels, Gauge>,
+    /// Decisions this replica committed (terminal states), counted once
+    /// each, after the commit (`Metrics::decided`: its one call site is
+    /// the executor's).
+    pub decisions: Family<DecidedLabels, Counter>,
+    /// Open operations of the whole ledger by state, read at each scrape
+    /// from the open operations' index (its cost grows with open work, not
+    /// with the ledger).
+    pub open_operations: Family<OpenLabels, Gauge>,
     /// Seconds since Nova was last asked about the oldest UNKNOWN operation
     /// (since it was recorded, if no request went out); 0 when there is none.
     /// Set at each scrape (see `startup`).
@@ -185,7 +198,8 @@ impl Metrics {
             requests_without_deadline: Counter::default(),
             nova_outbound_deadline: Histogram::new(seconds_buckets()),
             nova_latency: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
-            operations: Family::default(),
+            decisions: Family::default(),
+            open_operations: Family::default(),
             oldest_unknown_age: Gauge::default(),
             verification_backlog: Family::default(),
             responses_lost: Counter::default(),
@@ -302,9 +316,14 @@ impl Metrics {
     /// The ledger, the outcomes and the reconciler.
     fn register_ledger(&self, r: &mut Registry) {
         r.register(
-            "operations",
-            "Operations in the ledger by state and resolution (the whole ledger: every replica reports the same numbers)",
-            self.operations.clone(),
+            "decisions",
+            "Decisions this replica committed, by action, state and resolution (each replica counts its own: sum them; whole-ledger totals: volume-reconciler ops stats)",
+            self.decisions.clone(),
+        );
+        r.register(
+            "open_operations",
+            "Open operations of the ledger by state (pending, in_progress, unknown), read at scrape: every replica reports the same numbers",
+            self.open_operations.clone(),
         );
         r.register(
             "oldest_unknown_operation_age_seconds",
@@ -464,16 +483,36 @@ impl Metrics {
             .inc();
     }
 
-    /// Replaces the per-state gauges with fresh counts.
-    pub fn set_operation_counts(&self, counts: &[crate::store::StateCount]) {
-        self.operations.clear();
-        for c in counts {
-            self.operations
-                .get_or_create(&StateLabels {
-                    state: c.state.clone(),
-                    resolution: c.resolution.clone().unwrap_or_default(),
+    /// One decision committed by this replica (called once per decision,
+    /// after its commit: see `Executor::counted`).
+    pub fn decided(&self, op: &crate::domain::Operation) {
+        self.decisions
+            .get_or_create(&DecidedLabels {
+                action: op.action.as_str().to_string(),
+                state: op.state.as_str().to_string(),
+                resolution: op.resolution.map(|r| r.as_str()).unwrap_or("").to_string(),
+            })
+            .inc();
+    }
+
+    /// The open operations by state, fresh (every open state present, 0
+    /// when none).
+    pub fn set_open_operations(&self, counts: &[crate::store::StateCount]) {
+        for state in [
+            crate::domain::State::Pending,
+            crate::domain::State::InProgress,
+            crate::domain::State::Unknown,
+        ] {
+            let n = counts
+                .iter()
+                .filter(|c| c.state == state.as_str())
+                .map(|c| c.count)
+                .sum();
+            self.open_operations
+                .get_or_create(&OpenLabels {
+                    state: state.as_str().to_string(),
                 })
-                .set(c.count);
+                .set(n);
         }
     }
 

@@ -677,9 +677,9 @@ async fn readyz(State(st): State<AdminState>) -> (StatusCode, String) {
 async fn metrics_text(
     State(st): State<AdminState>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let database_ok = match st.store.operation_count_by_state().await {
+    let database_ok = match st.store.operation_open_by_state().await {
         Ok(counts) => {
-            st.metrics.set_operation_counts(&counts);
+            st.metrics.set_open_operations(&counts);
             let unknown: i64 = counts
                 .iter()
                 .filter(|c| c.state == crate::domain::State::Unknown.as_str())
@@ -704,7 +704,7 @@ async fn metrics_text(
             true
         }
         Err(e) => {
-            tracing::warn!(error = %e, "metrics: could not count operations");
+            tracing::warn!(error = %e, "metrics: could not count the open operations");
             false
         }
     };

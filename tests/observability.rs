@@ -458,10 +458,7 @@ async fn build_info_process_metrics_readiness_and_the_unknown_backlog_are_expose
     let age = m.one("volume_reconciler_oldest_unknown_operation_age_seconds");
     assert!(age < 60.0, "seconds, not milliseconds: {age}");
     assert_eq!(
-        m.sum(
-            "volume_reconciler_operations",
-            &[("state", "unknown"), ("resolution", "")]
-        ),
+        m.sum("volume_reconciler_open_operations", &[("state", "unknown")]),
         1.0
     );
     app.store

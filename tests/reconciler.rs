@@ -846,7 +846,8 @@ async fn metrics_and_health_are_exposed_after_a_scripted_run() {
             "volume_reconciler_nova_request_duration_seconds",
             "histogram",
         ),
-        ("volume_reconciler_operations", "gauge"),
+        ("volume_reconciler_decisions", "counter"),
+        ("volume_reconciler_open_operations", "gauge"),
         ("volume_reconciler_responses_lost", "counter"),
         ("volume_reconciler_responses_recovered", "counter"),
         ("volume_reconciler_reconciler_passes", "counter"),
@@ -892,7 +893,7 @@ async fn metrics_and_health_are_exposed_after_a_scripted_run() {
     );
     assert_eq!(
         sample(
-            "volume_reconciler_operations",
+            "volume_reconciler_decisions",
             "state=\"succeeded\",resolution=\"reobserved\""
         ),
         1.0

@@ -65,6 +65,7 @@ impl Executor {
             );
             match written {
                 Ok(Some(op)) => {
+                    self.counted(&op);
                     // One per operation: debug (the metrics count them).
                     tracing::debug!(operation_id = %op.id, state = op.state.as_str(),
                         resolution = op.resolution.map(|r| r.as_str()).unwrap_or(""), "operation decided");
@@ -98,6 +99,31 @@ impl Executor {
                 }
             }
         }
+    }
+
+    /// Counts a decision this replica committed (`decisions_total`): the
+    /// one place it is counted, for every path that decides (an executor
+    /// run, a reconciler pass, an operator through `resolve_by_operator`).
+    pub(crate) fn counted(&self, op: &Operation) {
+        if op.state.is_terminal() {
+            self.metrics.decided(op);
+        }
+    }
+
+    /// An operator's decision, recorded and counted.
+    pub async fn resolve_by_operator(
+        &self,
+        id: uuid::Uuid,
+        state: crate::domain::State,
+        reason: &str,
+        caller: Option<&str>,
+    ) -> Result<Operation, crate::store::StoreError> {
+        let op = self
+            .store
+            .operation_resolve_by_operator(id, state, reason, &self.replica, caller)
+            .await?;
+        self.counted(&op);
+        Ok(op)
     }
 
     /// The row as it stands; `op` itself when it cannot be read (the

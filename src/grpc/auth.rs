@@ -398,7 +398,7 @@ pub fn required_role(path: &str) -> Option<Role> {
         return None;
     }
     match method {
-        "ReconcileOperation" | "ResolveOperation" => Some(Role::Operator),
+        "ReconcileOperation" | "ResolveOperation" | "GetOperationStats" => Some(Role::Operator),
         _ => Some(Role::Orchestrator),
     }
 }

@@ -77,6 +77,26 @@ pub fn operation_to_pb(op: &Operation) -> pb::Operation {
     }
 }
 
+/// The ledger's counts by state and resolution.
+pub fn stats_to_pb(counts: &[crate::store::StateCount]) -> pb::OperationStats {
+    let counts: Vec<pb::StateCount> = counts
+        .iter()
+        .map(|c| pb::StateCount {
+            state: State::parse(&c.state).map_or(pb::State::Unspecified, state_to_pb) as i32,
+            resolution: resolution_to_pb(
+                c.resolution
+                    .as_deref()
+                    .and_then(crate::domain::Resolution::parse),
+            ) as i32,
+            count: c.count,
+        })
+        .collect();
+    pb::OperationStats {
+        total: counts.iter().map(|c| c.count).sum(),
+        counts,
+    }
+}
+
 pub fn event_to_pb(e: &OperationEvent) -> pb::OperationEvent {
     pb::OperationEvent {
         at: Some(timestamp(e.at)),

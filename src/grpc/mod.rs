@@ -566,6 +566,24 @@ impl VolumeReconciler for Api {
         self.done("ListOperationEvents", result)
     }
 
+    async fn get_operation_stats(
+        &self,
+        _request: Request<pb::GetOperationStatsRequest>,
+    ) -> Result<Response<pb::OperationStats>, Status> {
+        // Only operators pass the auth layer here.
+        let result = async {
+            let counts = self
+                .exec
+                .store
+                .operation_count_by_state()
+                .await
+                .map_err(status::from_store)?;
+            Ok(convert::stats_to_pb(&counts))
+        }
+        .await;
+        self.done("GetOperationStats", result)
+    }
+
     async fn resolve_operation(
         &self,
         request: Request<pb::ResolveOperationRequest>,
@@ -584,8 +602,7 @@ impl VolumeReconciler for Api {
             scope.admits(self.exec.store.as_ref(), id).await?;
             let op = self
                 .exec
-                .store
-                .operation_resolve_by_operator(id, state, reason, &self.exec.replica, caller.as_deref())
+                .resolve_by_operator(id, state, reason, caller.as_deref())
                 .await
                 .map_err(status::from_store)?;
             tracing::info!(operation_id = %op.id, state = state.as_str(), reason, "operation resolved by an operator");

@@ -72,6 +72,11 @@ pub fn from_store(e: StoreError) -> Status {
             m.insert("existing_volume_id".into(), existing.volume_id.to_string());
             status(Reason::IdempotencyKeyReused, e.to_string(), m)
         }
+        StoreError::KeyCollision { key } => {
+            m.insert("idempotency_key".into(), key.clone());
+            m.insert("cause".into(), "key_hash_collision".into());
+            status(Reason::IdempotencyKeyReused, e.to_string(), m)
+        }
         StoreError::KeyExpired { key, pruned_at } => {
             m.insert("idempotency_key".into(), key.clone());
             m.insert(

@@ -21,6 +21,12 @@ pub enum StoreError {
         key: String,
         pruned_at: chrono::DateTime<chrono::Utc>,
     },
+    /// Another (caller, key) has the same 16-byte hash: the key cannot be
+    /// told apart in the ledger, so it is refused (never joined).
+    #[error(
+        "idempotency key {key:?} cannot be used: its hash collides with another key's; use another key"
+    )]
+    KeyCollision { key: String },
     #[error("volume {volume_id} already has an operation in flight: {operation_id}")]
     VolumeBusy { volume_id: Uuid, operation_id: Uuid },
     #[error("operation {0} not found")]

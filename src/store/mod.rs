@@ -227,6 +227,47 @@ pub struct NewOperation {
 }
 
 /// What `operation_create` found.
+impl NewOperation {
+    /// The row this intent is once written, given what the database set
+    /// (`INTENDED_COLUMNS`): an intent returns only that.
+    pub(crate) fn recorded_as(
+        &self,
+        created_at: DateTime<Utc>,
+        deadline_at: DateTime<Utc>,
+        last_request_at: Option<DateTime<Utc>>,
+        lease_expires_at: Option<DateTime<Utc>>,
+    ) -> Operation {
+        Operation {
+            id: self.id,
+            idempotency_key: self.idempotency_key.clone(),
+            action: self.action,
+            state: self.state,
+            resolution: None,
+            server_id: self.server_id,
+            volume_id: self.volume_id,
+            params: self.params.clone(),
+            attachment: None,
+            attempts: self.attempts,
+            last_error: None,
+            deadline_at,
+            last_request_at,
+            created_at,
+            updated_at: created_at,
+            completed_at: None,
+            lease_owner: Some(self.lease_owner.clone()),
+            lease_expires_at,
+            lease_epoch: 1,
+            caller: self.caller.clone(),
+            drifted: false,
+            passes: 0,
+            escalated_at: None,
+            escalation: None,
+            verify_expect: None,
+            trace: self.trace.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum CreateOutcome {
     /// A new row: this caller owns the work.
@@ -266,9 +307,48 @@ pub struct Transition {
     pub escalation: Option<String>,
     pub replica: String,
     pub events: Vec<NewEvent>,
+    /// The row as its writer last read or wrote it: the decided row is
+    /// this with the transition applied and what the database set (a
+    /// decision returns only that).
+    pub base: Box<Operation>,
 }
 
 impl Transition {
+    /// The row after this transition, given what the database set
+    /// (`DECIDED_COLUMNS`); `base` for the rest.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn applied(
+        &self,
+        attempts: i32,
+        last_request_at: Option<DateTime<Utc>>,
+        updated_at: DateTime<Utc>,
+        completed_at: Option<DateTime<Utc>>,
+        lease_owner: Option<String>,
+        lease_expires_at: Option<DateTime<Utc>>,
+        escalated_at: Option<DateTime<Utc>>,
+    ) -> Operation {
+        let mut op = (*self.base).clone();
+        op.state = self.state;
+        op.resolution = self.resolution;
+        if self.attachment.is_some() {
+            op.attachment = self.attachment.clone();
+        }
+        op.attempts = attempts;
+        if let Some(e) = &self.last_error {
+            op.last_error = e.clone();
+        }
+        op.last_request_at = last_request_at;
+        op.updated_at = updated_at;
+        op.completed_at = completed_at;
+        op.lease_owner = lease_owner;
+        op.lease_expires_at = lease_expires_at;
+        op.verify_expect = self.verify_expect;
+        op.escalated_at = escalated_at;
+        if self.escalation.is_some() {
+            op.escalation = self.escalation.clone();
+        }
+        op
+    }
     pub fn new(op: &Operation, state: State, replica: &str) -> Self {
         Self {
             id: op.id,
@@ -286,6 +366,7 @@ impl Transition {
             escalation: None,
             replica: replica.to_string(),
             events: Vec::new(),
+            base: Box::new(op.clone()),
         }
     }
 }
@@ -542,7 +623,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Operations by state and resolution, kept as they change (never a
     /// scan of the ledger: /metrics asks at every scrape).
+    /// Every operation of the ledger by state and resolution: one pass over
+    /// the whole table, on demand (`ops stats`), never at scrape.
     async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError>;
+
+    /// The open operations by state (the gauge read at scrape): through
+    /// the open operations' index, its cost grows with open work only.
+    async fn operation_open_by_state(&self) -> Result<Vec<StateCount>, StoreError>;
 
     /// When Nova was last asked about the oldest UNKNOWN operation (when it
     /// was recorded, if it never was); `None` when none is UNKNOWN. Reads

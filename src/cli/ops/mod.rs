@@ -129,6 +129,9 @@ pub enum OpsCommand {
     /// Follow an operation until it is decided (or `--timeout` passes:
     /// then exit 1), a line per change of state.
     Watch { id: String },
+    /// Every operation of the ledger by state and resolution (one pass over
+    /// the whole ledger: on demand, for operators).
+    Stats,
     /// Decide an operation by hand (audited).
     Resolve {
         id: String,
@@ -366,6 +369,52 @@ impl Ops {
         self.print_one(&op)
     }
 
+    async fn stats(&self) -> anyhow::Result<()> {
+        let stats = self
+            .client
+            .raw()
+            .get_operation_stats(self.req(pb::GetOperationStatsRequest {}))
+            .await
+            .map_err(|e| self.fail(e))?
+            .into_inner();
+        let name = |state: i32, resolution: i32| {
+            let state = pb::State::try_from(state).map_or("?".to_string(), |s| {
+                s.as_str_name().trim_start_matches("STATE_").to_lowercase()
+            });
+            let resolution = pb::Resolution::try_from(resolution)
+                .ok()
+                .filter(|r| *r != pb::Resolution::Unspecified)
+                .map(|r| {
+                    r.as_str_name()
+                        .trim_start_matches("RESOLUTION_")
+                        .to_lowercase()
+                });
+            (state, resolution)
+        };
+        if self.json {
+            let counts: Vec<serde_json::Value> = stats
+                .counts
+                .iter()
+                .map(|c| {
+                    let (state, resolution) = name(c.state, c.resolution);
+                    serde_json::json!({"state": state, "resolution": resolution, "count": c.count})
+                })
+                .collect();
+            return print_json(&serde_json::json!({"counts": counts, "total": stats.total}));
+        }
+        println!("{:<12} {:<11} {:>12}", "STATE", "RESOLUTION", "OPERATIONS");
+        for c in &stats.counts {
+            let (state, resolution) = name(c.state, c.resolution);
+            println!(
+                "{state:<12} {:<11} {:>12}",
+                resolution.as_deref().unwrap_or("-"),
+                c.count
+            );
+        }
+        println!("{:<12} {:<11} {:>12}", "total", "", stats.total);
+        Ok(())
+    }
+
     async fn resolve(&self, id: String, state: Verdict, reason: String) -> anyhow::Result<()> {
         let state = match state {
             Verdict::Succeeded => pb::State::Succeeded,
@@ -399,5 +448,6 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
         OpsCommand::Watch { id } => ops.watch(id).await,
         OpsCommand::Reconcile { id } => ops.reconcile(id).await,
         OpsCommand::Resolve { id, state, reason } => ops.resolve(id, state, reason).await,
+        OpsCommand::Stats => ops.stats().await,
     }
 }

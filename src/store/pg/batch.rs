@@ -421,20 +421,75 @@ async fn batch_on(
     }
 }
 
-/// The rows a statement returned, by id.
-fn by_id(rows: &[sqlx::postgres::PgRow]) -> HashMap<Uuid, Written> {
+/// The intents a statement inserted, by id, as rows (what the database
+/// set, the rest from the intent).
+fn inserted(
+    news: &[&NewOperation],
+    rows: &[sqlx::postgres::PgRow],
+) -> Result<HashMap<Uuid, Written>, StoreError> {
+    use sqlx::Row as _;
+    const WHAT: &str = "reading what an intent's write set";
+    let by_id: HashMap<Uuid, &&NewOperation> = news.iter().map(|n| (n.id, n)).collect();
     let mut out = HashMap::with_capacity(rows.len());
     for row in rows {
-        match rows::operation(row) {
-            Ok(op) => {
-                out.insert(op.id, Ok(Some(op)));
-            }
-            // Its write committed; its caller, answered `None`, re-reads
-            // the row and meets the same error there.
-            Err(e) => tracing::error!(error = %e, "a row the ledger just wrote is unreadable"),
-        }
+        let id: Uuid = row.try_get("id").map_err(StoreError::db(WHAT))?;
+        let Some(n) = by_id.get(&id) else { continue };
+        let op = n.recorded_as(
+            row.try_get("created_at").map_err(StoreError::db(WHAT))?,
+            row.try_get("deadline_at").map_err(StoreError::db(WHAT))?,
+            row.try_get("last_request_at")
+                .map_err(StoreError::db(WHAT))?,
+            row.try_get("lease_expires_at")
+                .map_err(StoreError::db(WHAT))?,
+        );
+        out.insert(id, Ok(Some(op)));
     }
-    out
+    Ok(out)
+}
+
+/// The decisions a statement wrote, by id, as rows (what the database
+/// set, the rest from the transition's base).
+fn decided(
+    ts: &[&Transition],
+    rows: &[sqlx::postgres::PgRow],
+) -> Result<HashMap<Uuid, Written>, StoreError> {
+    use sqlx::Row as _;
+    const WHAT: &str = "reading what a decision's write set";
+    let by_id: HashMap<Uuid, &&Transition> = ts.iter().map(|t| (t.id, t)).collect();
+    let mut out = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let id: Uuid = row.try_get("id").map_err(StoreError::db(WHAT))?;
+        let Some(t) = by_id.get(&id) else { continue };
+        let op = t.applied(
+            row.try_get("attempts").map_err(StoreError::db(WHAT))?,
+            row.try_get("last_request_at")
+                .map_err(StoreError::db(WHAT))?,
+            row.try_get("updated_at").map_err(StoreError::db(WHAT))?,
+            row.try_get("completed_at").map_err(StoreError::db(WHAT))?,
+            row.try_get("lease_owner").map_err(StoreError::db(WHAT))?,
+            row.try_get("lease_expires_at")
+                .map_err(StoreError::db(WHAT))?,
+            row.try_get("escalated_at").map_err(StoreError::db(WHAT))?,
+        );
+        out.insert(id, Ok(Some(op)));
+    }
+    Ok(out)
+}
+
+/// A decision that returned no row: fenced (`None`), or a re-run of one
+/// that committed (the row it left). Read on this cold path only.
+async fn decided_again(conn: &mut PgConnection, t: &Transition) -> Written {
+    let row = sqlx::query(sqlx::AssertSqlSafe(statements::decided_again_sql()))
+        .bind(t.id)
+        .bind(t.write_id)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(StoreError::db("reading a decision back"))?;
+    let Some(row) = row else { return Ok(None) };
+    let mine: Option<bool> =
+        sqlx::Row::try_get(&row, "mine").map_err(StoreError::db("reading a decision back"))?;
+    let op = rows::operation(&row)?;
+    Ok((mine == Some(true) && op.lease_epoch == t.lease_epoch).then_some(op))
 }
 
 async fn run_statements(
@@ -444,7 +499,8 @@ async fn run_statements(
 ) -> Result<Vec<Written>, StoreError> {
     let mut created = HashMap::new();
     if !split.creates.is_empty() {
-        created = by_id(&statements::creates(&split.creates).run(conn).await?);
+        let rows = statements::creates(&split.creates).run(conn).await?;
+        created = inserted(&split.creates, &rows)?;
     }
     // The operations the appends found (and held while logging).
     let mut held = HashSet::new();
@@ -484,9 +540,14 @@ async fn run_transitions(
         let (round, rest): (Indexed, Indexed) =
             pending.into_iter().partition(|(_, t)| seen.insert(t.id));
         let ts: Vec<&Transition> = round.iter().map(|(_, t)| *t).collect();
-        let mut updated = by_id(&statements::transitions(&ts).run(conn).await?);
+        let rows = statements::transitions(&ts).run(conn).await?;
+        let mut updated = decided(&ts, &rows)?;
         for (i, t) in round {
-            results.push((i, updated.remove(&t.id).unwrap_or(Ok(None))));
+            let written = match updated.remove(&t.id) {
+                Some(w) => w,
+                None => decided_again(conn, t).await,
+            };
+            results.push((i, written));
         }
         pending = rest;
     }

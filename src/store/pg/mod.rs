@@ -52,9 +52,39 @@ column!(Postgres, Json, serde_json::Value, |v| Ok(Json::Value(v)));
 
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
-/// The advisory lock the folds of the state counts take turns on (any
-/// number unique to this schema: "vrcounts" in ASCII).
-const COUNTS_FOLD_LOCK: i64 = 0x7672_636f_756e_7473;
+/// The operation a caller's key names (`$1` its hash, `$2` the caller or
+/// '', `$3` the key), by `operations_key`; the caller and key compared too
+/// (a hash collision names nothing).
+static BY_KEY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {COLUMNS} FROM operations
+         WHERE key_hash = $1 AND COALESCE(caller, '') = $2 AND idempotency_key = $3"
+    )
+});
+
+/// What stands in the way of a new intent (`$1` its key's hash, `$2` its
+/// volume): the operation with that hash (`by_key`; `rows::not_inserted`
+/// compares caller and key), else the open operation of its volume (at most
+/// one, by `operations_open`).
+static CONFLICT_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {COLUMNS}, (key_hash = $1) AS by_key FROM operations
+         WHERE key_hash = $1 OR (volume_id = $2 AND {OPEN})
+         ORDER BY by_key DESC LIMIT 1"
+    )
+});
+
+/// How long `ops stats`' pass over the whole ledger may take.
+const STATS_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The open operations by state, by an index-only scan of
+/// `operations_open` (it holds the state).
+static OPEN_BY_STATE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT state, NULL::text AS resolution, count(*)::int8 AS n FROM operations
+         WHERE {OPEN} GROUP BY state ORDER BY state"
+    )
+});
 
 /// Appending events has no caller's deadline (background work); a write
 /// that waits this long for the group commit is given up and reported.
@@ -245,20 +275,18 @@ impl PgStore {
         &self,
         new: &NewOperation,
     ) -> Result<Option<Result<CreateOutcome, StoreError>>, StoreError> {
-        let (key, volume, caller) = (
-            new.idempotency_key.clone(),
+        let (hash, volume) = (
+            Uuid::from_bytes(rows::key_hash(new.caller.as_deref(), &new.idempotency_key)),
             new.volume_id,
-            new.caller.clone().unwrap_or_default(),
         );
         let found = self
             .read(
                 RoundTrip::Read,
                 "looking up why an intent was not recorded",
                 move |c| {
-                    let q = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
-                        .bind(key.clone())
-                        .bind(volume)
-                        .bind(caller.clone());
+                    let q = sqlx::query(sqlx::AssertSqlSafe(CONFLICT_SQL.as_str()))
+                        .bind(hash)
+                        .bind(volume);
                     Box::pin(q.fetch_optional(c))
                 },
             )
@@ -413,23 +441,26 @@ pub fn verification_statement() -> String {
 /// the claimed rows. A claim that takes over a lease somebody held (its
 /// holder stopped renewing it: dead, or cut off) is logged; a routine pass
 /// over a released operation is not (its log would grow at every pass).
+/// Lease expiries count from the moment of the claim (`clock_timestamp()`).
 fn claim_sql(target: &str, also: &str) -> String {
     format!(
         "WITH target AS ({target}), claimed AS (
             UPDATE operations o SET
                 lease_owner = $1,
-                lease_expires_at = now() + $2 * interval '1 millisecond',
+                lease_expires_at = clock_timestamp() + $2 * interval '1 millisecond',
                 lease_epoch = o.lease_epoch + 1,
                 passes = o.passes + 1,
                 updated_at = now()
             FROM target WHERE o.id = target.id {also}
             RETURNING o.*, target.prev_owner
          ), ev AS (
-            INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
-            SELECT claimed.id, '{claimed}',
-                   'taken over from ' || claimed.prev_owner || ', whose lease expired',
-                   jsonb_build_object('lease_epoch', claimed.lease_epoch::text,
-                                      'previous_holder', claimed.prev_owner), $1
+            INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+            SELECT claimed.id, gen_random_uuid(), clock_timestamp(), $1, jsonb_build_array(jsonb_build_object(
+                   'kind', '{claimed}',
+                   'detail', 'taken over from ' || claimed.prev_owner || ', whose lease expired',
+                   'metadata', jsonb_build_object('lease_epoch', claimed.lease_epoch::text,
+                                                  'previous_holder', claimed.prev_owner),
+                   'ago_ms', 0))
             FROM claimed WHERE claimed.prev_owner IS NOT NULL
          )
          SELECT {COLUMNS} FROM claimed",
@@ -454,9 +485,11 @@ fn resolve_sql() -> String {
             -- open = completed_at IS NULL, not a state test: see TRANSITION_MANY
             RETURNING *
          ), ev AS (
-            INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
-            SELECT upd.id, '{kind}', $3,
-                   jsonb_build_object('state', $2::text, 'caller', COALESCE($5, '')), $4
+            INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+            SELECT upd.id, gen_random_uuid(), clock_timestamp(), $4, jsonb_build_array(jsonb_build_object(
+                   'kind', '{kind}', 'detail', $3::text,
+                   'metadata', jsonb_build_object('state', $2::text, 'caller', COALESCE($5, '')),
+                   'ago_ms', 0))
             FROM upd
          )
          SELECT {COLUMNS}, pg_notify('{NOTIFY_CHANNEL}', id::text) FROM upd",
@@ -464,19 +497,9 @@ fn resolve_sql() -> String {
     )
 }
 
+/// One write's events as its log row holds them.
 fn events_json(events: &[NewEvent]) -> serde_json::Value {
-    serde_json::Value::Array(
-        events
-            .iter()
-            .map(|e| {
-                serde_json::json!({
-                    "kind": e.kind,
-                    "detail": e.detail,
-                    "metadata": e.metadata_json(),
-                })
-            })
-            .collect(),
-    )
+    statements::log_events(events).unwrap_or(serde_json::Value::Array(Vec::new()))
 }
 
 #[async_trait]
@@ -536,8 +559,10 @@ impl Store for PgStore {
         key: &str,
     ) -> Result<Option<Operation>, StoreError> {
         let (caller, key) = (caller.unwrap_or("").to_string(), key.to_string());
+        let hash = Uuid::from_bytes(rows::key_hash(Some(&caller), &key));
         let q = move || {
-            sqlx::query(sqlx::AssertSqlSafe(rows::by_key_sql()))
+            sqlx::query(sqlx::AssertSqlSafe(BY_KEY_SQL.as_str()))
+                .bind(hash)
                 .bind(caller.clone())
                 .bind(key.clone())
         };
@@ -570,7 +595,7 @@ impl Store for PgStore {
     async fn operation_events(&self, id: Uuid) -> Result<Vec<OperationEvent>, StoreError> {
         let rows = self
             .read(RoundTrip::Read, "reading the reconcile log", move |c| {
-                Box::pin(sqlx::query(rows::EVENTS).bind(id).fetch_all(c))
+                Box::pin(sqlx::query(statements::LOG).bind(id).fetch_all(c))
             })
             .await?;
         rows::events(id, &rows)
@@ -854,8 +879,11 @@ impl Store for PgStore {
                               AND NOT (id = ANY($2))
                             RETURNING id
                          )
-                         INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
-                         SELECT rel.id, 'handed_over', 'replica shut down; lease released for another reconciler', '{}'::jsonb, $1
+                         INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+                         SELECT rel.id, gen_random_uuid(), clock_timestamp(), $1, jsonb_build_array(jsonb_build_object(
+                                'kind', 'handed_over',
+                                'detail', 'replica shut down; lease released for another reconciler',
+                                'metadata', '{}'::jsonb, 'ago_ms', 0))
                          FROM rel",
                     )
                     .bind(replica.clone())
@@ -867,9 +895,50 @@ impl Store for PgStore {
     }
 
     async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
+        const WHAT: &str = "counting the ledger's operations";
+        // A pass over the whole table: on a connection of its own with a
+        // bound of its own (`STATS_TIMEOUT`, on both ends), never the
+        // sessions' round-trip bound.
+        let until = Instant::now() + STATS_TIMEOUT;
+        let conns = Conns::new(
+            "stats",
+            self.options.clone(),
+            0,
+            None,
+            Bounds {
+                round_trip: STATS_TIMEOUT,
+                connect: self.reads.bounds().connect,
+            },
+            self.observer.clone(),
+        );
+        let mut conn = conns.open(until).await?;
+        let rows = conns
+            .bounded(RoundTrip::Scrape, WHAT, until, async {
+                use sqlx::Connection as _;
+                let mut tx = conn.begin().await?;
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SET LOCAL statement_timeout = {}",
+                    STATS_TIMEOUT.as_millis()
+                )))
+                .execute(&mut *tx)
+                .await?;
+                let rows = sqlx::query(
+                    "SELECT state, resolution, count(*)::int8 AS n FROM operations
+                     GROUP BY state, resolution ORDER BY state, resolution",
+                )
+                .fetch_all(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(rows)
+            })
+            .await?;
+        rows::counts(&rows)
+    }
+
+    async fn operation_open_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
         let rows = self
-            .read(RoundTrip::Scrape, "counting operations", |c| {
-                Box::pin(fold_counts(c))
+            .read(RoundTrip::Scrape, "counting the open operations", |c| {
+                Box::pin(sqlx::query(sqlx::AssertSqlSafe(OPEN_BY_STATE.as_str())).fetch_all(c))
             })
             .await?;
         rows::counts(&rows)
@@ -974,14 +1043,14 @@ impl Store for PgStore {
     }
 
     async fn retention_oldest_decided(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        // The oldest of each index of decision time.
+        // The first entry of `operations_decided`.
         self.read(RoundTrip::Scrape, "reading the oldest decision", |c| {
-            Box::pin(sqlx::query_scalar(
-                "SELECT least(
-                    (SELECT min(completed_at) FROM operations WHERE verify_expect IS NOT NULL AND completed_at IS NOT NULL),
-                    (SELECT min(completed_at) FROM operations WHERE verify_expect IS NULL AND completed_at IS NOT NULL))",
+            Box::pin(
+                sqlx::query_scalar(
+                    "SELECT min(completed_at) FROM operations WHERE completed_at IS NOT NULL",
+                )
+                .fetch_one(c),
             )
-            .fetch_one(c))
         })
         .await
     }
@@ -1096,9 +1165,8 @@ async fn mark_drift(
         return Ok(false);
     }
     sqlx::query(
-        "INSERT INTO operation_events (operation_id, kind, detail, metadata, replica)
-         SELECT $1, e.kind, e.detail, e.metadata, $2
-         FROM jsonb_to_recordset($3::jsonb) AS e(kind text, detail text, metadata jsonb)",
+        "INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+         VALUES ($1, gen_random_uuid(), clock_timestamp(), $2, $3::jsonb)",
     )
     .bind(id)
     .bind(replica)
@@ -1112,37 +1180,4 @@ async fn mark_drift(
         .await?;
     tx.commit().await?;
     Ok(true)
-}
-
-/// Sums the deltas the triggers left (see the migration
-/// 20261203000001_lean_ledger) and folds them into one row per pair, so a
-/// scrape reads as many rows as changes happened since the last one. Folds
-/// of two replicas take turns: a fold that ran beside another would miss
-/// the rows that one deleted and re-inserted. The lock is taken before the
-/// fold's statement, whose snapshot then sees the other's.
-async fn fold_counts(c: &mut PgConnection) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
-    use sqlx::Connection as _;
-    let mut tx = c.begin().await?;
-    // A fold only rearranges committed deltas, atomically: lost in a
-    // crash, the deltas are still there. So the scrape does not wait for
-    // its WAL flush (measured: 3 to 15 ms of a loaded disk's fsync, for a
-    // fold that takes 0.5 ms).
-    sqlx::query("SET LOCAL synchronous_commit = off")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(COUNTS_FOLD_LOCK)
-        .execute(&mut *tx)
-        .await?;
-    let rows = sqlx::query(
-        "WITH d AS (DELETE FROM operation_counts RETURNING state, resolution, n),
-              s AS (SELECT state, resolution, sum(n)::int8 AS n FROM d
-                    GROUP BY state, resolution HAVING sum(n) <> 0),
-              i AS (INSERT INTO operation_counts (state, resolution, n) SELECT * FROM s)
-         SELECT state, resolution, n FROM s ORDER BY state, resolution",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(rows)
 }

@@ -36,20 +36,16 @@ const LOCK_KEY: i64 = 0x7672_3a72_6574_6e74;
 const HORIZON_POLL: Duration = Duration::from_millis(20);
 
 /// Marks up to `$2` decided operations older than the cutoff (`now()`
-/// minus `$1` ms), oldest first, by the two indexes of decision time: a
-/// tombstone per key (committed by this statement); their ids back.
+/// minus `$1` ms), oldest first, by the index of decision time
+/// (`operations_decided`): a tombstone per key (committed by this
+/// statement); their ids back.
 const MARK: &str = "WITH victims AS (
-        (SELECT id, caller, idempotency_key, completed_at FROM operations
-         WHERE verify_expect IS NOT NULL AND completed_at < now() - $1 * interval '1 millisecond'
-         ORDER BY completed_at LIMIT $2)
-        UNION ALL
-        (SELECT id, caller, idempotency_key, completed_at FROM operations
-         WHERE verify_expect IS NULL AND completed_at < now() - $1 * interval '1 millisecond'
-         ORDER BY completed_at LIMIT $2)
-        LIMIT $2
+        SELECT id, key_hash, completed_at FROM operations
+        WHERE completed_at IS NOT NULL AND completed_at < now() - $1 * interval '1 millisecond'
+        ORDER BY completed_at LIMIT $2
      ), marked AS (
         INSERT INTO idempotency_tombstones (key_hash, decided_at, pruned_at)
-        SELECT volume_reconciler_key_hash(caller, idempotency_key), completed_at, now() FROM victims
+        SELECT key_hash, completed_at, now() FROM victims
         ON CONFLICT (key_hash) DO NOTHING
         RETURNING 1
      )
@@ -75,7 +71,10 @@ const DELETE_OPERATIONS: &str =
 /// it also finds an event appended while the operations were being
 /// deleted (an append holds its operation FOR KEY SHARE, so the delete
 /// waited for it to commit). No event outlives its operation.
-const DELETE_EVENTS: &str = "DELETE FROM operation_events WHERE operation_id = ANY($1)";
+const DELETE_EVENTS: &str =
+    "WITH old AS (DELETE FROM operation_events WHERE operation_id = ANY($1) RETURNING 1),
+          new AS (DELETE FROM operation_log WHERE operation_id = ANY($1) RETURNING 1)
+     SELECT (SELECT count(*) FROM old) + (SELECT count(*) FROM new)";
 
 /// Deletes up to `$2` tombstones of keys decided before `now()` minus `$1` ms.
 const EXPIRE: &str = "WITH gone AS (
@@ -222,12 +221,12 @@ impl PruneRound for PgRound {
                     .bind(&ids)
                     .fetch_all(&mut *tx)
                     .await?;
-                let events = sqlx::query(DELETE_EVENTS)
+                let events: i64 = sqlx::query_scalar(DELETE_EVENTS)
                     .bind(&deleted)
-                    .execute(&mut *tx)
+                    .fetch_one(&mut *tx)
                     .await?;
                 tx.commit().await?;
-                Ok((deleted.len() as u64, events.rows_affected()))
+                Ok((deleted.len() as u64, events as u64))
             })
             .await?;
         counts.operations = deleted;

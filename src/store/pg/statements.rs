@@ -30,41 +30,25 @@ pub(in crate::store) struct Append {
     pub events: Vec<NewEvent>,
 }
 
-/// Inserts a batch's events, given as parallel arrays from parameter
-/// `$first` on (operation, kind, detail, metadata, replica, write, how
-/// many milliseconds before now it happened), in their order, as far as
-/// `filter` (a join or a condition on `e`) lets them. Their time is the
-/// database's clock (never a replica's).
-fn insert_events(first: usize, filter: &str) -> String {
-    let [op, kind, detail, metadata, replica, write, ago] =
-        [0, 1, 2, 3, 4, 5, 6].map(|i| first + i);
-    format!(
-        "INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica, write_id)
-        SELECT e.operation_id, clock_timestamp() - e.ago * interval '1 millisecond', e.kind, e.detail,
-               e.metadata, e.replica, e.write_id
-        FROM unnest(${op}::uuid[], ${kind}::text[], ${detail}::text[], ${metadata}::jsonb[], ${replica}::text[],
-                    ${write}::uuid[], ${ago}::float8[])
-             WITH ORDINALITY AS e(operation_id, kind, detail, metadata, replica, write_id, ago, ord)
-        {filter}
-        ORDER BY e.ord"
-    )
-}
-
 /// Intent rows of a batch, inserted by one statement (`CREATE_ONE`: the
-/// same for a batch of one, see `rows_from`); a row that hits a
-/// unique constraint (key replayed, volume busy, or its own id: a re-run
-/// whose first run committed) or a pruned key's tombstone (refused, never
-/// run again) is skipped with its events and reported as `None` (its
-/// caller looks up why). The key's hash (`$16`) is computed by the service,
-/// the same bytes as `volume_reconciler_key_hash` in SQL, to spare the
-/// database a SHA-256 per intent. Events keep their order. Not notified:
-/// nobody can be waiting on an operation whose id has not been handed out
-/// yet (watchers and replays look for decisions, which are).
+/// same for a batch of one, see `rows_from`); a row that hits a unique
+/// constraint (key replayed, volume busy, or its own id: a re-run whose
+/// first run committed) or a pruned key's tombstone (refused, never run
+/// again) is skipped and reported as `None` (its caller looks up why).
+///
+/// The intent writes no log row: its `recorded` event lives in the row
+/// (`intent`, with what the columns do not say), and only events beyond it
+/// (Cinder's word before sending) get a log row, under the operation's id
+/// as its write id. The key's hash (`$16`) is computed by the service for
+/// the tombstone probe; the row's own (`key_hash`, the per-caller key's
+/// uniqueness) by the database, the same bytes. Returns what the database
+/// assigned: the caller has the rest. Not notified: nobody can be waiting
+/// on an operation whose id has not been handed out yet.
 static CREATE_MANY: LazyLock<String> = LazyLock::new(|| create_sql(false));
 static CREATE_ONE: LazyLock<String> = LazyLock::new(|| create_sql(true));
 
 /// An intent row's parameters, in order: name and type.
-const INTENT_COLUMNS: [(&str, &str); 16] = [
+const INTENT_COLUMNS: [(&str, &str); 18] = [
     ("id", "uuid"),
     ("key", "text"),
     ("fp", "text"),
@@ -81,10 +65,12 @@ const INTENT_COLUMNS: [(&str, &str); 16] = [
     ("trace_parent", "text"),
     ("trace_state", "text"),
     ("key_hash", "uuid"),
+    ("intent", "jsonb"),
+    ("events", "jsonb"),
 ];
 
 /// A decision row's parameters, in order: name and type.
-const DECISION_COLUMNS: [(&str, &str); 14] = [
+const DECISION_COLUMNS: [(&str, &str); 16] = [
     ("id", "uuid"),
     ("epoch", "int8"),
     ("state", "text"),
@@ -99,10 +85,18 @@ const DECISION_COLUMNS: [(&str, &str); 14] = [
     ("verify_expect", "bool"),
     ("write_id", "uuid"),
     ("escalation", "text"),
+    ("replica", "text"),
+    ("events", "jsonb"),
 ];
 
-/// An event's parameters (always arrays: a write logs several), in order.
-const EVENT_TYPES: [&str; 7] = ["uuid", "text", "text", "jsonb", "text", "uuid", "float8"];
+/// What a decision returns: the columns the database sets (the caller has
+/// the rest of the row).
+pub(super) const DECIDED_COLUMNS: &str = "o.id, o.attempts, o.last_request_at, o.updated_at, \
+    o.completed_at, o.lease_owner, o.lease_expires_at, o.escalated_at";
+
+/// What an intent returns: the columns the database sets.
+pub(super) const INTENDED_COLUMNS: &str =
+    "id, created_at, deadline_at, last_request_at, lease_expires_at";
 
 /// Where a statement's rows come from, as `u`: unnested from one array
 /// parameter per column (`$1`…), or, for a batch of one (`one`), a single
@@ -133,84 +127,90 @@ fn rows_from(columns: &[(&str, &str)], one: bool) -> String {
 }
 
 /// The parameter types of a statement over `columns` (one row or arrays),
-/// then its events', as `PREPARE` takes them.
+/// as `PREPARE` takes them.
 fn parameter_types(columns: &[(&str, &str)], one: bool) -> String {
     columns
         .iter()
         .map(|(_, t)| if one { t.to_string() } else { format!("{t}[]") })
-        .chain(EVENT_TYPES.iter().map(|t| format!("{t}[]")))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 fn create_sql(one: bool) -> String {
     format!(
-        "WITH ins AS (
+        "WITH u AS {inline}(SELECT * FROM {rows}),
+     ins AS (
         INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller,
-            trace_parent, trace_state)
+            trace_parent, trace_state, intent)
         SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
             now() + u.deadline_ms * interval '1 millisecond', CASE WHEN u.attempts > 0 THEN now() END,
             u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller, u.trace_parent,
-            u.trace_state
-        FROM {rows}
+            u.trace_state, u.intent
+        FROM u
         WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t WHERE t.key_hash = u.key_hash)
         ON CONFLICT DO NOTHING
-        RETURNING *
-     ), ev AS (
-        {events}
+        RETURNING {INTENDED_COLUMNS}
+     ), lg AS (
+        INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+        SELECT u.id, u.id, clock_timestamp(), u.lease_owner, u.events
+        FROM u JOIN ins ON ins.id = u.id
+        WHERE u.events IS NOT NULL
      )
-     SELECT {COLUMNS} FROM ins",
+     SELECT {INTENDED_COLUMNS} FROM ins",
+        // One row: inlined, so both uses read the plain parameters (a CTE
+        // used twice is otherwise materialized).
+        inline = if one { "NOT MATERIALIZED " } else { "" },
         rows = rows_from(&INTENT_COLUMNS, one),
-        events = insert_events(INTENT_COLUMNS.len() + 1, "JOIN ins ON ins.id = e.operation_id"),
     )
 }
 
-/// Events appended to existing operations, by one statement; the events of
-/// a write already logged (a re-run whose first run committed) are not
-/// logged again. Each operation is held (FOR KEY SHARE) while its events
-/// go in, and one that is gone (pruned) gets none: no event outlives its
-/// operation (the table has no foreign key, see the migration
-/// `events_without_foreign_key`). Returns the ids of the operations held;
-/// an append whose operation is not among them is refused.
+/// Log rows appended to existing operations (verifications), by one
+/// statement: one row per write; a write already logged (a re-run whose
+/// first run committed) is not logged again (its key). Each operation is
+/// held (FOR KEY SHARE) while its row goes in, and one that is gone
+/// (pruned) gets none: no event outlives its operation (the log has no
+/// foreign key). Returns the ids of the operations held; an append whose
+/// operation is not among them is refused.
 static APPEND_MANY: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH held AS (
-            SELECT o.id FROM operations o WHERE o.id = ANY($1::uuid[]) FOR KEY SHARE
-         ), ev AS (
-            {events}
+    "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[])
+                  AS u(id, write_id, replica, events)),
+          held AS (
+            SELECT o.id FROM operations o WHERE o.id IN (SELECT id FROM u) FOR KEY SHARE
+         ), lg AS (
+            INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+            SELECT u.id, u.write_id, clock_timestamp(), u.replica, u.events
+            FROM u JOIN held ON held.id = u.id
+            ON CONFLICT DO NOTHING
          )
-         SELECT id FROM held",
-        events = insert_events(
-            1,
-            "WHERE NOT EXISTS (SELECT 1 FROM operation_events x
-                               WHERE x.operation_id = e.operation_id AND x.write_id = e.write_id)
-               AND e.operation_id IN (SELECT id FROM held)",
-        )
-    )
+         SELECT id FROM held"
+        .to_string()
 });
 
-/// Decisions of a batch, by one statement, each fenced by its epoch.
+/// Decisions of a batch, by one statement, each fenced by its epoch, each
+/// with one log row of its events.
 ///
 /// "Not decided yet" is written `completed_at IS NULL` (the same thing, by
-/// the `terminal_has_completion` constraint), not as a test on `state`: the
-/// state test matches the predicate of the partial index of open
-/// operations, and a generic plan made while that set was small then scans
-/// all of it for every row of the batch (measured: 454 ms for 128 decisions
-/// with 10,000 operations open, as after a Nova outage, exactly when the
-/// reconciler must be fast). Rows are found by primary key.
+/// the `operations_decided_invariant` constraint), not as a test on
+/// `state`: the state test matches the predicate of the partial index of
+/// open operations, and a generic plan made while that set was small then
+/// scans all of it for every row of the batch (measured: 454 ms for 128
+/// decisions with 10,000 operations open, as after a Nova outage, exactly
+/// when the reconciler must be fast). Rows are found by primary key.
 ///
 /// Each decision names its write (`last_write`): run again (a re-run whose
 /// first run committed, its acknowledgement lost), it finds itself there
-/// under the same epoch (`done`), changes nothing, logs nothing, counts no
-/// attempt, notifies nobody, and returns the row as it left it.
+/// and changes nothing, logs nothing, counts no attempt, notifies nobody,
+/// and returns no row, like a fenced write: the caller reads the row
+/// (`decided_again`) and tells the two apart.
 ///
 /// It notifies (one NOTIFY for the batch) only the operations somebody
 /// registered a watch for (`operation_watches`: waiters on other replicas;
 /// the deciding replica wakes its own in-process): at one caller a NOTIFY
 /// for every decision cost ~0.1 ms of latency and ~180 µs of CPU per
 /// operation (BENCHMARKS.md "A NOTIFY only for operations somebody
-/// watches"), for waiters that are rare.
+/// watches"), for waiters that are rare. It returns only what the database
+/// set (`DECIDED_COLUMNS`): the caller has the rest of the row.
 static TRANSITION_MANY: LazyLock<String> = LazyLock::new(|| transition_sql(false));
 static TRANSITION_ONE: LazyLock<String> = LazyLock::new(|| transition_sql(true));
 
@@ -238,98 +238,95 @@ fn transition_sql(one: bool) -> String {
         FROM u
         WHERE o.id = u.id AND o.lease_epoch = u.epoch AND o.completed_at IS NULL
           AND o.last_write IS DISTINCT FROM u.write_id
-        RETURNING o.*
-     ), done AS (
-        SELECT o.* FROM operations o JOIN u ON o.id = u.id
-        WHERE o.last_write = u.write_id AND o.lease_epoch = u.epoch
-     ), ev AS (
-        {events}
+        RETURNING {DECIDED_COLUMNS}
+     ), lg AS (
+        INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+        SELECT upd.id, u.write_id, clock_timestamp(), u.replica, u.events
+        FROM upd JOIN u ON u.id = upd.id
+        WHERE u.events IS NOT NULL
      ), n AS (
         SELECT pg_notify('{NOTIFY_CHANNEL}', string_agg(upd.id::text, ',')) FROM upd
         WHERE EXISTS (SELECT 1 FROM operation_watches w
                      WHERE w.operation_id = upd.id AND w.until > now())
         HAVING count(*) > 0
      )
-     SELECT {COLUMNS} FROM upd LEFT JOIN n ON true
-     UNION ALL
-     SELECT {COLUMNS} FROM done",
+     SELECT upd.* FROM upd LEFT JOIN n ON true",
         // One row: inlined, so both uses find it by the primary key as
         // plain parameters (a CTE used twice is otherwise materialized).
         inline = if one { "NOT MATERIALIZED " } else { "" },
         rows = rows_from(&DECISION_COLUMNS, one),
-        events = insert_events(
-            DECISION_COLUMNS.len() + 1,
-            "JOIN upd ON upd.id = e.operation_id"
-        ),
     )
 }
 
+/// An operation's reconcile log, oldest first, from where PostgreSQL keeps
+/// it: its `recorded` event rendered from the row (`intent` and the
+/// columns it leaves out), then the events of operations recorded before
+/// the log became a row per write (`operation_events`), then the log rows,
+/// each expanded into its events at their own times.
+pub(super) const LOG: &str = "SELECT at, kind, detail, metadata, replica FROM (
+    SELECT o.created_at AS at, 'recorded' AS kind,
+           COALESCE(o.intent->>'detail', o.action || ' recorded') AS detail,
+           COALESCE(o.intent->'metadata', '{}'::jsonb) || COALESCE((
+               SELECT jsonb_object_agg(d.k, d.v) FROM (VALUES
+                   ('idempotency_key', o.idempotency_key),
+                   ('caller', COALESCE(o.caller, '-')),
+                   ('trace_id', substr(o.trace_parent, 4, 32)),
+                   ('traceparent', o.trace_parent)) AS d(k, v)
+               WHERE o.intent->'derived' ? d.k AND d.v IS NOT NULL), '{}'::jsonb) AS metadata,
+           o.intent->>'replica' AS replica, 0 AS part, 0::float8 AS n1, 0::int8 AS n2
+    FROM operations o WHERE o.id = $1 AND o.intent IS NOT NULL
+    UNION ALL
+    SELECT at, kind, detail, metadata, replica, 1, id::float8, 0
+    FROM operation_events WHERE operation_id = $1
+    UNION ALL
+    SELECT l.at - (x.e->>'ago_ms')::float8 * interval '1 millisecond', x.e->>'kind', x.e->>'detail',
+           x.e->'metadata', l.replica, 2, extract(epoch FROM l.at)::float8, x.ord
+    FROM operation_log l CROSS JOIN LATERAL jsonb_array_elements(l.events) WITH ORDINALITY AS x(e, ord)
+    WHERE l.operation_id = $1
+) log ORDER BY part, n1, n2";
+
+/// A decision's row as it stands, and whether it holds the write `$2`
+/// (`mine`): a decision that returned nothing was fenced (another writer
+/// decided, or took it over), or is a re-run of one that committed.
+pub(super) fn decided_again_sql() -> String {
+    format!("SELECT {COLUMNS}, last_write = $2 AS mine FROM operations WHERE id = $1")
+}
+
+/// The log row of one write: its events as one JSON array, each with how
+/// long before the write it happened (`NULL`: no events).
+pub(super) fn log_events(events: &[NewEvent]) -> Option<serde_json::Value> {
+    (!events.is_empty()).then(|| {
+        serde_json::Value::Array(
+            events
+                .iter()
+                .map(|e| {
+                    serde_json::json!({
+                        "kind": e.kind,
+                        "detail": e.detail,
+                        "metadata": e.metadata_json(),
+                        "ago_ms": e.ago.as_secs_f64() * 1000.0,
+                    })
+                })
+                .collect(),
+        )
+    })
+}
+
+/// The intent's own events, as the row keeps them (`intent`): the
+/// `recorded` event without what the columns say anyway (the key, the
+/// caller, the trace, the answer-by budget: rendered back on reading, see
+/// `rows::intent_events`); events after it (Cinder's word before sending)
+/// go to a log row of their own.
+fn intent_json(n: &NewOperation) -> (Option<serde_json::Value>, Option<serde_json::Value>) {
+    let (recorded, rest) = match n.events.split_first() {
+        Some((first, rest)) if first.kind == crate::domain::event::RECORDED => (Some(first), rest),
+        _ => (None, &n.events[..]),
+    };
+    let intent = recorded.and_then(|_| crate::store::rows::compact_recorded(n));
+    (intent, log_events(rest))
+}
+
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
-
-/// A batch's events as parallel arrays, bound after the rows' own.
-#[derive(Default)]
-struct EventCols {
-    op: Vec<Uuid>,
-    kind: Vec<String>,
-    detail: Vec<String>,
-    metadata: Vec<serde_json::Value>,
-    replica: Vec<String>,
-    write: Vec<Uuid>,
-    ago: Vec<f64>,
-}
-
-/// A write that logs events: of which operation, by which replica, as
-/// which write.
-trait Logs {
-    fn logged(&self) -> (Uuid, &str, Uuid, &[NewEvent]);
-}
-
-impl Logs for NewOperation {
-    /// An intent's events name it by its operation's id.
-    fn logged(&self) -> (Uuid, &str, Uuid, &[NewEvent]) {
-        (self.id, &self.replica, self.id, &self.events)
-    }
-}
-
-impl Logs for Transition {
-    fn logged(&self) -> (Uuid, &str, Uuid, &[NewEvent]) {
-        (self.id, &self.replica, self.write_id, &self.events)
-    }
-}
-
-impl Logs for Append {
-    fn logged(&self) -> (Uuid, &str, Uuid, &[NewEvent]) {
-        (self.id, &self.replica, self.write_id, &self.events)
-    }
-}
-
-impl EventCols {
-    fn of<T: Logs>(writes: &[&T]) -> Self {
-        let mut cols = EventCols::default();
-        for (id, replica, write, events) in writes.iter().map(|w| w.logged()) {
-            for e in events {
-                cols.op.push(id);
-                cols.kind.push(e.kind.to_string());
-                cols.detail.push(e.detail.clone());
-                cols.metadata.push(e.metadata_json());
-                cols.replica.push(replica.to_string());
-                cols.write.push(write);
-                cols.ago.push(e.ago.as_secs_f64() * 1000.0);
-            }
-        }
-        cols
-    }
-
-    fn bind(self, q: Query<'_>) -> Query<'_> {
-        q.bind(self.op)
-            .bind(self.kind)
-            .bind(self.detail)
-            .bind(self.metadata)
-            .bind(self.replica)
-            .bind(self.write)
-            .bind(self.ago)
-    }
-}
 
 /// A batch's rows bound column by column: each column one array
 /// parameter, or, for a batch of one, one plain parameter (the statements'
@@ -361,18 +358,15 @@ impl<'a, T> Cols<'a, T> {
     }
 }
 
-/// A batch's statement with everything bound: the rows' own parameters,
-/// then their events.
+/// A batch's statement with everything bound.
 pub(super) struct Batch {
     q: Query<'static>,
-    events: EventCols,
 }
 
 impl Batch {
     /// Runs it; the rows it returns.
     pub(super) async fn run(self, conn: &mut PgConnection) -> Result<Vec<PgRow>, StoreError> {
-        self.events
-            .bind(self.q)
+        self.q
             .fetch_all(&mut *conn)
             .await
             .map_err(StoreError::db("writing to the ledger"))
@@ -402,19 +396,30 @@ pub(super) fn creates(news: &[&NewOperation]) -> Batch {
                 .and_then(|t| t.tracestate().map(str::to_string))
         })
         .bind(|n| Uuid::from_bytes(key_hash(n.caller.as_deref(), &n.idempotency_key)))
+        .bind(|n| intent_json(n).0)
+        .bind(|n| intent_json(n).1)
         .q;
-    Batch {
-        q,
-        events: EventCols::of(news),
-    }
+    Batch { q }
 }
 
-/// Events appended to a batch's operations.
+/// Log rows appended to a batch's operations.
 pub(super) fn appends(appends: &[&Append]) -> Batch {
-    Batch {
-        q: sqlx::query(APPEND_MANY.as_str()),
-        events: EventCols::of(appends),
-    }
+    let q = sqlx::query(APPEND_MANY.as_str())
+        .bind(appends.iter().map(|a| a.id).collect::<Vec<_>>())
+        .bind(appends.iter().map(|a| a.write_id).collect::<Vec<_>>())
+        .bind(
+            appends
+                .iter()
+                .map(|a| a.replica.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            appends
+                .iter()
+                .map(|a| log_events(&a.events).unwrap_or(serde_json::Value::Array(Vec::new())))
+                .collect::<Vec<_>>(),
+        );
+    Batch { q }
 }
 
 /// The decisions of a batch (each operation at most once).
@@ -434,11 +439,10 @@ pub(super) fn transitions(ts: &[&Transition]) -> Batch {
         .bind(|t| t.verify_expect)
         .bind(|t| t.write_id)
         .bind(|t| t.escalation.clone())
+        .bind(|t| t.replica.clone())
+        .bind(|t| log_events(&t.events))
         .q;
-    Batch {
-        q,
-        events: EventCols::of(ts),
-    }
+    Batch { q }
 }
 
 /// The writers' statements as they prepare them, for plan tests: name,
@@ -517,13 +521,8 @@ pub fn pgbench_script() -> String {
             "NULL::text",
             // The key's hash (the key is random: so is its hash).
             "gen_random_uuid()",
-            "ARRAY[__OPID__]",
-            "ARRAY['recorded']",
-            "ARRAY['attach recorded']",
-            "ARRAY['{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\"}'::jsonb]",
-            "ARRAY['pgbench']",
-            "ARRAY[__OPID__]",
-            "ARRAY[0::float8]",
+            "'{\"replica\":\"pgbench\",\"metadata\":{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\",\"caller_span_id\":\"-\"},\"derived\":[\"idempotency_key\",\"caller\",\"trace_id\",\"traceparent\"]}'::jsonb",
+            "NULL::jsonb",
         ],
     );
     let decide = substitute(
@@ -543,13 +542,8 @@ pub fn pgbench_script() -> String {
             "true",
             "__WRITEID__",
             "NULL::text",
-            "ARRAY[__OPID__, __OPID__, __OPID__]",
-            "ARRAY['request_sent', 'response', 'resolved']",
-            "ARRAY['POST attach request #1', 'Nova answered 200: attachment created', 'attached']",
-            "ARRAY['{\"attempt\":\"1\",\"outbound_deadline_ms\":\"23500\"}'::jsonb, '{\"status\":\"200\"}'::jsonb, '{\"state\":\"succeeded\"}'::jsonb]",
-            "ARRAY['pgbench', 'pgbench', 'pgbench']",
-            "ARRAY[__WRITEID__, __WRITEID__, __WRITEID__]",
-            "ARRAY[1.5::float8, 1::float8, 0::float8]",
+            "'pgbench'",
+            "'[{\"kind\":\"request_sent\",\"detail\":\"POST attach request #1\",\"metadata\":{\"attempt\":\"1\",\"outbound_deadline_ms\":\"23500\"},\"ago_ms\": 1.5},{\"kind\":\"response\",\"detail\":\"Nova answered 200: attachment created\",\"metadata\":{\"status\":\"200\"},\"ago_ms\": 1},{\"kind\":\"resolved\",\"detail\":\"attached\",\"metadata\":{\"state\":\"succeeded\"},\"ago_ms\": 0}]'::jsonb",
         ],
     );
     format!(

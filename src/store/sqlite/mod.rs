@@ -623,6 +623,17 @@ impl Store for SqliteStore {
         rows::counts(&rows)
     }
 
+    async fn operation_open_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT state, NULL AS resolution, count(*) AS n FROM operations
+             WHERE {OPEN} GROUP BY state ORDER BY state"
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db("counting the open operations"))?;
+        rows::counts(&rows)
+    }
+
     async fn oldest_unknown_since(&self) -> Result<Option<DateTime<chrono::Utc>>, StoreError> {
         let since: Option<i64> =
             sqlx::query_scalar(sqlx::AssertSqlSafe(rows::OLDEST_UNKNOWN.as_str()))
