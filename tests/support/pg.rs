@@ -142,54 +142,111 @@ fn start_cluster() -> Result<String, String> {
         ));
     }
     let port = free_port();
-    let mut cmd = Command::new(bin.join("postgres"));
-    cmd.arg("-D")
-        .arg(&data)
-        .args(["-p", &port.to_string(), "-k"])
-        .arg(&dir)
-        .args([
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            "fsync=off",
-            "-c",
-            "synchronous_commit=off",
-            "-c",
-            "full_page_writes=off",
-            "-c",
-            "max_connections=400",
-            "-c",
-            "shared_buffers=64MB",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join("server.log")).map_err(|e| e.to_string())?);
-    if let Some((uid, gid)) = ids {
-        cmd.uid(uid).gid(gid);
-    }
-    unsafe {
-        cmd.pre_exec(|| {
-            // Immediate shutdown when the thread that spawned us (which
-            // lives as long as the test process) goes away.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT);
-            Ok(())
-        });
-    }
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let r = cmd.spawn().map_err(|e| format!("starting postgres: {e}"));
-        let ok = r.is_ok();
-        // The receiver waits for this message; it cannot be gone yet.
-        drop(tx.send(r.map(|child| child.id())));
-        if ok {
-            loop {
-                std::thread::park();
-            }
-        }
-    });
-    let pid = rx.recv().map_err(|e| e.to_string())??;
+    let spec = Spec {
+        bin,
+        ids,
+        dir: dir.clone(),
+        port,
+    };
+    let pid = spec.spawn()?;
+    SPEC.set(spec)
+        .map_err(|_| "the cluster was started twice".to_string())?;
     remove_at_exit(pid, dir);
     Ok(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
 }
+
+/// How the cluster's server is started (again, after a crash).
+struct Spec {
+    bin: PathBuf,
+    ids: Option<(u32, u32)>,
+    dir: PathBuf,
+    port: u16,
+}
+
+static SPEC: OnceLock<Spec> = OnceLock::new();
+
+impl Spec {
+    /// Starts the server on the cluster's data; its pid.
+    fn spawn(&self) -> Result<u32, String> {
+        let mut cmd = Command::new(self.bin.join("postgres"));
+        cmd.arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-p", &self.port.to_string(), "-k"])
+            .arg(&self.dir)
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=400",
+                "-c",
+                "shared_buffers=64MB",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join("server.log"))
+                    .map_err(|e| e.to_string())?,
+            );
+        if let Some((uid, gid)) = self.ids {
+            cmd.uid(uid).gid(gid);
+        }
+        unsafe {
+            cmd.pre_exec(|| {
+                // Immediate shutdown when the thread that spawned us (which
+                // lives as long as the test process) goes away.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT);
+                Ok(())
+            });
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = cmd.spawn().map_err(|e| format!("starting postgres: {e}"));
+            let ok = r.is_ok();
+            // The receiver waits for this message; it cannot be gone yet.
+            drop(tx.send(r.map(|child| child.id())));
+            if ok {
+                loop {
+                    std::thread::park();
+                }
+            }
+        });
+        rx.recv().map_err(|e| e.to_string())?
+    }
+}
+
+/// Crashes the tests' PostgreSQL (an immediate shutdown: no checkpoint,
+/// recovery from its WAL at the next start, as after a crash), waits for it
+/// to be gone, and starts it again on the same data and port. For a test
+/// binary of its own: every test of the binary shares the cluster.
+pub fn crash_and_restart() {
+    let spec = SPEC
+        .get()
+        .expect("the tests' own cluster (not DATABASE_URL)");
+    let pid = CLUSTER_PID.load(std::sync::atomic::Ordering::SeqCst) as libc::pid_t;
+    unsafe { libc::kill(pid, libc::SIGQUIT) };
+    let mut status = 0;
+    let gone = (0..200).any(|_| {
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != 0;
+        if !reaped {
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        reaped
+    });
+    assert!(gone, "PostgreSQL (pid {pid}) did not stop within 5 s");
+    let pid = spec.spawn().expect("PostgreSQL starts again");
+    CLUSTER_PID.store(pid, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The cluster's server's pid now (a restart changes it).
+static CLUSTER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The cluster this process started: its server's pid and its directory.
 static CLUSTER: OnceLock<(u32, PathBuf)> = OnceLock::new();
@@ -201,10 +258,10 @@ static CLUSTER: OnceLock<(u32, PathBuf)> = OnceLock::new();
 /// way `sweep_old` removes it at the next run.
 fn remove_at_exit(pid: u32, dir: PathBuf) {
     extern "C" fn at_exit() {
-        let Some((pid, dir)) = CLUSTER.get() else {
+        let Some((_, dir)) = CLUSTER.get() else {
             return;
         };
-        let pid = *pid as libc::pid_t;
+        let pid = CLUSTER_PID.load(std::sync::atomic::Ordering::SeqCst) as libc::pid_t;
         let mut status = 0;
         if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != 0 {
             say(&format!(
@@ -239,6 +296,7 @@ fn remove_at_exit(pid: u32, dir: PathBuf) {
         use std::io::Write;
         drop(writeln!(std::io::stderr(), "{line}"));
     }
+    CLUSTER_PID.store(pid, std::sync::atomic::Ordering::SeqCst);
     if CLUSTER.set((pid, dir)).is_ok() {
         unsafe { libc::atexit(at_exit) };
     }
