@@ -8,7 +8,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{AppOptions, Ledger, spawn_app};
+use support::{AppOptions, Ledger, eventually, spawn_app};
 use volume_reconciler::sim::{Fault, FaultOp, FaultRule};
 
 const BIN: &str = env!("CARGO_BIN_EXE_volume-reconciler");
@@ -290,6 +290,18 @@ async fn bench_stops_at_a_refusal_keeps_to_its_duration_and_fails_when_nothing_s
         "canonical code names: {codes:?}"
     );
     app.sim.clear_faults();
+    // The last run's cut-off calls still run in the service: they would
+    // take the five faults meant for the next run.
+    let exec = app.exec.clone();
+    eventually(
+        Duration::from_secs(60),
+        "the last runs' operations to end",
+        || {
+            let exec = exec.clone();
+            async move { exec.running() == 0 }
+        },
+    )
+    .await;
     let mut five = FaultRule::new(FaultOp::Attach, Fault::DeviceInUse);
     five.count = Some(5);
     app.sim.add_fault(five);

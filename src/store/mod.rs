@@ -17,8 +17,8 @@ pub mod sqlite;
 
 pub use error::{DbFailure, StoreError};
 pub use pg::{
-    PgSettings, PgStore, WRITER_SETTINGS, list_statement, pgbench_script, verification_statement,
-    writer_statements,
+    PgSettings, PgStore, WRITER_SETTINGS, index_queries, list_statement, pgbench_script,
+    verification_statement, writer_statements,
 };
 pub use sqlite::SqliteStore;
 

@@ -74,6 +74,61 @@ static CONFLICT_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 
+/// Every index of `operations`, with a statement of the service's that
+/// reads through it (its parameter types, as `PREPARE` takes them): each
+/// index earns its place by a query, and a plan test
+/// (`tests/store_conformance.rs`) holds each statement to its index and the
+/// table to exactly these indexes.
+pub fn index_queries() -> Vec<(&'static str, String, &'static str)> {
+    vec![
+        // Reads and decisions by id.
+        ("operations_pkey", rows::by_id_sql(), "uuid"),
+        // Pages of the whole ledger, newest first (keyset on `seq`).
+        (
+            "operations_seq_key",
+            list_statement(&OperationFilter::default(), Some(10), 50),
+            "bigint",
+        ),
+        // A caller's key: replays, and why an intent was not inserted.
+        ("operations_key", BY_KEY_SQL.clone(), "uuid, text, text"),
+        // The open operations: one per volume (the guarantee), the gauge
+        // of open work, the oldest UNKNOWN one, the reconciler's claims.
+        ("operations_open", OPEN_BY_STATE.clone(), ""),
+        // Pages by server, and by volume (also the verifier's per-volume
+        // probe of later operations).
+        (
+            "operations_server",
+            list_statement(
+                &OperationFilter {
+                    server_id: Some(Uuid::nil()),
+                    ..Default::default()
+                },
+                None,
+                50,
+            ),
+            "uuid",
+        ),
+        (
+            "operations_volume",
+            list_statement(
+                &OperationFilter {
+                    volume_id: Some(Uuid::nil()),
+                    ..Default::default()
+                },
+                None,
+                50,
+            ),
+            "uuid",
+        ),
+        // Decisions by time: the verifier's cursor, retention's oldest.
+        (
+            "operations_decided",
+            verification_statement(),
+            "timestamptz, uuid, float8, bigint",
+        ),
+    ]
+}
+
 /// How long `ops stats`' pass over the whole ledger may take.
 const STATS_TIMEOUT: Duration = Duration::from_secs(120);
 
