@@ -386,13 +386,35 @@ pub struct ServeArgs {
     /// token). When set, every RPC but health needs `authorization: Bearer`.
     #[arg(long, env = "VOLUME_RECONCILER_AUTH_TOKENS", hide_env_values = true)]
     pub auth_tokens: Option<String>,
-    /// Attach/detach calls in flight at most; beyond, RESOURCE_EXHAUSTED at once.
+    /// Attach/detach operations running at most (each counted until its
+    /// task ends, whether or not its caller still waits); beyond,
+    /// RESOURCE_EXHAUSTED OVERLOADED at once.
     #[arg(
         long,
         env = "VOLUME_RECONCILER_MAX_INFLIGHT_MUTATIONS",
-        default_value_t = 16384
+        default_value_t = 16384,
+        value_parser = clap::value_parser!(u32).range(1..)
     )]
-    pub max_inflight_mutations: usize,
+    pub max_inflight_mutations: u32,
+    /// Unary reads (GetOperation, ListOperations, ListOperationEvents) in
+    /// flight at most, each until its answer is sent; beyond,
+    /// RESOURCE_EXHAUSTED READS_OVERLOADED at once.
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_MAX_INFLIGHT_READS",
+        default_value_t = 1024,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_inflight_reads: u32,
+    /// WatchOperation streams open at most; beyond, RESOURCE_EXHAUSTED
+    /// WATCHES_OVERLOADED at once.
+    #[arg(
+        long,
+        env = "VOLUME_RECONCILER_MAX_WATCH_STREAMS",
+        default_value_t = 4096,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_watch_streams: u32,
     /// Attach/detach calls per second per caller (token bucket; 0: off).
     #[arg(
         long,

@@ -16,16 +16,24 @@
 //! [`grpc::GrpcMetricsLayer`], outermost in the server chain, so they see
 //! every answer, including those of the layers in front of the handlers
 //! (authentication, load shedding, the deadline backstop).
+//!
+//! Saturation (README "Observability"): what is full or about to be is read
+//! at each scrape from what holds it ([`Saturation`]): the load-shedding
+//! caps' places in use, the Keystone token's time left and its failed
+//! renewals, the served certificate's notAfter; the store's pool and write
+//! queue and the leases held are set by the scrape (`startup`).
 
 pub mod grpc;
 pub mod process;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
@@ -90,6 +98,18 @@ pub struct DbLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// The `ErrorInfo.reason` of the answer (`OVERLOADED`, ...).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    /// `mutation` (attach/detach), `read` (unary reads), `watch` (streams).
+    pub class: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -163,6 +183,12 @@ pub struct Metrics {
     pub db_pool_size: Gauge,
     /// Ledger writes waiting for (or being written by) the writers.
     pub ledger_writes_pending: Gauge,
+    /// Requests shed by the overload layer, by reason.
+    pub requests_shed: Family<ReasonLabels, Counter>,
+    /// Operation leases this replica holds (set at scrape).
+    pub leases_held: Gauge,
+    /// What the scrape reads from the parts built after the registry.
+    saturation: Saturation,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -223,6 +249,9 @@ impl Metrics {
             db_pool_in_use: Gauge::default(),
             db_pool_size: Gauge::default(),
             ledger_writes_pending: Gauge::default(),
+            requests_shed: Family::default(),
+            leases_held: Gauge::default(),
+            saturation: Saturation::default(),
         };
         // Every kind from the start: a rate over a counter needs it at 0.
         for kind in crate::store::RoundTrip::ALL {
@@ -251,6 +280,7 @@ impl Metrics {
             m.register_ledger(r);
             m.register_database(r);
             m.register_retention(r);
+            m.register_saturation(r);
         }
         m
     }
@@ -408,6 +438,71 @@ impl Metrics {
         self.ledger_writes_pending.set(s.writes_pending as i64);
     }
 
+    /// What is full or about to be: the load-shedding caps and what they
+    /// shed, the leases held, Keystone's token and the served certificate.
+    fn register_saturation(&self, r: &mut Registry) {
+        r.register(
+            "requests_shed",
+            "Requests answered RESOURCE_EXHAUSTED at once by load shedding, by ErrorInfo reason: OVERLOADED (--max-inflight-mutations), CALLER_RATE_LIMITED (--caller-rate-limit), READS_OVERLOADED (--max-inflight-reads), WATCHES_OVERLOADED (--max-watch-streams)",
+            self.requests_shed.clone(),
+        );
+        r.register(
+            "leases_held",
+            "Operation leases this replica holds now (its operation tasks and reconciler passes; renewed by its heartbeat every --heartbeat)",
+            self.leases_held.clone(),
+        );
+        r.register_collector(Box::new(self.saturation.clone()));
+    }
+
+    /// Counts every reason of `reasons` from 0 (a rate over a counter needs
+    /// it there before the first shed answer).
+    pub fn shed_reasons(&self, reasons: &[crate::domain::Reason]) {
+        for r in reasons {
+            self.requests_shed
+                .get_or_create(&ReasonLabels {
+                    reason: r.as_str().to_string(),
+                })
+                .inc_by(0);
+        }
+    }
+
+    /// One request shed for `reason`.
+    pub fn shed(&self, reason: crate::domain::Reason) {
+        self.requests_shed
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    /// Reads the places of `class` in use at each scrape: `limit` minus
+    /// those `places` has free (replaces an earlier cap of the class).
+    pub fn observe_in_flight(
+        &self,
+        class: &'static str,
+        places: Arc<tokio::sync::Semaphore>,
+        limit: usize,
+    ) {
+        let mut s = self.saturation.lock();
+        s.caps.retain(|c| c.class != class);
+        s.caps.push(InFlight {
+            class,
+            places,
+            limit,
+        });
+    }
+
+    /// Reads the Keystone token's time left and the failed renewals at
+    /// each scrape (Keystone mode only).
+    pub fn observe_keystone(&self, auth: Arc<crate::nova::auth::KeystoneAuth>) {
+        self.saturation.lock().keystone = Some(auth);
+    }
+
+    /// Reads the served certificate's notAfter at each scrape (TLS only).
+    pub fn observe_tls(&self, tls: Arc<crate::tls::Reloadable>) {
+        self.saturation.lock().tls = Some(tls);
+    }
+
     /// Retention (pruning of old decisions).
     fn register_retention(&self, r: &mut Registry) {
         r.register(
@@ -542,5 +637,112 @@ impl crate::store::DbObserver for Metrics {
                 })
                 .inc();
         }
+    }
+}
+
+/// One load-shedding cap: `limit` places, those free in `places`.
+struct InFlight {
+    class: &'static str,
+    places: Arc<tokio::sync::Semaphore>,
+    limit: usize,
+}
+
+#[derive(Default)]
+struct Observed {
+    caps: Vec<InFlight>,
+    keystone: Option<Arc<crate::nova::auth::KeystoneAuth>>,
+    tls: Option<Arc<crate::tls::Reloadable>>,
+}
+
+/// The saturation metrics read at each scrape from what holds them (a
+/// collector, so each is exactly what its holder says at that instant; a
+/// family whose holder is absent — no Keystone, no TLS — is left out).
+#[derive(Clone, Default)]
+struct Saturation(Arc<Mutex<Observed>>);
+
+impl Saturation {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Observed> {
+        // A poisoned lock only means a panic elsewhere; the sources are intact.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl std::fmt::Debug for Saturation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Saturation")
+            .field("caps", &s.caps.iter().map(|c| c.class).collect::<Vec<_>>())
+            .field("keystone", &s.keystone.is_some())
+            .field("tls", &s.tls.is_some())
+            .finish()
+    }
+}
+
+/// Seconds of validity the Keystone token held has left: 0 without one (or
+/// past its expiry), +Inf for a token Keystone gave no expiry.
+fn token_remaining(expires: Option<Option<chrono::DateTime<chrono::Utc>>>) -> f64 {
+    match expires {
+        None => 0.0,
+        Some(None) => f64::INFINITY,
+        Some(Some(at)) => ((at - chrono::Utc::now()).num_milliseconds().max(0) as f64) / 1000.0,
+    }
+}
+
+impl Collector for Saturation {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.lock();
+        if !s.caps.is_empty() {
+            for (name, help, in_use) in [
+                (
+                    "requests_in_flight",
+                    "Places in use under each load-shedding cap, by class: mutation (attach/detach operations whose task runs, whether or not their caller waits), read (unary reads until their answer is sent), watch (WatchOperation streams open)",
+                    true,
+                ),
+                (
+                    "requests_in_flight_limit",
+                    "Each load-shedding cap, by class: mutation (--max-inflight-mutations), read (--max-inflight-reads), watch (--max-watch-streams); beyond it, RESOURCE_EXHAUSTED",
+                    false,
+                ),
+            ] {
+                let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                for cap in &s.caps {
+                    let value = if in_use {
+                        cap.limit.saturating_sub(cap.places.available_permits())
+                    } else {
+                        cap.limit
+                    };
+                    let labels = ClassLabels {
+                        class: cap.class.to_string(),
+                    };
+                    ConstGauge::new(value as i64).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        if let Some(auth) = &s.keystone {
+            let m = ConstGauge::new(token_remaining(auth.token_expires_at()));
+            m.encode(encoder.encode_descriptor(
+                "keystone_token_remaining_seconds",
+                "Seconds until the Keystone token held expires (0: none held, or expired); renewed on demand from 120 s before it expires",
+                None,
+                m.metric_type(),
+            )?)?;
+            let m = ConstCounter::new(auth.renewal_failures());
+            m.encode(encoder.encode_descriptor(
+                "keystone_renewal_failures",
+                "Keystone token renewals that failed (each backs off 1 s doubling to 30 s; the token held serves while it is valid)",
+                None,
+                m.metric_type(),
+            )?)?;
+        }
+        if let Some(not_after) = s.tls.as_ref().and_then(|t| t.not_after()) {
+            let m = ConstGauge::new(not_after.timestamp() as f64);
+            m.encode(encoder.encode_descriptor(
+                "tls_certificate_expiry_timestamp_seconds",
+                "notAfter of the certificate served on the gRPC port (the one in force, reloads included), in Unix seconds",
+                None,
+                m.metric_type(),
+            )?)?;
+        }
+        Ok(())
     }
 }

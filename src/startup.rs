@@ -62,6 +62,8 @@ pub struct Application {
 #[derive(Clone)]
 struct AdminState {
     store: Arc<dyn Store>,
+    /// The operation leases this replica holds (a gauge).
+    exec: Arc<Executor>,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     /// The verification stages (for their backlog gauge).
@@ -95,6 +97,9 @@ impl Application {
         let checked = check_nova(&mut nova, &cfg).await?;
         let nova = Arc::new(nova);
         nova.announce_confirmation();
+        if let Some(auth) = nova.auth() {
+            metrics.observe_keystone(auth.clone());
+        }
         let background = CancellationToken::new();
         if !checked {
             tokio::spawn(recheck_nova(
@@ -123,6 +128,9 @@ impl Application {
             })?),
             _ => None,
         };
+        if let Some(tls) = &tls {
+            metrics.observe_tls(tls.clone());
+        }
         Ok(Self {
             tls,
             cfg,
@@ -170,6 +178,7 @@ impl Application {
         health.set_serving::<VolumeReconcilerServer<Api>>().await;
         let admin = AdminState {
             store: store.clone(),
+            exec: exec.clone(),
             metrics: metrics.clone(),
             ready: ready.clone(),
             verification: reconciler.settings.verification_stages(),
@@ -606,9 +615,14 @@ fn spawn_grpc(
         ))
         .layer(crate::grpc::auth::AuthLayer::new(auth))
         .layer(crate::grpc::overload::OverloadLayer::new(
-            cfg.max_inflight_mutations,
-            cfg.caller_rate_limit,
-            cfg.caller_burst,
+            &crate::grpc::overload::Limits {
+                max_inflight_mutations: cfg.max_inflight_mutations as usize,
+                max_inflight_reads: cfg.max_inflight_reads as usize,
+                max_watch_streams: cfg.max_watch_streams as usize,
+                caller_rate: cfg.caller_rate_limit,
+                caller_burst: cfg.caller_burst,
+            },
+            metrics.clone(),
         ))
         .layer(crate::grpc::overload::MessageLimitLayer {
             limit: cfg.max_message_bytes,
@@ -713,6 +727,7 @@ async fn metrics_text(
         verification_backlog(&st).await;
     }
     st.metrics.set_saturation(st.store.saturation());
+    st.metrics.leases_held.set(st.exec.held().len() as i64);
     st.metrics
         .ready
         .set(i64::from(st.ready.load(Ordering::SeqCst) && database_ok));

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
+use chrono::{DateTime, Utc};
+
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -36,8 +38,10 @@ impl TlsFiles {
         v
     }
 
-    /// Reads the files into a server configuration (h2 via ALPN).
-    pub fn load(&self) -> anyhow::Result<Arc<ServerConfig>> {
+    /// Reads the files into a server configuration (h2 via ALPN), with the
+    /// served certificate's notAfter (from the same read, so the two agree;
+    /// `None`, with a warning, when it cannot be read).
+    pub fn load(&self) -> anyhow::Result<(Arc<ServerConfig>, Option<DateTime<Utc>>)> {
         crate::nova::client::install_crypto_provider();
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
             .map_err(|e| anyhow::anyhow!("TLS certificate {}: {e}", self.cert.display()))?
@@ -48,6 +52,14 @@ impl TlsFiles {
             "TLS certificate {}: no certificate in the file",
             self.cert.display()
         );
+        // The leaf comes first (the chain, if any, after it).
+        let not_after = crate::grpc::auth::not_after_of(&certs[0]);
+        if not_after.is_none() {
+            tracing::warn!(
+                cert = %self.cert.display(),
+                "TLS certificate: its notAfter could not be read; volume_reconciler_tls_certificate_expiry_timestamp_seconds is not reported for it"
+            );
+        }
         let key = PrivateKeyDer::from_pem_file(&self.key)
             .map_err(|e| anyhow::anyhow!("TLS key {}: {e}", self.key.display()))?;
         let builder = ServerConfig::builder();
@@ -72,32 +84,46 @@ impl TlsFiles {
             .with_single_cert(certs, key)
             .map_err(|e| anyhow::anyhow!("TLS certificate and key do not fit: {e}"))?;
         cfg.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(Arc::new(cfg))
+        Ok((Arc::new(cfg), not_after))
     }
+}
+
+/// The configuration in force and its certificate's notAfter, swapped
+/// together on reload.
+struct Loaded {
+    config: Arc<ServerConfig>,
+    not_after: Option<DateTime<Utc>>,
 }
 
 /// The current configuration, swapped on reload.
 pub struct Reloadable {
     files: TlsFiles,
-    current: RwLock<Arc<ServerConfig>>,
+    current: RwLock<Loaded>,
     reloads: std::sync::atomic::AtomicU64,
 }
 
 impl Reloadable {
     pub fn new(files: TlsFiles) -> anyhow::Result<Arc<Self>> {
-        let cfg = files.load()?;
+        let (config, not_after) = files.load()?;
         Ok(Arc::new(Self {
             files,
-            current: RwLock::new(cfg),
+            current: RwLock::new(Loaded { config, not_after }),
             reloads: Default::default(),
         }))
     }
 
+    fn loaded(&self) -> std::sync::RwLockReadGuard<'_, Loaded> {
+        // A poisoned lock only means a panic elsewhere; the value is whole.
+        self.current.read().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.loaded().config.clone()
+    }
+
+    /// The notAfter of the certificate served now (the last one loaded).
+    pub fn not_after(&self) -> Option<DateTime<Utc>> {
+        self.loaded().not_after
     }
 
     pub fn reloads(&self) -> u64 {
@@ -107,8 +133,9 @@ impl Reloadable {
     /// Re-reads the files; a broken new set keeps the old one in service.
     pub fn reload(&self, why: &str) {
         match self.files.load() {
-            Ok(cfg) => {
-                *self.current.write().unwrap_or_else(|p| p.into_inner()) = cfg;
+            Ok((config, not_after)) => {
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) =
+                    Loaded { config, not_after };
                 self.reloads
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::info!(why, "TLS certificates reloaded");

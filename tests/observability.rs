@@ -2,7 +2,8 @@
 //! (canonical gRPC codes, the per-method latency histogram, build info,
 //! process metrics, readiness and the UNKNOWN backlog's age), and the
 //! dashboard and alert rules under `deploy/observability`, whose every
-//! metric must exist in that live `/metrics`.
+//! metric must exist in a live `/metrics` (of a replica in direct mode, and
+//! of one in Keystone mode serving TLS for what only those have).
 
 mod support;
 
@@ -803,8 +804,44 @@ async fn every_metric_the_dashboard_and_the_alerts_read_exists_in_a_live_metrics
     seed_unknown(&app).await;
     let counts = app.reconciler.run_once().await.unwrap();
     assert!(counts.failed + counts.succeeded >= 1, "{counts:?}");
-    let (text, m) = scrape(&app).await;
+    let (text, mut m) = scrape(&app).await;
     app.stop().await;
+    // And a replica in Keystone mode serving TLS: what only those have
+    // (the token's time left, failed renewals, the certificate's notAfter).
+    let keystone = volume_reconciler::sim::start(
+        "127.0.0.1:0".parse().unwrap(),
+        volume_reconciler::sim::SimConfig {
+            require_auth: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let dir = support::pki::temp_dir();
+    let (cert, key) = support::pki::certificate_until(&dir, "server", (2031, 5, 6));
+    let app = spawn_app(support::keystone_mode(
+        &keystone,
+        AppOptions::default()
+            .arg("--tls-cert", &cert)
+            .arg("--tls-key", &key),
+    ))
+    .await;
+    let (text_keystone_tls, more) = scrape(&app).await;
+    app.stop().await;
+    keystone.stop().await;
+    drop(std::fs::remove_dir_all(&dir));
+    for family in [
+        "volume_reconciler_keystone_token_remaining_seconds",
+        "volume_reconciler_keystone_renewal_failures",
+        "volume_reconciler_tls_certificate_expiry_timestamp_seconds",
+    ] {
+        assert!(
+            more.types.contains_key(family),
+            "{family} in Keystone mode with TLS:\n{text_keystone_tls}"
+        );
+    }
+    m.types.extend(more.types);
+    m.samples.extend(more.samples);
 
     // name → label names seen on its samples
     let mut live: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
@@ -922,6 +959,10 @@ fn every_alert_rule_says_how_bad_it_is_and_what_to_do() {
         "VolumeReconcilerVerificationBacklog",
         "VolumeReconcilerNovaErrors",
         "VolumeReconcilerLedgerWritesSlow",
+        "VolumeReconcilerRequestsShed",
+        "VolumeReconcilerCertificateExpiringSoon",
+        "VolumeReconcilerKeystoneRenewalFailing",
+        "VolumeReconcilerDatabasePoolExhausted",
     ] {
         assert!(names.contains(required), "no alert {required}");
     }

@@ -143,7 +143,12 @@ reasons! {
     Unauthenticated = "UNAUTHENTICATED" => Unauthenticated,
     PermissionDenied = "PERMISSION_DENIED" => PermissionDenied,
     CallerRateLimited = "CALLER_RATE_LIMITED" => ResourceExhausted,
+    /// `--max-inflight-mutations` attach/detach operations are running.
     Overloaded = "OVERLOADED" => ResourceExhausted,
+    /// `--max-inflight-reads` unary reads are in flight.
+    ReadsOverloaded = "READS_OVERLOADED" => ResourceExhausted,
+    /// `--max-watch-streams` WatchOperation streams are open.
+    WatchesOverloaded = "WATCHES_OVERLOADED" => ResourceExhausted,
     MessageTooLarge = "MESSAGE_TOO_LARGE" => ResourceExhausted,
     /// The client's own deadline passed (client side).
     ClientDeadline = "CLIENT_DEADLINE" => DeadlineExceeded,

@@ -50,7 +50,7 @@ pub(crate) use confirm::{CinderSays, DETACH_TARGET};
 pub(crate) use run::{Decision, Run};
 
 /// A validated request.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct OpRequest {
     pub action: Action,
     pub idempotency_key: IdempotencyKey,
@@ -61,6 +61,11 @@ pub struct OpRequest {
     /// The caller's trace (or one begun for the request), with this
     /// service's span: the operation's requests and log lines carry it.
     pub trace: TraceContext,
+    /// The request's place under the in-flight cap (the gRPC layer's,
+    /// `--max-inflight-mutations`): the operation's task holds it until it
+    /// ends, however early its caller leaves; a replay that joins an
+    /// operation already running gives it back at once.
+    pub inflight: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 #[derive(Debug, Clone)]
@@ -218,7 +223,7 @@ impl Executor {
     /// on (thousands of them can wait at once).
     pub fn submit(
         self: &Arc<Self>,
-        req: OpRequest,
+        mut req: OpRequest,
         deadline: Deadline,
     ) -> impl std::future::Future<Output = Result<Operation, ExecError>> + Send + '_ {
         use tracing::Instrument as _;
@@ -226,8 +231,9 @@ impl Executor {
             action = req.action.as_str(), server_id = %req.server_id, volume_id = %req.volume_id,
             operation_id = tracing::field::Empty, trace_id = %req.trace.trace_id());
         let now = Instant::now();
+        let inflight = req.inflight.take();
         let started = match self.policy.plan(now, deadline.at) {
-            Ok(budget) => Ok(self.spawn_operation(&req, deadline, budget, now)),
+            Ok(budget) => Ok(self.spawn_operation(&req, deadline, budget, now, inflight)),
             Err(small) => Err(Box::new(TooShort {
                 fingerprint: request_fingerprint(
                     req.action,
@@ -256,6 +262,7 @@ impl Executor {
         deadline: Deadline,
         budget: Budget,
         now: Instant,
+        inflight: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Spawned {
         let new = self.intent(req, deadline, &budget, now);
         let (created_tx, created) = oneshot::channel();
@@ -266,7 +273,7 @@ impl Executor {
             new.id,
             req.action.as_str(),
             req.trace.clone(),
-            this.own(new, budget, created_tx, done),
+            this.own(new, budget, created_tx, done, inflight),
         );
         self.tasks
             .spawn(stoppable(self.stop.clone(), Box::pin(task)));
@@ -278,13 +285,15 @@ impl Executor {
     }
 
     /// The operation's own task: the intent, then (for a new operation) the
-    /// run to its decision, under a lease its heartbeat keeps.
+    /// run to its decision, under a lease its heartbeat keeps, and holding
+    /// its caller's place under the in-flight cap (`inflight`) until then.
     async fn own(
         self: Arc<Self>,
         mut new: NewOperation,
         budget: Budget,
         created: oneshot::Sender<Result<CreateOutcome, StoreError>>,
         done: watch::Sender<Option<Operation>>,
+        inflight: Option<tokio::sync::OwnedSemaphorePermit>,
     ) {
         let pre = Box::pin(self.precheck(&mut new, &budget)).await;
         let id = new.id;
@@ -324,7 +333,9 @@ impl Executor {
             }
             other => {
                 // Nothing to drive: a replay, or no intent. Nobody waiting
-                // is fine: the caller may have gone.
+                // is fine: the caller may have gone. A replay's place goes
+                // back now: the operation it joins has a task of its own.
+                drop(inflight);
                 drop(created.send(other));
                 return;
             }
@@ -349,6 +360,7 @@ impl Executor {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
         drop(hold);
+        drop(inflight);
     }
 
     /// After an intent write of unknown outcome: the intent as the ledger
@@ -888,6 +900,7 @@ mod size_probe {
             params: RequestParams::default(),
             caller: None,
             trace: TraceContext::start(),
+            inflight: None,
         };
         // The start is boxed: what stays is the wait for the result.
         assert_small("submit", &exec.submit(req, Deadline::none()), 768);

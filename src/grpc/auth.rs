@@ -567,18 +567,8 @@ pub struct Subject {
 /// formed; anything unexpected here reads as `None` (no subject), and an
 /// attribute of a string kind not read here as absent.
 pub fn subject_of(cert: &[u8]) -> Option<Subject> {
-    let (SEQUENCE, cert, _) = der_element(cert)? else {
-        return None;
-    };
-    let (SEQUENCE, tbs, _) = der_element(cert)? else {
-        return None;
-    };
-    // version [0] (optional), serialNumber, signature, issuer, validity,
-    // then subject.
-    let mut rest = tbs;
-    if rest.first() == Some(&0xa0) {
-        rest = der_element(rest)?.2;
-    }
+    // serialNumber, signature, issuer, validity, then subject.
+    let mut rest = tbs_fields(cert)?;
     for _ in 0..4 {
         rest = der_element(rest)?.2;
     }
@@ -607,6 +597,60 @@ pub fn subject_of(cert: &[u8]) -> Option<Subject> {
     }
     subject.common_name = subject.common_name.filter(|n| !n.trim().is_empty());
     Some(subject)
+}
+
+/// The fields of a DER certificate's TBSCertificate after its optional
+/// version (`[0]`): serialNumber, signature, issuer, validity, subject...
+fn tbs_fields(cert: &[u8]) -> Option<&[u8]> {
+    let (SEQUENCE, cert, _) = der_element(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = der_element(cert)? else {
+        return None;
+    };
+    if tbs.first() == Some(&0xa0) {
+        return Some(der_element(tbs)?.2);
+    }
+    Some(tbs)
+}
+
+/// The end of a DER certificate's validity (`notAfter`), or `None` when it
+/// cannot be read (a certificate rustls accepted can be).
+pub fn not_after_of(cert: &[u8]) -> Option<chrono::DateTime<chrono::Utc>> {
+    // serialNumber, signature, issuer, then validity.
+    let mut rest = tbs_fields(cert)?;
+    for _ in 0..3 {
+        rest = der_element(rest)?.2;
+    }
+    let (SEQUENCE, validity, _) = der_element(rest)? else {
+        return None;
+    };
+    let not_before_rest = der_element(validity)?.2;
+    let (tag, time, _) = der_element(not_before_rest)?;
+    der_time(tag, time)
+}
+
+/// An X.509 Time (RFC 5280 4.1.2.5): UTCTime `YYMMDDHHMMSSZ` (years 1950
+/// to 2049) or GeneralizedTime `YYYYMMDDHHMMSSZ`, both in UTC.
+fn der_time(tag: u8, text: &[u8]) -> Option<chrono::DateTime<chrono::Utc>> {
+    let text = std::str::from_utf8(text).ok()?.strip_suffix('Z')?;
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (year, rest) = match (tag, text.len()) {
+        // UTCTime
+        (0x17, 12) => {
+            let yy: i32 = text[..2].parse().ok()?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &text[2..])
+        }
+        // GeneralizedTime
+        (0x18, 14) => (text[..4].parse().ok()?, &text[4..]),
+        _ => return None,
+    };
+    let n = |i: usize| rest[i..i + 2].parse::<u32>().ok();
+    chrono::NaiveDate::from_ymd_opt(year, n(0)?, n(2)?)?
+        .and_hms_opt(n(4)?, n(6)?, n(8)?)
+        .map(|t| t.and_utc())
 }
 
 /// The subject common name of a DER certificate: the last one when there
@@ -645,6 +689,38 @@ mod tests {
             p.distinguished_name.push(t.clone(), v.clone());
         }
         p.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_certificates_not_after_is_read_in_both_time_forms() {
+        let with_end = |end| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut p = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+            p.not_after = end;
+            p.self_signed(&key).unwrap().der().to_vec()
+        };
+        // Up to 2049 a UTCTime, from 2050 a GeneralizedTime (RFC 5280).
+        let utc = with_end(rcgen::date_time_ymd(2031, 5, 6));
+        assert_eq!(
+            not_after_of(&utc).map(|t| t.to_rfc3339()),
+            Some("2031-05-06T00:00:00+00:00".to_string())
+        );
+        let generalized = with_end(rcgen::date_time_ymd(2061, 12, 31));
+        assert_eq!(
+            not_after_of(&generalized).map(|t| t.to_rfc3339()),
+            Some("2061-12-31T00:00:00+00:00".to_string())
+        );
+        assert_eq!(
+            der_time(0x17, b"991231235959Z").map(|t| t.timestamp()),
+            Some(946_684_799)
+        );
+        assert_eq!(
+            der_time(0x17, b"9912312359Z"),
+            None,
+            "seconds are required in DER"
+        );
+        assert_eq!(der_time(0x18, b"20311301000000Z"), None, "no 13th month");
+        assert_eq!(not_after_of(b"not a certificate"), None);
     }
 
     #[test]

@@ -64,6 +64,15 @@ fn caller_of<T>(req: &Request<T>) -> Option<String> {
         .map(|c| c.name.clone())
 }
 
+/// The request's place under `--max-inflight-mutations`, which the
+/// overload layer left in its extensions for the operation's task to hold
+/// (see `overload`).
+fn inflight_of<T>(req: &Request<T>) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    req.extensions()
+        .get::<overload::MutationPermit>()
+        .and_then(overload::MutationPermit::take)
+}
+
 /// The caller's W3C trace context (metadata `traceparent`, `tracestate`),
 /// continued under a span of this service's. A malformed one is ignored —
 /// never an error to the caller, as the specification says — with a debug
@@ -248,6 +257,7 @@ impl VolumeReconciler for Api {
         let caller = caller_of(&request);
         let scope = Scope::of(&request);
         let trace = trace_of(&request);
+        let inflight = inflight_of(&request);
         let r = request.into_inner();
         let parsed = (|| {
             let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
@@ -267,6 +277,7 @@ impl VolumeReconciler for Api {
                 },
                 caller,
                 trace,
+                inflight,
             })
         })();
         self.mutate("AttachVolume", parsed, scope, deadline)
@@ -284,6 +295,7 @@ impl VolumeReconciler for Api {
         let caller = caller_of(&request);
         let scope = Scope::of(&request);
         let trace = trace_of(&request);
+        let inflight = inflight_of(&request);
         let r = request.into_inner();
         let parsed = (|| {
             let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
@@ -295,6 +307,7 @@ impl VolumeReconciler for Api {
                 params: RequestParams::default(),
                 caller,
                 trace,
+                inflight,
             })
         })();
         self.mutate("DetachVolume", parsed, scope, deadline)

@@ -1,26 +1,109 @@
-//! Load shedding for mutating RPCs, a layer of the server chain (inside the
-//! auth layer, so it knows the caller). Beyond the global cap on concurrent
-//! mutations, or beyond a caller's token bucket, the service answers
-//! `RESOURCE_EXHAUSTED` at once with a `RetryInfo` delay — instead of
-//! queueing until callers' deadlines expire. Reads are never shed here.
+//! Load shedding, a layer of the server chain (inside the auth layer, so
+//! it knows the caller). Each class of RPC has a cap on how many are in
+//! flight at once; beyond it, or beyond a caller's token bucket, the
+//! service answers `RESOURCE_EXHAUSTED` at once with a `RetryInfo` delay and
+//! an `ErrorInfo` reason naming what was full — instead of queueing until
+//! callers' deadlines expire:
+//!
+//! | class | RPCs | cap | reason | a place is held |
+//! |---|---|---|---|---|
+//! | `mutation` | AttachVolume, DetachVolume | `--max-inflight-mutations` | `OVERLOADED` (and `CALLER_RATE_LIMITED` past `--caller-rate-limit`) | until the operation's own task ends |
+//! | `read` | GetOperation, ListOperations, ListOperationEvents | `--max-inflight-reads` | `READS_OVERLOADED` | until HTTP/2 took the last piece of its answer (a client that stops reading keeps it), or the client went away |
+//! | `watch` | WatchOperation | `--max-watch-streams` | `WATCHES_OVERLOADED` | while the stream is open |
+//!
+//! An attach's place is not the call's: the call may go (its caller
+//! disconnects, its deadline fires) while the operation's task goes on
+//! calling Nova. So the layer puts the permit in the request's extensions
+//! ([`MutationPermit`]), the handler moves it into the operation's request
+//! (`executor::OpRequest::inflight`) and the task keeps it until it ends:
+//! callers that leave cannot start unbounded work. A replay that joins an
+//! operation already running keeps none (the operation's own task holds
+//! one).
+//!
+//! ReconcileOperation and ResolveOperation (an operator's, needed most in
+//! an incident), health and reflection are never shed. Every answer shed
+//! here is counted (`volume_reconciler_requests_shed_total{reason}`), and
+//! the places in use are read at each scrape
+//! (`volume_reconciler_requests_in_flight{class}` against
+//! `..._requests_in_flight_limit{class}`).
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
 use super::auth::Caller;
+use crate::domain::Reason;
+use crate::metrics::Metrics;
 
-const MUTATING: &[&str] = &[
-    "/volume_reconciler.v1.VolumeReconciler/AttachVolume",
-    "/volume_reconciler.v1.VolumeReconciler/DetachVolume",
+/// The classes of RPC with a cap of their own (see the module's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Mutation,
+    Read,
+    Watch,
+}
+
+impl Class {
+    fn of(path: &str) -> Option<Self> {
+        match path.strip_prefix("/volume_reconciler.v1.VolumeReconciler/")? {
+            "AttachVolume" | "DetachVolume" => Some(Self::Mutation),
+            "GetOperation" | "ListOperations" | "ListOperationEvents" => Some(Self::Read),
+            "WatchOperation" => Some(Self::Watch),
+            _ => None,
+        }
+    }
+
+    /// The metrics' `class` label.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Mutation => "mutation",
+            Self::Read => "read",
+            Self::Watch => "watch",
+        }
+    }
+
+    /// Why a request of this class is shed when its cap is full, the flag
+    /// that sets the cap (its name in the answer's metadata, with `_`),
+    /// what the calls are, and the delay suggested: reads are short, an
+    /// attach or a watch frees its place in seconds to minutes.
+    fn refusal(self) -> (Reason, &'static str, &'static str, Duration) {
+        match self {
+            Self::Mutation => (
+                Reason::Overloaded,
+                "max-inflight-mutations",
+                "attach/detach operations are running",
+                Duration::from_secs(1),
+            ),
+            Self::Read => (
+                Reason::ReadsOverloaded,
+                "max-inflight-reads",
+                "reads (GetOperation, ListOperations, ListOperationEvents) are in flight",
+                Duration::from_millis(250),
+            ),
+            Self::Watch => (
+                Reason::WatchesOverloaded,
+                "max-watch-streams",
+                "WatchOperation streams are open",
+                Duration::from_secs(2),
+            ),
+        }
+    }
+}
+
+/// Every reason this layer sheds with (each counted from 0).
+pub const SHED_REASONS: &[Reason] = &[
+    Reason::Overloaded,
+    Reason::CallerRateLimited,
+    Reason::ReadsOverloaded,
+    Reason::WatchesOverloaded,
 ];
 
 /// Callers tracked at most before idle ones (whose bucket is full again)
@@ -69,19 +152,70 @@ impl CallerLimits {
     }
 }
 
+/// The caps (places in flight, each at least 1: the flags refuse 0) and
+/// the per-caller buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_inflight_mutations: usize,
+    pub max_inflight_reads: usize,
+    pub max_watch_streams: usize,
+    /// Attach/detach calls per second per caller (0: off).
+    pub caller_rate: f64,
+    pub caller_burst: u32,
+}
+
+/// One class's places.
+#[derive(Clone)]
+struct Cap {
+    places: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl Cap {
+    fn new(limit: usize) -> Self {
+        let limit = limit.max(1);
+        Self {
+            places: Arc::new(Semaphore::new(limit)),
+            limit,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct OverloadLayer {
-    mutations: Arc<Semaphore>,
-    max: usize,
+    mutations: Cap,
+    reads: Cap,
+    watches: Cap,
     callers: Arc<CallerLimits>,
+    metrics: Arc<Metrics>,
 }
 
 impl OverloadLayer {
-    pub fn new(max_inflight_mutations: usize, caller_rate: f64, caller_burst: u32) -> Self {
-        Self {
-            mutations: Arc::new(Semaphore::new(max_inflight_mutations.max(1))),
-            max: max_inflight_mutations.max(1),
-            callers: Arc::new(CallerLimits::new(caller_rate, caller_burst)),
+    /// The caps of `limits`, reported to `metrics`: the places in use are
+    /// read at each scrape, and every shed answer is counted.
+    pub fn new(limits: &Limits, metrics: Arc<Metrics>) -> Self {
+        let layer = Self {
+            mutations: Cap::new(limits.max_inflight_mutations),
+            reads: Cap::new(limits.max_inflight_reads),
+            watches: Cap::new(limits.max_watch_streams),
+            callers: Arc::new(CallerLimits::new(limits.caller_rate, limits.caller_burst)),
+            metrics,
+        };
+        for class in [Class::Mutation, Class::Read, Class::Watch] {
+            let cap = layer.cap(class);
+            layer
+                .metrics
+                .observe_in_flight(class.label(), cap.places.clone(), cap.limit);
+        }
+        layer.metrics.shed_reasons(SHED_REASONS);
+        layer
+    }
+
+    fn cap(&self, class: Class) -> &Cap {
+        match class {
+            Class::Mutation => &self.mutations,
+            Class::Read => &self.reads,
+            Class::Watch => &self.watches,
         }
     }
 }
@@ -102,10 +236,32 @@ pub struct OverloadService<S> {
     layer: OverloadLayer,
 }
 
+/// An attach/detach's place under `--max-inflight-mutations`, put in the
+/// request's extensions by the layer. The handler takes it into the
+/// operation's request (`OpRequest::inflight`), and the operation's task
+/// holds it until it ends. A request whose handler never takes it (a
+/// client gone before its message arrived) frees it when the request is
+/// dropped. Extensions must be `Clone`: clones share the one permit, which
+/// is taken once.
+#[derive(Clone, Debug)]
+pub struct MutationPermit(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl MutationPermit {
+    fn new(permit: OwnedSemaphorePermit) -> Self {
+        Self(Arc::new(Mutex::new(Some(permit))))
+    }
+
+    /// The permit, to the first who asks.
+    pub fn take(&self) -> Option<OwnedSemaphorePermit> {
+        // A poisoned lock only means a panic elsewhere; the slot is intact.
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 fn shed<R: Default>(
-    reason: &str,
+    reason: Reason,
     message: String,
     retry_after: Duration,
     extra: &[(&str, String)],
@@ -116,7 +272,7 @@ fn shed<R: Default>(
         .collect();
     meta.insert("retry_after_ms".into(), retry_after.as_millis().to_string());
     let mut details =
-        tonic_types::ErrorDetails::with_error_info(reason, super::status::DOMAIN, meta);
+        tonic_types::ErrorDetails::with_error_info(reason.as_str(), super::status::DOMAIN, meta);
     details.set_retry_info(Some(retry_after));
     <tonic::Status as tonic_types::StatusExt>::with_error_details(
         tonic::Code::ResourceExhausted,
@@ -144,13 +300,28 @@ fn caller_key<B>(req: &http::Request<B>) -> String {
         .unwrap_or_else(|| "anonymous".into())
 }
 
-impl<S, B, R> Service<http::Request<B>> for OverloadService<S>
+impl OverloadLayer {
+    /// The answer to a request shed for `reason`, counted.
+    fn refuse<E: Send + 'static>(
+        &self,
+        reason: Reason,
+        message: String,
+        retry_after: Duration,
+        extra: &[(&str, String)],
+    ) -> BoxFuture<Result<http::Response<tonic::body::Body>, E>> {
+        self.metrics.shed(reason);
+        let answer = shed(reason, message, retry_after, extra);
+        Box::pin(std::future::ready(Ok(answer)))
+    }
+}
+
+impl<S, B> Service<http::Request<B>> for OverloadService<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<R>> + Send + 'static,
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>> + Send + 'static,
     S::Future: Send + 'static,
-    R: Default + Send + 'static,
+    S::Error: Send + 'static,
 {
-    type Response = http::Response<R>;
+    type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
     type Future = BoxFuture<Result<Self::Response, Self::Error>>;
 
@@ -158,47 +329,187 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if !MUTATING.contains(&req.uri().path()) {
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let Some(class) = Class::of(req.uri().path()) else {
             return Box::pin(self.inner.call(req));
+        };
+        if class == Class::Mutation {
+            let key = caller_key(&req);
+            if let Err(wait) = self.layer.callers.take(&key) {
+                let msg = format!(
+                    "caller {key:?} is over its rate limit (--caller-rate-limit); retry after {} ms",
+                    wait.as_millis()
+                );
+                return self
+                    .layer
+                    .refuse(Reason::CallerRateLimited, msg, wait, &[("caller", key)]);
+            }
         }
-        let key = caller_key(&req);
-        if let Err(wait) = self.layer.callers.take(&key) {
-            let msg = format!(
-                "caller {key:?} is over its rate limit; retry after {} ms",
-                wait.as_millis()
-            );
-            return Box::pin(async move {
-                Ok(shed("CALLER_RATE_LIMITED", msg, wait, &[("caller", key)]))
-            });
-        }
-        let permit = match self.layer.mutations.clone().try_acquire_owned() {
+        let cap = self.layer.cap(class);
+        let place = match cap.places.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                let max = self.layer.max;
-                let msg = format!("{max} attach/detach calls are in flight already; retry shortly");
-                return Box::pin(async move {
-                    Ok(shed(
-                        "OVERLOADED",
-                        msg,
-                        Duration::from_secs(1),
-                        &[("max_inflight_mutations", max.to_string())],
-                    ))
-                });
+                let (reason, flag, what, retry) = class.refusal();
+                let limit = cap.limit;
+                let msg = format!("{limit} {what} already (--{flag}); retry shortly");
+                return self.layer.refuse(
+                    reason,
+                    msg,
+                    retry,
+                    &[(&flag.replace('-', "_"), limit.to_string())],
+                );
             }
         };
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let r = fut.await;
-            drop(permit);
-            r
-        })
+        match class {
+            // Held by the operation's task, not by this call (see the
+            // module's doc).
+            Class::Mutation => {
+                req.extensions_mut().insert(MutationPermit::new(place));
+                Box::pin(self.inner.call(req))
+            }
+            // Held until the answer's body is done: a large page or a
+            // stream holds its place while it is being sent.
+            Class::Read | Class::Watch => {
+                let fut = self.inner.call(req);
+                Box::pin(async move {
+                    let answer = fut.await?;
+                    Ok(answer.map(|body| tonic::body::Body::new(Holding::new(body, place))))
+                })
+            }
+        }
+    }
+}
+
+/// The largest piece of an answer handed to HTTP/2 at once (its default
+/// frame size).
+const PIECE: usize = 16 * 1024;
+
+/// An answer's body holding its request's place until the body is done
+/// with: its last piece taken by HTTP/2, or the body dropped (the client
+/// went away). Data is handed on in pieces of [`PIECE`] bytes: hyper takes
+/// a piece once the client's flow-control window has room, so a client
+/// that stops reading a large page keeps its place (and the rest of the
+/// page stays here) rather than the whole page vanishing into HTTP/2's
+/// buffer at once. A piece is a view of the same bytes, never a copy.
+struct Holding {
+    inner: tonic::body::Body,
+    /// The rest of a data frame larger than a piece.
+    rest: bytes::Bytes,
+    _place: OwnedSemaphorePermit,
+}
+
+impl Holding {
+    fn new(inner: tonic::body::Body, place: OwnedSemaphorePermit) -> Self {
+        Self {
+            inner,
+            rest: bytes::Bytes::new(),
+            _place: place,
+        }
+    }
+
+    fn piece(&mut self) -> http_body::Frame<bytes::Bytes> {
+        let n = self.rest.len().min(PIECE);
+        http_body::Frame::data(self.rest.split_to(n))
+    }
+}
+
+impl http_body::Body for Holding {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        if !this.rest.is_empty() {
+            return Poll::Ready(Some(Ok(this.piece())));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
+                    this.rest = data;
+                    Poll::Ready(Some(Ok(this.piece())))
+                }
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let inner = self.inner.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_rpc_counts_against_its_class_and_operators_health_and_reflection_against_none() {
+        let of = |m: &str| Class::of(&format!("/volume_reconciler.v1.VolumeReconciler/{m}"));
+        assert_eq!(of("AttachVolume"), Some(Class::Mutation));
+        assert_eq!(of("DetachVolume"), Some(Class::Mutation));
+        for read in ["GetOperation", "ListOperations", "ListOperationEvents"] {
+            assert_eq!(of(read), Some(Class::Read), "{read}");
+        }
+        assert_eq!(of("WatchOperation"), Some(Class::Watch));
+        assert_eq!(of("ReconcileOperation"), None);
+        assert_eq!(of("ResolveOperation"), None);
+        assert_eq!(Class::of("/grpc.health.v1.Health/Check"), None);
+        assert_eq!(
+            Class::of("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_mutation_permit_is_taken_once_whoever_holds_a_clone() {
+        let places = Arc::new(Semaphore::new(1));
+        let permit = MutationPermit::new(places.clone().try_acquire_owned().unwrap());
+        let clone = permit.clone();
+        let taken = clone.take().expect("the first take");
+        assert!(permit.take().is_none(), "taken once");
+        drop((permit, clone));
+        assert_eq!(places.available_permits(), 0, "the taker holds it");
+        drop(taken);
+        assert_eq!(places.available_permits(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_handed_on_in_pieces_and_frees_its_place_when_dropped() {
+        use http_body::Body as _;
+        use http_body_util::BodyExt as _;
+        let places = Arc::new(Semaphore::new(1));
+        let page = bytes::Bytes::from(vec![7u8; 2 * PIECE + 10]);
+        let inner = tonic::body::Body::new(http_body_util::Full::new(page.clone()));
+        let mut body = Holding::new(inner, places.clone().try_acquire_owned().unwrap());
+        let mut sizes = Vec::new();
+        let mut got = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            sizes.push(data.len());
+            got.extend_from_slice(&data);
+        }
+        assert_eq!(sizes, [PIECE, PIECE, 10]);
+        assert_eq!(got, page);
+        assert!(body.is_end_stream());
+        assert_eq!(places.available_permits(), 0, "held until dropped");
+        drop(body);
+        assert_eq!(places.available_permits(), 1);
+    }
 
     #[test]
     fn a_bucket_refills_at_its_rate_and_tells_how_long_to_wait() {

@@ -231,6 +231,8 @@ pub struct KeystoneAuth {
     cfg: KeystoneConfig,
     state: Mutex<State>,
     renewals: std::sync::atomic::AtomicU64,
+    /// Renewals that failed, since start (a metric).
+    failures: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -317,12 +319,26 @@ impl KeystoneAuth {
             cfg,
             state: Mutex::new(State::default()),
             renewals: std::sync::atomic::AtomicU64::new(0),
+            failures: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     /// How many renewals were started (for tests and metrics).
     pub fn renewals(&self) -> u64 {
         self.renewals.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many renewals failed since start (`volume_reconciler_keystone_renewal_failures_total`).
+    pub fn renewal_failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// When the token held expires: `None` without one (none yet, or
+    /// forgotten after a 401), `Some(None)` for a token Keystone gave no
+    /// expiry.
+    pub fn token_expires_at(&self) -> Option<Option<DateTime<Utc>>> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.token.as_ref().map(|t| t.expires_at)
     }
 
     /// A valid token, waiting at most until `deadline` for a renewal. A
@@ -431,6 +447,8 @@ impl KeystoneAuth {
                         None
                     }
                     Err(e) => {
+                        self.failures
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         st.failures = st.failures.saturating_add(1);
                         let pause = renewal_backoff(st.failures);
                         st.retry_at = Some(Instant::now() + pause);

@@ -120,6 +120,21 @@ impl AppOptions {
     }
 }
 
+/// `opts` in Keystone mode against `sim`'s Keystone (the password of its
+/// user, scoped to its project): no `--nova-url`, Nova and Cinder from the
+/// catalog, as against a cloud.
+pub fn keystone_mode(sim: &SimHandle, opts: AppOptions) -> AppOptions {
+    let cfg = sim.sim.config();
+    AppOptions {
+        keystone: true,
+        ..opts
+    }
+    .arg("--os-auth-url", &sim.auth_url)
+    .arg("--os-username", &cfg.username)
+    .arg("--os-password", &cfg.password)
+    .arg("--os-project-name", &cfg.project_name)
+}
+
 pub fn init_logs() {
     volume_reconciler::nova::client::install_crypto_provider();
     let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into());

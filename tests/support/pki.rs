@@ -68,6 +68,41 @@ impl Ca {
     }
 }
 
+/// A self-signed certificate for localhost whose validity ends at
+/// midnight UTC of `(year, month, day)`, and its key, written as PEM to
+/// `dir/NAME.pem` and `dir/NAME.key` (again: replaced): (cert path, key
+/// path).
+pub fn certificate_until(
+    dir: &std::path::Path,
+    name: &str,
+    (year, month, day): (i32, u8, u8),
+) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    p.not_after = rcgen::date_time_ymd(year, month, day);
+    let cert = p.self_signed(&key).unwrap();
+    let (cert_path, key_path) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    // The key first: a reload between the two writes fails (the old
+    // pair stays in service) and the next change reloads both.
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    (
+        cert_path.to_string_lossy().to_string(),
+        key_path.to_string_lossy().to_string(),
+    )
+}
+
+/// A fresh temporary folder under the target directory.
+pub fn temp_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-certs-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A server certificate for localhost and 127.0.0.1, a CA for clients and
 /// one client certificate from it, as files.
 pub struct Pki {
