@@ -14,8 +14,15 @@ use sqlx::{AssertSqlSafe, SqlSafeStr};
 include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
 
 /// A migrator of the given embedded migrations (`PG` or `SQLITE`).
+///
+/// Migrations applied that this build does not know are left alone, not
+/// an error: during a rolling upgrade the next release migrates first, and
+/// a replica of this one that restarts meanwhile (or a rollback) must still
+/// start against the expanded schema. That holds because every migration
+/// is an expand step the previous release keeps working against; what it
+/// removes goes in a later contract step (README, "Upgrading").
 pub fn migrator(files: &'static [(i64, &'static str, &'static str)]) -> Migrator {
-    Migrator::with_migrations(
+    let mut m = Migrator::with_migrations(
         files
             .iter()
             .map(|&(version, description, sql)| {
@@ -30,7 +37,9 @@ pub fn migrator(files: &'static [(i64, &'static str, &'static str)]) -> Migrator
                 )
             })
             .collect(),
-    )
+    );
+    m.set_ignore_missing(true);
+    m
 }
 
 #[cfg(test)]
