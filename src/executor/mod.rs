@@ -128,7 +128,10 @@ pub enum ExecError {
 
 /// A submitted operation: its task runs already; these wait for it.
 struct Spawned {
-    /// What the intent write found (new, or the key's existing operation).
+    /// The new operation's id.
+    id: Uuid,
+    /// What the intent write found, when there is no run to wait for: an
+    /// error, or the key's existing operation (never sent for a new one).
     created: oneshot::Receiver<Result<CreateOutcome, StoreError>>,
     /// The decision of a new operation.
     result: watch::Receiver<Option<Operation>>,
@@ -265,6 +268,7 @@ impl Executor {
         inflight: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Spawned {
         let new = self.intent(req, deadline, &budget, now);
+        let id = new.id;
         let (created_tx, created) = oneshot::channel();
         let (done, result) = watch::channel(None);
         let this = self.clone();
@@ -278,6 +282,7 @@ impl Executor {
         self.tasks
             .spawn(stoppable(self.stop.clone(), Box::pin(task)));
         Spawned {
+            id,
             created,
             result,
             until: budget.answer_by,
@@ -305,6 +310,7 @@ impl Executor {
             write_started.elapsed().as_secs_f64(),
         );
         let hold = self.holds.hold(id);
+        let keep_created;
         let op = match result {
             Ok(CreateOutcome::Created(op)) => {
                 // The intent's lease was set after its write left.
@@ -314,7 +320,11 @@ impl Executor {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(id, done.subscribe());
-                drop(created.send(Ok(CreateOutcome::Created(op.clone()))));
+                // Nothing is sent on `created` for a new operation: its
+                // caller waits for the decision alone, one wake-up per call
+                // (`await_spawned`). The sender is kept until the decision
+                // is out, so that its end never wakes the caller first.
+                keep_created = Some(created);
                 op
             }
             Err(e) if e.may_have_written() => {
@@ -326,6 +336,7 @@ impl Executor {
                 tracing::warn!(operation_id = %id, error = %e,
                     "the intent may have been recorded; reading it before anything is concluded");
                 drop(created.send(Err(e)));
+                keep_created = None;
                 match Box::pin(self.intent_fate(id, Instant::now())).await {
                     Some(op) => op,
                     None => return,
@@ -355,6 +366,7 @@ impl Executor {
             confirm::Precheck::WaitReady => Box::pin(self.drive_when_ready(run)).await,
         };
         drop(done.send(Some(decided)));
+        drop(keep_created);
         self.inflight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -479,31 +491,92 @@ impl Executor {
     }
 
     async fn await_spawned(&self, s: Spawned) -> Result<Operation, ExecError> {
-        // No timer of its own: the intent write is bounded by the same
-        // deadline in the store, and answers by then.
-        let created = match s.created.await {
-            Ok(created) => created?,
-            Err(_) => return Err(ExecError::TaskLost),
-        };
-        // Only the id is kept across the wait (an operation is large, and
-        // thousands of these wait at once).
-        let (id, new) = match created {
-            CreateOutcome::Created(op) => (op.id, true),
-            CreateOutcome::Existing(op) => {
-                tracing::debug!(operation_id = %op.id, state = op.state.as_str(), "idempotency key replayed; joining the operation");
-                if op.state.is_terminal() {
-                    return Ok(op);
+        let Spawned {
+            mut created,
+            mut result,
+            until,
+            id,
+        } = s;
+        tracing::Span::current().record("operation_id", tracing::field::display(id));
+        let peek = result.clone();
+        // One wake-up for a new operation: its task answers `created` only
+        // when there is no run of its own to wait for (the intent failed, or
+        // the key was replayed); otherwise the decision is the one message.
+        let decided = async {
+            loop {
+                if let Some(op) = result.borrow_and_update().clone() {
+                    return Some(op);
                 }
-                (op.id, false)
+                if result.changed().await.is_err() {
+                    return None;
+                }
             }
         };
-        tracing::Span::current().record("operation_id", tracing::field::display(id));
-        if new {
-            Box::pin(self.await_result(id, s.result, s.until)).await
-        } else {
-            // Cold (a replay of an open operation): boxed.
-            Box::pin(self.wait_decided(id, s.until)).await
+        tokio::pin!(decided);
+        let sleep = tokio::time::sleep_until(until);
+        tokio::pin!(sleep);
+        let mut recorded = false;
+        loop {
+            tokio::select! {
+                biased;
+                c = &mut created, if !recorded => match c {
+                    Ok(Ok(CreateOutcome::Existing(op))) => {
+                        tracing::debug!(operation_id = %op.id, state = op.state.as_str(), "idempotency key replayed; joining the operation");
+                        if op.state.is_terminal() {
+                            return Ok(op);
+                        }
+                        tracing::Span::current()
+                            .record("operation_id", tracing::field::display(op.id));
+                        // Cold (a replay of an open operation): boxed.
+                        return Box::pin(self.wait_decided(op.id, until)).await;
+                    }
+                    // Not sent (the task keeps the sender of a new one);
+                    // were it, the decision is still what is waited for.
+                    Ok(Ok(CreateOutcome::Created(_))) => recorded = true,
+                    Ok(Err(e)) => return Err(e.into()),
+                    // The task let go of `created` without a word: after
+                    // its decision (read here, whichever wake-up came
+                    // first), stopped while its run goes on here (a
+                    // shutdown: the decision is still waited for), or
+                    // stopped before its intent's outcome (nothing runs).
+                    Err(_) => {
+                        if let Some(op) = peek.borrow().clone() {
+                            return Ok(op);
+                        }
+                        if self.is_running(id) {
+                            recorded = true;
+                        } else {
+                            return Err(ExecError::TaskLost);
+                        }
+                    }
+                },
+                op = &mut decided => {
+                    return match op {
+                        Some(op) => Ok(op),
+                        // The task stopped (a shutdown) after its intent.
+                        None => Err(ExecError::StillRunning(id)),
+                    };
+                }
+                () = &mut sleep => {
+                    // The caller's time is up. A run of its own goes on
+                    // without it; an intent still being written answers
+                    // by then too (the store bounds it by `until`), so
+                    // its outcome is still waited for.
+                    if recorded || self.is_running(id) {
+                        return Err(ExecError::StillRunning(id));
+                    }
+                    sleep.as_mut().reset(Instant::now() + Duration::from_secs(3600));
+                }
+            }
         }
+    }
+
+    /// Whether this replica runs operation `id` now (its intent written).
+    fn is_running(&self, id: Uuid) -> bool {
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&id)
     }
 
     /// The caller's time is too short to call Nova; but a replay of a key
