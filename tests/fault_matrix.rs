@@ -1215,3 +1215,82 @@ async fn a_hundred_concurrent_attaches_with_random_faults_all_match_the_truth() 
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn the_settle_window_of_a_request_that_waited_for_a_slot_starts_when_it_left() {
+    // One connection slot to Nova, held 3 s by another attach: the second
+    // attach's intent is recorded at once, its request leaves 3 s later,
+    // and its answer is lost with Nova's lists failing: UNKNOWN, for the
+    // reconciler to settle. Its settle window (from `last_request_at`) must
+    // start no earlier than when the request reached Nova, or the
+    // reconciler would conclude "not attached" of an attach still running
+    // in Nova for as long as the request waited.
+    let app = spawn_app(with_history().arg("--nova-max-concurrency", "1")).await;
+    let (s1, v1) = ids();
+    let (s2, v2) = ids();
+    let mut hold = FaultRule::new(FaultOp::Attach, Fault::DelayBeforeEffect { ms: 3_000 });
+    hold.volume_id = Some(v1);
+    app.sim.add_fault(hold);
+    let mut lost = FaultRule::new(FaultOp::Attach, Fault::CloseAfterEffect);
+    lost.volume_id = Some(v2);
+    app.sim.add_fault(lost);
+    for op in [FaultOp::List, FaultOp::Show, FaultOp::Cinder] {
+        let mut rule = FaultRule::new(
+            op,
+            Fault::Status {
+                code: 500,
+                effect: false,
+            },
+        )
+        .always();
+        rule.server_id = Some(s2);
+        app.sim.add_fault(rule);
+    }
+    let mut c1 = app.raw();
+    let first = tokio::spawn(async move {
+        c1.attach_volume(with_timeout(
+            attach("slot-holder", s1, v1),
+            Duration::from_secs(20),
+        ))
+        .await
+    });
+    let sim = app.sim.clone();
+    support::eventually(
+        Duration::from_secs(10),
+        "the first attach holds the slot",
+        || {
+            let sim = sim.clone();
+            async move { sim.attach_requests(v1) == 1 }
+        },
+    )
+    .await;
+    let e = app
+        .raw()
+        .attach_volume(with_timeout(
+            attach("waited", s2, v2),
+            Duration::from_secs(8),
+        ))
+        .await
+        .expect_err("its answer was lost and nothing can be observed");
+    let (reason, meta) = error_info(&e);
+    assert_eq!(reason, "OUTCOME_UNKNOWN", "{e:?}");
+    let op = row(&app, &meta["operation_id"]).await;
+    assert_eq!(op.state, State::Unknown);
+    let (_, requests) = app.sim.truth_of(&[v2].into_iter().collect());
+    let reached = requests
+        .iter()
+        .find(|r| r.op == "attach" && r.volume_id == v2)
+        .expect("the second attach reached Nova")
+        .received_at;
+    let last = op.last_request_at.expect("a request was sent");
+    assert!(
+        last + chrono::Duration::milliseconds(500) >= reached,
+        "the settle window starts at {last}, before the request reached Nova at {reached} (it waited for the slot from {})",
+        op.created_at
+    );
+    assert!(
+        first.await.expect("the first call's task").is_ok(),
+        "the slot holder attached"
+    );
+    app.stop().await;
+}

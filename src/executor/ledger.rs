@@ -28,6 +28,13 @@ impl Executor {
         t.attachment = d.attachment.clone();
         t.last_error = Some(d.error.clone());
         t.release_lease = true;
+        // An outcome left open after a request left counts that request
+        // from now: its settle window (`last_request_at`) must not start
+        // at the intent when the request waited for a slot or a token
+        // first (the reconciler would otherwise conclude "not attached"
+        // of an attach still running in Nova for as long as it waited).
+        // Now is after the request left, so the window is never short.
+        t.request_sent = !d.state.is_terminal() && run.last_left_at.is_some();
         t.verify_expect = verify_expect(run, &d, resolution);
         let kind = if d.state.is_terminal() {
             event::RESOLVED
