@@ -1,0 +1,207 @@
+//! A rolling upgrade across the ledger's expand step (migration
+//! `20261207000001_ledger_at_the_naives_price`), as the previous release
+//! would meet it: its hot statements, exactly as it sent them (its own
+//! `volume-reconciler bench pgbench-script`, kept in
+//! `tests/upgrade/previous_release_attach.sql`: the intent with its
+//! `recorded` event, then the decision with its three events), run against
+//! the schema it knew, then against the new one while the new release
+//! serves on the same database. The new release reads what the previous
+//! one wrote, both keep one key one operation and one open operation per
+//! volume, and a later release's migration does not stop this one from
+//! starting (README, "Upgrading").
+
+mod support;
+
+use std::path::Path;
+
+use support::pg::{Admin, fresh_database};
+use volume_reconciler::domain::State;
+use volume_reconciler::store::{DbBounds, PgSettings, PgStore, Store};
+
+/// The previous release's attach, as it sent it (`:n`, `:hi`, `:lo` are
+/// pgbench's variables; the script's first lines set them).
+const PREVIOUS_ATTACH: &str = include_str!("upgrade/previous_release_attach.sql");
+
+/// The migration this release adds.
+const EXPAND: &str = "20261207000001";
+
+/// The previous release's two statements with its variables bound.
+fn previous_attach(n: u64) -> String {
+    let body: String = PREVIOUS_ATTACH
+        .lines()
+        .filter(|l| !l.starts_with("\\set"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    body.replace(":n", &n.to_string())
+        .replace(":hi", &(n * 7919 + 1).to_string())
+        .replace(":lo", &(n * 104_729 + 3).to_string())
+}
+
+/// Applies the migrations before `EXPAND`, as the previous release did:
+/// sqlx's own migrator over a copy of those files (so their checksums are
+/// the ones a database migrated by that release holds).
+async fn migrate_as_the_previous_release(url: &str) {
+    let dir = std::env::temp_dir().join(format!("vr-upgrade-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir(&dir).expect("a temporary folder");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/pg");
+    for f in std::fs::read_dir(&root).expect("migrations/pg") {
+        let f = f.expect("an entry");
+        let name = f.file_name().into_string().expect("a UTF-8 name");
+        if name.as_str() < EXPAND {
+            std::fs::copy(f.path(), dir.join(&name)).expect("copied");
+        }
+    }
+    let migrator = sqlx::migrate::Migrator::new(dir.as_path())
+        .await
+        .expect("the previous release's migrations");
+    std::fs::remove_dir_all(&dir).expect("the temporary folder removed");
+    let pool = sqlx::PgPool::connect(url).await.expect("connected");
+    migrator.run(&pool).await.expect("migrated as before");
+    pool.close().await;
+}
+
+async fn new_release(url: &str) -> PgStore {
+    PgStore::connect(&PgSettings {
+        url: url.into(),
+        max_connections: 4,
+        bounds: DbBounds::DEFAULT,
+    })
+    .await
+    .expect("the new release connects and migrates")
+}
+
+/// The ids of the previous release's operations (its script's keys start
+/// with `pgbench-`), oldest first.
+async fn previous_ids(admin: &mut Admin) -> Vec<uuid::Uuid> {
+    admin
+        .texts("SELECT id::text FROM operations WHERE idempotency_key LIKE 'pgbench-%' ORDER BY seq")
+        .await
+        .iter()
+        .map(|t| t.parse().expect("a uuid"))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_previous_release_keeps_working_while_the_new_one_serves_on_the_expanded_ledger() {
+    support::init_logs();
+    let url = fresh_database().await;
+    migrate_as_the_previous_release(&url).await;
+    let mut admin = Admin::connect(&url).await;
+
+    // Before the upgrade: the previous release attaches.
+    for n in 0..5 {
+        admin.run(&previous_attach(n)).await;
+    }
+    let before = previous_ids(&mut admin).await;
+    assert_eq!(before.len(), 5, "the previous release's attaches recorded");
+
+    // The new release migrates (the expand step) and serves ...
+    let store = new_release(&url).await;
+    assert_eq!(
+        admin
+            .number(&format!(
+                "SELECT count(*) FROM _sqlx_migrations WHERE version = {EXPAND} AND success"
+            ))
+            .await,
+        1,
+        "the expand step applied"
+    );
+    // ... while the previous release's replicas go on with their
+    // statements, which must all still run.
+    for n in 5..10 {
+        admin.run(&previous_attach(n)).await;
+    }
+    let ids = previous_ids(&mut admin).await;
+    assert_eq!(ids.len(), 10, "the previous release still records");
+
+    // The new release reads every one of them, written before or after
+    // the migration: the decision and the whole reconcile log (from the
+    // previous release's event table).
+    for id in &ids {
+        let op = store
+            .operation_get(*id)
+            .await
+            .expect("read")
+            .unwrap_or_else(|| panic!("{id}: the new release sees the operation"));
+        assert_eq!(op.state, State::Succeeded, "{id}");
+        let kinds: Vec<String> = store
+            .operation_events(*id)
+            .await
+            .expect("its log")
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            ["recorded", "request_sent", "response", "resolved"],
+            "{id}: the previous release's log, in order"
+        );
+    }
+
+    // The guarantees hold across both releases' writes: a key is one
+    // operation (the key hash the database computes covers the previous
+    // release's inserts), and a volume has one open operation.
+    let row = |c: &str| {
+        format!(
+            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
+                 volume_id, request, attempts, deadline_at, caller)
+             SELECT gen_random_uuid(), idempotency_key, fingerprint, action, {c}, server_id,
+                 volume_id, request, 0, now(), caller
+             FROM operations WHERE id = '{}'
+             ON CONFLICT DO NOTHING",
+            ids[0]
+        )
+    };
+    admin.run(&row("'pending'")).await;
+    assert_eq!(
+        previous_ids(&mut admin).await.len(),
+        10,
+        "a replayed key of the previous release inserts nothing"
+    );
+    let open = |key: &str| {
+        format!(
+            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
+                 volume_id, request, attempts, deadline_at, caller)
+             VALUES (gen_random_uuid(), '{key}', 'f', 'attach', 'pending', gen_random_uuid(),
+                 '00000000-0000-0000-0000-00000000000a', '{{}}', 0, now(), NULL)
+             ON CONFLICT DO NOTHING"
+        )
+    };
+    admin.run(&open("open-1")).await;
+    admin.run(&open("open-2")).await;
+    assert_eq!(
+        admin
+            .number(
+                "SELECT count(*) FROM operations
+                 WHERE volume_id = '00000000-0000-0000-0000-00000000000a'"
+            )
+            .await,
+        1,
+        "one open operation per volume, whichever release inserts"
+    );
+    assert_eq!(
+        admin
+            .number(
+                "SELECT count(*) FROM operations
+                 WHERE key_hash IS DISTINCT FROM volume_reconciler_key_hash(caller, idempotency_key)"
+            )
+            .await,
+        0,
+        "the generated key hash is the tombstones' hash, for rows of either release"
+    );
+    drop(store);
+
+    // A later release's migration (a version this build does not know)
+    // does not stop this release from starting: it was an expand step.
+    admin
+        .run(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (29991231000001, 'a later release', true, '\\x00', 0)",
+        )
+        .await;
+    let again = new_release(&url).await;
+    assert!(
+        again.operation_get(ids[9]).await.expect("read").is_some(),
+        "this release still serves after a later one migrated"
+    );
+}
