@@ -1,7 +1,7 @@
 //! Prometheus metrics (served on the admin listener at `/metrics`). One
 //! struct owns the registry; no globals, so each test's server has its own.
 //!
-//! Conventions (README "Observability"):
+//! Conventions (docs/operating.md, "Observability"):
 //! - the service's own metrics are prefixed `volume_reconciler_`; the
 //!   process metrics ([`process`]) carry the standard unprefixed `process_`
 //!   names, so stock dashboards and alerts work on them;
@@ -17,7 +17,7 @@
 //! every answer, including those of the layers in front of the handlers
 //! (authentication, load shedding, the deadline backstop).
 //!
-//! Saturation (README "Observability"): what is full or about to be is read
+//! Saturation (docs/operating.md, "Observability"): what is full or about to be is read
 //! at each scrape from what holds it ([`Saturation`]): the load-shedding
 //! caps' places in use, the Keystone token's time left and its failed
 //! renewals, the served certificate's notAfter; the store's pool and write

@@ -2,7 +2,7 @@
 //! server is put together, used by `main` and by the tests, so the tests
 //! exercise the real chain.
 //!
-//! Shutdown is staged (see README "Rolling restarts"): not ready at once;
+//! Shutdown is staged (see docs/operating.md, "Rolling restarts"): not ready at once;
 //! keep serving for `--shutdown-delay`; then stop accepting and drain
 //! HTTP/2 with the two-phase GOAWAY; wait for in-flight RPCs up to
 //! `--drain-timeout`; hand unfinished operations to the other replicas'

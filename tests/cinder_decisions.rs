@@ -1,5 +1,5 @@
-//! Every decision row of Cinder's confirmation (README "How an outcome is
-//! decided", the Cinder rows), through the real server chain and the
+//! Every decision row of Cinder's confirmation (docs/design.md, "How an
+//! outcome is decided", the Cinder rows), through the real server chain and the
 //! simulator, on PostgreSQL and on the embedded store. Each test checks the
 //! RPC's answer, the ledger row, and what the simulator says happened —
 //! at the instant the decision was answered, not later.

@@ -938,12 +938,12 @@ fn every_alert_rule_says_how_bad_it_is_and_what_to_do() {
             // not prose in the rule.
             assert_eq!(
                 r["annotations"]["runbook_url"].as_str(),
-                Some(format!("README.md#alert-{}", name.to_lowercase()).as_str()),
+                Some(format!("docs/operating.md#alert-{}", name.to_lowercase()).as_str()),
                 "{name}: runbook_url"
             );
             assert!(
                 r["annotations"]["runbook"].is_null(),
-                "{name}: the runbook lives in the README, runbook_url points at it"
+                "{name}: the runbook lives in docs/operating.md, runbook_url points at it"
             );
             if let Some(f) = r["for"].as_str() {
                 humantime::parse_duration(f).unwrap_or_else(|e| panic!("{name}: for {f}: {e}"));
@@ -968,17 +968,17 @@ fn every_alert_rule_says_how_bad_it_is_and_what_to_do() {
     }
 }
 
-/// The README's alert table lists every rule with its severity, and every
-/// rule's runbook_url names a heading of the README (GitHub's anchor of
-/// `#### Alert: NAME`).
+/// docs/operating.md's alert table lists every rule with its severity, and
+/// every rule's runbook_url names a heading of docs/operating.md (GitHub's
+/// anchor of `#### Alert: NAME`).
 #[test]
-fn the_readme_lists_every_alert_with_its_severity_and_runbook() {
+fn the_operating_doc_lists_every_alert_with_its_severity_and_runbook() {
     let alerts: yaml_serde::Value = yaml_serde::from_str(
         &std::fs::read_to_string(format!("{ROOT}/deploy/observability/alerts.yaml")).unwrap(),
     )
     .unwrap();
-    let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).unwrap();
-    let table: BTreeSet<(String, String)> = readme
+    let doc = std::fs::read_to_string(format!("{ROOT}/docs/operating.md")).unwrap();
+    let table: BTreeSet<(String, String)> = doc
         .lines()
         .filter_map(|l| {
             let cells: Vec<&str> = l.split('|').map(str::trim).collect();
@@ -987,7 +987,7 @@ fn the_readme_lists_every_alert_with_its_severity_and_runbook() {
             Some((name, cells.get(2)?.to_string()))
         })
         .collect();
-    let anchors: BTreeSet<String> = readme
+    let anchors: BTreeSet<String> = doc
         .lines()
         .filter_map(|l| l.strip_prefix("#### Alert: "))
         .map(|name| format!("alert-{}", name.trim().to_lowercase()))
@@ -998,17 +998,17 @@ fn the_readme_lists_every_alert_with_its_severity_and_runbook() {
             let name = r["alert"].as_str().unwrap().to_string();
             let severity = r["labels"]["severity"].as_str().unwrap().to_string();
             let url = r["annotations"]["runbook_url"].as_str().unwrap_or("");
-            let anchor = url.strip_prefix("README.md#").unwrap_or(url);
+            let anchor = url.strip_prefix("docs/operating.md#").unwrap_or(url);
             assert!(
                 anchors.contains(anchor),
-                "{name}: runbook_url {url:?} names no `#### Alert: {name}` heading of the README"
+                "{name}: runbook_url {url:?} names no `#### Alert: {name}` heading of docs/operating.md"
             );
             rules.insert((name, severity));
         }
     }
     assert_eq!(
         table, rules,
-        "the README's alert table (left) and alerts.yaml (right) differ"
+        "docs/operating.md's alert table (left) and alerts.yaml (right) differ"
     );
 }
 

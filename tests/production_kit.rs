@@ -1297,8 +1297,8 @@ fn the_demo_overlay_wires_the_simulator_and_postgres_and_matches_the_binary() {
     let listen = listen.expect("the simulator listens on all interfaces");
     assert!(listen.ip().is_unspecified());
     assert_eq!(port_named(c, "nova"), i64::from(listen.port()));
-    // The token the README's walk-through sends is an operator's.
-    // `printf %s demo-token | sha256sum`, as the README says to make one.
+    // The token docs/deploying.md's walk-through sends is an operator's.
+    // `printf %s demo-token | sha256sum`, as docs/operating.md says to make one.
     let hash = "7c43ef5ae21d43ce2743f770c68e24def1a43ee2f416d2438410c8af7af2ff2c";
     assert_eq!(
         sv.env["VOLUME_RECONCILER_AUTH_TOKENS"],

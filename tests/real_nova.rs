@@ -12,8 +12,8 @@
 //! one test each. One Nova serves the whole binary; each test has a
 //! project, servers and a service of its own.
 //!
-//! `cargo test --test real_nova` runs this tier alone (README, "Real Nova
-//! in the suite").
+//! `cargo test --test real_nova` runs this tier alone (docs/testing.md,
+//! "Real Nova in the suite").
 
 // The differential test (real Nova against the simulator) shares this
 // binary's Nova.
@@ -834,7 +834,7 @@ async fn revoked(mv: &str) {
 /// after Cinder's reservation), and an attach the conductor has not got to
 /// yet look the same. Only a failure after the reservation (the
 /// hypervisor's) is recorded, under the id of an answer that arrived. The
-/// README ("Real Nova in the suite") draws the conclusion; this test keeps
+/// docs/testing.md ("Real Nova in the suite") draws the conclusion; this test keeps
 /// the evidence, and fails when Nova starts recording what would change it.
 #[tokio::test]
 async fn novas_instance_actions_cannot_decide_a_lost_request_sooner() {

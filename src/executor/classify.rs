@@ -2,9 +2,9 @@
 //! answer, which attempts may have reached Nova) → the next step. No I/O:
 //! the send loop (`flow.rs`) carries the steps out.
 //!
-//! README's "How an outcome is decided" is the specification: the test at
-//! the bottom reads its table and checks every row against [`classify`],
-//! [`refuse`] and [`out_of_time`]. Adding a Nova behaviour is one arm here
+//! docs/design.md's "How an outcome is decided" is the specification: the
+//! test at the bottom reads its table and checks every row against
+//! [`classify`], [`refuse`] and [`out_of_time`]. Adding a Nova behaviour is one arm here
 //! and one row there.
 
 use std::fmt;
@@ -408,7 +408,7 @@ pub(crate) fn out_of_time(action: Action, history: History) -> Next {
     }
 }
 
-// The notation of README's table: a step that contains other steps is
+// The notation of docs/design.md's table: a step that contains other steps is
 // written in parentheses when nested.
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -502,9 +502,9 @@ pub(crate) fn cinder_failed_event(when: &str, e: &CinderError) -> NewEvent {
 
 #[cfg(test)]
 mod tests {
-    //! README's "before the first request" table, row by row, against the
-    //! pre-check (the rows about a failed or 404 look are I/O, tested in
-    //! tests/cinder_decisions.rs).
+    //! docs/design.md's "before the first request" table, row by row,
+    //! against the pre-check (the rows about a failed or 404 look are I/O,
+    //! tested in tests/cinder_decisions.rs).
     use super::*;
     use crate::nova::CinderAttachment;
 
@@ -562,7 +562,9 @@ mod tests {
                 view("maintenance", &[], false),
             ],
             "no such volume (404)" => return None,
-            other => panic!("README names a Cinder view the test has no sample of: {other:?}"),
+            other => {
+                panic!("docs/design.md names a Cinder view the test has no sample of: {other:?}")
+            }
         })
     }
 
@@ -579,13 +581,13 @@ mod tests {
     }
 
     #[test]
-    fn every_precheck_row_in_the_readme_is_what_the_precheck_does() {
-        let readme = include_str!("../../README.md");
-        let start = readme
+    fn every_precheck_row_in_the_design_doc_is_what_the_precheck_does() {
+        let doc = include_str!("../../docs/design.md");
+        let start = doc
             .find("<!-- cinder: before the first request -->")
-            .expect("README has the Cinder table");
+            .expect("docs/design.md has the Cinder table");
         let mut rows = 0;
-        for line in readme[start..]
+        for line in doc[start..]
             .lines()
             .skip(3)
             .take_while(|l| l.starts_with('|'))
@@ -614,7 +616,7 @@ mod tests {
                     };
                     assert!(
                         expected.starts_with(&step(&got)),
-                        "{a:?} with {} attached to {:?}: README says {expected:?}, the pre-check {}",
+                        "{a:?} with {} attached to {:?}: docs/design.md says {expected:?}, the pre-check {}",
                         v.status,
                         v.attachments.len(),
                         step(&got)

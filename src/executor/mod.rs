@@ -2,13 +2,13 @@
 //! owns (the RPC future can be dropped), classifies the answer, re-observes
 //! when the answer was lost or ambiguous, and records the true outcome.
 //!
-//! Rules (see README "Budgets"): a timeout means "unknown", not "failed";
+//! Rules (see docs/design.md, "Budgets"): a timeout means "unknown", not "failed";
 //! only an observation of Nova's state finalizes an operation whose request
 //! may have arrived; every wait is bounded by the operation's deadline.
 //!
 //! - `mod.rs`: the owned tasks: submit, start, await, join, drive.
 //! - `run.rs`: a run's state and the decision it ends with.
-//! - `classify.rs`: what each of Nova's answers means (pure; README's table).
+//! - `classify.rs`: what each of Nova's answers means (pure; docs/design.md's table).
 //! - `flow.rs`: the one send loop for attach and detach.
 //! - `observe.rs`: looking at the server's attachments.
 //! - `confirm.rs`: Cinder's word before the first request and after a

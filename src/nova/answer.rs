@@ -310,8 +310,8 @@ pub(crate) enum Judged {
 }
 
 /// The error the client makes of one answer to `call` (which must not be
-/// one the call takes): the classification table's test feeds README's
-/// rows answers as they come over the wire.
+/// one the call takes): the classification table's test feeds
+/// docs/design.md's rows answers as they come over the wire.
 #[cfg(test)]
 pub(crate) fn judged(
     call: Judged,

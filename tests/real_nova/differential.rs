@@ -4,7 +4,7 @@
 //! and messages, ids mapped to names), and the headers a client reads
 //! (content type, microversion headers, `Vary`, request ids,
 //! `WWW-Authenticate`). Every difference must be one of `KEPT` (on
-//! purpose, with the reason; the README's "Real Nova in the suite" lists
+//! purpose, with the reason; docs/testing.md's "Real Nova in the suite" lists
 //! them too), and every kept difference must still be seen, so the list
 //! cannot rot.
 

@@ -1,6 +1,6 @@
-//! README's "How an outcome is decided" is the specification of this
-//! module: these tests read its two tables and check every row, and that
-//! every answer the tests know has a row.
+//! docs/design.md's "How an outcome is decided" is the specification of
+//! this module: these tests read its two tables and check every row, and
+//! that every answer the tests know has a row.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,8 +38,8 @@ fn rejected(r: Rejection, status: u16) -> NovaError {
     )
 }
 
-/// The samples of each answer README's table names, by its cell text:
-/// none for a success (`200`, `202`), else the errors that answer is.
+/// The samples of each answer docs/design.md's table names, by its cell
+/// text: none for a success (`200`, `202`), else the errors that answer is.
 fn samples() -> BTreeMap<&'static str, Option<Vec<NovaError>>> {
     let mut m = sample_map(rejection_samples(), failure_samples());
     for (cell, errors) in wire_samples() {
@@ -55,8 +55,8 @@ const NGINX_404: &str = "<html>\r\n<head><title>404 Not Found</title></head>\r\n
 const JSON: &str = "application/json; charset=UTF-8";
 
 /// Answers as they come over the wire, judged by the adapter itself
-/// (`nova::answer`): what README calls Nova's own answers and what it says
-/// is not. (cell, [(call, status, content type, body)]).
+/// (`nova::answer`): what docs/design.md calls Nova's own answers and what
+/// it says is not. (cell, [(call, status, content type, body)]).
 fn wire_samples() -> Vec<(&'static str, Vec<NovaError>)> {
     let server_gone = format!(
         r#"{{"itemNotFound": {{"code": 404, "message": "Instance {SERVER} could not be found."}}}}"#
@@ -300,14 +300,14 @@ fn sample_map(
     m
 }
 
-/// The rows of the first table after `heading` in README.md, as cells
+/// The rows of the first table after `heading` in docs/design.md, as cells
 /// with their backticks removed.
-fn readme_table(heading_marker: &str) -> Vec<Vec<String>> {
-    let readme = include_str!("../../../README.md");
-    let start = readme
+fn design_table(heading_marker: &str) -> Vec<Vec<String>> {
+    let doc = include_str!("../../../docs/design.md");
+    let start = doc
         .find(heading_marker)
-        .unwrap_or_else(|| panic!("README.md has no {heading_marker:?}"));
-    let rows: Vec<Vec<String>> = readme[start..]
+        .unwrap_or_else(|| panic!("docs/design.md has no {heading_marker:?}"));
+    let rows: Vec<Vec<String>> = doc[start..]
         .lines()
         .skip_while(|l| !l.starts_with('|'))
         .take_while(|l| l.starts_with('|'))
@@ -331,21 +331,21 @@ fn actions(cell: &str) -> Vec<Action> {
         "attach" => vec![Action::Attach],
         "detach" => vec![Action::Detach],
         "any" => vec![Action::Attach, Action::Detach],
-        other => panic!("README row with action {other:?} (attach, detach or any)"),
+        other => panic!("docs/design.md row with action {other:?} (attach, detach or any)"),
     }
 }
 
 #[test]
-fn every_answer_in_the_readme_table_is_classified_as_the_row_says() {
+fn every_answer_in_the_design_table_is_classified_as_the_row_says() {
     let samples = samples();
-    let rows = readme_table("<!-- classify: answers -->");
+    let rows = design_table("<!-- classify: answers -->");
     let mut covered = std::collections::BTreeSet::new();
     for row in &rows {
         let [action, answer, next] = &row[..] else {
-            panic!("README row {row:?} does not have 3 cells");
+            panic!("docs/design.md row {row:?} does not have 3 cells");
         };
         let sample = samples.get(answer.as_str()).unwrap_or_else(|| {
-            panic!("README names an answer the test has no sample of: {answer:?}")
+            panic!("docs/design.md names an answer the test has no sample of: {answer:?}")
         });
         covered.insert(answer.as_str());
         for a in actions(action) {
@@ -360,7 +360,7 @@ fn every_answer_in_the_readme_table_is_classified_as_the_row_says() {
                 assert_eq!(
                     &got,
                     next,
-                    "README row ({action} | {answer}) for {}, sample {ans:?}",
+                    "docs/design.md row ({action} | {answer}) for {}, sample {ans:?}",
                     a.as_str()
                 );
             }
@@ -369,16 +369,16 @@ fn every_answer_in_the_readme_table_is_classified_as_the_row_says() {
     let missing: Vec<_> = samples.keys().filter(|k| !covered.contains(*k)).collect();
     assert!(
         missing.is_empty(),
-        "answers without a README row: {missing:?}"
+        "answers without a docs/design.md row: {missing:?}"
     );
 }
 
 #[test]
-fn refusals_and_running_out_of_time_expand_as_the_readme_says() {
-    let rows = readme_table("<!-- classify: expansions -->");
+fn refusals_and_running_out_of_time_expand_as_the_design_doc_says() {
+    let rows = design_table("<!-- classify: expansions -->");
     for row in &rows {
         let [action, step, earlier, next] = &row[..] else {
-            panic!("README row {row:?} does not have 4 cells");
+            panic!("docs/design.md row {row:?} does not have 4 cells");
         };
         let history = match earlier.as_str() {
             "no" => History::default(),
@@ -386,13 +386,14 @@ fn refusals_and_running_out_of_time_expand_as_the_readme_says() {
                 earlier: true,
                 this: true,
             },
-            other => panic!("README row says {other:?} (yes or no)"),
+            other => panic!("docs/design.md row says {other:?} (yes or no)"),
         };
         for a in actions(action) {
             let got = match step.split_once(' ') {
                 Some(("refuse", reason)) => {
-                    let reason = Reason::parse(reason)
-                        .unwrap_or_else(|| panic!("README names an unknown reason {reason:?}"));
+                    let reason = Reason::parse(reason).unwrap_or_else(|| {
+                        panic!("docs/design.md names an unknown reason {reason:?}")
+                    });
                     refuse(a, history, reason)
                 }
                 _ if step == "out of time" => out_of_time(a, history),
@@ -400,12 +401,12 @@ fn refusals_and_running_out_of_time_expand_as_the_readme_says() {
                     why: "",
                     otherwise: Box::new(Next::OutOfTime),
                 }),
-                _ => panic!("README row with step {step:?}"),
+                _ => panic!("docs/design.md row with step {step:?}"),
             };
             assert_eq!(
                 &got.to_string(),
                 next,
-                "README row ({action} | {step} | {earlier}) for {}",
+                "docs/design.md row ({action} | {step} | {earlier}) for {}",
                 a.as_str()
             );
         }
