@@ -8,7 +8,7 @@
 //! serves on the same database. The new release reads what the previous
 //! one wrote, both keep one key one operation and one open operation per
 //! volume, and a later release's migration does not stop this one from
-//! starting (README, "Upgrading").
+//! starting (docs/operating.md, "Upgrading").
 
 mod support;
 

@@ -20,7 +20,7 @@ include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
 /// a replica of this one that restarts meanwhile (or a rollback) must still
 /// start against the expanded schema. That holds because every migration
 /// is an expand step the previous release keeps working against; what it
-/// removes goes in a later contract step (README, "Upgrading").
+/// removes goes in a later contract step (docs/operating.md, "Upgrading").
 pub fn migrator(files: &'static [(i64, &'static str, &'static str)]) -> Migrator {
     let mut m = Migrator::with_migrations(
         files
