@@ -8,6 +8,7 @@ mod support;
 
 use std::time::Duration;
 
+use support::lifecycle::{attach, detach, ids};
 use support::{AppOptions, TestApp, error_info, spawn_app, with_timeout};
 use tokio::time::Instant;
 use tonic::Code;
@@ -41,27 +42,6 @@ fn options(store: Store, sim: SimConfig) -> AppOptions {
 
 async fn app(store: Store, sim: SimConfig) -> TestApp {
     spawn_app(options(store, sim)).await
-}
-
-fn attach(key: &str, server: Uuid, volume: Uuid) -> pb::AttachVolumeRequest {
-    pb::AttachVolumeRequest {
-        idempotency_key: key.into(),
-        server_id: server.to_string(),
-        volume_id: volume.to_string(),
-        ..Default::default()
-    }
-}
-
-fn detach(key: &str, server: Uuid, volume: Uuid) -> pb::DetachVolumeRequest {
-    pb::DetachVolumeRequest {
-        idempotency_key: key.into(),
-        server_id: server.to_string(),
-        volume_id: volume.to_string(),
-    }
-}
-
-fn ids() -> (Uuid, Uuid) {
-    (Uuid::new_v4(), Uuid::new_v4())
 }
 
 async fn row_by_key(app: &TestApp, key: &str) -> Operation {

@@ -6,6 +6,7 @@ mod support;
 
 use std::time::Duration;
 
+use support::lifecycle::{attach, detach, ids};
 use support::{AppOptions, TestApp, error_info, spawn_app, with_timeout};
 use tokio::time::Instant;
 use tonic::Code;
@@ -13,27 +14,6 @@ use uuid::Uuid;
 use volume_reconciler::domain::{Operation, Resolution, State};
 use volume_reconciler::grpc::pb;
 use volume_reconciler::sim::{self, Fault, FaultOp, FaultRule, SimConfig};
-
-fn attach(key: &str, server: Uuid, volume: Uuid) -> pb::AttachVolumeRequest {
-    pb::AttachVolumeRequest {
-        idempotency_key: key.into(),
-        server_id: server.to_string(),
-        volume_id: volume.to_string(),
-        ..Default::default()
-    }
-}
-
-fn detach(key: &str, server: Uuid, volume: Uuid) -> pb::DetachVolumeRequest {
-    pb::DetachVolumeRequest {
-        idempotency_key: key.into(),
-        server_id: server.to_string(),
-        volume_id: volume.to_string(),
-    }
-}
-
-fn ids() -> (Uuid, Uuid) {
-    (Uuid::new_v4(), Uuid::new_v4())
-}
 
 async fn row(app: &TestApp, id: &str) -> Operation {
     app.store

@@ -74,7 +74,9 @@ async fn new_release(url: &str) -> PgStore {
 /// with `pgbench-`), oldest first.
 async fn previous_ids(admin: &mut Admin) -> Vec<uuid::Uuid> {
     admin
-        .texts("SELECT id::text FROM operations WHERE idempotency_key LIKE 'pgbench-%' ORDER BY seq")
+        .texts(
+            "SELECT id::text FROM operations WHERE idempotency_key LIKE 'pgbench-%' ORDER BY seq",
+        )
         .await
         .iter()
         .map(|t| t.parse().expect("a uuid"))
