@@ -516,7 +516,9 @@ impl Executor {
         let sleep = tokio::time::sleep_until(until);
         tokio::pin!(sleep);
         let mut recorded = false;
-        loop {
+        // Leaves only to join a replayed key's open operation, after every
+        // value of the wake-up is dropped: the wait holds nothing of them.
+        let open = loop {
             tokio::select! {
                 biased;
                 c = &mut created, if !recorded => match c {
@@ -527,8 +529,7 @@ impl Executor {
                         }
                         tracing::Span::current()
                             .record("operation_id", tracing::field::display(op.id));
-                        // Cold (a replay of an open operation): boxed.
-                        return Box::pin(self.wait_decided(op.id, until)).await;
+                        break op.id;
                     }
                     // Not sent (the task keeps the sender of a new one);
                     // were it, the decision is still what is waited for.
@@ -568,7 +569,9 @@ impl Executor {
                     sleep.as_mut().reset(Instant::now() + Duration::from_secs(3600));
                 }
             }
-        }
+        };
+        // Cold (a replay of an open operation): boxed.
+        Box::pin(self.wait_decided(open, until)).await
     }
 
     /// Whether this replica runs operation `id` now (its intent written).
