@@ -1,6 +1,8 @@
 //! The history checker (`volume-reconciler chaos`) as a test: fixed seeds,
 //! real replicas (killed and restarted, one with its clock off) on a real
-//! PostgreSQL, then the embedded store; every history is checked against
+//! PostgreSQL, then on a PostgreSQL of chaos's own whose connections go
+//! silent, are reset and refused and which crashes and restarts, then the
+//! embedded store; every history is checked against
 //! the simulator's ground truth, and any violation fails the test with the
 //! checker's own report (the seed, the history, the rows involved).
 //!
@@ -11,7 +13,8 @@ mod support;
 
 use std::time::Duration;
 
-use volume_reconciler::cli::chaos::{ChaosConfig, run_chaos};
+use volume_reconciler::cli::chaos::history::Shape;
+use volume_reconciler::cli::chaos::{ChaosConfig, Ledger, Summary, run_chaos};
 
 /// One run at a time: the checker's bounds (deadline + settle window +
 /// slack) are wall-clock, and two runs sharing a loaded 2-core machine
@@ -19,7 +22,7 @@ use volume_reconciler::cli::chaos::{ChaosConfig, run_chaos};
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Plays `cfg` and fails with the checker's report on any violation.
-async fn play(what: &str, cfg: ChaosConfig) {
+async fn play(what: &str, cfg: ChaosConfig) -> Summary {
     let _alone = ONE_AT_A_TIME.lock().await;
     let last = cfg.seed + cfg.histories - 1;
     println!(
@@ -35,6 +38,7 @@ async fn play(what: &str, cfg: ChaosConfig) {
         "chaos on {what} (seeds {}..={last}) found violations:\n{report}",
         cfg.seed
     );
+    summary
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,7 +48,7 @@ async fn random_histories_on_two_replicas_with_kills_and_a_skewed_clock_break_no
     let cfg = ChaosConfig {
         histories: 80,
         seed: 1_000,
-        database_url: Some(db),
+        ledger: Ledger::Postgres(db),
         replicas: 2,
         concurrency: 12,
         kill_every: Some(Duration::from_secs(6)),
@@ -57,12 +61,56 @@ async fn random_histories_on_two_replicas_with_kills_and_a_skewed_clock_break_no
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_histories_with_database_faults_and_crashes_break_no_invariant() {
+    support::init_logs();
+    // Chaos's own throwaway cluster (it crashes it), every replica behind
+    // a fault proxy of its own; database faults in most histories, so
+    // that each kind is met in a run this short.
+    let cfg = ChaosConfig {
+        histories: 40,
+        seed: 9_000,
+        ledger: Ledger::OwnPostgres(None),
+        replicas: 2,
+        concurrency: 12,
+        kill_every: Some(Duration::from_secs(10)),
+        skew: chrono::Duration::minutes(-2),
+        shape: Shape {
+            db_faults: 0.7,
+            ..Shape::default()
+        },
+        ..ChaosConfig::default()
+    };
+    let summary = play("PostgreSQL with database faults", cfg).await;
+    // The faults really happened: connections faulted and the server
+    // crashed at least once.
+    let played: u64 = summary
+        .db_faults
+        .iter()
+        .filter(|(k, _)| !k.contains("skipped"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        played >= 15,
+        "only {played} database faults: {:?}",
+        summary.db_faults
+    );
+    assert!(
+        summary
+            .db_faults
+            .keys()
+            .any(|k| k.starts_with("PostgreSQL killed") || k.starts_with("PostgreSQL stopped")),
+        "PostgreSQL never crashed: {:?}",
+        summary.db_faults
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_histories_on_the_embedded_store_break_no_invariant() {
     support::init_logs();
     let cfg = ChaosConfig {
         histories: 80,
         seed: 5_000,
-        database_url: None,
+        ledger: Ledger::Embedded,
         replicas: 1,
         concurrency: 12,
         ..ChaosConfig::default()

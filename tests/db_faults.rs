@@ -391,3 +391,61 @@ async fn the_database_sockets_carry_keepalive_and_a_user_timeout() {
     }
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_detach_whose_intent_was_held_up_looks_again_before_deciding_nothing_to_detach() {
+    // The look before sending (Cinder's) is made before the intent is
+    // recorded; when the write is held up (the database silent), the
+    // volume may be attached meanwhile (here by someone else; in a chaos
+    // run, seed 32, by the service's own attach decided in between). A
+    // decision from that first look said SUCCEEDED "nothing to detach"
+    // of a volume attached when the operation began.
+    let (app, proxy) = behind_proxy(&[]).await;
+    let (server, volume) = ids();
+    // Warm: the pools' connections open.
+    let (key, _, h) = one_attach(&app, secs(10.0)).await;
+    assert!(matches!(h, Heard::Decided(_)), "{key}: {h:?}");
+    proxy.silence_open();
+    proxy.set_new(NewConns::Silent);
+    let reads_before = app.sim.cinder_read_count(volume);
+    let key = support::uuid();
+    let mut client = app.raw();
+    let request = with_timeout(support::lifecycle::detach(&key, server, volume), secs(20.0));
+    let call = tokio::spawn(async move { client.detach_volume(request).await });
+    // The look before sending has been made (the volume was detached) ...
+    let sim = app.sim.clone();
+    eventually(secs(5.0), "the detach looked at Cinder", || {
+        let sim = sim.clone();
+        async move { sim.cinder_read_count(volume) > reads_before }
+    })
+    .await;
+    // ... then the volume is attached while the intent waits, and the
+    // database answers again.
+    assert!(app.sim.attach_out_of_band(server, volume));
+    proxy.resume();
+    let answered = call.await.expect("the call's task");
+    let op = app
+        .store
+        .operation_get_by_key(None, &key)
+        .await
+        .unwrap()
+        .expect("the detach is recorded");
+    let attached = app
+        .sim
+        .truth()
+        .attachments
+        .iter()
+        .any(|a| a.volume_id == volume && a.server_id == server);
+    assert!(
+        !(op.state == State::Succeeded && attached),
+        "the detach was decided {:?} ({:?}: {:?}) and the caller told {:?}, but the volume is attached to the server",
+        op.state,
+        op.resolution,
+        op.last_error.as_ref().map(|e| &e.message),
+        answered
+            .as_ref()
+            .map(|r| r.get_ref().state)
+            .map_err(|s| s.code())
+    );
+    app.stop().await;
+}

@@ -138,6 +138,19 @@ struct Spawned {
     until: Instant,
 }
 
+/// What an operation's task does once its intent is recorded, by what
+/// the look before it (`confirm::precheck`) found.
+enum AfterIntent {
+    /// Send the request the intent counted.
+    Send,
+    /// Wait for the volume to be ready, then send.
+    WaitReady,
+    /// The look decided without a request; that look came before the
+    /// intent held the volume, so it is made again (with the operation
+    /// as it was drawn up) and its verdict stands.
+    LookAgain(Box<NewOperation>),
+}
+
 /// Why a request could not start: its caller's time is too short (unless
 /// its key is a replay of a decided operation).
 struct TooShort {
@@ -300,7 +313,14 @@ impl Executor {
         done: watch::Sender<Option<Operation>>,
         inflight: Option<tokio::sync::OwnedSemaphorePermit>,
     ) {
-        let pre = Box::pin(self.precheck(&mut new, &budget)).await;
+        // A verdict without a request comes from a look made before the
+        // intent held the volume: it is not recorded as it stands, but
+        // looked at again once the intent holds it.
+        let next = match Box::pin(self.precheck(&mut new, &budget)).await {
+            confirm::Precheck::Send => AfterIntent::Send,
+            confirm::Precheck::WaitReady => AfterIntent::WaitReady,
+            confirm::Precheck::Decided(_) => AfterIntent::LookAgain(Box::new(new.clone())),
+        };
         let id = new.id;
         let write_started = Instant::now();
         let result = self.store.operation_create(new, budget.answer_by).await;
@@ -357,13 +377,12 @@ impl Executor {
             .entry(id)
             .or_insert_with(|| done.subscribe());
         let run = Run::new(op, budget, false);
-        let decided = match pre {
-            confirm::Precheck::Send => self.drive(run, true).await,
-            confirm::Precheck::Decided(d) => {
-                let mut run = run;
-                Box::pin(self.record(&mut run, d)).await
+        let decided = match next {
+            AfterIntent::Send => self.drive(run, true).await,
+            AfterIntent::LookAgain(again) => {
+                Box::pin(self.decide_after_looking_again(run, *again)).await
             }
-            confirm::Precheck::WaitReady => Box::pin(self.drive_when_ready(run)).await,
+            AfterIntent::WaitReady => Box::pin(self.drive_when_ready(run)).await,
         };
         drop(done.send(Some(decided)));
         drop(keep_created);
@@ -373,6 +392,32 @@ impl Executor {
             .remove(&id);
         drop(hold);
         drop(inflight);
+    }
+
+    /// A pre-check that decided without a request (nothing to detach,
+    /// attached already, attached elsewhere, in error) looked before the
+    /// intent was recorded, and the volume may have changed since: another
+    /// operation on it decided in between (it held the volume then), or
+    /// someone else's hand while the write was held up (a slow or silent
+    /// database). Its verdict would then be about a volume that is no
+    /// longer so (seed 32 of the history checker: a detach decided
+    /// SUCCEEDED "nothing to detach" of a volume the service had just
+    /// attached). So the same pre-check is made again now that the intent
+    /// holds the volume, and its verdict stands: a decision, or a request
+    /// after all.
+    async fn decide_after_looking_again(
+        self: &Arc<Self>,
+        mut run: Run,
+        mut again: NewOperation,
+    ) -> Operation {
+        again.events.clear();
+        let pre = self.precheck(&mut again, &run.budget).await;
+        run.events.append(&mut again.events);
+        match pre {
+            confirm::Precheck::Decided(d) => self.record(&mut run, d).await,
+            confirm::Precheck::Send => self.drive(run, false).await,
+            confirm::Precheck::WaitReady => self.drive_when_ready(run).await,
+        }
     }
 
     /// After an intent write of unknown outcome: the intent as the ledger

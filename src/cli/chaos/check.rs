@@ -12,7 +12,8 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::play::{Outcome, Played, Recorded, Windows};
+use super::dbfaults::DbOutage;
+use super::play::{Answer, Outcome, Played, Recorded, Windows};
 use crate::domain::{Action, Operation, Reason, Resolution, State, event};
 use crate::sim::{Cause, Change, Effect};
 
@@ -130,20 +131,84 @@ fn caused_by(e: &Effect, op: Uuid) -> bool {
     matches!(&e.cause, Cause::Request { request_id: Some(id) } if *id == own_request(op))
 }
 
+/// How long after a database outage the service may still need to catch
+/// up on what it held back: a round trip that went silent is given up at
+/// the statement bound, a decision's next try comes at most 5 s after the
+/// last (`executor::ledger`), a lease that lapsed meanwhile is taken over
+/// one lease later, and a reconciler pass or two.
+pub fn db_recovery(w: Windows) -> chrono::Duration {
+    dur(w.db_round_trip + w.lease) + ms(5_000 + 2_000)
+}
+
+/// However many database outages an operation meets, it is decided (or
+/// escalated) at most this long past its deadline, settle window and
+/// slack.
+pub const DB_BOUND_CAP: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The latest instant an operation may be decided (or escalated): its
+/// deadline, the settle window and the slack; or, when `outages` it met
+/// (one that lasted into its life and began before that bound) ended
+/// later, `db_recovery` after the last of them ended — an operation of a
+/// database that is away is decided once the database is back, no sooner,
+/// but not any time after either; and never past `DB_BOUND_CAP` beyond
+/// the first bound.
+pub fn decision_bound(op: &Operation, w: Windows, outages: &[DbOutage]) -> DateTime<Utc> {
+    let now = Utc::now();
+    let base = op.deadline_at + dur(w.settle + w.slack);
+    let mut bound = base;
+    loop {
+        let back = outages
+            .iter()
+            .filter(|o| o.until(now) >= op.created_at && o.from <= bound)
+            .map(|o| o.until(now))
+            .max();
+        match back {
+            Some(back) if back + db_recovery(w) > bound => bound = back + db_recovery(w),
+            _ => break,
+        }
+    }
+    bound.min(base + dur(DB_BOUND_CAP))
+}
+
+/// A database-fault answer (`DATABASE_UNAVAILABLE`) is honest while a
+/// fault hit the answering replica's way to the database, or this soon
+/// after it ended (a statement sent on a silent connection just before it
+/// spoke again).
+const DB_ANSWER_TAIL_MS: i64 = 2_000;
+
+/// Answers that decide nothing and say so, whenever they come: the
+/// outcome is not known yet or nothing was done (a deadline, a busy
+/// ledger, no replica, a key used for another request); with no reason, a
+/// transport failure or the client's own timer.
+const UNDECIDED: &[&str] = &[
+    "OPERATION_IN_PROGRESS",
+    "DATABASE_DEADLINE",
+    "DEADLINE_EXCEEDED",
+    "BUDGET_TOO_SMALL",
+    "CLIENT_DEADLINE",
+    "NO_REPLICA",
+    "IDEMPOTENCY_KEY_REUSED",
+    "LEDGER_OVERLOADED",
+    "OVERLOADED",
+    "CALLER_RATE_LIMITED",
+];
+
 struct Checker<'a> {
     p: &'a Played,
     windows: Windows,
     kills: &'a [Kill],
+    outages: &'a [DbOutage],
     violations: Vec<Violation>,
     by_id: HashMap<Uuid, &'a Recorded>,
 }
 
 /// Checks one played history; empty when it kept every invariant.
-pub fn check(p: &Played, windows: Windows, kills: &[Kill]) -> Vec<Violation> {
+pub fn check(p: &Played, windows: Windows, kills: &[Kill], outages: &[DbOutage]) -> Vec<Violation> {
     let mut c = Checker {
         p,
         windows,
         kills,
+        outages,
         violations: Vec::new(),
         by_id: p.ops.iter().map(|r| (r.op.id, r)).collect(),
     };
@@ -167,9 +232,42 @@ impl Checker<'_> {
         });
     }
 
+    /// The outages that could hold `r` up: the server's, and those of the
+    /// replicas that held it (wrote its log, held its lease, or were taken
+    /// over from).
+    fn outages_of(&self, r: &Recorded) -> Vec<DbOutage> {
+        let mut replicas: Vec<&str> = r.events.iter().map(|e| e.replica.as_str()).collect();
+        replicas.extend(
+            r.events
+                .iter()
+                .filter_map(|e| e.metadata.get("previous_holder").map(String::as_str)),
+        );
+        replicas.extend(r.op.lease_owner.as_deref());
+        self.outages
+            .iter()
+            .filter(|o| o.replica.as_deref().is_none_or(|n| replicas.contains(&n)))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether `replica` was cut off from the database (a fault on its way
+    /// to it, or the server down) at some instant in `[from, to]`.
+    fn cut_off(&self, replica: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> bool {
+        self.outages
+            .iter()
+            .any(|o| o.hits(replica) && o.overlaps(from, to, ms(TOLERANCE_MS)))
+    }
+
+    /// How far back from a takeover its holder's lease may have stopped
+    /// being renewed: a lease, and a renewal that waited out the
+    /// statement bound, with room for a loaded machine.
+    fn lease_lapse(&self) -> chrono::Duration {
+        dur(self.windows.lease + self.windows.db_round_trip) + ms(2_000)
+    }
+
     fn decided_in_time(&mut self, r: &Recorded) {
         let op = &r.op;
-        let bound = op.deadline_at + dur(self.windows.settle + self.windows.slack);
+        let bound = decision_bound(op, self.windows, &self.outages_of(r));
         // Handed to people, with a reason, in time: that is a decision too.
         let settled = op.completed_at.or(op.escalated_at);
         match settled {
@@ -178,7 +276,7 @@ impl Checker<'_> {
                 "decided-in-time",
                 Some(op.id),
                 format!(
-                    "decided {} ms after its bound (deadline + settle window + slack)",
+                    "decided {} ms after its bound (deadline + settle window + slack, + each database outage it met and the recovery from it)",
                     (done - bound).num_milliseconds()
                 ),
             ),
@@ -186,7 +284,7 @@ impl Checker<'_> {
                 "decided-in-time",
                 Some(op.id),
                 format!(
-                    "still {} {} ms after its deadline (bound: settle window + slack)",
+                    "still {} {} ms after its deadline (bound: settle window + slack, + database outages and recovery)",
                     op.state.as_str(),
                     (Utc::now() - op.deadline_at).num_milliseconds()
                 ),
@@ -383,6 +481,30 @@ impl Checker<'_> {
     /// look saw late, one made between the deciding look and the
     /// decision's write, or someone else's change the decision left
     /// standing.
+    /// The earliest instant the look that decided `r` may have been made:
+    /// `done` (the decision's write stamp) less the tolerance; or, when a
+    /// database outage hit the replica that wrote the decision while the
+    /// operation ran, the start of the first such outage (no sooner than
+    /// the operation's creation): the write waited out the outage, the
+    /// look came before it (seed 88: a look at +0.2 s, its write 7.7 s
+    /// later, the server deleted in between).
+    fn decided_from(&self, r: &Recorded, done: DateTime<Utc>) -> DateTime<Utc> {
+        let writer = r
+            .events
+            .iter()
+            .rev()
+            .find(|e| e.kind == event::RESOLVED)
+            .map(|e| e.replica.as_str());
+        let held = writer.and_then(|w| {
+            self.outages
+                .iter()
+                .filter(|o| o.hits(w) && o.from <= done && o.until(Utc::now()) >= r.op.created_at)
+                .map(|o| o.from)
+                .min()
+        });
+        held.map_or(done, |from| from.max(r.op.created_at).min(done)) - ms(TOLERANCE_MS)
+    }
+
     fn drift_backed(
         &self,
         r: &Recorded,
@@ -410,8 +532,9 @@ impl Checker<'_> {
         // A change between the look that decided and the decision's write
         // (stamped at its transaction's start) stands after the decision
         // too (seed 1050: an out-of-band attach 3 ms before the stamp).
+        let look = self.decided_from(r, done);
         let changed_at_write = t.effects.iter().any(|e| {
-            e.at > done - ms(TOLERANCE_MS)
+            e.at > look
                 && e.at <= end + ms(TOLERANCE_MS)
                 && !caused_by(e, op.id)
                 && !self.explained(e, done)
@@ -481,7 +604,21 @@ impl Checker<'_> {
             .kills
             .iter()
             .any(|k| k.at >= first_look - ms(1000) && k.at <= end + ms(TOLERANCE_MS));
-        if !op.drifted && changed && !killed && stood(first_look - ms(TOLERANCE_MS)) {
+        // So does a database outage: the verifiers share one cursor over
+        // decisions, and a slice taken by a round whose answer was lost
+        // (a silent or reset connection, a crash) is not taken again; a
+        // look that comes a whole window late is counted as missed, not
+        // made (reconciler::verify). Any replica's outage, since any
+        // replica's round may have taken the slice; and a round trip past
+        // its end, for the rounds that were waiting on it.
+        let db_away = self.outages.iter().any(|o| {
+            o.overlaps(
+                first_look - ms(1000),
+                end + ms(TOLERANCE_MS),
+                dur(self.windows.db_round_trip),
+            )
+        });
+        if !op.drifted && changed && !killed && !db_away && stood(first_look - ms(TOLERANCE_MS)) {
             self.fail(
                 "drift-is-seen",
                 Some(op.id),
@@ -522,10 +659,11 @@ impl Checker<'_> {
             Self::drift_seen_at(r),
             next,
         );
+        let look = self.decided_from(r, done);
         let any = self.p.effects.iter().any(|e| {
             e.server_id == op.server_id
                 && e.volume_id == op.volume_id
-                && e.at > done - ms(TOLERANCE_MS)
+                && e.at > look
                 && e.at <= end + ms(TOLERANCE_MS)
                 && !self.explained(e, done)
         });
@@ -632,72 +770,229 @@ impl Checker<'_> {
         }
     }
 
+    /// Every answer is a decision the ledger holds (the very operation of
+    /// the caller's key, in the state it ended in), or one that decides
+    /// nothing and says so; `DATABASE_UNAVAILABLE` only while the
+    /// database was away from the replica that answered.
     fn answers(&mut self) {
         for a in &self.p.answers {
-            let (op_id, told) = match &a.outcome {
-                Outcome::Decided { op_id, state } => {
-                    (Some(*op_id), Some(state.as_str().to_string()))
+            match &a.outcome {
+                Outcome::Cancelled => {}
+                Outcome::Decided { op_id, state } => self.told(a, *op_id, Some(state.as_str())),
+                Outcome::Refused { reason, .. } if reason == "VOLUME_BUSY" => self.busy(a),
+                // A decision (FAILED) or UNKNOWN: the operation's own.
+                Outcome::Refused {
+                    op_id: Some(id),
+                    state: Some(state),
+                    ..
+                } => self.told(a, *id, Some(state)),
+                Outcome::Refused {
+                    code,
+                    reason,
+                    op_id,
+                    message,
+                    ..
+                } => {
+                    if let Some(id) = op_id {
+                        self.told(a, *id, None);
+                    }
+                    self.undecided(a, *code, reason, message);
                 }
-                Outcome::Refused { op_id, state, .. } => (*op_id, state.clone()),
-                Outcome::Cancelled => (None, None),
-            };
-            let Some(id) = op_id else { continue };
-            let Some(r) = self.by_id.get(&id).copied() else {
-                continue;
-            };
-            let busy =
-                matches!(&a.outcome, Outcome::Refused { reason, .. } if reason == "VOLUME_BUSY");
-            // A busy volume names what holds it, whoever's: that is about
-            // the volume, not the key.
-            if !busy && r.op.caller.as_deref() != Some(a.caller.as_str()) {
-                self.fail(
-                    "keys-are-per-caller",
-                    Some(id),
-                    format!(
-                        "caller {} (call {}, key {:?}) was answered about an operation of caller {:?}",
-                        a.caller, a.call, a.key, r.op.caller
-                    ),
-                );
-            }
-            if let Outcome::Refused { reason, .. } = &a.outcome
-                && reason == "VOLUME_BUSY"
-            {
-                self.busy(a, r);
-                continue;
-            }
-            let final_state = r.op.state.as_str();
-            let contradicts = matches!(
-                (told.as_deref(), final_state),
-                (Some("succeeded"), "failed") | (Some("failed"), "succeeded")
-            );
-            if contradicts {
-                self.fail(
-                    "answers-agree-with-ledger",
-                    Some(id),
-                    format!(
-                        "call {} was told {} but the operation ended {final_state}",
-                        a.call,
-                        told.unwrap_or_default()
-                    ),
-                );
             }
         }
     }
 
-    fn busy(&mut self, a: &super::play::Answer, r: &Recorded) {
-        let open_then = r.op.created_at <= a.answered_at + ms(TOLERANCE_MS)
-            && r.op
-                .completed_at
-                .is_none_or(|d| d + ms(TOLERANCE_MS) >= a.sent_at);
-        if !open_then {
+    /// The ledger operation `a` names: known, the caller's own, of the
+    /// call's key; when `told` a state, not the opposite of how it ended.
+    fn told(&mut self, a: &Answer, id: Uuid, told: Option<&str>) {
+        let Some(r) = self.by_id.get(&id).copied() else {
             self.fail(
-                "busy-means-busy",
-                Some(r.op.id),
+                "answers-agree-with-ledger",
+                Some(id),
                 format!(
-                    "call {} was told VOLUME_BUSY by an operation that was not open then",
+                    "call {} (key {:?}) was answered about operation {id}, which the ledger does not hold",
+                    a.call, a.key
+                ),
+            );
+            return;
+        };
+        if r.op.caller.as_deref() != Some(a.caller.as_str()) {
+            self.fail(
+                "keys-are-per-caller",
+                Some(id),
+                format!(
+                    "caller {} (call {}, key {:?}) was answered about an operation of caller {:?}",
+                    a.caller, a.call, a.key, r.op.caller
+                ),
+            );
+            return;
+        }
+        let reused = matches!(&a.outcome, Outcome::Refused { reason, .. } if reason == "IDEMPOTENCY_KEY_REUSED");
+        if r.op.idempotency_key != a.key {
+            self.fail(
+                "answers-agree-with-ledger",
+                Some(id),
+                format!(
+                    "call {} (key {:?}) was answered about the operation of key {:?}",
+                    a.call, a.key, r.op.idempotency_key
+                ),
+            );
+        } else if reused && self.same_request(a, &r.op) {
+            self.fail(
+                "answers-agree-with-ledger",
+                Some(id),
+                format!(
+                    "call {} was told IDEMPOTENCY_KEY_REUSED, but its key's operation is the very request it made",
                     a.call
                 ),
             );
+        }
+        let final_state = r.op.state.as_str();
+        let contradicts = matches!(
+            (told, final_state),
+            (Some("succeeded"), "failed") | (Some("failed"), "succeeded")
+        );
+        if contradicts {
+            self.fail(
+                "answers-agree-with-ledger",
+                Some(id),
+                format!(
+                    "call {} was told {} but the operation ended {final_state}",
+                    a.call,
+                    told.unwrap_or_default()
+                ),
+            );
+        }
+    }
+
+    /// Whether `op` is what call `a` asked for.
+    fn same_request(&self, a: &Answer, op: &Operation) -> bool {
+        let h = &self.p.history;
+        let c = &h.calls[a.call];
+        op.action == c.action
+            && op.server_id == h.servers[c.server]
+            && op.volume_id == h.volumes[c.volume]
+    }
+
+    /// An answer without a decision: one of those that say so, and a
+    /// database failure only while the database was away.
+    fn undecided(&mut self, a: &Answer, code: tonic::Code, reason: &str, message: &str) {
+        use tonic::Code;
+        let transport = reason.is_empty()
+            && matches!(
+                code,
+                Code::Cancelled | Code::DeadlineExceeded | Code::Unavailable
+            );
+        if transport || UNDECIDED.contains(&reason) {
+            return;
+        }
+        if reason == "DATABASE_UNAVAILABLE" {
+            let away = a.replica.as_deref().is_some_and(|replica| {
+                self.outages.iter().any(|o| {
+                    o.hits(replica) && o.overlaps(a.sent_at, a.answered_at, ms(DB_ANSWER_TAIL_MS))
+                })
+            });
+            if !away {
+                self.fail(
+                    "answers-agree-with-ledger",
+                    None,
+                    format!(
+                        "call {} (key {:?}) was answered DATABASE_UNAVAILABLE by {} while no database fault hit it: {message}",
+                        a.call,
+                        a.key,
+                        a.replica.as_deref().unwrap_or("?")
+                    ),
+                );
+            }
+            return;
+        }
+        self.fail(
+            "answers-agree-with-ledger",
+            None,
+            format!(
+                "call {} (key {:?}) was answered {code:?} {reason:?} ({message}): neither a decision the ledger holds nor an answer that says nothing was decided",
+                a.call, a.key
+            ),
+        );
+    }
+
+    /// `VOLUME_BUSY` (whether or not it names the holder): some other
+    /// operation on the call's volume was open at that instant; and a
+    /// holder it names is that operation, and the caller's own.
+    fn busy(&mut self, a: &Answer) {
+        let h = &self.p.history;
+        let c = &h.calls[a.call];
+        let volume = h.volumes[c.volume];
+        let (named, meta_volume) = match &a.outcome {
+            Outcome::Refused { op_id, meta, .. } => (*op_id, meta.get("volume_id").cloned()),
+            _ => (None, None),
+        };
+        if meta_volume.as_deref() != Some(volume.to_string().as_str()) {
+            self.fail(
+                "busy-means-busy",
+                named,
+                format!(
+                    "call {} on volume {volume} was told VOLUME_BUSY of volume {meta_volume:?}",
+                    a.call
+                ),
+            );
+        }
+        let own = self
+            .p
+            .ops
+            .iter()
+            .find(|r| {
+                r.op.caller.as_deref() == Some(a.caller.as_str()) && r.op.idempotency_key == a.key
+            })
+            .map(|r| r.op.id);
+        let open_then = |r: &Recorded| {
+            r.op.volume_id == volume
+                && Some(r.op.id) != own
+                && r.op.created_at <= a.answered_at + ms(TOLERANCE_MS)
+                && r.op
+                    .completed_at
+                    .is_none_or(|d| d + ms(TOLERANCE_MS) >= a.sent_at)
+        };
+        let holders: Vec<Uuid> = self
+            .p
+            .ops
+            .iter()
+            .filter(|r| open_then(r))
+            .map(|r| r.op.id)
+            .collect();
+        if holders.is_empty() {
+            self.fail(
+                "busy-means-busy",
+                named,
+                format!(
+                    "call {} was told VOLUME_BUSY, but no other operation on volume {volume} was open then",
+                    a.call
+                ),
+            );
+            return;
+        }
+        if let Some(id) = named {
+            if !holders.contains(&id) {
+                self.fail(
+                    "busy-means-busy",
+                    Some(id),
+                    format!(
+                        "call {} was told VOLUME_BUSY by operation {id}, which was not open on the volume then",
+                        a.call
+                    ),
+                );
+            }
+            let holder_caller = self.by_id.get(&id).and_then(|r| r.op.caller.clone());
+            if holder_caller.as_deref() != Some(a.caller.as_str()) {
+                self.fail(
+                    "keys-are-per-caller",
+                    Some(id),
+                    format!(
+                        "VOLUME_BUSY to caller {} (call {}) named operation {id} of caller {holder_caller:?}",
+                        a.caller, a.call
+                    ),
+                );
+            }
         }
     }
 
@@ -731,12 +1026,16 @@ impl Checker<'_> {
         let Some(prev) = e.metadata.get("previous_holder") else {
             return;
         };
-        if !self.killed_between(prev, r.op.created_at, e.at) {
+        // Or was cut off from the database long enough for its lease to
+        // lapse: it stopped renewing as a dead one does.
+        if !self.killed_between(prev, r.op.created_at, e.at)
+            && !self.cut_off(prev, e.at - self.lease_lapse(), e.at)
+        {
             self.fail(
                 "story-in-order",
                 Some(r.op.id),
                 format!(
-                    "{} took it over at {} from {prev}, which was never killed while it held the operation",
+                    "{} took it over at {} from {prev}, which was never killed nor cut off from the database while it held the operation",
                     e.replica, e.at
                 ),
             );
@@ -758,12 +1057,13 @@ impl Checker<'_> {
                     }
                     if let Some(sent) = pending.take()
                         && !self.killed_between(&sent.replica, sent.at, e.at)
+                        && !self.cut_off(&sent.replica, e.at - self.lease_lapse(), e.at)
                     {
                         self.fail(
                             "story-in-order",
                             Some(r.op.id),
                             format!(
-                                "{} at {} took over while the request sent by {} at {} was still awaited and its holder was alive",
+                                "{} at {} took over while the request sent by {} at {} was still awaited and its holder was alive and reached the database",
                                 e.kind, e.at, sent.replica, sent.at
                             ),
                         );

@@ -19,6 +19,15 @@ pub fn caller_name(client: usize) -> String {
     format!("c{client}")
 }
 
+/// Replica `i`'s name (its `--replica-id`).
+pub fn replica_name(i: usize) -> String {
+    format!("chaos-{i}")
+}
+
+/// How long a replica may take to start: its wait for the database
+/// (`--db-connect-timeout`, 60 s) and its migrations, with room to spare.
+const START_WITHIN: Duration = Duration::from_secs(90);
+
 pub fn token_of(caller: &str) -> String {
     format!("chaos-token-{caller}")
 }
@@ -26,6 +35,8 @@ pub fn token_of(caller: &str) -> String {
 /// How the replicas are set up.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
+    /// The replicas' database (see `Cluster::start_each` for a URL of
+    /// each replica's own).
     pub database_url: String,
     pub nova_url: String,
     /// The simulator's Cinder: the replicas confirm with it, as a cloud's
@@ -53,6 +64,9 @@ struct Replica {
 /// The running replicas.
 pub struct Cluster {
     cfg: ClusterConfig,
+    /// Each replica's own database URL (through its fault proxy), where
+    /// it has one.
+    urls: Vec<String>,
     replicas: Mutex<Vec<Replica>>,
 }
 
@@ -71,11 +85,17 @@ impl Drop for Cluster {
 
 impl Cluster {
     pub async fn start(cfg: ClusterConfig) -> anyhow::Result<Cluster> {
+        Self::start_each(cfg, Vec::new()).await
+    }
+
+    /// As `start`, replica `i` reaching the database at `urls[i]` (its own
+    /// fault proxy) rather than `cfg.database_url`.
+    pub async fn start_each(cfg: ClusterConfig, urls: Vec<String>) -> anyhow::Result<Cluster> {
         let mut replicas = Vec::new();
         for i in 0..cfg.replicas {
             let skew = cfg.skews.get(i).copied().unwrap_or_default();
             replicas.push(Replica {
-                name: format!("chaos-{i}"),
+                name: replica_name(i),
                 skew,
                 grpc_url: None,
                 runtime: None,
@@ -86,6 +106,7 @@ impl Cluster {
         }
         let cluster = Cluster {
             cfg,
+            urls,
             replicas: Mutex::new(replicas),
         };
         for i in 0..cluster.cfg.replicas {
@@ -103,6 +124,14 @@ impl Cluster {
         self.replicas()
             .iter()
             .filter_map(|r| r.grpc_url.clone())
+            .collect()
+    }
+
+    /// The replicas that are up: name and gRPC URL.
+    pub fn live_named(&self) -> Vec<(String, String)> {
+        self.replicas()
+            .iter()
+            .filter_map(|r| r.grpc_url.clone().map(|u| (r.name.clone(), u)))
             .collect()
     }
 
@@ -125,7 +154,8 @@ impl Cluster {
             .unwrap_or_default()
     }
 
-    fn args(&self, name: &str, skew: chrono::Duration) -> Vec<String> {
+    fn args(&self, i: usize, name: &str, skew: chrono::Duration) -> Vec<String> {
+        let database_url = self.urls.get(i).unwrap_or(&self.cfg.database_url).clone();
         let tokens: Vec<String> = (0..self.cfg.clients)
             .map(caller_name)
             .map(|c| {
@@ -150,7 +180,7 @@ impl Cluster {
             "--admin-listen",
             "127.0.0.1:0",
             "--database-url",
-            &self.cfg.database_url,
+            &database_url,
             "--nova-url",
             &self.cfg.nova_url,
             "--cinder-url",
@@ -182,7 +212,7 @@ impl Cluster {
             let r = self.replicas();
             (r[i].name.clone(), r[i].skew)
         };
-        let cfg = ServeArgs::from_args(self.args(&name, skew))
+        let cfg = ServeArgs::from_args(self.args(i, &name, skew))
             .map_err(|e| anyhow::anyhow!("chaos replica flags: {e}"))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -206,10 +236,30 @@ impl Cluster {
             drop(tx.send(Ok((app.grpc_addr(), app.store.clone()))));
             app.run_until(until.cancelled_owned()).await
         });
-        let (addr, store) = rx
-            .await
-            .map_err(|_| anyhow::anyhow!("replica {name} ended before it listened"))?
-            .map_err(|e| anyhow::anyhow!("replica {name}: {e}"))?;
+        let started = match tokio::time::timeout(START_WITHIN, rx).await {
+            Ok(started) => started,
+            Err(_) => {
+                // Stopped as kill -9 would: a start that hangs is a finding
+                // the caller reports, not a run that never ends.
+                runtime.shutdown_background();
+                anyhow::bail!(
+                    "replica {name} did not listen within {} s",
+                    START_WITHIN.as_secs()
+                );
+            }
+        };
+        let listening = started
+            .map_err(|_| anyhow::anyhow!("replica {name} ended before it listened"))
+            .and_then(|r| r.map_err(|e| anyhow::anyhow!("replica {name}: {e}")));
+        let (addr, store) = match listening {
+            Ok(l) => l,
+            Err(e) => {
+                // Its runtime is stopped here, not dropped (dropping one
+                // waits for it, which an asynchronous context may not).
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
         let mut r = self.replicas();
         r[i].grpc_url = Some(format!("http://{addr}"));
         r[i].runtime = Some(runtime);

@@ -75,6 +75,43 @@ pub enum Happening {
     Reconcile(usize),
     /// `ResolveOperation` on the operation of call `n`, if still open.
     Resolve(usize, State),
+    /// A fault in the database or the way to it (PostgreSQL only).
+    Db(DbFault),
+}
+
+/// A fault in what the replicas stand on: PostgreSQL, and each replica's
+/// way to it (a fault proxy of its own). Durations are drawn on both sides
+/// of the callers' deadlines (0.3 to 4 s) and of the service's statement
+/// bound (`--db-statement-timeout`, 5 s).
+#[derive(Debug, Clone, PartialEq)]
+pub enum DbFault {
+    /// Replica `replica`'s open connections go silent for `ms` (kept open,
+    /// nothing forwarded either way: a NAT that lost its state); with
+    /// `new_too`, every connection it opens meanwhile as well.
+    Silent {
+        replica: usize,
+        new_too: bool,
+        ms: u64,
+    },
+    /// Open connections reset (RST) in the middle of whatever they carry
+    /// (batches of intents and decisions), `times` times `every_ms` apart:
+    /// one replica's, or every replica's (`None`).
+    Reset {
+        replica: Option<usize>,
+        times: u32,
+        every_ms: u64,
+    },
+    /// New connections refused for `ms` (and, with `reset_open`, the open
+    /// ones reset first, so that new ones are needed at once).
+    Refused {
+        replica: Option<usize>,
+        ms: u64,
+        reset_open: bool,
+    },
+    /// PostgreSQL itself crashes — SIGKILL of the postmaster (`kill`), or
+    /// an immediate stop (`pg_ctl stop -m immediate`) — and is restarted
+    /// after `pause_ms` (only on a server of chaos's own).
+    Crash { kill: bool, pause_ms: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -104,6 +141,12 @@ pub struct Shape {
     /// The longest late effect a fault may schedule: the service's settle
     /// window must cover it.
     pub max_late_effect_ms: u64,
+    /// The share of histories that meet database faults (0: none).
+    pub db_faults: f64,
+    /// Whether those may crash PostgreSQL itself (a server of chaos's own).
+    pub db_crash: bool,
+    /// The replicas a database fault may pick from.
+    pub replicas: usize,
 }
 
 impl Default for Shape {
@@ -112,6 +155,9 @@ impl Default for Shape {
             clients: 3,
             calls_per_client: 4,
             max_late_effect_ms: 1200,
+            db_faults: 0.0,
+            db_crash: false,
+            replicas: 1,
         }
     }
 }
@@ -166,6 +212,7 @@ impl History {
                 what: Happening::Reconcile(n),
             });
         }
+        happenings.extend(db_faults(seed, shape, span));
         happenings.sort_by_key(|t| t.at_ms);
         History {
             seed,
@@ -215,6 +262,65 @@ impl History {
             faults,
             operator,
         }
+    }
+}
+
+/// The database faults of history `seed`, drawn from a stream of their
+/// own: a history without them is the very history it was before they
+/// existed (its seed still shows what it showed).
+fn db_faults(seed: u64, shape: &Shape, span: u64) -> Vec<Timed> {
+    if shape.db_faults <= 0.0 {
+        return Vec::new();
+    }
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6462_6661_756c_7473);
+    if !rng.random_bool(shape.db_faults.min(1.0)) {
+        return Vec::new();
+    }
+    let n = if rng.random_bool(0.25) { 2 } else { 1 };
+    (0..n)
+        .map(|_| Timed {
+            at_ms: rng.random_range(0..span),
+            what: Happening::Db(db_fault(&mut rng, shape)),
+        })
+        .collect()
+}
+
+fn db_fault(rng: &mut StdRng, shape: &Shape) -> DbFault {
+    let replica = rng.random_range(0..shape.replicas.max(1));
+    let one_or_all = rng.random_bool(0.7).then_some(replica);
+    // Shorter than most deadlines; longer than the callers' deadlines but
+    // shorter than the statement bound; longer than both.
+    let ms = match rng.random_range(0..3) {
+        0 => rng.random_range(100..2000),
+        1 => rng.random_range(2000..5000),
+        _ => rng.random_range(5000..10_000),
+    };
+    let roll = rng.random_range(0..20);
+    match roll {
+        0..=5 => DbFault::Silent {
+            replica,
+            new_too: false,
+            ms,
+        },
+        6..=9 => DbFault::Silent {
+            replica,
+            new_too: true,
+            ms,
+        },
+        13..=16 => DbFault::Refused {
+            replica: one_or_all,
+            ms: ms.min(6000),
+            reset_open: rng.random_bool(0.7),
+        },
+        17.. if shape.db_crash => DbFault::Crash {
+            kill: rng.random_bool(0.5),
+            pause_ms: rng.random_range(100..5000),
+        },
+        _ => DbFault::Reset {
+            replica: one_or_all,
+            times: rng.random_range(1..4),
+            every_ms: rng.random_range(50..400),
+        },
     }
 }
 

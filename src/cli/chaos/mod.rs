@@ -4,21 +4,26 @@
 //! detaching with fresh and replayed keys under random deadlines, every
 //! fault the simulator knows, servers and volumes deleted, someone else's
 //! hand, an operator, callers who give up at any instant, replicas killed
-//! and restarted, a replica whose clock is off — against real replicas
-//! and the simulator, then checks each against the simulator's ground
-//! truth. A violation prints the seed, the smallest history that still
+//! and restarted, a replica whose clock is off, and on PostgreSQL the
+//! database's faults (silent, reset and refused connections of one replica
+//! or all, the server crashed and restarted) — against real replicas and
+//! the simulator, then checks each against the simulator's ground truth. A violation prints the seed, the smallest history that still
 //! shows it, and the ledger rows involved; the exit code is then 1.
 //!
 //! - `history.rs`: histories drawn from a seed.
 //! - `cluster.rs`: the replicas, each killable like a process.
+//! - `postgres.rs`: a throwaway PostgreSQL of chaos's own (to crash).
+//! - `dbfaults.rs`: each replica's fault proxy to it, and the faults.
 //! - `play.rs`: playing one history and gathering what happened.
 //! - `check.rs`: the invariants.
 //! - `shrink.rs`: the smallest history that still fails.
 
 pub mod check;
 pub mod cluster;
+pub mod dbfaults;
 pub mod history;
 pub mod play;
+pub mod postgres;
 pub mod shrink;
 
 use std::collections::BTreeMap;
@@ -46,13 +51,35 @@ pub struct ChaosArgs {
     /// The first history's seed (history i plays seed + i).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// A PostgreSQL database to use (it must be empty or this run's); the
-    /// embedded store in a temporary file otherwise (one replica).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    /// A PostgreSQL database to use (it must be empty or this run's): its
+    /// connections are faulted, the server is not crashed. Without it (and
+    /// without --embedded) chaos starts a throwaway PostgreSQL of its own,
+    /// which database faults may crash.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        conflicts_with = "embedded"
+    )]
     pub database_url: Option<String>,
+    /// The embedded store in a temporary file instead (one replica, no
+    /// database faults).
+    #[arg(long)]
+    pub embedded: bool,
+    /// Where PostgreSQL's server binaries (initdb, postgres) are, for the
+    /// throwaway cluster (default: PG_BIN, pg_config --bindir,
+    /// /usr/lib/postgresql/*/bin, PATH).
+    #[arg(long, value_name = "DIR")]
+    pub postgres_bin: Option<std::path::PathBuf>,
     /// Replicas sharing the database (PostgreSQL only).
     #[arg(long, default_value_t = 2)]
     pub replicas: usize,
+    /// The share of histories that meet database faults (PostgreSQL only;
+    /// 0 turns them off): silent connections of one replica (open ones, or
+    /// open and new), resets mid-batch, refused connections, and (on the
+    /// throwaway cluster) PostgreSQL crashed and restarted.
+    #[arg(long, default_value_t = 0.25, value_parser = share)]
+    pub db_faults: f64,
     /// Histories played at once.
     #[arg(long, default_value_t = 24)]
     pub concurrency: usize,
@@ -76,10 +103,38 @@ pub struct ChaosArgs {
     pub verbose: bool,
 }
 
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{s:?}: a share from 0 to 1 (0.25: a quarter of the histories)"
+        )),
+    }
+}
+
 impl ChaosArgs {
     /// Where logs go instead of stderr (unless `--verbose`).
     pub fn log_file(&self) -> Option<std::path::PathBuf> {
         (!self.verbose).then(|| self.log_file.clone())
+    }
+}
+
+/// Which ledger the replicas share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ledger {
+    /// The embedded store in a temporary file (one replica).
+    Embedded,
+    /// A PostgreSQL database somebody else runs (its connections are
+    /// faulted; the server is not crashed).
+    Postgres(String),
+    /// A throwaway PostgreSQL cluster of chaos's own (crashed too), from
+    /// the binaries in the folder given or found.
+    OwnPostgres(Option<std::path::PathBuf>),
+}
+
+impl Ledger {
+    fn is_postgres(&self) -> bool {
+        !matches!(self, Ledger::Embedded)
     }
 }
 
@@ -88,7 +143,7 @@ impl ChaosArgs {
 pub struct ChaosConfig {
     pub histories: u64,
     pub seed: u64,
-    pub database_url: Option<String>,
+    pub ledger: Ledger,
     pub replicas: usize,
     pub concurrency: usize,
     pub kill_every: Option<Duration>,
@@ -104,10 +159,15 @@ pub struct ChaosConfig {
 
 impl ChaosConfig {
     pub fn from_args(a: &ChaosArgs) -> Self {
+        let ledger = match (&a.database_url, a.embedded) {
+            (Some(url), _) => Ledger::Postgres(url.clone()),
+            (None, true) => Ledger::Embedded,
+            (None, false) => Ledger::OwnPostgres(a.postgres_bin.clone()),
+        };
         Self {
             histories: a.histories,
             seed: a.seed,
-            database_url: a.database_url.clone(),
+            ledger,
             replicas: a.replicas,
             concurrency: a.concurrency,
             kill_every: (!a.kill_every.is_zero()).then_some(a.kill_every),
@@ -115,6 +175,10 @@ impl ChaosConfig {
             nova_microversion: a.nova_microversion.clone(),
             shrink_for: a.shrink_for,
             progress: true,
+            shape: Shape {
+                db_faults: a.db_faults,
+                ..Shape::default()
+            },
             ..Self::default()
         }
     }
@@ -139,6 +203,10 @@ impl ChaosConfig {
             "1s".into(),
             "--nova-microversion".into(),
             self.nova_microversion.clone(),
+            "--lease".into(),
+            ms(w.lease),
+            "--db-statement-timeout".into(),
+            ms(w.db_round_trip),
         ]
     }
 }
@@ -148,7 +216,7 @@ impl Default for ChaosConfig {
         Self {
             histories: 20,
             seed: 1,
-            database_url: None,
+            ledger: Ledger::Embedded,
             replicas: 1,
             concurrency: 10,
             kill_every: None,
@@ -160,6 +228,8 @@ impl Default for ChaosConfig {
                 verify_after: Duration::from_millis(500),
                 verify_window: Duration::from_secs(3),
                 slack: Duration::from_secs(8),
+                lease: crate::executor::ExecSettings::DEFAULT.lease,
+                db_round_trip: crate::store::DbBounds::DEFAULT.round_trip,
             },
             shrink_for: Duration::ZERO,
             progress: false,
@@ -187,6 +257,10 @@ pub struct Summary {
     pub faults: BTreeMap<String, u64>,
     pub happenings: BTreeMap<String, u64>,
     pub kills: u64,
+    /// Database faults played (and skipped), by kind.
+    pub db_faults: BTreeMap<String, u64>,
+    /// Where the ledger was.
+    pub ledger: String,
     pub checks: u64,
     pub failures: Vec<Failure>,
     pub elapsed: Duration,
@@ -205,6 +279,7 @@ fn happening_name(h: &Happening) -> &'static str {
         Happening::DetachOutOfBand { .. } => "out-of-band detach",
         Happening::Reconcile(_) => "operator reconcile",
         Happening::Resolve(..) => "operator resolve",
+        Happening::Db(_) => "database fault drawn",
     }
 }
 
@@ -242,6 +317,40 @@ fn rows_of(p: &Played, violations: &[Violation]) -> String {
             ));
         }
     }
+    for a in &p.answers {
+        out.push_str(&format!(
+            "  answer to call {} ({} key {:?}, by {}) sent {} answered {}: {}\n",
+            a.call,
+            a.caller,
+            a.key,
+            a.replica.as_deref().unwrap_or("-"),
+            a.sent_at.format("%H:%M:%S%.3f"),
+            a.answered_at.format("%H:%M:%S%.3f"),
+            match &a.outcome {
+                play::Outcome::Decided { op_id, state } => format!("{} {op_id}", state.as_str()),
+                play::Outcome::Refused {
+                    code,
+                    reason,
+                    op_id,
+                    message,
+                    ..
+                } => format!("{code:?} {reason} {op_id:?}: {message}"),
+                play::Outcome::Cancelled => "cancelled".into(),
+            }
+        ));
+    }
+    let first = p.answers.iter().map(|a| a.sent_at).min();
+    for o in &p.outages {
+        if first.is_some_and(|f| o.until(chrono::Utc::now()) >= f - chrono::Duration::seconds(30)) {
+            out.push_str(&format!(
+                "  database: {} on {} from {} to {}\n",
+                o.what,
+                o.replica.as_deref().unwrap_or("every replica"),
+                o.from.format("%H:%M:%S%.3f"),
+                o.to.map_or("-".into(), |t| t.format("%H:%M:%S%.3f").to_string()),
+            ));
+        }
+    }
     for e in &p.effects {
         out.push_str(&format!(
             "  effect {} {:?} server {} volume {} by {:?}\n",
@@ -260,7 +369,15 @@ struct Rig {
     ctx: Arc<Context>,
     kills: Arc<Mutex<Vec<Kill>>>,
     sim: sim::SimHandle,
+    /// The shape histories are drawn with here (database faults only
+    /// where there is a database to fault, crashes only of our own).
+    shape: Shape,
+    /// Where the ledger is, for the report.
+    ledger: String,
     _dir: Option<TempDir>,
+    /// Held to the end (dropped last): the server stops once nothing uses
+    /// it.
+    _pg: Option<Arc<postgres::OwnPostgres>>,
 }
 
 /// A temporary folder removed on drop (the embedded ledger's).
@@ -288,14 +405,31 @@ async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
         },
     )
     .await?;
-    let (database_url, replicas, dir) = match &cfg.database_url {
-        Some(url) => (url.clone(), cfg.replicas.max(1), None),
-        None => {
+    let mut pg = None;
+    let (database_url, replicas, dir, ledger) = match &cfg.ledger {
+        Ledger::Postgres(url) => (
+            url.clone(),
+            cfg.replicas.max(1),
+            None,
+            format!("PostgreSQL at {}", crate::store::mask_url(url)),
+        ),
+        Ledger::OwnPostgres(bin) => {
+            let bin = bin.clone();
+            let own =
+                tokio::task::spawn_blocking(move || postgres::OwnPostgres::start(bin.as_deref()))
+                    .await??;
+            own.up(Duration::from_secs(60)).await?;
+            let url = own.url().to_string();
+            let ledger = format!("a throwaway PostgreSQL in {}", own.dir().display());
+            pg = Some(Arc::new(own));
+            (url, cfg.replicas.max(1), None, ledger)
+        }
+        Ledger::Embedded => {
             let dir =
                 std::env::temp_dir().join(format!("vr-chaos-{}", uuid::Uuid::new_v4().simple()));
             std::fs::create_dir_all(&dir)?;
             let url = format!("sqlite://{}", dir.join("ledger.db").display());
-            (url, 1, Some(TempDir(dir)))
+            (url, 1, Some(TempDir(dir)), "the embedded store".to_string())
         }
     };
     let mut skews = vec![chrono::Duration::zero(); replicas];
@@ -304,18 +438,40 @@ async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
     {
         *last = cfg.skew;
     }
+    // On PostgreSQL each replica goes through a fault proxy of its own.
+    let (db, urls) = if cfg.ledger.is_postgres() {
+        let names: Vec<String> = (0..replicas).map(cluster::replica_name).collect();
+        let (db, urls) = dbfaults::DbFaults::start(&database_url, &names, pg.clone()).await?;
+        (Some(Arc::new(db)), urls)
+    } else {
+        (None, Vec::new())
+    };
+    let shape = Shape {
+        db_faults: if db.is_some() {
+            cfg.shape.db_faults
+        } else {
+            0.0
+        },
+        db_crash: db.as_ref().is_some_and(|d| d.can_crash()),
+        replicas,
+        ..cfg.shape.clone()
+    };
     let cluster = Arc::new(
-        Cluster::start(ClusterConfig {
-            database_url: database_url.clone(),
-            nova_url: sim.nova_url.clone(),
-            cinder_url: sim.cinder_url.clone(),
-            replicas,
-            clients: cfg.shape.clients,
-            skews,
-            extra_args: cfg.serve_args(),
-        })
+        Cluster::start_each(
+            ClusterConfig {
+                database_url: database_url.clone(),
+                nova_url: sim.nova_url.clone(),
+                cinder_url: sim.cinder_url.clone(),
+                replicas,
+                clients: cfg.shape.clients,
+                skews,
+                extra_args: cfg.serve_args(),
+            },
+            urls,
+        )
         .await?,
     );
+    // The checker reads the ledger directly, past the proxies.
     let store = match cluster.store(0) {
         Some(s) if dir.is_some() => s,
         _ => crate::store::open(&database_url, 4).await?,
@@ -326,10 +482,14 @@ async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
             sim: sim.sim.clone(),
             store,
             windows: cfg.windows,
+            db,
         }),
         kills: Arc::new(Mutex::new(Vec::new())),
         sim,
+        shape,
+        ledger,
         _dir: dir,
+        _pg: pg,
     })
 }
 
@@ -349,6 +509,13 @@ async fn killer(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(pause) => {}
+        }
+        // A replica whose restart failed (it did not start in time) is
+        // started again first.
+        for down in (0..cluster.len()).filter(|i| !cluster.is_up(*i)) {
+            if let Err(e) = cluster.restart(down).await {
+                tracing::warn!(error = %e, "chaos: a replica that was down did not come back");
+            }
         }
         let up: Vec<usize> = (0..cluster.len()).filter(|i| cluster.is_up(*i)).collect();
         if up.len() < 2 {
@@ -375,7 +542,7 @@ async fn trial(
 ) -> anyhow::Result<(Played, Vec<Violation>)> {
     let played = ctx.play(h).await?;
     let kills = kills.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let violations = check::check(&played, ctx.windows, &kills);
+    let violations = check::check(&played, ctx.windows, &kills, &played.outages);
     Ok((played, violations))
 }
 
@@ -402,7 +569,7 @@ pub async fn run_chaos(cfg: &ChaosConfig) -> anyhow::Result<Summary> {
     let mut summary = Summary::default();
     let mut results = futures_util::stream::iter(0..cfg.histories)
         .map(|i| {
-            let h = History::generate(cfg.seed + i, &cfg.shape);
+            let h = History::generate(cfg.seed + i, &rig.shape);
             let (ctx, kills) = (rig.ctx.clone(), rig.kills.clone());
             async move { trial(&ctx, &kills, h).await }
         })
@@ -426,7 +593,12 @@ pub async fn run_chaos(cfg: &ChaosConfig) -> anyhow::Result<Summary> {
     }
     shrink_failures(cfg, &rig, &mut summary.failures).await;
     summary.kills = rig.kills.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
+    if let Some(db) = &rig.ctx.db {
+        summary.db_faults = db.counts();
+    }
+    summary.ledger = rig.ledger.clone();
     rig.ctx.cluster.stop().await;
+    rig.ctx.store.close().await;
     rig.sim.stop().await;
     summary.elapsed = started.elapsed();
     Ok(summary)
@@ -518,6 +690,9 @@ impl Summary {
             t.add_row(vec![k.clone(), v.to_string()]);
         }
         t.add_row(vec!["replicas killed".to_string(), self.kills.to_string()]);
+        for (k, v) in &self.db_faults {
+            t.add_row(vec![format!("database: {k}"), v.to_string()]);
+        }
         t.add_row(vec![
             "invariant checks".to_string(),
             self.checks.to_string(),
@@ -531,7 +706,11 @@ impl Summary {
                 .to_string(),
         ]);
         align_right(&mut t, &[1]);
-        let mut out = format!("{t}\n  took {:.0} s\n", self.elapsed.as_secs_f64());
+        let mut out = format!(
+            "{t}\n  ledger: {}\n  took {:.0} s\n",
+            self.ledger,
+            self.elapsed.as_secs_f64()
+        );
         for f in &self.failures {
             out.push_str(&format!("\nseed {} broke:\n", f.seed));
             for v in &f.violations {
@@ -545,24 +724,40 @@ impl Summary {
     }
 }
 
+fn db_faults_line(share: f64, crashes: bool) -> String {
+    if share <= 0.0 {
+        return "database faults off".into();
+    }
+    format!(
+        "database faults in {:.0} % of histories ({})",
+        share * 100.0,
+        if crashes {
+            "connections and crashes"
+        } else {
+            "connections only: the server is not ours to crash"
+        }
+    )
+}
+
 /// `volume-reconciler chaos`.
 pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let cfg = ChaosConfig::from_args(&args);
+    let (replicas, on, faults) = match &cfg.ledger {
+        Ledger::Embedded => (1, "the embedded store", "no database faults".to_string()),
+        Ledger::Postgres(_) => (
+            cfg.replicas,
+            "PostgreSQL (--database-url)",
+            db_faults_line(cfg.shape.db_faults, false),
+        ),
+        Ledger::OwnPostgres(_) => (
+            cfg.replicas,
+            "a throwaway PostgreSQL",
+            db_faults_line(cfg.shape.db_faults, true),
+        ),
+    };
     println!(
-        "chaos: {} histories from seed {}, {} replica(s) on {}, {} at once",
-        cfg.histories,
-        cfg.seed,
-        if cfg.database_url.is_some() {
-            cfg.replicas
-        } else {
-            1
-        },
-        if cfg.database_url.is_some() {
-            "PostgreSQL"
-        } else {
-            "the embedded store"
-        },
-        cfg.concurrency
+        "chaos: {} histories from seed {}, {replicas} replica(s) on {on}, {faults}, {} at once",
+        cfg.histories, cfg.seed, cfg.concurrency
     );
     let summary = run_chaos(&cfg).await?;
     print!("{}", summary.report());

@@ -4,7 +4,7 @@
 //! operation of the history is decided and its verification window has
 //! passed, and gathers what the checker reads.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use tonic::metadata::MetadataValue;
 use uuid::Uuid;
 
 use super::cluster::{Cluster, OPERATOR, caller_name, token_of};
+use super::dbfaults::DbFaults;
 use super::history::{Call, Happening, History, KeyChoice};
 use crate::domain::{Action, Operation, OperationEvent, State};
 use crate::grpc::pb;
@@ -34,6 +35,8 @@ pub enum Outcome {
         op_id: Option<Uuid>,
         state: Option<String>,
         message: String,
+        /// Its `ErrorInfo` metadata.
+        meta: BTreeMap<String, String>,
     },
     /// The caller gave up before an answer.
     Cancelled,
@@ -42,6 +45,8 @@ pub enum Outcome {
 #[derive(Debug, Clone)]
 pub struct Answer {
     pub call: usize,
+    /// The replica that answered (the last one tried).
+    pub replica: Option<String>,
     pub caller: String,
     pub key: String,
     pub sent_at: DateTime<Utc>,
@@ -66,6 +71,8 @@ pub struct Played {
     pub requests: Vec<crate::sim::RequestRecord>,
     /// Operations still open when the wait for them ended.
     pub open_at_end: usize,
+    /// The run's database faults until the history was gathered.
+    pub outages: Vec<super::dbfaults::DbOutage>,
 }
 
 /// The service's windows, for the waits and the checks.
@@ -77,6 +84,12 @@ pub struct Windows {
     /// Extra time an operation may take past its deadline and settle
     /// window before it counts as stuck (takeover, backoff, passes).
     pub slack: Duration,
+    /// The replicas' lease (`--lease`): a holder cut off from the database
+    /// loses its operations this long after its last renewal.
+    pub lease: Duration,
+    /// The replicas' bound of one database round trip
+    /// (`--db-statement-timeout`).
+    pub db_round_trip: Duration,
 }
 
 pub struct Context {
@@ -84,7 +97,13 @@ pub struct Context {
     pub sim: Arc<Sim>,
     pub store: Arc<dyn Store>,
     pub windows: Windows,
+    /// The database faults (PostgreSQL only).
+    pub db: Option<Arc<DbFaults>>,
 }
+
+/// How long the checker's own reads of the ledger are tried while the
+/// database is away (a crash and its restart take seconds).
+const LEDGER_READ_WITHIN: Duration = Duration::from_secs(120);
 
 /// The key a call sends.
 pub fn key_of(h: &History, n: usize) -> String {
@@ -133,6 +152,9 @@ fn outcome_of(result: Result<pb::Operation, tonic::Status>) -> Outcome {
                 op_id: meta("operation_id").and_then(|v| v.parse().ok()),
                 state: meta("state"),
                 message: s.message().to_string(),
+                meta: info
+                    .map(|i| i.metadata.clone().into_iter().collect())
+                    .unwrap_or_default(),
             }
         }
     }
@@ -140,8 +162,9 @@ fn outcome_of(result: Result<pb::Operation, tonic::Status>) -> Outcome {
 
 impl Context {
     /// Sends one call to a live replica, moving to another when one is
-    /// unreachable (with the same key), within the call's deadline.
-    async fn send(&self, h: &History, n: usize) -> Outcome {
+    /// unreachable (with the same key), within the call's deadline; the
+    /// answer, and which replica gave it.
+    async fn send(&self, h: &History, n: usize) -> (Outcome, Option<String>) {
         let c = &h.calls[n];
         let caller = caller_name(c.client);
         let deadline = Instant::now() + Duration::from_millis(c.deadline_ms);
@@ -150,19 +173,23 @@ impl Context {
             h.servers[c.server].to_string(),
             h.volumes[c.volume].to_string(),
         );
+        let mut tried = None;
         loop {
-            let live = self.cluster.live();
+            let live = self.cluster.live_named();
             let now = Instant::now();
             if live.is_empty() || now >= deadline {
-                return Outcome::Refused {
+                let refused = Outcome::Refused {
                     code: tonic::Code::Unavailable,
                     reason: "NO_REPLICA".into(),
                     op_id: None,
                     state: None,
                     message: "no replica answered before the deadline".into(),
+                    meta: BTreeMap::new(),
                 };
+                return (refused, tried);
             }
-            let url = &live[rand::rng().random_range(0..live.len())];
+            let (name, url) = &live[rand::rng().random_range(0..live.len())];
+            tried = Some(name.clone());
             let Ok(mut grpc) = client(url) else { continue };
             let remaining = deadline - now;
             let result = match c.action {
@@ -196,7 +223,7 @@ impl Context {
                 Err(s) if crate::client::is_transport_failure(&s, deadline) => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                other => return outcome_of(other),
+                other => return (outcome_of(other), tried),
             }
         }
     }
@@ -229,7 +256,7 @@ impl Context {
                     Some(ms) => {
                         tokio::select! {
                             o = self.send(h, n) => o,
-                            _ = tokio::time::sleep(Duration::from_millis(ms)) => Outcome::Cancelled,
+                            _ = tokio::time::sleep(Duration::from_millis(ms)) => (Outcome::Cancelled, None),
                         }
                     }
                     None => self.send(h, n).await,
@@ -241,9 +268,10 @@ impl Context {
                     self.operator(h, n, resolve).await;
                 }
             };
-            let (outcome, ()) = tokio::join!(call, operator);
+            let ((outcome, replica), ()) = tokio::join!(call, operator);
             answers.push(Answer {
                 call: n,
+                replica,
                 caller: caller_name(client),
                 key: key_of(h, n),
                 sent_at,
@@ -258,8 +286,17 @@ impl Context {
         let key = key_of(h, n);
         // The operator finds the operation by the caller's key.
         let caller = caller_name(h.calls[n].client);
-        let Ok(Some(op)) = self.store.operation_get_by_key(Some(&caller), &key).await else {
-            return;
+        let op = match self.store.operation_get_by_key(Some(&caller), &key).await {
+            Ok(Some(op)) => op,
+            // Nothing to act on (yet): no call made it; an operator would
+            // find nothing either.
+            Ok(None) => return,
+            // The database is away: the operator's look failed, as an
+            // operator's would; nothing is judged of it.
+            Err(e) => {
+                tracing::debug!(error = %e, "chaos: the operator could not find the operation");
+                return;
+            }
         };
         let live = self.cluster.live();
         let Some(url) = live.first() else { return };
@@ -296,8 +333,11 @@ impl Context {
         }
     }
 
+    /// The happenings at their instants; a database fault runs on while
+    /// the next ones come, and the history waits for its faults to end.
     async fn happenings(&self, h: &History) {
         let start = Instant::now();
+        let mut faults = Vec::new();
         for t in &h.happenings {
             tokio::time::sleep_until(start + Duration::from_millis(t.at_ms)).await;
             match &t.what {
@@ -313,8 +353,49 @@ impl Context {
                 }
                 Happening::Reconcile(n) => self.operator(h, *n, None).await,
                 Happening::Resolve(n, state) => self.operator(h, *n, Some(*state)).await,
+                Happening::Db(fault) => match &self.db {
+                    Some(db) => {
+                        let (db, fault) = (db.clone(), fault.clone());
+                        faults.push(tokio::spawn(async move { db.play(&fault).await }));
+                    }
+                    None => tracing::debug!("chaos: a database fault without a database to fault"),
+                },
             }
         }
+        for f in faults {
+            if let Err(e) = f.await {
+                tracing::warn!(error = %e, "chaos: a database fault's task failed");
+            }
+        }
+    }
+
+    /// A read of the ledger by the checker itself (not through a replica's
+    /// proxy), tried again while the database is away, for up to
+    /// `LEDGER_READ_WITHIN`.
+    async fn ledger<T, F, Fut>(&self, what: &str, read: F) -> anyhow::Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, crate::store::StoreError>>,
+    {
+        let until = Instant::now() + LEDGER_READ_WITHIN;
+        loop {
+            match read().await {
+                Ok(v) => return Ok(v),
+                Err(e) if Instant::now() < until => {
+                    tracing::debug!(error = %e, "chaos: reading {what} again");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => anyhow::bail!(
+                    "reading {what}: the database did not answer for {} s: {e}",
+                    LEDGER_READ_WITHIN.as_secs()
+                ),
+            }
+        }
+    }
+
+    /// The database faults so far (none without a database to fault).
+    pub fn outages(&self) -> Vec<super::dbfaults::DbOutage> {
+        self.db.as_ref().map(|d| d.outages()).unwrap_or_default()
     }
 
     /// Every operation on the history's volumes.
@@ -325,7 +406,11 @@ impl Context {
                 volume_id: Some(v),
                 ..Default::default()
             };
-            let page = self.store.operation_list(&filter, None, 500).await?;
+            let page = self
+                .ledger("the operations of a volume", || {
+                    self.store.operation_list(&filter, None, 500)
+                })
+                .await?;
             ops.extend(page.operations);
         }
         Ok(ops)
@@ -337,11 +422,23 @@ impl Context {
         let calls = futures_util::future::join_all((0..clients).map(|c| self.client_calls(&h, c)));
         let (answers, ()) = tokio::join!(calls, self.happenings(&h));
         let answers: Vec<Answer> = answers.into_iter().flatten().collect();
-        let open_at_end = self.settle(&h).await?;
+        // The last instant an intent may still commit: a write is not
+        // started past its caller's deadline, and one under way then ends
+        // within a round trip.
+        let intents_by = answers
+            .iter()
+            .map(|a| a.sent_at + chrono::Duration::milliseconds(h.calls[a.call].deadline_ms as i64))
+            .max()
+            .unwrap_or_else(Utc::now)
+            + chrono::Duration::from_std(self.windows.db_round_trip + Duration::from_millis(500))
+                .unwrap_or_default();
+        let open_at_end = self.settle(&h, intents_by).await?;
         let ops = self.operations(&h).await?;
         let mut recorded = Vec::new();
         for op in ops {
-            let events = self.store.operation_events(op.id).await?;
+            let events = self
+                .ledger("an operation's log", || self.store.operation_events(op.id))
+                .await?;
             recorded.push(Recorded { op, events });
         }
         let volumes: HashSet<Uuid> = h.volumes.iter().copied().collect();
@@ -355,32 +452,40 @@ impl Context {
             answers,
             ops: recorded,
             open_at_end,
+            outages: self.outages(),
         })
     }
 
     /// Waits until every operation is decided (bounded by its deadline,
-    /// the settle window and the slack), then until the last one's
-    /// verification window has passed. Returns how many stayed open.
-    async fn settle(&self, h: &History) -> anyhow::Result<usize> {
+    /// the settle window and the slack, and past each database outage it
+    /// met by the outage and the recovery from it: see
+    /// `check::decision_bound`), then until the last one's verification
+    /// window has passed. Returns how many stayed open.
+    async fn settle(&self, h: &History, intents_by: DateTime<Utc>) -> anyhow::Result<usize> {
         let w = self.windows;
+        let verify = chrono::Duration::from_std(w.verify_window + Duration::from_millis(500))
+            .unwrap_or_default();
         loop {
             let ops = self.operations(h).await?;
+            let outages = self.outages();
             let now = Utc::now();
-            let open: Vec<&Operation> = ops.iter().filter(|o| !o.state.is_terminal()).collect();
-            let overdue = open.iter().all(|o| {
-                o.deadline_at + chrono::Duration::from_std(w.settle + w.slack).unwrap_or_default()
-                    < now
-            });
-            if open.is_empty() || overdue {
-                let last = ops.iter().filter_map(|o| o.completed_at).max();
-                if let Some(last) = last {
-                    let until = last
-                        + chrono::Duration::from_std(w.verify_window + Duration::from_millis(500))
-                            .unwrap_or_default();
-                    if let Ok(wait) = (until - Utc::now()).to_std() {
-                        tokio::time::sleep(wait).await;
-                    }
-                }
+            // Open and not handed to people (escalated is settled too).
+            let open: Vec<&Operation> = ops
+                .iter()
+                .filter(|o| !o.state.is_terminal() && o.escalated_at.is_none())
+                .collect();
+            let overdue = open
+                .iter()
+                .all(|o| super::check::decision_bound(o, w, &outages) < now);
+            // Read again until quiet: an intent held up by the database
+            // may commit after its caller left (seed 11), and then the
+            // operation is waited for like the others.
+            let verified = ops
+                .iter()
+                .filter_map(|o| o.completed_at)
+                .max()
+                .is_none_or(|last| now >= last + verify);
+            if (open.is_empty() || overdue) && now >= intents_by && verified {
                 return Ok(open.len());
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
