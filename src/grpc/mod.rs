@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod convert;
 pub mod deadline;
+mod early;
 pub mod overload;
 pub mod status;
 mod watch;

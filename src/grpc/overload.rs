@@ -301,17 +301,23 @@ fn caller_key<B>(req: &http::Request<B>) -> String {
 }
 
 impl OverloadLayer {
-    /// The answer to a request shed for `reason`, counted.
-    fn refuse<E: Send + 'static>(
+    /// The answer to `req`, shed for `reason`, counted; given once its
+    /// body is read (see `early`).
+    fn refuse<B, E>(
         &self,
+        req: http::Request<B>,
         reason: Reason,
         message: String,
         retry_after: Duration,
         extra: &[(&str, String)],
-    ) -> BoxFuture<Result<http::Response<tonic::body::Body>, E>> {
+    ) -> BoxFuture<Result<http::Response<tonic::body::Body>, E>>
+    where
+        B: http_body::Body + Send + Unpin + 'static,
+        B::Data: Send,
+        E: Send + 'static,
+    {
         self.metrics.shed(reason);
-        let answer = shed(reason, message, retry_after, extra);
-        Box::pin(std::future::ready(Ok(answer)))
+        super::early::after_body(req, shed(reason, message, retry_after, extra))
     }
 }
 
@@ -320,6 +326,8 @@ where
     S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
@@ -340,9 +348,13 @@ where
                     "caller {key:?} is over its rate limit (--caller-rate-limit); retry after {} ms",
                     wait.as_millis()
                 );
-                return self
-                    .layer
-                    .refuse(Reason::CallerRateLimited, msg, wait, &[("caller", key)]);
+                return self.layer.refuse(
+                    req,
+                    Reason::CallerRateLimited,
+                    msg,
+                    wait,
+                    &[("caller", key)],
+                );
             }
         }
         let cap = self.layer.cap(class);
@@ -353,6 +365,7 @@ where
                 let limit = cap.limit;
                 let msg = format!("{limit} {what} already (--{flag}); retry shortly");
                 return self.layer.refuse(
+                    req,
                     reason,
                     msg,
                     retry,
