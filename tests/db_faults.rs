@@ -449,3 +449,84 @@ async fn a_detach_whose_intent_was_held_up_looks_again_before_deciding_nothing_t
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn an_intent_held_up_past_its_answer_time_is_of_unknown_outcome_and_driven_when_it_commits() {
+    // Behind someone else's lock an intent's insert waits; at its caller's
+    // answer time (deadline − margin: 14 s here) the write is given up on
+    // and its connection dropped, but the statement goes on without its
+    // client and commits once the lock goes. The caller is told the
+    // write's outcome is unknown (not that nothing was recorded), and the
+    // operation's task, reading it back, drives the intent it finds to
+    // Nova's truth (no reconciler runs here).
+    let app = spawn_app(
+        with_history(support::Ledger::Postgres)
+            .arg("--safety-margin-min", "6s")
+            .arg("--safety-margin-max", "6s")
+            .arg("--db-statement-timeout", "60s"),
+    )
+    .await;
+    let (key, _, h) = one_attach(&app, secs(30.0)).await;
+    assert!(matches!(h, Heard::Decided(_)), "{key}: {h:?}");
+    use sqlx::Connection as _;
+    let mut other = sqlx::PgConnection::connect(&app.db_url)
+        .await
+        .expect("connected");
+    let mut tx = other.begin().await.expect("a transaction");
+    sqlx::query("LOCK TABLE operations IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .expect("locked");
+    let (server, volume) = ids();
+    let key = support::uuid();
+    let started = Instant::now();
+    let heard = app
+        .raw()
+        .attach_volume(with_timeout(attach(&key, server, volume), secs(20.0)))
+        .await
+        .expect_err("nothing is decided behind the lock");
+    let (reason, meta) = support::error_info(&heard);
+    assert_eq!(
+        (heard.code(), reason.as_str()),
+        (tonic::Code::DeadlineExceeded, "DATABASE_DEADLINE"),
+        "{heard:?}"
+    );
+    assert_eq!(
+        meta.get("clock").map(String::as_str),
+        Some("caller deadline")
+    );
+    assert!(
+        started.elapsed() < secs(17.0),
+        "answered at its answer time, not by the backstop: {:?}",
+        started.elapsed()
+    );
+    tx.commit().await.expect("the lock let go");
+    // The insert committed without its client; the task finds it.
+    let store = app.store.clone();
+    let k = key.clone();
+    eventually(secs(30.0), "the intent is recorded and decided", || {
+        let (store, k) = (store.clone(), k.clone());
+        async move {
+            store
+                .operation_get_by_key(None, &k)
+                .await
+                .unwrap()
+                .is_some_and(|o| o.state.is_terminal())
+        }
+    })
+    .await;
+    let decided = app
+        .store
+        .operation_get_by_key(None, &key)
+        .await
+        .unwrap()
+        .unwrap();
+    let attached = app
+        .sim
+        .truth()
+        .attachments
+        .iter()
+        .any(|a| a.volume_id == volume && a.server_id == server);
+    assert_eq!(decided.state == State::Succeeded, attached, "{decided:?}");
+    app.stop().await;
+}

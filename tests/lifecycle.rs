@@ -1073,9 +1073,11 @@ async fn a_replica_whose_clock_is_off_takes_over_no_live_work() {
     let store = volume_reconciler::store::open(&db, 2).await.unwrap();
     // Operations whose holder died (their leases ran out), taken one a
     // round: the skewed replica's reconciler takes some, proof that it
-    // runs and claims what it may.
+    // runs and claims what it may. Forty, four seconds of rounds: with ten
+    // the other replica's reconciler took them all on a loaded machine
+    // before the skewed one's first round (1 in 3 runs beside the suite).
     let mut dead = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..40 {
         let (ds, dv) = ids();
         sim.sim.seed_attachment(ds, dv);
         dead.push(dead_holders_attach(store.as_ref(), ds, dv).await);

@@ -207,3 +207,44 @@ async fn the_previous_release_keeps_working_while_the_new_one_serves_on_the_expa
         "this release still serves after a later one migrated"
     );
 }
+
+/// A migration that landed is never edited, not even a comment: a database
+/// that applied it keeps its checksum and refuses a build whose file
+/// differs (`VersionMismatch` at start). `migrations/CHECKSUMS` holds each
+/// file's SHA-256 as it landed; a new migration adds its line there.
+#[test]
+fn no_migration_that_landed_was_edited() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let listed = std::fs::read_to_string(root.join("CHECKSUMS")).expect("migrations/CHECKSUMS");
+    let listed: std::collections::BTreeMap<&str, &str> = listed
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (sum, file) = l.split_once("  ").expect("`<sha256>  <file>` lines");
+            (file, sum)
+        })
+        .collect();
+    let mut found = Vec::new();
+    for kind in ["pg", "sqlite"] {
+        for f in std::fs::read_dir(root.join(kind)).expect("a migrations folder") {
+            let path = f.expect("an entry").path();
+            let file = format!("{kind}/{}", path.file_name().unwrap().to_string_lossy());
+            let text = std::fs::read(&path).expect("a migration");
+            let sum = volume_reconciler::grpc::auth::sha256_hex(&String::from_utf8_lossy(&text));
+            match listed.get(file.as_str()) {
+                Some(&want) => assert_eq!(
+                    sum, want,
+                    "{file} differs from the migration that landed: databases that applied it refuse this build; write a new migration instead"
+                ),
+                None => panic!("{file} is not in migrations/CHECKSUMS: add `{sum}  {file}`"),
+            }
+            found.push(file);
+        }
+    }
+    for file in listed.keys() {
+        assert!(
+            found.iter().any(|f| f == file),
+            "{file} is listed but gone: a landed migration is never removed"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 -- The ledger at the price of a naive one (BENCHMARKS.md "The ledger at
 -- the naive's price"): the same guarantees, less work per operation.
 --
--- An expand step (docs/operating.md "Upgrading"): replicas of the previous release
+-- An expand step (README "Upgrading"): replicas of the previous release
 -- that are still running keep working against this schema while the new
 -- ones serve. Nothing they write or read is removed; what only they use
 -- (`operation_counts`, `operation_events`) stays until the contract step

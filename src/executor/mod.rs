@@ -344,15 +344,26 @@ impl Executor {
                 // caller waits for the decision alone, one wake-up per call
                 // (`await_spawned`). The sender is kept until the decision
                 // is out, so that its end never wakes the caller first.
-                keep_created = Some(created);
+                // Unless the write outlasted the caller's answer time: its
+                // caller, woken then with nothing running yet, waits for
+                // this word to answer that the operation runs.
+                keep_created = if Instant::now() >= budget.answer_by {
+                    // Nobody waiting is fine: the caller may have gone.
+                    drop(created.send(Ok(CreateOutcome::Created(op.clone()))));
+                    None
+                } else {
+                    Some(created)
+                };
                 op
             }
             Err(e) if e.may_have_written() => {
-                // The caller is told at once (its deadline has come); but
-                // the intent may have committed, and this task is its only
-                // driver: found, it is driven to a decision (nothing is
-                // sent once the deadline has passed), so it never waits
-                // out a settle window for a request that never left.
+                // The caller is told at once that the write's outcome is
+                // unknown (a retry with its key joins the operation if it
+                // was recorded); but the intent may have committed, and
+                // this task is its only driver: found, it is driven to a
+                // decision (nothing is sent once the deadline has passed),
+                // so it never waits out a settle window for a request that
+                // never left.
                 tracing::warn!(operation_id = %id, error = %e,
                     "the intent may have been recorded; reading it before anything is concluded");
                 drop(created.send(Err(e)));
@@ -576,9 +587,15 @@ impl Executor {
                             .record("operation_id", tracing::field::display(op.id));
                         break op.id;
                     }
-                    // Not sent (the task keeps the sender of a new one);
-                    // were it, the decision is still what is waited for.
-                    Ok(Ok(CreateOutcome::Created(_))) => recorded = true,
+                    // Sent only when the intent's write outlasted the
+                    // caller's answer time (else the task keeps the sender
+                    // of a new one): the operation runs on without it.
+                    Ok(Ok(CreateOutcome::Created(_))) => {
+                        if Instant::now() >= until {
+                            return Err(ExecError::StillRunning(id));
+                        }
+                        recorded = true;
+                    }
                     Ok(Err(e)) => return Err(e.into()),
                     // The task let go of `created` without a word: after
                     // its decision (read here, whichever wake-up came
@@ -605,9 +622,12 @@ impl Executor {
                 }
                 () = &mut sleep => {
                     // The caller's time is up. A run of its own goes on
-                    // without it; an intent still being written answers
-                    // by then too (the store bounds it by `until`), so
-                    // its outcome is still waited for.
+                    // without it. An intent still being written has its
+                    // outcome waited for, on `created`: PostgreSQL's write
+                    // is cut at `until` (an outcome of unknown effect is
+                    // sent at once), the embedded store's commit is
+                    // awaited to its end, and its task sends a new
+                    // operation too when it comes this late.
                     if recorded || self.is_running(id) {
                         return Err(ExecError::StillRunning(id));
                     }

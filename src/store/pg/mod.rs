@@ -567,12 +567,14 @@ impl Store for PgStore {
         // A volume-busy conflict can race with the busy operation
         // finishing; a few tries settle it either way.
         for _ in 0..3 {
-            // The deadline bounds when the intent may still be written (a
-            // write not started by then is not made), not how long one
-            // that started may take: given up on while it waits (a lock, a
-            // slow commit), it could still commit, an intent that nothing
-            // drives. Awaited to its end, it is the caller's to drive (or
-            // to decide at once when no time is left).
+            // The deadline bounds the write: one not started by then is
+            // not made, and one still waiting then (a lock, a slow
+            // commit) has its connection dropped. It may commit even so
+            // (an autocommit statement behind a lock goes on without its
+            // client): its outcome is unknown (`may_have_written`), and the
+            // executor reads it back and drives what it finds
+            // (tests/db_faults.rs, an intent held up past its answer
+            // time).
             let written = self
                 .writer
                 .submit(Payload::Create(Box::new(new.clone())), deadline)
