@@ -605,11 +605,8 @@ async fn a_closed_connection_a_refused_one_and_garbage_each_have_their_class() {
     );
     assert!(e.cause.contains("contract"), "{}", e.cause);
     // Nothing listens: never sent.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (_refusing, addr) = support::refusing_port();
+    let port = addr.port();
     let nowhere = direct(&h, |cfg| {
         cfg.cinder_url = Some(format!("http://127.0.0.1:{port}/v3/p"));
     });

@@ -63,7 +63,7 @@ async fn a_call_made_before_the_server_is_up_is_retried_with_its_key_until_it_la
 
 #[tokio::test]
 async fn retries_stop_at_the_callers_deadline() {
-    let addr = free_addr();
+    let (_refusing, addr) = support::refusing_port();
     let client = Client::connect_lazy(&format!("http://{addr}")).unwrap();
     let started = Instant::now();
     let err = client

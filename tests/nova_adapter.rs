@@ -324,11 +324,8 @@ async fn a_connection_closed_after_the_effect_is_a_lost_response() {
 #[tokio::test]
 async fn a_refused_connection_was_never_sent() {
     support::init_logs();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (_refusing, addr) = support::refusing_port();
+    let port = addr.port();
     let client = NovaClient::new(NovaConfig {
         endpoint: NovaEndpoint::Direct(format!("http://127.0.0.1:{port}/v2.1")),
         ..NovaConfig::default()

@@ -307,3 +307,14 @@ pub fn error_info(s: &tonic::Status) -> (String, std::collections::HashMap<Strin
 pub fn uuid() -> String {
     uuid::Uuid::new_v4().to_string()
 }
+
+/// A port that refuses connections and stays the caller's while it holds
+/// the socket: bound, never listened on. (A port merely found free can be
+/// taken meanwhile by another test's server, whose answer — a 404 — a test
+/// of "nothing listens" would read instead.)
+pub fn refusing_port() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.bind("127.0.0.1:0".parse().unwrap()).expect("bound");
+    let addr = socket.local_addr().expect("its address");
+    (socket, addr)
+}
