@@ -328,3 +328,36 @@ fn the_link_check_finds_missing_files_and_headings_and_follows_githubs_anchors()
     );
     assert!(back.is_empty(), "{back:?}");
 }
+
+/// `.ci/buf/last-release` (what `buf breaking` compares with in a clone
+/// without tags) names the newest release tag and its commit.
+#[test]
+fn the_last_release_ci_compares_the_proto_with_is_the_newest_tag() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let recorded = std::fs::read_to_string(root.join(".ci/buf/last-release"))
+        .expect(".ci/buf/last-release");
+    let (tag, commit) = recorded
+        .trim()
+        .split_once(' ')
+        .expect("`<tag> <commit>` in .ci/buf/last-release");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .expect("git runs")
+    };
+    let has_commit = git(&["cat-file", "-e", &format!("{commit}^{{commit}}")]);
+    assert!(
+        has_commit.status.success(),
+        "{commit} (.ci/buf/last-release) is not a commit of this history"
+    );
+    let newest = git(&["describe", "--tags", "--abbrev=0", "--match", "v[0-9]*", "HEAD"]);
+    if newest.status.success() {
+        // With tags in this clone: the record follows the newest.
+        let newest = String::from_utf8_lossy(&newest.stdout).trim().to_string();
+        assert_eq!(tag, newest, "release {newest} is tagged: record it in .ci/buf/last-release");
+        let at = git(&["rev-parse", &format!("{newest}^{{commit}}")]);
+        assert_eq!(String::from_utf8_lossy(&at.stdout).trim(), commit, "{newest}'s commit");
+    }
+}
