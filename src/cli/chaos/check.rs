@@ -437,18 +437,20 @@ impl Checker<'_> {
             .min()
     }
 
-    /// Whether a recorded drift that no unexplained change after the
-    /// decision accounts for is backed all the same: by a change the last
-    /// look saw late, one made between the deciding look and the
-    /// decision's write, or someone else's change the decision left
-    /// standing.
     /// The earliest instant the look that decided `r` may have been made:
     /// `done` (the decision's write stamp) less the tolerance; or, when a
     /// database outage hit the replica that wrote the decision while the
     /// operation ran, the start of the first such outage (no sooner than
     /// the operation's creation): the write waited out the outage, the
     /// look came before it (seed 88: a look at +0.2 s, its write 7.7 s
-    /// later, the server deleted in between).
+    /// later, the server deleted in between). An outage that ended
+    /// shortly before the operation began counts too, for `db_recovery`
+    /// after its end: a database just back (crash recovery, connections
+    /// opened again, the writers' backlog) still holds writes up, and an
+    /// event is stamped when its write commits, not when it happened (seed
+    /// 1399: created 21 ms after PostgreSQL came back from a SIGKILL, its
+    /// Cinder look at about +0.1 s written at +1.4 s, the server deleted in
+    /// between).
     fn decided_from(&self, r: &Recorded, done: DateTime<Utc>) -> DateTime<Utc> {
         let writer = r
             .events
@@ -459,13 +461,22 @@ impl Checker<'_> {
         let held = writer.and_then(|w| {
             self.outages
                 .iter()
-                .filter(|o| o.hits(w) && o.from <= done && o.until(Utc::now()) >= r.op.created_at)
+                .filter(|o| {
+                    o.hits(w)
+                        && o.from <= done
+                        && o.until(Utc::now()) + self.windows.db_recovery() >= r.op.created_at
+                })
                 .map(|o| o.from)
                 .min()
         });
         held.map_or(done, |from| from.max(r.op.created_at).min(done)) - ms(TOLERANCE_MS)
     }
 
+    /// Whether a recorded drift that no unexplained change after the
+    /// decision accounts for is backed all the same: by a change the last
+    /// look saw late, one made between the deciding look and the
+    /// decision's write, or someone else's change the decision left
+    /// standing.
     fn drift_backed(
         &self,
         r: &Recorded,
