@@ -248,7 +248,7 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
             why: "the request was never sent",
             otherwise: Box::new(Next::Refuse(e.reason())),
         },
-        NovaErrorKind::DeadlineExceeded if !e.may_have_reached_nova => Next::Refuse(e.reason()),
+        NovaErrorKind::DeadlineExceeded if !e.may_have_reached => Next::Refuse(e.reason()),
         // Kept from leaving: its lease may be another's now (a write of
         // this run will be fenced then), or the database cannot confirm it.
         NovaErrorKind::Withheld => Next::Refuse(Reason::NotSent),

@@ -302,7 +302,7 @@ impl Executor {
                             format!(
                                 "{}: {}",
                                 e.clock(),
-                                e.nova_message.clone().unwrap_or_else(|| e.cause.clone())
+                                e.message.clone().unwrap_or_else(|| e.cause.clone())
                             ),
                         )
                         .with("operation_id", run.op.id);

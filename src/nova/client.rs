@@ -22,8 +22,8 @@ use uuid::Uuid;
 
 use super::answer::{AttachShape, Exchange};
 use super::auth::{KeystoneAuth, KeystoneConfig};
-use super::cinder::{CinderClient, CinderError};
-use super::error::{NovaError, NovaErrorKind};
+use super::cinder::CinderClient;
+use super::error::{CinderError, NovaError, NovaErrorKind};
 pub use super::http::SendGate;
 use super::http::{Base, CatalogService, Failure, FailureKind, Open, RawResponse, Service};
 use super::types::{AttachBody, AttachSpec, NovaAttachment};
@@ -662,28 +662,15 @@ fn answered<T>(raw: &RawResponse, value: T) -> Answered<T> {
 
 impl From<Failure> for NovaError {
     fn from(f: Failure) -> Self {
-        NovaError {
-            kind: match f.kind {
-                FailureKind::DeadlineExceeded => NovaErrorKind::DeadlineExceeded,
-                FailureKind::ConnectFailed => NovaErrorKind::ConnectFailed,
-                FailureKind::ResponseLost => NovaErrorKind::ResponseLost,
-                // Nova's endpoint is required when the token is issued, so
-                // a missing one is a failed authentication.
-                FailureKind::AuthFailed | FailureKind::NoEndpoint => NovaErrorKind::AuthFailed,
-                FailureKind::Withheld => NovaErrorKind::Withheld,
-                FailureKind::TooLarge => NovaErrorKind::TooLarge,
-            },
-            stage: f.stage,
-            method: f.method,
-            url: f.url,
-            status: f.status,
-            nova_request_id: f.request_id,
-            nova_fault: None,
-            nova_message: None,
-            elapsed: f.elapsed,
-            budget: f.budget,
-            may_have_reached_nova: f.may_have_reached,
-            cause: f.cause,
-        }
+        f.map_kind(|kind| match kind {
+            FailureKind::DeadlineExceeded => NovaErrorKind::DeadlineExceeded,
+            FailureKind::ConnectFailed => NovaErrorKind::ConnectFailed,
+            FailureKind::ResponseLost => NovaErrorKind::ResponseLost,
+            // Nova's endpoint is required when the token is issued, so
+            // a missing one is a failed authentication.
+            FailureKind::AuthFailed | FailureKind::NoEndpoint => NovaErrorKind::AuthFailed,
+            FailureKind::Withheld => NovaErrorKind::Withheld,
+            FailureKind::TooLarge => NovaErrorKind::TooLarge,
+        })
     }
 }

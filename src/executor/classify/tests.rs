@@ -19,12 +19,12 @@ fn err(kind: NovaErrorKind, stage: Stage, status: Option<u16>, reached: bool) ->
         method: "POST",
         url: "http://nova/v2.1/servers/x/os-volume_attachments".into(),
         status,
-        nova_request_id: None,
-        nova_fault: None,
-        nova_message: None,
+        request_id: None,
+        fault: None,
+        message: None,
         elapsed: Duration::from_millis(5),
         budget: Duration::from_secs(1),
-        may_have_reached_nova: reached,
+        may_have_reached: reached,
         cause: "sample".into(),
     }
 }
