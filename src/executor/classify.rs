@@ -4,7 +4,7 @@
 //!
 //! docs/design.md's "How an outcome is decided" is the specification: the
 //! test at the bottom reads its table and checks every row against
-//! [`classify`], [`refuse`] and [`out_of_time`]. Adding a Nova behaviour is one arm here
+//! [`classify_answer`], [`refuse`] and [`out_of_time`]. Adding a Nova behaviour is one arm here
 //! and one row there.
 
 use std::fmt;
@@ -182,7 +182,7 @@ fn lost(action: Action) -> Next {
 }
 
 /// The next step after `answer` to a request for `action` on `server`.
-pub(crate) fn classify(action: Action, server: Uuid, answer: &Answer<'_>) -> Next {
+pub(crate) fn classify_answer(action: Action, server: Uuid, answer: &Answer<'_>) -> Next {
     match (action, answer) {
         (Action::Attach, Answer::Done) => Next::Decide(succeeded(
             Resolution::Response,

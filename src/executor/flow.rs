@@ -97,7 +97,7 @@ impl Executor {
             };
             let history = run.history(may_take_effect);
             run.maybe_effect |= may_take_effect;
-            let next = classify::classify(run.op.action, run.op.server_id, &answer);
+            let next = classify::classify_answer(run.op.action, run.op.server_id, &answer);
             let mut ctx = Context {
                 error: match &sent {
                     Sent::Failed(e) => Some(e),

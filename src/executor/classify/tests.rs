@@ -356,7 +356,7 @@ fn every_answer_in_the_design_table_is_classified_as_the_row_says() {
                 (_, None) => unreachable!(),
             };
             for ans in &answers {
-                let got = classify(a, SERVER, ans).to_string();
+                let got = classify_answer(a, SERVER, ans).to_string();
                 assert_eq!(
                     &got,
                     next,
