@@ -489,7 +489,7 @@ impl Service {
     }
 }
 
-pub(super) fn method_name(method: &Method) -> &'static str {
+fn method_name(method: &Method) -> &'static str {
     match *method {
         Method::POST => "POST",
         Method::GET => "GET",
