@@ -259,7 +259,7 @@ async fn a_rolled_back_attach_leaves_the_volume_available_or_in_error_attaching(
         "{e}"
     );
     assert!(
-        e.nova_message.as_deref().unwrap().contains(
+        e.message.as_deref().unwrap().contains(
             "must be available or downloading to reserve, but the current status is error_attaching"
         ),
         "{e}"
@@ -351,7 +351,7 @@ async fn a_volume_still_being_created_cannot_be_reserved_and_one_downloading_can
         "{e}"
     );
     assert!(
-        e.nova_message
+        e.message
             .as_deref()
             .unwrap()
             .contains("but the current status is creating"),
@@ -452,12 +452,12 @@ async fn a_deleted_volume_is_not_found_and_an_attached_one_cannot_be_deleted() {
         (CinderErrorKind::VolumeNotFound, Stage::ReadBody)
     );
     assert_eq!(e.status, Some(404));
-    assert_eq!(e.cinder_fault.as_deref(), Some("itemNotFound"));
+    assert_eq!(e.fault.as_deref(), Some("itemNotFound"));
     assert_eq!(
-        e.cinder_message,
+        e.message,
         Some(format!("Volume {volume} could not be found."))
     );
-    assert!(e.cinder_request_id.is_some() && !e.transient());
+    assert!(e.request_id.is_some() && !e.transient());
     // Nova knows it is gone too.
     let e = c
         .attach(server, volume, &RequestParams::default(), in_secs(5.0))
@@ -562,7 +562,7 @@ async fn a_stalled_or_cut_body_fails_at_the_body_stage_with_the_answers_status_a
         "{e}"
     );
     assert_eq!(e.status, Some(200), "the headers had arrived");
-    assert!(e.cinder_request_id.is_some(), "{e}");
+    assert!(e.request_id.is_some(), "{e}");
     assert!(
         e.to_string()
             .contains("while reading Cinder's response body"),
@@ -647,8 +647,8 @@ async fn cinders_own_errors_and_a_proxys_pages_are_rejections_with_their_context
         (CinderErrorKind::Rejected, Some(500)),
         "{e}"
     );
-    assert_eq!(e.cinder_fault.as_deref(), Some("computeFault"));
-    assert!(e.cinder_request_id.is_some() && e.transient());
+    assert_eq!(e.fault.as_deref(), Some("computeFault"));
+    assert!(e.request_id.is_some() && e.transient());
     h.sim.add_fault(
         FaultRule::new(
             FaultOp::Cinder,
@@ -666,13 +666,10 @@ async fn cinders_own_errors_and_a_proxys_pages_are_rejections_with_their_context
         "{e}"
     );
     assert_eq!(
-        (e.cinder_fault.as_deref(), e.cinder_message.as_deref()),
+        (e.fault.as_deref(), e.message.as_deref()),
         (None, Some("Bad Gateway"))
     );
-    assert!(
-        e.cinder_request_id.is_none(),
-        "a proxy answered, not Cinder"
-    );
+    assert!(e.request_id.is_none(), "a proxy answered, not Cinder");
     assert!(e.metadata()["cause"].contains("502"));
     h.stop().await;
 }
@@ -694,7 +691,7 @@ async fn an_unserved_microversion_and_a_wrong_endpoint_are_not_a_missing_volume(
         "{e}"
     );
     assert!(
-        e.cinder_message
+        e.message
             .as_deref()
             .unwrap()
             .contains("Minimum is 3.0 and maximum is 3.71"),

@@ -4,7 +4,7 @@
 //!
 //! docs/design.md's "How an outcome is decided" is the specification: the
 //! test at the bottom reads its table and checks every row against
-//! [`classify`], [`refuse`] and [`out_of_time`]. Adding a Nova behaviour is one arm here
+//! [`classify_answer`], [`refuse`] and [`out_of_time`]. Adding a Nova behaviour is one arm here
 //! and one row there.
 
 use std::fmt;
@@ -182,7 +182,7 @@ fn lost(action: Action) -> Next {
 }
 
 /// The next step after `answer` to a request for `action` on `server`.
-pub(crate) fn classify(action: Action, server: Uuid, answer: &Answer<'_>) -> Next {
+pub(crate) fn classify_answer(action: Action, server: Uuid, answer: &Answer<'_>) -> Next {
     match (action, answer) {
         (Action::Attach, Answer::Done) => Next::Decide(succeeded(
             Resolution::Response,
@@ -248,7 +248,7 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
             why: "the request was never sent",
             otherwise: Box::new(Next::Refuse(e.reason())),
         },
-        NovaErrorKind::DeadlineExceeded if !e.may_have_reached_nova => Next::Refuse(e.reason()),
+        NovaErrorKind::DeadlineExceeded if !e.may_have_reached => Next::Refuse(e.reason()),
         // Kept from leaving: its lease may be another's now (a write of
         // this run will be fenced then), or the database cannot confirm it.
         NovaErrorKind::Withheld => Next::Refuse(Reason::NotSent),

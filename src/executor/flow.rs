@@ -50,20 +50,7 @@ impl Executor {
         loop {
             let now = Instant::now();
             if !self.policy.can_send_again(&run.budget, now) {
-                let history = run.history(false);
-                let mut ctx = Context {
-                    error: None,
-                    attachment: None,
-                };
-                return match self.step(run, Next::OutOfTime, &mut ctx, history).await {
-                    Acted::Decided(d) => Ok(d),
-                    // A look never asks to send; out of time it cannot.
-                    Acted::SendAgain => Ok(Decision::unknown(self.unknown_error(
-                        run,
-                        None,
-                        "no time left to send again",
-                    ))),
-                };
+                return Ok(self.out_of_time(run, "no time left to send again").await);
             }
             let outbound = self.policy.outbound(&run.budget, now);
             if need_record && !Box::pin(self.record_attempt(run)).await? {
@@ -71,19 +58,9 @@ impl Executor {
                 // deadline: it is not sent, and the run ends as one out of
                 // time (its earlier requests took no effect, or it would
                 // not be sending again).
-                let history = run.history(false);
-                let mut ctx = Context {
-                    error: None,
-                    attachment: None,
-                };
-                return match self.step(run, Next::OutOfTime, &mut ctx, history).await {
-                    Acted::Decided(d) => Ok(d),
-                    Acted::SendAgain => Ok(Decision::unknown(self.unknown_error(
-                        run,
-                        None,
-                        "the next attempt could not be recorded",
-                    ))),
-                };
+                return Ok(self
+                    .out_of_time(run, "the next attempt could not be recorded")
+                    .await);
             }
             need_record = true;
             self.metrics
@@ -97,7 +74,7 @@ impl Executor {
             };
             let history = run.history(may_take_effect);
             run.maybe_effect |= may_take_effect;
-            let next = classify::classify(run.op.action, run.op.server_id, &answer);
+            let next = classify::classify_answer(run.op.action, run.op.server_id, &answer);
             let mut ctx = Context {
                 error: match &sent {
                     Sent::Failed(e) => Some(e),
@@ -114,6 +91,21 @@ impl Executor {
 
     /// Sends the run's request once (under the operation's global request
     /// id) and logs what came back, with Nova's own request id.
+    /// No request may be sent again: decide from what can still be seen
+    /// (`Next::OutOfTime`), else UNKNOWN because of `why`.
+    async fn out_of_time(self: &Arc<Self>, run: &mut Run, why: &'static str) -> Decision {
+        let history = run.history(false);
+        let mut ctx = Context {
+            error: None,
+            attachment: None,
+        };
+        match self.step(run, Next::OutOfTime, &mut ctx, history).await {
+            Acted::Decided(d) => d,
+            // A look never asks to send; out of time it cannot.
+            Acted::SendAgain => Decision::unknown(self.unknown_error(run, None, why)),
+        }
+    }
+
     async fn send(&self, run: &mut Run, outbound: Instant) -> Sent {
         let started = Instant::now();
         run.events.push(super::ledger::request_sent_event(
@@ -302,7 +294,7 @@ impl Executor {
                             format!(
                                 "{}: {}",
                                 e.clock(),
-                                e.nova_message.clone().unwrap_or_else(|| e.cause.clone())
+                                e.message.clone().unwrap_or_else(|| e.cause.clone())
                             ),
                         )
                         .with("operation_id", run.op.id);

@@ -47,7 +47,7 @@ use crate::nova::NovaClient;
 use crate::store::{CreateOutcome, NewOperation, Store, StoreError};
 
 pub(crate) use confirm::{CinderSays, DETACH_TARGET};
-pub(crate) use run::{Decision, Run};
+pub(crate) use run::{Decision, Run, Seen};
 
 /// A validated request.
 #[derive(Debug)]

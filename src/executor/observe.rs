@@ -23,18 +23,14 @@ impl Executor {
                 let items = answered.value;
                 self.metrics
                     .nova("list", "ok", started.elapsed().as_secs_f64());
-                let vol = run.op.volume_id.to_string();
-                let seen = match items.iter().find(|a| a.volume_id == vol) {
-                    Some(a) => Seen::Attached(a.to_info()),
-                    None => Seen::Absent,
-                };
+                let seen = Seen::in_list(&items, run.op.volume_id);
                 let detail = match &seen {
                     Seen::Attached(_) => "the volume is in the server's attachment list",
                     Seen::Absent | Seen::ServerGone => {
                         "the volume is not in the server's attachment list"
                     }
                 };
-                let present = matches!(seen, Seen::Attached(_));
+                let present = seen.present();
                 run.last_seen = Some(present);
                 let ev = NewEvent::new(event::OBSERVED, detail)
                     .with("attachments_listed", items.len())

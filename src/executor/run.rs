@@ -4,12 +4,14 @@
 use std::time::Duration;
 
 use backon::BackoffBuilder as _;
+use uuid::Uuid;
 
 use crate::domain::{
     AttachmentInfo, Budget, NewEvent, Operation, OperationError, Resolution, State,
 };
 
 use super::classify::History;
+use crate::nova::{NovaAttachment, NovaError, Rejection};
 
 /// The decision of a run: terminal, or unknown (the reconciler goes on).
 #[derive(Debug, Clone)]
@@ -57,13 +59,45 @@ impl Decision {
     }
 }
 
-/// What an observation of the server's attachments found.
+/// Where the volume is by Nova's attachment list of one server: the one
+/// reading of a list that the executor's looks, the reconciler's passes
+/// and the verifier's Nova-list looks share. (Cinder's view is read
+/// against the action instead: `confirm::CinderSays`.)
 #[derive(Debug)]
 pub(crate) enum Seen {
     Attached(AttachmentInfo),
     Absent,
     /// The server no longer exists (404): nothing is on it.
     ServerGone,
+}
+
+impl Seen {
+    /// Where `volume` is in `items`, one server's list.
+    pub fn in_list(items: &[NovaAttachment], volume: Uuid) -> Self {
+        let volume = volume.to_string();
+        match items.iter().find(|a| a.volume_id == volume) {
+            Some(a) => Seen::Attached(a.to_info()),
+            None => Seen::Absent,
+        }
+    }
+
+    /// What a list request says of `volume`: its list, or Nova's 404 for
+    /// the server; any other error is a look that failed.
+    pub fn by_list(
+        listed: &Result<Vec<NovaAttachment>, NovaError>,
+        volume: Uuid,
+    ) -> Result<Self, &NovaError> {
+        match listed {
+            Ok(items) => Ok(Seen::in_list(items, volume)),
+            Err(e) if e.rejection() == Some(&Rejection::ServerNotFound) => Ok(Seen::ServerGone),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the volume is on the server.
+    pub fn present(&self) -> bool {
+        matches!(self, Seen::Attached(_))
+    }
 }
 
 /// Another writer decided first (the lease epoch moved on): here is the

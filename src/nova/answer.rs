@@ -9,7 +9,7 @@
 //!
 //! - a refusal only with Nova's fault shape, `{"itemNotFound": {"code":
 //!   404, "message": ...}}` (the name Nova gives that status, the status as
-//!   `code`; `types::nova_fault`), or keystonemiddleware's `{"error":
+//!   `code`; `error::fault::nova_fault`), or keystonemiddleware's `{"error":
 //!   {...}}` for a 401;
 //! - a success only with the body Nova gives for that call at the
 //!   microversion spoken: an attach 200 with the attachment (about this
@@ -25,16 +25,19 @@
 // add an allocation and a conversion.
 #![allow(clippy::result_large_err)]
 
+#[cfg(test)]
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::client::AttachAnswer;
-use super::error::{NovaError, NovaErrorKind, Rejection, Stage};
-use super::http::RawResponse;
-use super::types::{
-    AttachmentEnvelope, AttachmentList, NovaAttachment, ServerEnvelope, body_excerpt, classify,
-    clean_text, keystone_refusal, nova_fault, parse_fault,
+pub(crate) use super::error::Exchange;
+use super::error::fault::{
+    body_excerpt, classify_refusal, keystone_refusal, nova_fault, parse_fault,
 };
+use super::error::{NovaError, NovaErrorKind, Rejection, Stage};
+#[cfg(test)]
+use super::http::RawResponse;
+use super::types::{AttachmentEnvelope, AttachmentList, NovaAttachment, ServerEnvelope};
 
 /// How much of a body an error quotes.
 const EXCERPT_CHARS: usize = 200;
@@ -74,16 +77,6 @@ impl AttachShape {
     }
 }
 
-/// One answer that came whole, and the context every error made of it
-/// carries.
-pub(crate) struct Exchange<'a> {
-    pub method: &'static str,
-    pub url: String,
-    pub raw: &'a RawResponse,
-    pub started: Instant,
-    pub deadline: Instant,
-}
-
 fn blank(body: &[u8]) -> bool {
     body.iter().all(u8::is_ascii_whitespace)
 }
@@ -92,24 +85,8 @@ fn same_id(text: &str, id: Uuid) -> bool {
     Uuid::parse_str(text).ok() == Some(id)
 }
 
+/// Nova's reading of an answer (the core's `Exchange`: see `error/mod.rs`).
 impl Exchange<'_> {
-    fn error(&self, kind: NovaErrorKind, stage: Stage, cause: String) -> NovaError {
-        NovaError {
-            kind,
-            stage,
-            method: self.method,
-            url: self.url.clone(),
-            status: Some(self.raw.status),
-            nova_request_id: self.raw.request_id.clone(),
-            nova_fault: None,
-            nova_message: None,
-            elapsed: self.started.elapsed(),
-            budget: self.deadline.saturating_duration_since(self.started),
-            may_have_reached_nova: true,
-            cause: clean_text(&cause),
-        }
-    }
-
     /// `text/html, 162 bytes: "<html>..."`: what came back, for people.
     fn body_said(&self) -> String {
         format!(
@@ -142,15 +119,15 @@ impl Exchange<'_> {
     pub fn refusal(&self) -> NovaError {
         let status = self.raw.status;
         if let Some(fault) = nova_fault(status, &self.raw.body) {
-            let rejection = classify(status, &fault);
+            let rejection = classify_refusal(status, &fault);
             let mut e = self.error(
                 NovaErrorKind::Rejected(rejection.clone()),
                 Stage::ReadBody,
                 format!("HTTP {status}"),
             );
-            e.may_have_reached_nova = !matches!(rejection, Rejection::Unauthorized);
-            e.nova_fault = fault.name;
-            e.nova_message = fault.message;
+            e.may_have_reached = !matches!(rejection, Rejection::Unauthorized);
+            e.fault = fault.name;
+            e.message = fault.message;
             return e;
         }
         if status == 401 && keystone_refusal(&self.raw.body) {
@@ -160,9 +137,9 @@ impl Exchange<'_> {
                 Stage::ReadBody,
                 "HTTP 401 from the auth middleware (keystonemiddleware): the request never reached Nova".into(),
             );
-            e.may_have_reached_nova = false;
-            e.nova_fault = fault.name;
-            e.nova_message = fault.message;
+            e.may_have_reached = false;
+            e.fault = fault.name;
+            e.message = fault.message;
             return e;
         }
         self.error(
@@ -288,7 +265,7 @@ impl Exchange<'_> {
             _ => {
                 let e = self.refusal();
                 let names_it = e
-                    .nova_message
+                    .message
                     .as_deref()
                     .is_some_and(|m| m.contains(&server.to_string()));
                 if e.rejection() == Some(&Rejection::ServerNotFound) && names_it {
@@ -387,7 +364,7 @@ mod tests {
         );
         let e = exchange(&raw(404, JSON, &nova_404)).refusal();
         assert_eq!(e.kind, NovaErrorKind::Rejected(Rejection::ServerNotFound));
-        assert_eq!(e.nova_fault.as_deref(), Some("itemNotFound"));
+        assert_eq!(e.fault.as_deref(), Some("itemNotFound"));
         // A proxy's page, JSON of another shape, a fault whose name or code
         // is not the status's, a cut body: none is Nova's word.
         for (status, body) in [
@@ -413,7 +390,7 @@ mod tests {
         ] {
             let e = exchange(&raw(status, "text/html", &body)).refusal();
             assert_eq!(e.kind, NovaErrorKind::Foreign, "{status} {body:?}: {e}");
-            assert!(e.outcome_unknown() && e.may_have_reached_nova, "{e}");
+            assert!(e.outcome_unknown() && e.may_have_reached, "{e}");
             assert_eq!(e.stage, Stage::Decode);
             assert!(e.cause.contains(&format!("HTTP {status}")), "{}", e.cause);
         }
@@ -435,7 +412,7 @@ mod tests {
         ))
         .refusal();
         assert_eq!(e.kind, NovaErrorKind::Rejected(Rejection::Unauthorized));
-        assert!(!e.may_have_reached_nova && !e.outcome_unknown());
+        assert!(!e.may_have_reached && !e.outcome_unknown());
         // overLimit carries retryAfter beside code and message.
         let e = exchange(&raw(
             429,
@@ -565,10 +542,7 @@ mod tests {
         ))
         .refusal();
         assert_eq!(e.kind, NovaErrorKind::Rejected(Rejection::Conflict));
-        assert_eq!(
-            e.nova_message.as_deref(),
-            Some("Instance x is locked\u{FFFD}")
-        );
+        assert_eq!(e.message.as_deref(), Some("Instance x is locked\u{FFFD}"));
         for (k, v) in e.metadata() {
             assert!(!v.contains('\0'), "{k}: {v:?}");
         }

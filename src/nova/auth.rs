@@ -500,7 +500,7 @@ impl KeystoneAuth {
         .await
         .map_err(|e| format!("POST {url}: reading the body: {e}"))?;
         if !status.is_success() {
-            let fault = super::types::parse_fault(&bytes);
+            let fault = super::error::fault::parse_fault(&bytes);
             return Err(format!(
                 "POST {url}: HTTP {}: {}",
                 status.as_u16(),
@@ -553,7 +553,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         }
         cur = c.source();
     }
-    super::types::clean_text(&s)
+    super::error::fault::clean_text(&s)
 }
 
 #[cfg(test)]

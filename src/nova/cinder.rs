@@ -11,22 +11,20 @@
 //! one being reserved or attaching is not listed; one being detached still
 //! is (the volume is `detaching`) until Cinder deletes it.
 //!
-//! Why it is long: a fifth of it is tests; the rest is the client, the volume
-//! view and the error type with its clocks, which change together.
+//! Its errors (`CinderError`) are the adapters' shared core with Cinder's
+//! kinds (`error/cinder.rs`); what an answer means is here.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
 
 use reqwest::Method;
 use serde::Deserialize;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::error::Stage;
+use super::error::fault::parse_fault;
+use super::error::{CinderError, CinderErrorKind, Exchange, Stage};
 use super::http::RequestId;
-use super::http::{Failure, FailureKind, RawResponse, Service};
-use super::types::{clean_text, parse_fault};
+use super::http::{Failure, FailureKind, Service};
 
 /// A volume's `status`, as Cinder reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,218 +218,20 @@ struct AttachmentBody {
     device: Option<String>,
 }
 
-/// Which clock fired, or what else ended a Cinder request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CinderErrorKind {
-    /// The outbound deadline (derived from the caller's) expired.
-    DeadlineExceeded,
-    /// Could not connect (TCP or TLS): the request was never sent.
-    ConnectFailed,
-    /// Sent, but no complete answer came (reset, closed, truncated body).
-    ResponseLost,
-    /// 404 "Volume X could not be found.": deleted, or not in this project.
-    VolumeNotFound,
-    /// 406: the cloud does not serve `--cinder-microversion`.
-    MicroversionUnsupported,
-    /// Any other error status (401 after re-authenticating, 403, 400, a 404
-    /// that is not about the volume, 413/429, 5xx, a proxy's page).
-    Rejected,
-    /// A 2xx whose body does not fit the contract (or is about another
-    /// volume).
-    Undecodable,
-    /// Keystone did not give us a token.
-    AuthFailed,
-    /// The Keystone catalog has no block-storage (or volumev3) endpoint.
-    NoEndpoint,
-}
-
-impl CinderErrorKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::DeadlineExceeded => "deadline_exceeded",
-            Self::ConnectFailed => "connect_failed",
-            Self::ResponseLost => "response_lost",
-            Self::VolumeNotFound => "volume_not_found",
-            Self::MicroversionUnsupported => "microversion_unsupported",
-            Self::Rejected => "rejected",
-            Self::Undecodable => "undecodable",
-            Self::AuthFailed => "auth_failed",
-            Self::NoEndpoint => "no_endpoint",
-        }
-    }
-}
-
-/// A Cinder request that gave no volume, with all the context to explain
-/// it (the same as a Nova error's).
-#[derive(Debug, Clone)]
-pub struct CinderError {
-    pub kind: CinderErrorKind,
-    pub stage: Stage,
-    pub method: &'static str,
-    pub url: String,
-    pub status: Option<u16>,
-    /// Cinder's own id of the request, when an answer (even an error) came.
-    pub cinder_request_id: Option<String>,
-    pub cinder_fault: Option<String>,
-    pub cinder_message: Option<String>,
-    pub elapsed: Duration,
-    /// The time the request was given (its deadline minus its start).
-    pub budget: Duration,
-    pub cause: String,
-}
-
-impl CinderError {
-    /// Whether asking again (with time left) may give an answer: transport
-    /// failures, Keystone, throttling, 5xx. Not: the volume is gone, the
-    /// configuration is wrong, or access is refused.
-    pub fn transient(&self) -> bool {
-        match self.kind {
-            CinderErrorKind::DeadlineExceeded
-            | CinderErrorKind::ConnectFailed
-            | CinderErrorKind::ResponseLost
-            | CinderErrorKind::Undecodable
-            | CinderErrorKind::AuthFailed => true,
-            CinderErrorKind::Rejected => {
-                matches!(self.status, Some(409 | 413 | 429 | 500..=599))
-            }
-            CinderErrorKind::VolumeNotFound
-            | CinderErrorKind::MicroversionUnsupported
-            | CinderErrorKind::NoEndpoint => false,
-        }
-    }
-
-    /// Every piece of context, as `ErrorInfo`/event metadata (free of NUL,
-    /// which a ledger row cannot hold: see `types::clean_text`).
-    pub fn metadata(&self) -> BTreeMap<String, String> {
-        let mut m = self.raw_metadata();
-        for v in m.values_mut() {
-            if v.contains('\0') {
-                *v = clean_text(v);
-            }
-        }
-        m
-    }
-
-    fn raw_metadata(&self) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
-        m.insert("service".into(), "cinder".into());
-        m.insert("method".into(), self.method.to_string());
-        m.insert("url".into(), self.url.clone());
-        m.insert("stage".into(), self.stage.as_str().into());
-        m.insert("error_class".into(), self.kind.as_str().into());
-        if let Some(s) = self.status {
-            m.insert("http_status".into(), s.to_string());
-        }
-        if let Some(id) = &self.cinder_request_id {
-            m.insert("cinder_request_id".into(), id.clone());
-        }
-        if let Some(f) = &self.cinder_fault {
-            m.insert("cinder_fault".into(), f.clone());
-        }
-        if let Some(msg) = &self.cinder_message {
-            m.insert("cinder_message".into(), msg.clone());
-        }
-        m.insert("elapsed_ms".into(), self.elapsed.as_millis().to_string());
-        m.insert(
-            "outbound_budget_ms".into(),
-            self.budget.as_millis().to_string(),
-        );
-        m.insert("cause".into(), self.cause.clone());
-        m
-    }
-
-    /// Which clock fired, in words, for people.
-    pub fn clock(&self) -> &'static str {
-        match (self.kind, self.stage) {
-            (CinderErrorKind::DeadlineExceeded, Stage::AcquireSlot) => {
-                "the caller's deadline expired waiting for a connection slot to Cinder"
-            }
-            (CinderErrorKind::DeadlineExceeded, Stage::ReadBody) => {
-                "the caller's deadline expired while reading Cinder's response body"
-            }
-            (CinderErrorKind::DeadlineExceeded, Stage::Authenticate) => {
-                "the caller's deadline expired waiting for a Keystone token"
-            }
-            (CinderErrorKind::DeadlineExceeded, _) => {
-                "the caller's deadline expired waiting for Cinder's response headers"
-            }
-            (CinderErrorKind::ConnectFailed, _) => {
-                "could not connect to Cinder (the request was never sent)"
-            }
-            (CinderErrorKind::ResponseLost, Stage::ReadBody) => {
-                "Cinder's response body was cut off"
-            }
-            (CinderErrorKind::ResponseLost, _) => "the request was sent but Cinder did not answer",
-            (CinderErrorKind::VolumeNotFound, _) => "Cinder does not know the volume",
-            (CinderErrorKind::MicroversionUnsupported, _) => {
-                "Cinder does not serve the requested microversion"
-            }
-            (CinderErrorKind::Rejected, _) => "Cinder answered with an error",
-            (CinderErrorKind::Undecodable, _) => "Cinder's answer did not fit the contract",
-            (CinderErrorKind::AuthFailed, _) => "Keystone refused or failed to issue a token",
-            (CinderErrorKind::NoEndpoint, _) => {
-                "the Keystone catalog has no block-storage endpoint"
-            }
-        }
-    }
-}
-
-impl fmt::Display for CinderError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {}: {} (stage {}, after {} ms of a {} ms budget",
-            self.method,
-            self.url,
-            self.clock(),
-            self.stage.as_str(),
-            self.elapsed.as_millis(),
-            self.budget.as_millis()
-        )?;
-        if let Some(s) = self.status {
-            write!(f, ", HTTP {s}")?;
-        }
-        if let Some(fault) = &self.cinder_fault {
-            write!(f, ", {fault}")?;
-        }
-        if let Some(m) = &self.cinder_message {
-            write!(f, ": {m:?}")?;
-        }
-        if let Some(id) = &self.cinder_request_id {
-            write!(f, ", request {id}")?;
-        }
-        write!(f, "): {}", self.cause)
-    }
-}
-
-impl std::error::Error for CinderError {}
-
 impl From<Failure> for CinderError {
     fn from(f: Failure) -> Self {
-        CinderError {
-            kind: match f.kind {
-                FailureKind::DeadlineExceeded => CinderErrorKind::DeadlineExceeded,
-                FailureKind::ConnectFailed => CinderErrorKind::ConnectFailed,
-                FailureKind::ResponseLost => CinderErrorKind::ResponseLost,
-                FailureKind::AuthFailed => CinderErrorKind::AuthFailed,
-                FailureKind::NoEndpoint => CinderErrorKind::NoEndpoint,
-                // Not read whole: nothing is known from it (the cause names
-                // the cap); asking again may be answered.
-                FailureKind::TooLarge => CinderErrorKind::Undecodable,
-                // Cinder's reads have no gate.
-                FailureKind::Withheld => CinderErrorKind::ConnectFailed,
-            },
-            stage: f.stage,
-            method: f.method,
-            url: f.url,
-            status: f.status,
-            cinder_request_id: f.request_id,
-            cinder_fault: None,
-            cinder_message: None,
-            elapsed: f.elapsed,
-            budget: f.budget,
-            cause: f.cause,
-        }
+        f.map_kind(|kind| match kind {
+            FailureKind::DeadlineExceeded => CinderErrorKind::DeadlineExceeded,
+            FailureKind::ConnectFailed => CinderErrorKind::ConnectFailed,
+            FailureKind::ResponseLost => CinderErrorKind::ResponseLost,
+            FailureKind::AuthFailed => CinderErrorKind::AuthFailed,
+            FailureKind::NoEndpoint => CinderErrorKind::NoEndpoint,
+            // Not read whole: nothing is known from it (the cause names
+            // the cap); asking again may be answered.
+            FailureKind::TooLarge => CinderErrorKind::Undecodable,
+            // Cinder's reads have no gate.
+            FailureKind::Withheld => CinderErrorKind::ConnectFailed,
+        })
     }
 }
 
@@ -490,16 +290,18 @@ impl CinderClient {
                 &super::http::Open,
             )
             .await?;
-        let answer = Answer {
+        let answer = Exchange {
+            method: "GET",
             url,
             raw: &raw,
             started,
             deadline,
         };
         if raw.status != 200 {
-            return Err(answer.rejection());
+            return Err(refusal(&answer));
         }
-        let mut view = decode(&raw.body, volume_id).map_err(|cause| answer.undecodable(cause))?;
+        let mut view = decode(&raw.body, volume_id)
+            .map_err(|cause| answer.error(CinderErrorKind::Undecodable, Stage::Decode, cause))?;
         view.cinder_request_id = raw.request_id.clone();
         Ok(view)
     }
@@ -534,60 +336,30 @@ fn decode(body: &[u8], volume_id: Uuid) -> Result<VolumeView, String> {
     })
 }
 
-/// An answer that came whole, for the errors made of it.
-struct Answer<'a> {
-    url: String,
-    raw: &'a RawResponse,
-    started: Instant,
-    deadline: Instant,
-}
-
-impl Answer<'_> {
-    fn error(&self, kind: CinderErrorKind, stage: Stage, cause: String) -> CinderError {
-        CinderError {
-            kind,
-            stage,
-            method: "GET",
-            url: self.url.clone(),
-            status: Some(self.raw.status),
-            cinder_request_id: self.raw.request_id.clone(),
-            cinder_fault: None,
-            cinder_message: None,
-            elapsed: self.started.elapsed(),
-            budget: self.deadline.saturating_duration_since(self.started),
-            // A decode error may quote the body.
-            cause: clean_text(&cause),
+/// What an answer that is not a 200 means. Cinder's faults have Nova's
+/// shape (`{"itemNotFound": {"code", "message"}}`); a 404 is the volume's
+/// only when it says so, since a wrong endpoint answers 404 too.
+fn refusal(answer: &Exchange<'_>) -> CinderError {
+    let status = answer.raw.status;
+    let fault = parse_fault(&answer.raw.body);
+    let message = fault.message.as_deref().unwrap_or("");
+    let kind = match status {
+        404 if message.starts_with("Volume ") && message.contains("could not be found") => {
+            CinderErrorKind::VolumeNotFound
         }
-    }
-
-    fn undecodable(&self, cause: String) -> CinderError {
-        self.error(CinderErrorKind::Undecodable, Stage::Decode, cause)
-    }
-
-    /// Cinder's faults have Nova's shape (`{"itemNotFound": {"code",
-    /// "message"}}`); a 404 is the volume's only when it says so, since a
-    /// wrong endpoint answers 404 too.
-    fn rejection(&self) -> CinderError {
-        let status = self.raw.status;
-        let fault = parse_fault(&self.raw.body);
-        let message = fault.message.as_deref().unwrap_or("");
-        let kind = match status {
-            404 if message.starts_with("Volume ") && message.contains("could not be found") => {
-                CinderErrorKind::VolumeNotFound
-            }
-            406 => CinderErrorKind::MicroversionUnsupported,
-            _ => CinderErrorKind::Rejected,
-        };
-        let mut e = self.error(kind, Stage::ReadBody, format!("HTTP {status}"));
-        e.cinder_fault = fault.name;
-        e.cinder_message = fault.message;
-        e
-    }
+        406 => CinderErrorKind::MicroversionUnsupported,
+        _ => CinderErrorKind::Rejected,
+    };
+    let mut e = answer.error(kind, Stage::ReadBody, format!("HTTP {status}"));
+    e.fault = fault.name;
+    e.message = fault.message;
+    e
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nova::http::RawResponse;
 
     fn view(status: &str, attached: &[Uuid]) -> VolumeView {
         VolumeView {
@@ -709,13 +481,13 @@ mod tests {
             api_version: None,
         };
         let kind = |r: &RawResponse| {
-            Answer {
+            refusal(&Exchange {
+                method: "GET",
                 url: "u".into(),
                 raw: r,
                 started: Instant::now(),
                 deadline: Instant::now(),
-            }
-            .rejection()
+            })
             .kind
         };
         assert_eq!(

@@ -13,6 +13,12 @@
 //! detach, list, version discovery, confirmation choice); the HTTP machinery,
 //! Cinder and Keystone are in files of their own.
 
+// As in `answer.rs`: `NovaError` is what every call of the client returns
+// as it is; the judging closures and `Sent::judge` are those results one step
+// earlier, made once per answer. Boxing them here alone would only add an
+// allocation and a conversion.
+#![allow(clippy::result_large_err)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,8 +28,8 @@ use uuid::Uuid;
 
 use super::answer::{AttachShape, Exchange};
 use super::auth::{KeystoneAuth, KeystoneConfig};
-use super::cinder::{CinderClient, CinderError};
-use super::error::{NovaError, NovaErrorKind};
+use super::cinder::CinderClient;
+use super::error::{CinderError, NovaError, NovaErrorKind};
 pub use super::http::SendGate;
 use super::http::{Base, CatalogService, Failure, FailureKind, Open, RawResponse, Service};
 use super::types::{AttachBody, AttachSpec, NovaAttachment};
@@ -483,16 +489,9 @@ impl NovaClient {
             },
         };
         let path = format!("/servers/{server_id}/os-volume_attachments");
-        let started = Instant::now();
-        let (url, raw) = self
-            .execute(rid, Method::POST, &path, Some(&body), deadline, gate)
-            .await?;
-        let value = exchange("POST", url, &raw, started, deadline).attach(
-            self.attach_shape(&raw),
-            server_id,
-            volume_id,
-        )?;
-        Ok(answered(&raw, value))
+        self.send(rid, Verb::Post, &path, Some(&body), deadline, gate)
+            .await?
+            .judge(|answer| answer.attach(self.attach_shape(answer.raw), server_id, volume_id))
     }
 
     /// How Nova answers an attach it took: by the microversion spoken, or
@@ -524,12 +523,9 @@ impl NovaClient {
         deadline: Instant,
     ) -> Result<Answered<Vec<NovaAttachment>>, NovaError> {
         let path = format!("/servers/{server_id}/os-volume_attachments");
-        let started = Instant::now();
-        let (url, raw) = self
-            .execute::<()>(rid, Method::GET, &path, None, deadline, &Open)
-            .await?;
-        let items = exchange("GET", url, &raw, started, deadline).list(server_id)?;
-        Ok(answered(&raw, items))
+        self.send::<()>(rid, Verb::Get, &path, None, deadline, &Open)
+            .await?
+            .judge(|answer| answer.list(server_id))
     }
 
     /// `GET /servers/{id}`: whether the server exists (`false` only for
@@ -543,12 +539,9 @@ impl NovaClient {
         deadline: Instant,
     ) -> Result<Answered<bool>, NovaError> {
         let path = format!("/servers/{server_id}");
-        let started = Instant::now();
-        let (url, raw) = self
-            .execute::<()>(rid, Method::GET, &path, None, deadline, &Open)
-            .await?;
-        let exists = exchange("GET", url, &raw, started, deadline).server(server_id)?;
-        Ok(answered(&raw, exists))
+        self.send::<()>(rid, Verb::Get, &path, None, deadline, &Open)
+            .await?
+            .judge(|answer| answer.server(server_id))
     }
 
     /// `GET /servers/{id}/os-volume_attachments/{volume_id}`.
@@ -559,18 +552,10 @@ impl NovaClient {
         deadline: Instant,
     ) -> Result<NovaAttachment, NovaError> {
         let path = format!("/servers/{server_id}/os-volume_attachments/{volume_id}");
-        let started = Instant::now();
-        let (url, raw) = self
-            .execute::<()>(
-                &RequestId::fresh(),
-                Method::GET,
-                &path,
-                None,
-                deadline,
-                &Open,
-            )
-            .await?;
-        exchange("GET", url, &raw, started, deadline).show(server_id, volume_id)
+        self.send::<()>(&RequestId::fresh(), Verb::Get, &path, None, deadline, &Open)
+            .await?
+            .judge(|answer| answer.show(server_id, volume_id))
+            .map(|a| a.value)
     }
 
     /// `DELETE /servers/{id}/os-volume_attachments/{volume_id}`: 202 means
@@ -607,31 +592,93 @@ impl NovaClient {
         gate: &dyn SendGate,
     ) -> Result<Answered<()>, NovaError> {
         let path = format!("/servers/{server_id}/os-volume_attachments/{volume_id}");
-        let started = Instant::now();
-        let (url, raw) = self
-            .execute::<()>(rid, Method::DELETE, &path, None, deadline, gate)
-            .await?;
-        exchange("DELETE", url, &raw, started, deadline).detach()?;
-        Ok(answered(&raw, ()))
+        self.send::<()>(rid, Verb::Delete, &path, None, deadline, gate)
+            .await?
+            .judge(|answer| answer.detach())
     }
 
-    /// Sends one request under `deadline` (see `http::Service::execute`).
-    async fn execute<B: serde::Serialize>(
+    /// Sends one request under `deadline` (see `http::Service::execute`),
+    /// telling the reachability observer whether Nova answered; what the
+    /// answer means is for `Sent::judge`.
+    async fn send<B: serde::Serialize>(
         &self,
         rid: &RequestId,
-        method: Method,
+        verb: Verb,
         path: &str,
         body: Option<&B>,
         deadline: Instant,
         gate: &dyn SendGate,
-    ) -> Result<(String, RawResponse), NovaError> {
+    ) -> Result<Sent, NovaError> {
+        let started = Instant::now();
         let sent = self
             .service
-            .execute(rid.as_str(), method, path, body, deadline, gate)
+            .execute(rid.as_str(), verb.method(), path, body, deadline, gate)
             .await
             .map_err(NovaError::from);
         self.observe_reachability(&sent);
-        sent
+        let (url, raw) = sent?;
+        Ok(Sent {
+            method: verb.name(),
+            url,
+            raw,
+            started,
+            deadline,
+        })
+    }
+}
+
+/// The methods of Nova's API the client calls: one byte held by every
+/// request waiting for a slot, where a `Method` and its name were more
+/// (see `executor::size_probe`).
+#[derive(Debug, Clone, Copy)]
+enum Verb {
+    Get,
+    Post,
+    Delete,
+}
+
+impl Verb {
+    fn method(self) -> Method {
+        match self {
+            Verb::Get => Method::GET,
+            Verb::Post => Method::POST,
+            Verb::Delete => Method::DELETE,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Verb::Get => "GET",
+            Verb::Post => "POST",
+            Verb::Delete => "DELETE",
+        }
+    }
+}
+
+/// A whole answer to one request, to be judged.
+struct Sent {
+    method: &'static str,
+    url: String,
+    raw: RawResponse,
+    started: Instant,
+    deadline: Instant,
+}
+
+impl Sent {
+    /// What the answer means, by `judge` (see `answer.rs`): the value,
+    /// with the request id Nova answered under.
+    fn judge<T>(
+        self,
+        judge: impl FnOnce(&Exchange<'_>) -> Result<T, NovaError>,
+    ) -> Result<Answered<T>, NovaError> {
+        let value = judge(&exchange(
+            self.method,
+            self.url,
+            &self.raw,
+            self.started,
+            self.deadline,
+        ))?;
+        Ok(answered(&self.raw, value))
     }
 }
 
@@ -662,28 +709,15 @@ fn answered<T>(raw: &RawResponse, value: T) -> Answered<T> {
 
 impl From<Failure> for NovaError {
     fn from(f: Failure) -> Self {
-        NovaError {
-            kind: match f.kind {
-                FailureKind::DeadlineExceeded => NovaErrorKind::DeadlineExceeded,
-                FailureKind::ConnectFailed => NovaErrorKind::ConnectFailed,
-                FailureKind::ResponseLost => NovaErrorKind::ResponseLost,
-                // Nova's endpoint is required when the token is issued, so
-                // a missing one is a failed authentication.
-                FailureKind::AuthFailed | FailureKind::NoEndpoint => NovaErrorKind::AuthFailed,
-                FailureKind::Withheld => NovaErrorKind::Withheld,
-                FailureKind::TooLarge => NovaErrorKind::TooLarge,
-            },
-            stage: f.stage,
-            method: f.method,
-            url: f.url,
-            status: f.status,
-            nova_request_id: f.request_id,
-            nova_fault: None,
-            nova_message: None,
-            elapsed: f.elapsed,
-            budget: f.budget,
-            may_have_reached_nova: f.may_have_reached,
-            cause: f.cause,
-        }
+        f.map_kind(|kind| match kind {
+            FailureKind::DeadlineExceeded => NovaErrorKind::DeadlineExceeded,
+            FailureKind::ConnectFailed => NovaErrorKind::ConnectFailed,
+            FailureKind::ResponseLost => NovaErrorKind::ResponseLost,
+            // Nova's endpoint is required when the token is issued, so
+            // a missing one is a failed authentication.
+            FailureKind::AuthFailed | FailureKind::NoEndpoint => NovaErrorKind::AuthFailed,
+            FailureKind::Withheld => NovaErrorKind::Withheld,
+            FailureKind::TooLarge => NovaErrorKind::TooLarge,
+        })
     }
 }

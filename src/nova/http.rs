@@ -23,9 +23,9 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::auth::{KeystoneAuth, Secret, Token, error_chain};
-use super::error::Stage;
+use super::error::fault::{clean_text, keystone_refusal};
+use super::error::{Stage, UpstreamError};
 use super::trace::with_trace;
-use super::types::{clean_text, keystone_refusal};
 
 /// The largest response body read from Nova or Cinder: 2 MiB. The largest
 /// answer the adapters read is an attachment list, at most 1,000
@@ -154,23 +154,10 @@ impl SendGate for Open {
     }
 }
 
-/// A request that ended without an answer, with all its context.
-#[derive(Debug, Clone)]
-pub(crate) struct Failure {
-    pub kind: FailureKind,
-    pub stage: Stage,
-    pub method: &'static str,
-    pub url: String,
-    /// Set when the headers had arrived (a body cut off or late).
-    pub status: Option<u16>,
-    /// The service's own request id, when its headers arrived.
-    pub request_id: Option<String>,
-    pub elapsed: Duration,
-    pub budget: Duration,
-    /// False only when the request provably never left this process.
-    pub may_have_reached: bool,
-    pub cause: String,
-}
+/// A request that ended without an answer, with all its context (the
+/// adapters' error core; each client makes it its own kind). It has no
+/// fault or message: nothing whole came back.
+pub(crate) type Failure = UpstreamError<FailureKind>;
 
 /// A whole answer: status, body, and the service's own request id.
 pub(crate) struct RawResponse {
@@ -536,6 +523,8 @@ impl Call {
             url: url.to_string(),
             status: None,
             request_id: None,
+            fault: None,
+            message: None,
             elapsed: self.started.elapsed(),
             budget: self.deadline.saturating_duration_since(self.started),
             may_have_reached,

@@ -9,7 +9,11 @@
 //!   attach or detach is confirmed.
 //! - `answer.rs`: what an answer means, and first whether it is Nova's at
 //!   all (a proxy's page decides nothing).
-//! - `cinder.rs`: Cinder's view of a volume, and its errors.
+//! - `cinder.rs`: Cinder's view of a volume, and what its answers mean.
+//! - `error/`: the adapters' errors — one core (what failed, which clock
+//!   fired, the metadata a caller is given) with Nova's and Cinder's kinds
+//!   — and the reading of the fault bodies OpenStack answers with.
+//! - `types.rs`: Nova's wire shapes.
 //! - `auth.rs`: Keystone tokens and the service catalog.
 
 pub(crate) mod answer;
@@ -24,12 +28,14 @@ mod version;
 
 pub use auth::{Credential, KeystoneConfig, Secret};
 pub use cinder::{
-    AttachProgress, CinderAttachment, CinderClient, CinderError, CinderErrorKind, DetachProgress,
-    VolumeStatus, VolumeView,
+    AttachProgress, CinderAttachment, CinderClient, DetachProgress, VolumeStatus, VolumeView,
 };
 pub use client::{
     Answered, AttachAnswer, CaBundle, ConfirmWith, Confirmation, Microversion, NovaClient,
     NovaConfig, NovaEndpoint, RequestId, SendGate, TlsTrust, VersionRange, build_http_client,
 };
-pub use error::{NovaError, NovaErrorKind, Rejection, Stage};
+pub use error::{
+    CinderError, CinderErrorKind, Clock, ErrorKind, NovaError, NovaErrorKind, Rejection, Stage,
+    Upstream, UpstreamError,
+};
 pub use types::NovaAttachment;

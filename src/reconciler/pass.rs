@@ -23,31 +23,8 @@ use super::{Observation, PassResult, Reconciler, ms_between};
 use crate::domain::{
     Action, Budget, NewEvent, Operation, OperationError, Reason, Resolution, State, event,
 };
-use crate::executor::{CinderSays, Decision, Run};
-use crate::nova::Rejection;
+use crate::executor::{CinderSays, Decision, Run, Seen};
 use crate::store::Transition;
-
-/// What a look at the server said about the operation's volume.
-enum Look {
-    Present(crate::domain::AttachmentInfo),
-    Absent,
-    ServerGone,
-    Failed(crate::nova::NovaError),
-}
-
-fn look(op: &Operation, listed: &Observation) -> Look {
-    match listed {
-        Ok(items) => {
-            let v = op.volume_id.to_string();
-            match items.iter().find(|a| a.volume_id == v) {
-                Some(a) => Look::Present(a.to_info()),
-                None => Look::Absent,
-            }
-        }
-        Err(e) if e.rejection() == Some(&Rejection::ServerNotFound) => Look::ServerGone,
-        Err(e) => Look::Failed(e.clone()),
-    }
-}
 
 impl Reconciler {
     #[tracing::instrument(name = "reconcile operation", skip_all, fields(operation_id = %op.id, action = op.action.as_str(), trace_id = op.trace.as_ref().map(|t| t.trace_id())))]
@@ -60,9 +37,9 @@ impl Reconciler {
         self.exec.metrics.reconciler_passes.inc();
         let until = Instant::now() + self.settings.observe_timeout;
         let mut run = Run::new(op.clone(), Budget::observe_only(until), true);
-        let present = match look(&op, listed) {
-            Look::Failed(e) => return self.unobservable(&op, &e, db_now).await,
-            Look::ServerGone => {
+        let present = match Seen::by_list(listed, op.volume_id) {
+            Err(e) => return self.unobservable(&op, e, db_now).await,
+            Ok(Seen::ServerGone) => {
                 run.events.push(
                     NewEvent::new(
                         event::OBSERVED,
@@ -73,8 +50,8 @@ impl Reconciler {
                 run.last_seen = Some(false);
                 return self.server_gone(&mut run).await;
             }
-            Look::Present(att) => Some(att),
-            Look::Absent => None,
+            Ok(Seen::Attached(att)) => Some(att),
+            Ok(Seen::Absent) => None,
         };
         run.last_seen = Some(present.is_some());
         run.events.push(

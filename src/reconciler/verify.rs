@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::{Observation, Reconciler};
 use crate::domain::{NewEvent, Operation, event};
-use crate::nova::Rejection;
+use crate::executor::Seen;
 use crate::store::StoreError;
 
 /// How many times a verification whose look failed is tried (one a round).
@@ -31,12 +31,8 @@ pub(super) struct Pending {
 /// Whether the volume is on the server, by Nova's list; `None` when the
 /// look failed.
 fn presence(r: &Reconciler, op: &Operation, listed: &Observation) -> Option<bool> {
-    match listed {
-        Ok(items) => {
-            let v = op.volume_id.to_string();
-            Some(items.iter().any(|a| a.volume_id == v))
-        }
-        Err(e) if e.rejection() == Some(&Rejection::ServerNotFound) => Some(false),
+    match Seen::by_list(listed, op.volume_id) {
+        Ok(seen) => Some(seen.present()),
         Err(e) => {
             // Counted, and logged once for the round (Reconciler::run_once).
             tracing::debug!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");

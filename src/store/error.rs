@@ -94,13 +94,13 @@ impl DbFailure {
 impl StoreError {
     /// A failure of a statement during `what`, classified.
     pub(in crate::store) fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-        move |e| classify(what, e)
+        move |e| classify_sqlx_error(what, e)
     }
 
     /// A failure to open a connection during `what`: whatever the driver
     /// said, nothing was sent.
     pub(in crate::store) fn connect(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-        move |e| match classify(what, e) {
+        move |e| match classify_sqlx_error(what, e) {
             StoreError::Database {
                 what,
                 sqlstate,
@@ -241,7 +241,9 @@ impl StoreError {
     }
 }
 
-fn classify(what: &'static str, e: sqlx::Error) -> StoreError {
+/// A driver's error as the store's: PostgreSQL's or SQLite's code, or the
+/// connection's failure, classified by what a caller can do about it.
+fn classify_sqlx_error(what: &'static str, e: sqlx::Error) -> StoreError {
     let (kind, sqlstate) = match &e {
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.into_owned());

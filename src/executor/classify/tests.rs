@@ -19,12 +19,12 @@ fn err(kind: NovaErrorKind, stage: Stage, status: Option<u16>, reached: bool) ->
         method: "POST",
         url: "http://nova/v2.1/servers/x/os-volume_attachments".into(),
         status,
-        nova_request_id: None,
-        nova_fault: None,
-        nova_message: None,
+        request_id: None,
+        fault: None,
+        message: None,
         elapsed: Duration::from_millis(5),
         budget: Duration::from_secs(1),
-        may_have_reached_nova: reached,
+        may_have_reached: reached,
         cause: "sample".into(),
     }
 }
@@ -356,7 +356,7 @@ fn every_answer_in_the_design_table_is_classified_as_the_row_says() {
                 (_, None) => unreachable!(),
             };
             for ans in &answers {
-                let got = classify(a, SERVER, ans).to_string();
+                let got = classify_answer(a, SERVER, ans).to_string();
                 assert_eq!(
                     &got,
                     next,

@@ -1,43 +1,11 @@
-//! The adapter's error: which stage failed, which clock fired, whether the
-//! request may have reached Nova, and all the context to explain it.
+//! Nova's errors: which clock fired or what else ended the request, and
+//! what Nova's own refusal meant, classified by meaning, not status alone.
 
-use std::collections::BTreeMap;
-use std::fmt;
-use std::time::Duration;
-
-use super::types::clean_text;
+use super::{Clock, ErrorKind, Upstream, UpstreamError};
 use crate::domain::Reason;
 
-/// Where in a request's life the failure happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// Waiting for a slot under the per-host concurrency cap, or found out
-    /// of time once it had one: nothing was sent.
-    AcquireSlot,
-    /// Getting a Keystone token.
-    Authenticate,
-    /// TCP connect or TLS handshake: nothing was sent.
-    Connect,
-    /// Sending the request or waiting for the response headers.
-    AwaitHeaders,
-    /// Reading the response body.
-    ReadBody,
-    /// The body arrived whole but is not what the contract says.
-    Decode,
-}
-
-impl Stage {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stage::AcquireSlot => "acquire_slot",
-            Stage::Authenticate => "authenticate",
-            Stage::Connect => "connect",
-            Stage::AwaitHeaders => "await_headers",
-            Stage::ReadBody => "read_body",
-            Stage::Decode => "decode",
-        }
-    }
-}
+/// A Nova request that gave no value (see [`UpstreamError`]).
+pub type NovaError = UpstreamError<NovaErrorKind>;
 
 /// What Nova's own answer meant, classified by meaning, not status alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +67,7 @@ impl Rejection {
     }
 }
 
-/// Which clock fired, or what else ended the request.
+/// Which clock fired, or what else ended a Nova request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NovaErrorKind {
     /// The outbound deadline (derived from the caller's) expired.
@@ -146,23 +114,39 @@ impl NovaErrorKind {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct NovaError {
-    pub kind: NovaErrorKind,
-    pub stage: Stage,
-    pub method: &'static str,
-    pub url: String,
-    pub status: Option<u16>,
-    /// Nova's own id of the request, when an answer (even an error) came.
-    pub nova_request_id: Option<String>,
-    pub nova_fault: Option<String>,
-    pub nova_message: Option<String>,
-    pub elapsed: Duration,
-    /// The time the request was given (its deadline minus its start).
-    pub budget: Duration,
-    /// False only when the request provably never left this process.
-    pub may_have_reached_nova: bool,
-    pub cause: String,
+impl ErrorKind for NovaErrorKind {
+    const UPSTREAM: Upstream = Upstream::Nova;
+
+    fn as_str(&self) -> &'static str {
+        NovaErrorKind::as_str(self)
+    }
+
+    fn clock(&self) -> Clock {
+        match self {
+            NovaErrorKind::DeadlineExceeded => Clock::CallerDeadline,
+            NovaErrorKind::ConnectFailed => Clock::ConnectFailed,
+            NovaErrorKind::ResponseLost => Clock::ResponseLost,
+            NovaErrorKind::Rejected(_) => Clock::Rejected,
+            NovaErrorKind::Undecodable => Clock::Undecodable,
+            NovaErrorKind::AuthFailed => Clock::AuthFailed,
+            NovaErrorKind::Foreign => Clock::Own(
+                "the answer was not Nova's (a proxy's or a load balancer's page?): its effect is unknown",
+            ),
+            NovaErrorKind::TooLarge => {
+                Clock::Own("the response body exceeded the size cap and was not read")
+            }
+            NovaErrorKind::Withheld => Clock::Own(
+                "not sent: this replica could not confirm it still holds the operation's lease",
+            ),
+        }
+    }
+
+    fn rejection_name(&self) -> Option<&'static str> {
+        match self {
+            NovaErrorKind::Rejected(r) => Some(r.as_str()),
+            _ => None,
+        }
+    }
 }
 
 impl NovaError {
@@ -173,7 +157,7 @@ impl NovaError {
             | NovaErrorKind::ResponseLost
             | NovaErrorKind::Undecodable
             | NovaErrorKind::Foreign
-            | NovaErrorKind::TooLarge => self.may_have_reached_nova,
+            | NovaErrorKind::TooLarge => self.may_have_reached,
             NovaErrorKind::Rejected(Rejection::ServerError | Rejection::Other) => true,
             _ => false,
         }
@@ -217,110 +201,4 @@ impl NovaError {
             },
         }
     }
-
-    /// Every piece of context, as `ErrorInfo`/event metadata (free of NUL,
-    /// which a ledger row cannot hold: see `types::clean_text`).
-    pub fn metadata(&self) -> BTreeMap<String, String> {
-        let mut m = self.raw_metadata();
-        for v in m.values_mut() {
-            if v.contains('\0') {
-                *v = clean_text(v);
-            }
-        }
-        m
-    }
-
-    fn raw_metadata(&self) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
-        m.insert("method".into(), self.method.to_string());
-        m.insert("url".into(), self.url.clone());
-        m.insert("stage".into(), self.stage.as_str().into());
-        m.insert("error_class".into(), self.kind.as_str().into());
-        if let Some(r) = self.rejection() {
-            m.insert("rejection".into(), r.as_str().into());
-        }
-        if let Some(s) = self.status {
-            m.insert("http_status".into(), s.to_string());
-        }
-        if let Some(id) = &self.nova_request_id {
-            m.insert("nova_request_id".into(), id.clone());
-        }
-        if let Some(f) = &self.nova_fault {
-            m.insert("nova_fault".into(), f.clone());
-        }
-        if let Some(msg) = &self.nova_message {
-            m.insert("nova_message".into(), msg.clone());
-        }
-        m.insert("elapsed_ms".into(), self.elapsed.as_millis().to_string());
-        m.insert(
-            "outbound_budget_ms".into(),
-            self.budget.as_millis().to_string(),
-        );
-        m.insert(
-            "may_have_reached_nova".into(),
-            self.may_have_reached_nova.to_string(),
-        );
-        m.insert("cause".into(), self.cause.clone());
-        m
-    }
-
-    /// Which clock fired, in words, for people.
-    pub fn clock(&self) -> &'static str {
-        match (&self.kind, self.stage) {
-            (NovaErrorKind::DeadlineExceeded, Stage::AcquireSlot) => {
-                "the caller's deadline expired before the request could be sent (waiting for a connection slot, or after it)"
-            }
-            (NovaErrorKind::DeadlineExceeded, Stage::ReadBody) => {
-                "the caller's deadline expired while reading the response body"
-            }
-            (NovaErrorKind::DeadlineExceeded, Stage::Authenticate) => {
-                "the caller's deadline expired waiting for a Keystone token"
-            }
-            (NovaErrorKind::DeadlineExceeded, _) => {
-                "the caller's deadline expired waiting for the response headers"
-            }
-            (NovaErrorKind::ConnectFailed, _) => "could not connect (the request was never sent)",
-            (NovaErrorKind::ResponseLost, Stage::ReadBody) => "the response body was cut off",
-            (NovaErrorKind::ResponseLost, _) => "the request was sent but no response came",
-            (NovaErrorKind::Rejected(_), _) => "Nova answered with an error",
-            (NovaErrorKind::Undecodable, _) => "Nova's answer did not fit the contract",
-            (NovaErrorKind::Foreign, _) => {
-                "the answer was not Nova's (a proxy's or a load balancer's page?): its effect is unknown"
-            }
-            (NovaErrorKind::TooLarge, _) => {
-                "the response body exceeded the size cap and was not read"
-            }
-            (NovaErrorKind::AuthFailed, _) => "Keystone refused or failed to issue a token",
-            (NovaErrorKind::Withheld, _) => {
-                "not sent: this replica could not confirm it still holds the operation's lease"
-            }
-        }
-    }
 }
-
-impl fmt::Display for NovaError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {}: {} (stage {}, after {} ms of a {} ms budget",
-            self.method,
-            self.url,
-            self.clock(),
-            self.stage.as_str(),
-            self.elapsed.as_millis(),
-            self.budget.as_millis()
-        )?;
-        if let Some(s) = self.status {
-            write!(f, ", HTTP {s}")?;
-        }
-        if let Some(fault) = &self.nova_fault {
-            write!(f, ", {fault}")?;
-        }
-        if let Some(m) = &self.nova_message {
-            write!(f, ": {m:?}")?;
-        }
-        write!(f, "): {}", self.cause)
-    }
-}
-
-impl std::error::Error for NovaError {}
