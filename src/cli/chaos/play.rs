@@ -15,7 +15,7 @@ use tonic::metadata::MetadataValue;
 use uuid::Uuid;
 
 use super::cluster::{Cluster, OPERATOR, caller_name, token_of};
-use super::dbfaults::{DbFaults, DbOutage};
+use super::dbfaults::DbFaults;
 use super::history::{Call, Happening, History, KeyChoice};
 use crate::domain::{Action, Operation, OperationEvent, State};
 use crate::grpc::pb;
@@ -90,54 +90,6 @@ pub struct Windows {
     /// The replicas' bound of one database round trip
     /// (`--db-statement-timeout`).
     pub db_round_trip: Duration,
-}
-
-/// However many database outages an operation meets, it is decided (or
-/// escalated) at most this long past its deadline, settle window and
-/// slack.
-pub const DB_BOUND_CAP: Duration = Duration::from_secs(120);
-
-fn dur(d: Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or_default()
-}
-
-impl Windows {
-    /// How long after a database outage the service may still need to
-    /// catch up on what it held back: a round trip that went silent is
-    /// given up at the statement bound, a decision's next try comes at
-    /// most 5 s after the last (`executor::ledger`), a lease that lapsed
-    /// meanwhile is taken over one lease later, and a reconciler pass or
-    /// two.
-    pub fn db_recovery(self) -> chrono::Duration {
-        dur(self.db_round_trip + self.lease) + chrono::Duration::milliseconds(5_000 + 2_000)
-    }
-
-    /// The latest instant an operation may be decided (or escalated): its
-    /// deadline, the settle window and the slack; or, when `outages` it
-    /// met (one that lasted into its life and began before that bound)
-    /// ended later, `db_recovery` after the last of them ended — an
-    /// operation of a database that is away is decided once the database
-    /// is back, no sooner, but not any time after either; and never past
-    /// `DB_BOUND_CAP` beyond the first bound.
-    pub fn decision_bound(self, op: &Operation, outages: &[DbOutage]) -> DateTime<Utc> {
-        let now = Utc::now();
-        let base = op.deadline_at + dur(self.settle + self.slack);
-        let mut bound = base;
-        loop {
-            let back = outages
-                .iter()
-                .filter(|o| o.until(now) >= op.created_at && o.from <= bound)
-                .map(|o| o.until(now))
-                .max();
-            match back {
-                Some(back) if back + self.db_recovery() > bound => {
-                    bound = back + self.db_recovery()
-                }
-                _ => break,
-            }
-        }
-        bound.min(base + dur(DB_BOUND_CAP))
-    }
 }
 
 pub struct Context {
@@ -507,7 +459,7 @@ impl Context {
     /// Waits until every operation is decided (bounded by its deadline,
     /// the settle window and the slack, and past each database outage it
     /// met by the outage and the recovery from it: see
-    /// `Windows::decision_bound`), then until the last one's verification
+    /// `check::decision_bound`), then until the last one's verification
     /// window has passed. Returns how many stayed open.
     async fn settle(&self, h: &History, intents_by: DateTime<Utc>) -> anyhow::Result<usize> {
         let w = self.windows;
@@ -522,7 +474,9 @@ impl Context {
                 .iter()
                 .filter(|o| !o.state.is_terminal() && o.escalated_at.is_none())
                 .collect();
-            let overdue = open.iter().all(|o| w.decision_bound(o, &outages) < now);
+            let overdue = open
+                .iter()
+                .all(|o| super::check::decision_bound(o, w, &outages) < now);
             // Read again until quiet: an intent held up by the database
             // may commit after its caller left (seed 11), and then the
             // operation is waited for like the others.

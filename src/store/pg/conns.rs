@@ -34,7 +34,6 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::sockets::{KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, user_timeout};
 use crate::store::{DbFailure, DbObserver, RoundTrip, StoreError};
 
 /// How long the store's round trips to PostgreSQL may take.
@@ -81,9 +80,22 @@ impl Bounds {
                 KEEPALIVE_INTERVAL.as_secs().to_string(),
             ),
             ("tcp_keepalives_count", KEEPALIVE_COUNT.to_string()),
-            ("tcp_user_timeout", ms(user_timeout(self.round_trip))),
+            ("tcp_user_timeout", ms(user_timeout(self))),
         ]
     }
+}
+
+/// TCP keepalive on the database's sockets (both ends): the first probe
+/// after this long without traffic, then every `KEEPALIVE_INTERVAL`, given
+/// up after `KEEPALIVE_COUNT` unanswered ones (~25 s in all).
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_COUNT: u32 = 3;
+
+/// `TCP_USER_TIMEOUT`: data unacknowledged this long ends the connection
+/// (the kernel's own default is ~15 minutes of retransmissions).
+pub(super) fn user_timeout(b: Bounds) -> Duration {
+    b.round_trip * 2 + Duration::from_secs(5)
 }
 
 /// A writer's connection idle this long is pinged before it is used again
@@ -294,7 +306,7 @@ impl Conns {
         match tokio::time::timeout_at(by, PgConnection::connect_with(&self.options)).await {
             Ok(Ok(conn)) => {
                 // Keepalive and TCP_USER_TIMEOUT on our end of it.
-                super::sockets::tune(&self.options, user_timeout(self.bounds.round_trip)).await;
+                super::sockets::tune(&self.options, self.bounds).await;
                 Ok(conn)
             }
             Ok(Err(e)) => Err(StoreError::connect(WHAT)(e)),

@@ -42,7 +42,7 @@ async fn listener(
     let pool = pool(options, bounds);
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.listen(NOTIFY_CHANNEL).await?;
-    super::sockets::tune(options, super::sockets::user_timeout(bounds.round_trip)).await;
+    super::sockets::tune(options, bounds).await;
     Ok((pool, listener))
 }
 

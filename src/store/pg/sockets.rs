@@ -20,24 +20,11 @@ use std::net::SocketAddr;
 
 use sqlx::postgres::PgConnectOptions;
 
-/// TCP keepalive on the database's sockets (both ends: the server's through
-/// the session's options): the first probe after this long without
-/// traffic, then every `KEEPALIVE_INTERVAL`, given up after
-/// `KEEPALIVE_COUNT` unanswered ones (~25 s in all).
-pub const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
-pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
-pub const KEEPALIVE_COUNT: u32 = 3;
+use super::conns::{Bounds, KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL};
 
-/// `TCP_USER_TIMEOUT` for connections whose round trips are bounded by
-/// `round_trip`: data unacknowledged this long ends the connection (the
-/// kernel's own default is ~15 minutes of retransmissions).
-pub(super) fn user_timeout(round_trip: std::time::Duration) -> std::time::Duration {
-    round_trip * 2 + std::time::Duration::from_secs(5)
-}
-
-/// Sets keepalive and `user_timeout` on every TCP socket of this process
+/// Sets keepalive and the user timeout on every TCP socket of this process
 /// connected to the server `options` names (none for a Unix socket).
-pub(super) async fn tune(options: &PgConnectOptions, user_timeout: std::time::Duration) {
+pub(super) async fn tune(options: &PgConnectOptions, bounds: Bounds) {
     if options.get_socket().is_some() {
         return;
     }
@@ -55,6 +42,7 @@ pub(super) async fn tune(options: &PgConnectOptions, user_timeout: std::time::Du
             }
         },
     };
+    let user_timeout = super::conns::user_timeout(bounds);
     for fd in own_sockets() {
         if peer(fd).is_some_and(|p| peers.contains(&p)) {
             set_options(fd, user_timeout);
