@@ -477,7 +477,7 @@ impl ConnectOptions {
         if !url.starts_with("https://") {
             return Ok(ep);
         }
-        crate::nova::client::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let tls = self.tls.clone().unwrap_or_default();
         let mut cfg = ClientTlsConfig::new();
         cfg = match &tls.ca_pem {

@@ -30,7 +30,7 @@ use super::types::{AttachBody, AttachSpec, NovaAttachment};
 use super::version::{parse_versions, version_root};
 use crate::domain::RequestParams;
 
-pub use super::http::{CaBundle, RequestId, SlotWaitObserver, TlsTrust, install_crypto_provider};
+pub use super::http::{CaBundle, RequestId, SlotWaitObserver, TlsTrust};
 pub use super::version::{Microversion, VersionRange};
 
 /// Where Nova is.
@@ -124,7 +124,7 @@ pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
     } else {
         cfg.connect_timeout
     };
-    install_crypto_provider();
+    crate::tls::install_crypto_provider();
     let mut builder = reqwest::Client::builder()
         .connect_timeout(connect)
         .pool_max_idle_per_host(cfg.max_concurrent_per_host)

@@ -109,12 +109,6 @@ impl CaBundle {
     }
 }
 
-/// rustls needs one process-wide crypto provider; ring is the lean one.
-pub fn install_crypto_provider() {
-    // Err means one is installed already: that one serves as well.
-    drop(rustls::crypto::ring::default_provider().install_default());
-}
-
 /// How a request ended without an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FailureKind {
