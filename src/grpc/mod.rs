@@ -6,6 +6,7 @@ pub mod auth;
 pub mod convert;
 pub mod deadline;
 mod early;
+pub mod metrics;
 pub mod overload;
 pub mod status;
 mod watch;
