@@ -11,7 +11,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use super::ClassLabels;
+use super::labels::ClassLabels;
 
 /// One load-shedding cap: `limit` places, those free in `places`.
 pub(super) struct InFlight {

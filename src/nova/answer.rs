@@ -28,13 +28,21 @@
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::client::AttachAnswer;
-use super::error::{NovaError, NovaErrorKind, Rejection, Stage};
+use super::error::{NovaError, NovaErrorKind, Rejection, Stage, classify};
 use super::http::RawResponse;
 use super::types::{
-    AttachmentEnvelope, AttachmentList, NovaAttachment, ServerEnvelope, body_excerpt, classify,
-    clean_text, keystone_refusal, nova_fault, parse_fault,
+    AttachmentEnvelope, AttachmentList, NovaAttachment, ServerEnvelope, body_excerpt, clean_text,
+    keystone_refusal, nova_fault, parse_fault,
 };
+
+/// What an attach answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttachAnswer {
+    /// 200 (microversion <= 2.100): Nova created its record.
+    Attached(NovaAttachment),
+    /// 202 (microversion >= 2.101): accepted; only the list can tell.
+    Accepted,
+}
 
 /// How much of a body an error quotes.
 const EXCERPT_CHARS: usize = 200;

@@ -20,7 +20,7 @@ use reqwest::Method;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::answer::{AttachShape, Exchange};
+use super::answer::{AttachAnswer, AttachShape, Exchange};
 use super::auth::{KeystoneAuth, KeystoneConfig};
 use super::cinder::{CinderClient, CinderError};
 use super::error::{NovaError, NovaErrorKind};
@@ -166,15 +166,6 @@ impl Confirmation<'_> {
             Confirmation::NovaList => ConfirmWith::NovaList,
         }
     }
-}
-
-/// What an attach answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AttachAnswer {
-    /// 200 (microversion <= 2.100): Nova created its record.
-    Attached(NovaAttachment),
-    /// 202 (microversion >= 2.101): accepted; only the list can tell.
-    Accepted,
 }
 
 /// A value Nova answered with, and the local request id it answered under.

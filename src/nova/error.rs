@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use super::types::clean_text;
+use super::types::{Fault, clean_text};
 use crate::domain::Reason;
 
 /// Where in a request's life the failure happened.
@@ -324,3 +324,162 @@ impl fmt::Display for NovaError {
 }
 
 impl std::error::Error for NovaError {}
+
+/// The whole chain of an error's causes, `a: b: c` (NUL-free: it goes into
+/// ledger rows).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let next = c.to_string();
+        if !s.contains(&next) {
+            s.push_str(": ");
+            s.push_str(&next);
+        }
+        cur = c.source();
+    }
+    clean_text(&s)
+}
+
+/// Classifies a non-2xx answer by what it means.
+pub fn classify(status: u16, fault: &Fault) -> Rejection {
+    let msg = fault.message.as_deref().unwrap_or("");
+    match status {
+        400 => {
+            if let Some(pos) = msg.find("already attached to instances:") {
+                let rest = &msg[pos + "already attached to instances:".len()..];
+                let servers = rest
+                    .split(|c: char| c.is_whitespace() || c == ',' || c == '.')
+                    .filter(|s| s.len() == 36)
+                    .map(str::to_string)
+                    .collect();
+                Rejection::AlreadyAttached { servers }
+            } else if msg.contains("already attached") {
+                Rejection::AlreadyAttached {
+                    servers: Vec::new(),
+                }
+            } else if msg.contains("Unable to detach volume") || msg.contains("detaching") {
+                Rejection::Detaching
+            } else if let Some(pos) = msg.find("status must be available") {
+                // Cinder's reserve: the volume is creating, downloading or
+                // reserved — the create-then-attach race, transient.
+                let status = msg[pos..]
+                    .split("status is ")
+                    .nth(1)
+                    .map(|s| s.split(['.', ' ', ')']).next().unwrap_or("").to_string())
+                    .unwrap_or_default();
+                Rejection::VolumeNotReady { status }
+            } else {
+                Rejection::BadRequest
+            }
+        }
+        401 => Rejection::Unauthorized,
+        403 => Rejection::Forbidden,
+        // Only the three 404s Nova's attachment calls give mean something;
+        // any other ("The resource could not be found.", Nova's router's
+        // answer to a path it has no route for) is not about the server.
+        404 => {
+            if msg.contains("is not attached to volume") {
+                Rejection::NotAttached
+            } else if msg.starts_with("Volume ") && msg.contains("could not be found") {
+                Rejection::VolumeNotFound
+            } else if msg.starts_with("Instance ") && msg.contains("could not be found") {
+                Rejection::ServerNotFound
+            } else {
+                Rejection::Other
+            }
+        }
+        409 if msg.contains("device path") && msg.contains("in use") => Rejection::DeviceInUse,
+        409 => Rejection::Conflict,
+        413 | 429 => Rejection::Throttled,
+        500..=599 => Rejection::ServerError,
+        _ => Rejection::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nova::types::parse_fault;
+
+    fn fault(body: &str) -> Fault {
+        parse_fault(body.as_bytes())
+    }
+
+    #[test]
+    fn classifies_the_contracts_real_messages() {
+        let f = fault(
+            r#"{"badRequest": {"code": 400, "message": "Invalid volume: volume a07f71dc-8151-4e7d-a0cc-cd24a3f11113 is already attached to instances: 7ebed2ce-85b3-40b5-84ae-8cc725c37ed2"}}"#,
+        );
+        assert_eq!(f.name.as_deref(), Some("badRequest"));
+        assert_eq!(
+            classify(400, &f),
+            Rejection::AlreadyAttached {
+                servers: vec!["7ebed2ce-85b3-40b5-84ae-8cc725c37ed2".into()]
+            }
+        );
+        let f = fault(
+            r#"{"conflictingRequest": {"message": "Cannot 'attach_volume' instance b2f72dcc while it is in task_state resize_finish", "code": 409}}"#,
+        );
+        assert_eq!(classify(409, &f), Rejection::Conflict);
+        let f = fault(
+            r#"{"itemNotFound": {"code": 404, "message": "Instance 7ebed2ce-85b3-40b5-84ae-8cc725c37ed2 could not be found."}}"#,
+        );
+        assert_eq!(classify(404, &f), Rejection::ServerNotFound);
+        let f = fault(
+            r#"{"itemNotFound": {"code": 404, "message": "Volume a07f71dc could not be found."}}"#,
+        );
+        assert_eq!(classify(404, &f), Rejection::VolumeNotFound);
+        let f = fault(
+            r#"{"itemNotFound": {"code": 404, "message": "Instance x is not attached to volume y"}}"#,
+        );
+        assert_eq!(classify(404, &f), Rejection::NotAttached);
+        let f = fault(
+            r#"{"forbidden": {"code": 403, "message": "The maximum allowed number of disk devices (26) to attach to a single instance has been exceeded."}}"#,
+        );
+        assert_eq!(classify(403, &f), Rejection::Forbidden);
+        let f = fault(
+            r#"{"badRequest": {"code": 400, "message": "Invalid volume: Invalid input received: Invalid volume: Unable to detach volume. Volume status must be 'in-use' and attach_status must be 'attached' to detach. (HTTP 400)"}}"#,
+        );
+        assert_eq!(classify(400, &f), Rejection::Detaching);
+        let f = fault(
+            r#"{"badRequest": {"message": "Invalid input received: Invalid volume: Volume status must be available to reserve, but the status is creating. (HTTP 400) (Request-ID: req-1)", "code": 400}}"#,
+        );
+        assert_eq!(
+            classify(400, &f),
+            Rejection::VolumeNotReady {
+                status: "creating".into()
+            }
+        );
+        let f = fault(
+            r#"{"badRequest": {"message": "Invalid input received: Invalid volume: Volume a07f status must be available or downloading to reserve, but the current status is reserved. (HTTP 400) (Request-ID: req-2)", "code": 400}}"#,
+        );
+        assert_eq!(
+            classify(400, &f),
+            Rejection::VolumeNotReady {
+                status: "reserved".into()
+            }
+        );
+        let f = fault(
+            r#"{"conflictingRequest": {"code": 409, "message": "The supplied device path (/dev/vdb) is in use."}}"#,
+        );
+        assert_eq!(classify(409, &f), Rejection::DeviceInUse);
+        let f = fault(
+            r#"{"error": {"code": 401, "title": "Unauthorized", "message": "The request you have made requires authentication."}}"#,
+        );
+        assert_eq!(f.name.as_deref(), Some("error"));
+        assert_eq!(classify(401, &f), Rejection::Unauthorized);
+        let f = fault("Gateway Timeout");
+        assert_eq!(f.name, None);
+        assert_eq!(f.message.as_deref(), Some("Gateway Timeout"));
+        assert_eq!(classify(504, &f), Rejection::ServerError);
+        let f = fault(r#"{"computeFault": {"code": 500, "message": "Unexpected API Error."}}"#);
+        assert_eq!(classify(500, &f), Rejection::ServerError);
+        // Nova's router's 404 for a path it does not serve is about no
+        // server: not "server not found".
+        let f = fault(
+            r#"{"itemNotFound": {"code": 404, "message": "The resource could not be found."}}"#,
+        );
+        assert_eq!(classify(404, &f), Rejection::Other);
+    }
+}

@@ -14,6 +14,7 @@
 
 pub(crate) mod answer;
 pub mod auth;
+mod body;
 pub mod cinder;
 pub mod client;
 pub mod error;
@@ -22,14 +23,15 @@ mod trace;
 pub mod types;
 mod version;
 
+pub use answer::AttachAnswer;
 pub use auth::{Credential, KeystoneConfig, Secret};
 pub use cinder::{
     AttachProgress, CinderAttachment, CinderClient, CinderError, CinderErrorKind, DetachProgress,
     VolumeStatus, VolumeView,
 };
 pub use client::{
-    Answered, AttachAnswer, CaBundle, ConfirmWith, Confirmation, Microversion, NovaClient,
-    NovaConfig, NovaEndpoint, RequestId, SendGate, TlsTrust, VersionRange, build_http_client,
+    Answered, CaBundle, ConfirmWith, Confirmation, Microversion, NovaClient, NovaConfig,
+    NovaEndpoint, RequestId, SendGate, TlsTrust, VersionRange, build_http_client,
 };
 pub use error::{NovaError, NovaErrorKind, Rejection, Stage};
 pub use types::NovaAttachment;

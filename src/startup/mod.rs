@@ -40,7 +40,7 @@ use crate::reconciler::Reconciler;
 use crate::store::Store;
 use admin::{AdminState, serve_admin};
 use nova_checks::{check_nova, recheck_nova};
-use shutdown::Stages;
+use shutdown::{GrpcServer, Stages};
 
 /// Every service the gRPC port serves: the metrics layer takes its method
 /// labels from them (any other path is labelled `unknown`).
@@ -347,9 +347,6 @@ async fn joined(task: tokio::task::JoinHandle<()>, what: &str) {
         tracing::warn!(error = %e, "{what} task ended abnormally");
     }
 }
-
-/// The gRPC server's task: it ends when the server has drained.
-type GrpcServer = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
 
 /// The gRPC server chain, with the deadline layer outermost of ours,
 /// serving `listener` (through TLS when on) until `drain`.

@@ -11,12 +11,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::GrpcServer;
 use crate::config::ServeArgs;
 use crate::executor::Executor;
 use crate::grpc::Api;
 use crate::grpc::pb::volume_reconciler_server::VolumeReconcilerServer;
 use crate::store::Store;
+
+/// The gRPC server's task: it ends when the server has drained.
+pub(super) type GrpcServer = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
 
 /// The staged shutdown's steps (see the module's comment).
 pub(super) struct Stages<'a> {

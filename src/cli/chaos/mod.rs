@@ -15,6 +15,8 @@
 //! - `postgres.rs`: a throwaway PostgreSQL of chaos's own (to crash).
 //! - `dbfaults.rs`: each replica's fault proxy to it, and the faults.
 //! - `play.rs`: playing one history and gathering what happened.
+//! - `windows.rs`: the service's windows, and the bounds on a decision
+//!   derived from them (read by `play` and `check`).
 //! - `check.rs`: the invariants.
 //! - `shrink.rs`: the smallest history that still fails.
 
@@ -25,6 +27,7 @@ pub mod history;
 pub mod play;
 pub mod postgres;
 pub mod shrink;
+pub mod windows;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -41,7 +44,8 @@ use crate::sim::{self, SimConfig};
 use check::{Kill, Violation};
 use cluster::{Cluster, ClusterConfig};
 use history::{Happening, History, Shape};
-use play::{Context, Played, Windows};
+use play::{Context, Played};
+use windows::Windows;
 
 #[derive(Debug, Clone, Args)]
 pub struct ChaosArgs {

@@ -10,6 +10,7 @@
 //! the batch writer and the connections are already in files of their own.
 
 mod batch;
+mod bounds;
 mod conns;
 mod listen;
 mod retention;
@@ -17,7 +18,7 @@ pub mod sockets;
 mod statements;
 mod wait;
 
-pub use conns::Bounds;
+pub use bounds::Bounds;
 pub use statements::{pgbench_script, writer_statements};
 
 use std::str::FromStr;
