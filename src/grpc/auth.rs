@@ -25,6 +25,11 @@
 //! caller ([`Caller`]) reaches the handlers in the request's extensions
 //! (and so the ledger and the reconcile log); its absence means the
 //! anonymous caller.
+//!
+//! Why it is one file: past its tests (a sixth of it), it is one policy —
+//! who the caller is, by token or certificate, and what its role may do —
+//! and the layer that applies it; reading the certificate itself is in
+//! `tls::certificate`.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;

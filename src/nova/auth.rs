@@ -13,6 +13,10 @@
 //! goes to Keystone, so a Keystone in trouble is not asked once per call;
 //! a caller without a token whose deadline comes before the next renewal
 //! is answered at once with the last one's failure.
+//!
+//! Why it is one file: a quarter of it is tests; the rest is one token's
+//! life (its request, the cache, the renewal in a task of its own with its
+//! backoff) and the service catalog read from the same answer.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};

@@ -12,6 +12,10 @@
 //! handshake) keeps its own short bound, because it is not the service's
 //! working time. A body is read chunk by chunk under the request's
 //! deadline and refused past [`MAX_BODY_BYTES`] (a size, not a clock).
+//!
+//! Why it is one file: it is one request's life, stage by stage (slot,
+//! token, send, answer, body), each with its clock and its `Failure` kind,
+//! of the same few types; reading the body is in `body`.
 
 use std::sync::Arc;
 use std::time::Duration;

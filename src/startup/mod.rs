@@ -405,7 +405,7 @@ fn spawn_grpc(
             },
             metrics.clone(),
         ))
-        .layer(crate::grpc::overload::MessageLimitLayer {
+        .layer(crate::grpc::message_limit::MessageLimitLayer {
             limit: cfg.max_message_bytes,
         })
         .add_service(health_svc)
