@@ -11,6 +11,11 @@
 //!   all (a proxy's page decides nothing).
 //! - `cinder.rs`: Cinder's view of a volume, and its errors.
 //! - `auth.rs`: Keystone tokens and the service catalog.
+//! - `body.rs`: a response body read under a deadline and a size cap.
+//! - `error.rs`: the adapter's error, and what a refusal means (`Rejection`).
+//! - `types.rs`: Nova's wire shapes.
+//! - `version.rs`: microversions asked for and supported, and discovery.
+//! - `trace.rs`: the trace context every request to OpenStack carries.
 
 pub(crate) mod answer;
 pub mod auth;
