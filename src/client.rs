@@ -10,21 +10,31 @@
 //! the original operation. Errors the server decided (`ABORTED`,
 //! `FAILED_PRECONDITION`, `NOT_FOUND`, `DEADLINE_EXCEEDED`, ...) are never
 //! retried.
+//!
+//! - `connect`: how to reach the service: address, token, TLS.
+//! - `diagnose`: why a call that never reached the server failed, and the
+//!   likely fix.
+
+mod connect;
+mod diagnose;
+
+pub use connect::{ClientTls, ConnectOptions};
+pub use diagnose::transport_hint;
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::grpc::pb;
 use crate::grpc::pb::volume_reconciler_client::VolumeReconcilerClient;
+use diagnose::{chain, hint};
 
 /// An error the caller can act on: the code, the message, and the
 /// server's `ErrorInfo` (reason and metadata such as `operation_id`).
@@ -94,157 +104,6 @@ impl CallError {
             "metadata": self.metadata,
         })
     }
-}
-
-/// The error chain of a status that never reached the server (tonic's
-/// transport error, hyper's, the I/O or TLS error under it), one string.
-/// Each link once: tonic and hyper repeat their sources in their messages.
-fn chain(s: &Status) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut add = |text: String| {
-        for part in text.split(": ") {
-            if !part.is_empty() && !parts.iter().any(|p| p == part) {
-                parts.push(part.to_string());
-            }
-        }
-    };
-    add(s.message().to_string());
-    let mut source = std::error::Error::source(s);
-    while let Some(e) = source {
-        add(e.to_string());
-        source = e.source();
-    }
-    parts.join(": ")
-}
-
-/// What a port speaks, by the first bytes it answers to an HTTP/1 request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Speaks {
-    Http1,
-    Tls,
-    Http2,
-}
-
-/// Asks `server` (`http(s)://HOST:PORT`) what it speaks: one TCP
-/// connection, an HTTP/1 request, the first bytes of the answer, a second
-/// at most each. Only on a failed call's error path, to tell a TLS port
-/// from an HTTP/1 one (the HTTP/2 client sees both as a bad frame).
-fn probe(server: &str) -> Option<Speaks> {
-    use std::io::{Read, Write};
-    let uri: http::Uri = server.parse().ok()?;
-    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
-    let port = uri.port_u16()?;
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
-        .ok()?
-        .next()?;
-    let second = Duration::from_secs(1);
-    let mut tcp = std::net::TcpStream::connect_timeout(&addr, second).ok()?;
-    tcp.set_read_timeout(Some(second)).ok()?;
-    tcp.set_write_timeout(Some(second)).ok()?;
-    tcp.write_all(b"GET / HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut first = [0u8; 8];
-    let n = tcp.read(&mut first).ok()?;
-    match &first[..n] {
-        [b'H', b'T', b'T', b'P', b'/', b'1', ..] => Some(Speaks::Http1),
-        // A TLS alert or handshake record.
-        [0x15 | 0x16, 0x03, ..] => Some(Speaks::Tls),
-        // An HTTP/2 frame header of a SETTINGS frame (type 4).
-        [_, _, _, 0x04, ..] => Some(Speaks::Http2),
-        _ => None,
-    }
-}
-
-/// Why a call to `server` that failed at the transport probably failed,
-/// and what fixes it; `None` when the server answered (its own message says
-/// it) or the cause is not one of these.
-pub fn transport_hint(s: &Status, server: &str) -> Option<String> {
-    if s.get_error_details().error_info().is_some() {
-        return None;
-    }
-    hint(&chain(s), server)
-}
-
-/// [`transport_hint`] from an error chain's text.
-fn hint(chain: &str, server: &str) -> Option<String> {
-    let text = chain.to_ascii_lowercase();
-    let has = |needle: &str| text.contains(needle);
-    let tls = server.trim().starts_with("https://");
-    let url = if server.contains("://") {
-        server.trim().to_string()
-    } else {
-        format!("http://{}", server.trim())
-    };
-    // The HTTP/2 client cannot tell these apart: ask the port.
-    let odd_answer = has("frame with invalid size")
-        || has("grpc-status header missing")
-        || has("broken pipe")
-        || has("connection reset")
-        || has("connection closed")
-        || has("h2 protocol error");
-    if odd_answer {
-        match probe(&url) {
-            Some(Speaks::Http1) => {
-                return Some(format!(
-                    "{server} is an HTTP/1 server, not gRPC (the admin port, which serves /readyz and /metrics? serve's gRPC port is --listen, :50051 by default)"
-                ));
-            }
-            Some(Speaks::Tls) if !tls => {
-                return Some(format!(
-                    "{server} speaks TLS: use https://HOST:PORT (with --ca CA.pem when its certificate is from a private CA)"
-                ));
-            }
-            _ => {}
-        }
-    }
-    Some(if has("connection refused") {
-        format!(
-            "connection refused: nothing listens at {server}. Is the server running, and is this its gRPC port (serve --listen, 127.0.0.1:50051 by default)?"
-        )
-    } else if has("dns error")
-        || has("failed to lookup address")
-        || has("name or service not known")
-    {
-        format!("cannot resolve the host of {server}: check the host name in --server")
-    } else if has("invalidcontenttype") || has("corrupt message") || has("wrong version number") {
-        format!(
-            "the server at {server} does not speak TLS: use http://HOST:PORT (or HOST:PORT without --ca, --client-cert, --client-key)"
-        )
-    } else if has("invalidcertificate") || has("unknownissuer") || has("certificate") {
-        format!(
-            "the TLS handshake with {server} failed on the server's certificate: give --ca the CA that signed it, and use a host name the certificate names"
-        )
-    } else if has("timeout expired") || has("handshake did not finish") {
-        format!(
-            "{server} accepts connections but does not answer as a gRPC server in time (a hung process, a proxy, or a port that is not this service's)"
-        )
-    } else if has("timed out") || has("deadline has elapsed") {
-        format!(
-            "no answer from {server} in time: the address may be unreachable (a firewall, a wrong host or port)"
-        )
-    } else if tls {
-        // TLS spoken and then not HTTP/2: a TLS endpoint that is not this
-        // service.
-        format!(
-            "{server} accepted TLS but did not answer as a gRPC server: is this the service's gRPC port?"
-        )
-    } else if has("grpc-status header missing") {
-        format!(
-            "{server} answered HTTP without a gRPC status: not this service's gRPC port (serve --listen, :50051 by default)?"
-        )
-    } else if has("h2 protocol error")
-        || has("connection reset")
-        || has("broken pipe")
-        || has("connection closed")
-        || has("unexpected eof")
-        || has("transport error")
-    {
-        format!(
-            "{server} closed the connection at once: if the server has TLS on (serve --tls-cert), use https://HOST:PORT (and --ca for a private CA); otherwise, is this its gRPC port?"
-        )
-    } else {
-        return None;
-    })
 }
 
 /// A failed call as the CLI prints it: a transport failure names its
@@ -363,146 +222,6 @@ fn client_deadline(message: &str) -> Status {
 pub struct RetryStats {
     pub retries: u64,
     pub by_code: HashMap<String, u64>,
-}
-
-/// How to reach the service: its address, a bearer token, TLS. The same
-/// options as the CLI's `--server`, `--token`, `--ca`, `--cert`, `--key`.
-#[derive(Clone, Default)]
-pub struct ConnectOptions {
-    /// `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT`. Without a
-    /// scheme, TLS is on when `tls` is set.
-    pub server: String,
-    /// Sent as `authorization: Bearer <token>` on every call.
-    pub token: Option<String>,
-    pub tls: Option<ClientTls>,
-}
-
-impl std::fmt::Debug for ConnectOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnectOptions")
-            .field("server", &self.server)
-            .field("token", &self.token.as_ref().map(|_| "***"))
-            .field("tls", &self.tls)
-            .finish()
-    }
-}
-
-/// TLS towards the service.
-#[derive(Clone, Default)]
-pub struct ClientTls {
-    /// PEM of the CA that signed the server's certificate; `None`: the
-    /// system's trusted roots.
-    pub ca_pem: Option<String>,
-    /// PEM certificate chain and key to present (mutual TLS).
-    pub identity_pem: Option<(String, String)>,
-}
-
-impl std::fmt::Debug for ClientTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The key is a secret; whether there is one is enough.
-        f.debug_struct("ClientTls")
-            .field("ca", &self.ca_pem.as_ref().map(|_| "PEM"))
-            .field("identity", &self.identity_pem.as_ref().map(|_| "PEM"))
-            .finish()
-    }
-}
-
-fn read_pem(what: &str, path: &Path) -> anyhow::Result<String> {
-    std::fs::read_to_string(path)
-        .map_err(|e| anyhow::anyhow!("cannot read the {what} {}: {e}", path.display()))
-}
-
-impl ClientTls {
-    /// Reads the PEM files: the CA (optional), and the certificate and key
-    /// (both or neither).
-    pub fn from_files(
-        ca: Option<&Path>,
-        cert: Option<&Path>,
-        key: Option<&Path>,
-    ) -> anyhow::Result<Self> {
-        let identity_pem = match (cert, key) {
-            (Some(c), Some(k)) => Some((
-                read_pem("client certificate", c)?,
-                read_pem("client key", k)?,
-            )),
-            (None, None) => None,
-            _ => anyhow::bail!(
-                "a client certificate needs its key: give both --client-cert and --client-key"
-            ),
-        };
-        Ok(Self {
-            ca_pem: ca.map(|p| read_pem("CA certificate", p)).transpose()?,
-            identity_pem,
-        })
-    }
-}
-
-impl ConnectOptions {
-    /// Plaintext, no token.
-    pub fn new(server: impl Into<String>) -> Self {
-        Self {
-            server: server.into(),
-            ..Self::default()
-        }
-    }
-
-    /// The server's URL: the scheme as given, or https when TLS options are
-    /// set and http otherwise.
-    pub fn url(&self) -> anyhow::Result<String> {
-        let s = self.server.trim();
-        match s.split_once("://") {
-            None if s.is_empty() => anyhow::bail!("no server given (HOST:PORT)"),
-            None if self.tls.is_some() => Ok(format!("https://{s}")),
-            None => Ok(format!("http://{s}")),
-            Some(("https", _)) => Ok(s.to_string()),
-            Some(("http", _)) if self.tls.is_some() => anyhow::bail!(
-                "server {s:?}: TLS options (--ca, --client-cert, --client-key) need https:// or no scheme"
-            ),
-            Some(("http", _)) => Ok(s.to_string()),
-            Some((scheme, _)) => {
-                anyhow::bail!("server {s:?}: unknown scheme {scheme:?} (http or https)")
-            }
-        }
-    }
-
-    /// The endpoint to connect to, with TLS when the URL is https.
-    fn endpoint(&self) -> anyhow::Result<Endpoint> {
-        let url = self.url()?;
-        let ep = Endpoint::from_shared(url.clone())
-            .map_err(|e| anyhow::anyhow!("invalid server {:?}: {e}", self.server))?
-            .connect_timeout(Duration::from_secs(3))
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_while_idle(true)
-            .tcp_nodelay(true);
-        if !url.starts_with("https://") {
-            return Ok(ep);
-        }
-        crate::nova::client::install_crypto_provider();
-        let tls = self.tls.clone().unwrap_or_default();
-        let mut cfg = ClientTlsConfig::new();
-        cfg = match &tls.ca_pem {
-            Some(ca) => cfg.ca_certificate(Certificate::from_pem(ca)),
-            None => cfg.with_native_roots(),
-        };
-        if let Some((cert, key)) = &tls.identity_pem {
-            cfg = cfg.identity(Identity::from_pem(cert, key));
-        }
-        ep.tls_config(cfg)
-            .map_err(|e| anyhow::anyhow!("TLS towards {url}: {e}"))
-    }
-
-    /// The `authorization` value, marked sensitive (never printed).
-    fn bearer(&self) -> anyhow::Result<Option<MetadataValue<Ascii>>> {
-        let Some(token) = &self.token else {
-            return Ok(None);
-        };
-        anyhow::ensure!(!token.trim().is_empty(), "the bearer token is empty");
-        let mut v = MetadataValue::try_from(format!("Bearer {}", token.trim())).map_err(|_| {
-            anyhow::anyhow!("the bearer token has characters a header cannot carry")
-        })?;
-        v.set_sensitive(true);
-        Ok(Some(v))
-    }
 }
 
 #[derive(Clone)]
@@ -724,36 +443,6 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_server_is_taken_with_or_without_a_scheme() {
-        let url = |server: &str, tls: bool| {
-            ConnectOptions {
-                server: server.into(),
-                tls: tls.then(ClientTls::default),
-                ..ConnectOptions::default()
-            }
-            .url()
-        };
-        assert_eq!(url("h:1", false).unwrap(), "http://h:1");
-        assert_eq!(url("h:1", true).unwrap(), "https://h:1");
-        assert_eq!(url("http://h:1", false).unwrap(), "http://h:1");
-        assert_eq!(url("https://h:1", false).unwrap(), "https://h:1");
-        assert_eq!(url(" https://h:1 ", true).unwrap(), "https://h:1");
-        assert!(
-            url("http://h:1", true)
-                .unwrap_err()
-                .to_string()
-                .contains("https://")
-        );
-        assert!(
-            url("ftp://h:1", false)
-                .unwrap_err()
-                .to_string()
-                .contains("ftp")
-        );
-        assert!(url("", false).is_err());
-    }
 
     #[test]
     fn errors_read_as_a_sentence_with_their_code_and_details() {

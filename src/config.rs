@@ -14,6 +14,9 @@
 //! declaration here, and a third of the file is the tests of precedence and
 //! of defaults; split by topic, the one place that lists every setting would
 //! be lost.
+//!
+//! - [`clouds`]: `OS_CLOUD`'s clouds.yaml and secure.yaml, resolved with
+//!   the source of each value.
 
 pub mod clouds;
 

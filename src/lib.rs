@@ -8,24 +8,27 @@
 //! - [`telemetry`]: logs (human or JSON), an operation's trace context,
 //!   OTLP export (feature `otlp`).
 //! - [`startup`]: `Application::build` → `run_until`, used by main and tests;
-//!   the staged shutdown.
+//!   the staged shutdown, the admin endpoints, Nova's start-up checks.
 //! - [`domain`]: operations, states, deadlines and budgets, validated newtypes.
-//! - [`grpc`]: the only place that sees protobuf: the service, the deadline
-//!   layer, conversions, the one mapping to `Status`.
+//! - [`grpc`]: the only place that sees protobuf: the service, the layers of
+//!   the server chain (metrics, deadline, auth, load shedding, message
+//!   size), conversions, the one mapping to `Status`.
 //! - [`executor`]: runs one operation: intent, owned task, classify,
 //!   re-observe, record.
 //! - [`reconciler`]: resolves what could not be known in time; verifies
 //!   decisions for late effects.
 //! - [`retention`]: prunes decided operations past `--retain`, leaving a
 //!   tombstone per key.
-//! - [`store`]: the ledger (all SQL), PostgreSQL.
+//! - [`store`]: the ledger (all SQL): PostgreSQL, or SQLite for one process.
 //! - [`nova`]: the Nova/Keystone HTTP adapter (all HTTP to OpenStack).
 //! - [`sim`]: the Nova/Keystone simulator used by tests and the demo.
 //! - [`client`]: the Rust client with keyed, safe retries.
 //! - [`cli`]: the command line (`Cli`, every subcommand), operator
 //!   commands, the demo, the load generator and the history checker.
-//! - [`metrics`]: Prometheus metrics: the service's own, the gRPC layer that
-//!   counts and times every answer, and the process metrics.
+//! - [`metrics`]: Prometheus metrics: the service's own (their labels, the
+//!   saturation read at each scrape) and the process metrics.
+//! - [`tls`]: TLS on the gRPC port with reload, the process's crypto
+//!   provider, and what is read of a certificate.
 
 pub mod cli;
 pub mod client;

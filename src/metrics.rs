@@ -12,111 +12,39 @@
 //! - label values come from bounded sets: method names are the ones the
 //!   server registers (anything else is `unknown`), never ids.
 //!
-//! The gRPC request counter and latency histogram are recorded by
-//! [`grpc::GrpcMetricsLayer`], outermost in the server chain, so they see
-//! every answer, including those of the layers in front of the handlers
-//! (authentication, load shedding, the deadline backstop).
+//! The gRPC request counter and latency histogram are recorded by the
+//! gRPC layer `grpc::metrics::GrpcMetricsLayer`, outermost in the server
+//! chain, so they see every answer, including those of the layers in front
+//! of the handlers (authentication, load shedding, the deadline backstop).
 //!
 //! Saturation (docs/operating.md, "Observability"): what is full or about to be is read
-//! at each scrape from what holds it ([`Saturation`]): the load-shedding
+//! at each scrape from what holds it (`saturation`): the load-shedding
 //! caps' places in use, the Keystone token's time left and its failed
 //! renewals, the served certificate's notAfter; the store's pool and write
 //! queue and the leases held are set by the scrape (`startup`).
+//!
+//! - `labels`: each family's label set, and a gRPC code's canonical name.
+//! - `process`: the standard `process_` metrics of this process.
+//! - `saturation`: the collector that reads what is full at each scrape.
 
-pub mod grpc;
+mod labels;
 pub mod process;
+mod saturation;
 
 use std::sync::{Arc, Mutex};
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-pub use grpc::{GrpcMetricsLayer, code_name};
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct GrpcLabels {
-    /// The full service name (`volume_reconciler.v1.VolumeReconciler`,
-    /// `grpc.health.v1.Health`, ...) or `unknown`. Not `service`: scrapes
-    /// through a Kubernetes Service add a `service` target label, which
-    /// would rename ours to `exported_service`.
-    pub grpc_service: String,
-    pub method: String,
-    /// Canonical code name: `OK`, `DEADLINE_EXCEEDED`, ...
-    pub code: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NovaLabels {
-    pub operation: String,
-    pub outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DecidedLabels {
-    pub action: String,
-    pub state: String,
-    pub resolution: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpenLabels {
-    pub state: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DecisionLabels {
-    pub decision: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StageLabels {
-    /// `first` (`--verify-after`) or `last` (the end of `--verify-window`).
-    pub stage: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TableLabels {
-    /// `operations`, `events` or `tombstones`.
-    pub table: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DbLabels {
-    /// The kind of round trip (`intent`, `decision`, `read`, `lease`, ...).
-    pub kind: String,
-    /// `ok`, `error` or `timeout`.
-    pub outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabels {
-    pub kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    /// The `ErrorInfo.reason` of the answer (`OVERLOADED`, ...).
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClassLabels {
-    /// `mutation` (attach/detach), `read` (unary reads), `watch` (streams).
-    pub class: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BuildLabels {
-    pub version: String,
-    pub git_sha: String,
-}
+pub use labels::{
+    BuildLabels, ClassLabels, DbLabels, DecidedLabels, DecisionLabels, GrpcLabels, KindLabels,
+    NovaLabels, OpenLabels, ReasonLabels, StageLabels, TableLabels, code_name,
+};
+use saturation::{InFlight, Saturation};
 
 /// The crate version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -532,7 +460,8 @@ impl Metrics {
         );
     }
 
-    /// One finished gRPC request (called by [`GrpcMetricsLayer`]).
+    /// One finished gRPC request (called by the gRPC layer
+    /// `grpc::metrics::GrpcMetricsLayer`).
     pub fn grpc_done(&self, service: &str, method: &str, code: tonic::Code, secs: f64) {
         let labels = GrpcLabels {
             grpc_service: service.to_string(),
@@ -637,112 +566,5 @@ impl crate::store::DbObserver for Metrics {
                 })
                 .inc();
         }
-    }
-}
-
-/// One load-shedding cap: `limit` places, those free in `places`.
-struct InFlight {
-    class: &'static str,
-    places: Arc<tokio::sync::Semaphore>,
-    limit: usize,
-}
-
-#[derive(Default)]
-struct Observed {
-    caps: Vec<InFlight>,
-    keystone: Option<Arc<crate::nova::auth::KeystoneAuth>>,
-    tls: Option<Arc<crate::tls::Reloadable>>,
-}
-
-/// The saturation metrics read at each scrape from what holds them (a
-/// collector, so each is exactly what its holder says at that instant; a
-/// family whose holder is absent — no Keystone, no TLS — is left out).
-#[derive(Clone, Default)]
-struct Saturation(Arc<Mutex<Observed>>);
-
-impl Saturation {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Observed> {
-        // A poisoned lock only means a panic elsewhere; the sources are intact.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl std::fmt::Debug for Saturation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = self.lock();
-        f.debug_struct("Saturation")
-            .field("caps", &s.caps.iter().map(|c| c.class).collect::<Vec<_>>())
-            .field("keystone", &s.keystone.is_some())
-            .field("tls", &s.tls.is_some())
-            .finish()
-    }
-}
-
-/// Seconds of validity the Keystone token held has left: 0 without one (or
-/// past its expiry), +Inf for a token Keystone gave no expiry.
-fn token_remaining(expires: Option<Option<chrono::DateTime<chrono::Utc>>>) -> f64 {
-    match expires {
-        None => 0.0,
-        Some(None) => f64::INFINITY,
-        Some(Some(at)) => ((at - chrono::Utc::now()).num_milliseconds().max(0) as f64) / 1000.0,
-    }
-}
-
-impl Collector for Saturation {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.lock();
-        if !s.caps.is_empty() {
-            for (name, help, in_use) in [
-                (
-                    "requests_in_flight",
-                    "Places in use under each load-shedding cap, by class: mutation (attach/detach operations whose task runs, whether or not their caller waits), read (unary reads until their answer is sent), watch (WatchOperation streams open)",
-                    true,
-                ),
-                (
-                    "requests_in_flight_limit",
-                    "Each load-shedding cap, by class: mutation (--max-inflight-mutations), read (--max-inflight-reads), watch (--max-watch-streams); beyond it, RESOURCE_EXHAUSTED",
-                    false,
-                ),
-            ] {
-                let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-                for cap in &s.caps {
-                    let value = if in_use {
-                        cap.limit.saturating_sub(cap.places.available_permits())
-                    } else {
-                        cap.limit
-                    };
-                    let labels = ClassLabels {
-                        class: cap.class.to_string(),
-                    };
-                    ConstGauge::new(value as i64).encode(family.encode_family(&labels)?)?;
-                }
-            }
-        }
-        if let Some(auth) = &s.keystone {
-            let m = ConstGauge::new(token_remaining(auth.token_expires_at()));
-            m.encode(encoder.encode_descriptor(
-                "keystone_token_remaining_seconds",
-                "Seconds until the Keystone token held expires (0: none held, or expired); renewed on demand from 120 s before it expires",
-                None,
-                m.metric_type(),
-            )?)?;
-            let m = ConstCounter::new(auth.renewal_failures());
-            m.encode(encoder.encode_descriptor(
-                "keystone_renewal_failures",
-                "Keystone token renewals that failed (each backs off 1 s doubling to 30 s; the token held serves while it is valid)",
-                None,
-                m.metric_type(),
-            )?)?;
-        }
-        if let Some(not_after) = s.tls.as_ref().and_then(|t| t.not_after()) {
-            let m = ConstGauge::new(not_after.timestamp() as f64);
-            m.encode(encoder.encode_descriptor(
-                "tls_certificate_expiry_timestamp_seconds",
-                "notAfter of the certificate served on the gRPC port (the one in force, reloads included), in Unix seconds",
-                None,
-                m.metric_type(),
-            )?)?;
-        }
-        Ok(())
     }
 }

@@ -2,7 +2,14 @@
 //! signed by `--tls-client-ca` is refused at the handshake. Certificates are
 //! reloaded on SIGHUP and when the files change, without dropping
 //! connections: each new handshake uses the current configuration; live
-//! connections keep the session they have.
+//! connections keep the session they have. Also the process-wide crypto
+//! provider every TLS user installs first: this port, the client, the
+//! OpenStack adapters.
+//!
+//! - `certificate`: what is read of a certificate itself (its subject, its
+//!   notAfter), for authentication and the metrics.
+
+pub mod certificate;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -17,6 +24,12 @@ use rustls::{RootCertStore, ServerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+/// rustls needs one process-wide crypto provider; ring is the lean one.
+pub fn install_crypto_provider() {
+    // Err means one is installed already: that one serves as well.
+    drop(rustls::crypto::ring::default_provider().install_default());
+}
 
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
@@ -42,7 +55,7 @@ impl TlsFiles {
     /// served certificate's notAfter (from the same read, so the two agree;
     /// `None`, with a warning, when it cannot be read).
     pub fn load(&self) -> anyhow::Result<(Arc<ServerConfig>, Option<DateTime<Utc>>)> {
-        crate::nova::client::install_crypto_provider();
+        install_crypto_provider();
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
             .map_err(|e| anyhow::anyhow!("TLS certificate {}: {e}", self.cert.display()))?
             .collect::<Result<_, _>>()
@@ -53,7 +66,7 @@ impl TlsFiles {
             self.cert.display()
         );
         // The leaf comes first (the chain, if any, after it).
-        let not_after = crate::grpc::auth::not_after_of(&certs[0]);
+        let not_after = certificate::not_after_of(&certs[0]);
         if not_after.is_none() {
             tracing::warn!(
                 cert = %self.cert.display(),

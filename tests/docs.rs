@@ -334,8 +334,8 @@ fn the_link_check_finds_missing_files_and_headings_and_follows_githubs_anchors()
 #[test]
 fn the_last_release_ci_compares_the_proto_with_is_the_newest_tag() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let recorded = std::fs::read_to_string(root.join(".ci/buf/last-release"))
-        .expect(".ci/buf/last-release");
+    let recorded =
+        std::fs::read_to_string(root.join(".ci/buf/last-release")).expect(".ci/buf/last-release");
     let (tag, commit) = recorded
         .trim()
         .split_once(' ')
@@ -352,12 +352,26 @@ fn the_last_release_ci_compares_the_proto_with_is_the_newest_tag() {
         has_commit.status.success(),
         "{commit} (.ci/buf/last-release) is not a commit of this history"
     );
-    let newest = git(&["describe", "--tags", "--abbrev=0", "--match", "v[0-9]*", "HEAD"]);
+    let newest = git(&[
+        "describe",
+        "--tags",
+        "--abbrev=0",
+        "--match",
+        "v[0-9]*",
+        "HEAD",
+    ]);
     if newest.status.success() {
         // With tags in this clone: the record follows the newest.
         let newest = String::from_utf8_lossy(&newest.stdout).trim().to_string();
-        assert_eq!(tag, newest, "release {newest} is tagged: record it in .ci/buf/last-release");
+        assert_eq!(
+            tag, newest,
+            "release {newest} is tagged: record it in .ci/buf/last-release"
+        );
         let at = git(&["rev-parse", &format!("{newest}^{{commit}}")]);
-        assert_eq!(String::from_utf8_lossy(&at.stdout).trim(), commit, "{newest}'s commit");
+        assert_eq!(
+            String::from_utf8_lossy(&at.stdout).trim(),
+            commit,
+            "{newest}'s commit"
+        );
     }
 }

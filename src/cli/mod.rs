@@ -9,6 +9,10 @@
 //! - [`nova_sim`]: the Nova/Keystone simulator as a process.
 //! - [`ops`]: operator commands against a running server.
 //! - [`demo`], [`bench`]: a guided run, and the load generator.
+//! - [`chaos`]: the history checker (random histories against the
+//!   simulator's ground truth).
+//! - [`client_args`]: the client options of the commands that call the
+//!   service.
 //! - [`output`]: tables and progress shared by the commands.
 
 pub mod bench;

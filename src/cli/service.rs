@@ -9,7 +9,7 @@ use crate::config::{
     DEFAULT_ADMIN_LISTEN, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, LEDGER_CONTEXT, ServeArgs,
     duration, render_duration,
 };
-use crate::{nova, startup, store};
+use crate::{startup, store, tls};
 
 #[derive(Debug, Clone, Args)]
 pub struct MigrateArgs {
@@ -98,7 +98,7 @@ impl HealthcheckArgs {
 
 /// Runs the service until SIGTERM/SIGINT, then drains in stages.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    nova::client::install_crypto_provider();
+    tls::install_crypto_provider();
     #[cfg(feature = "otlp")]
     if crate::telemetry::otlp::init()? {
         tracing::info!("exporting operation spans over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
@@ -124,7 +124,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 /// Succeeds when the admin endpoint answers 2xx (or, `--grpc`, the gRPC
 /// health service SERVING).
 pub async fn healthcheck(args: HealthcheckArgs) -> anyhow::Result<()> {
-    nova::client::install_crypto_provider();
+    tls::install_crypto_provider();
     if args.grpc {
         let opts = crate::client::ConnectOptions::new(connectable(&args.listen));
         return crate::client::health(&opts, args.timeout).await;

@@ -1,6 +1,12 @@
 //! Domain types: what an operation is, its states and who moves it between
 //! them, and the newtypes that can only be made by parsing (rule 1: parse at
 //! the edge). Nothing here knows SQL, HTTP or protobuf.
+//!
+//! - [`deadline`]: the caller's deadline and the budgets of each stage.
+//! - [`reason`]: why something failed or is not known, with its code.
+//! - [`trace`]: the W3C trace context an operation carries.
+//! - [`validate`]: the newtypes made only by parsing.
+//! - [`event`]: the kinds of an operation's events.
 
 pub mod deadline;
 pub mod reason;

@@ -18,6 +18,10 @@
 //! took effect; Cinder tells whether that effect is a usable attachment.
 //! Without Cinder (`--confirm-with nova-list`, or none found) none of this
 //! runs and Nova's list decides alone.
+//!
+//! Why it is one file: a fifth of it is tests; the rest is one protocol,
+//! the precheck and the confirmation reading the same Cinder views into the
+//! same decisions.
 
 use std::time::Duration;
 

@@ -14,6 +14,7 @@
 //! - `confirm.rs`: Cinder's word before the first request and after a
 //!   success (cinder-csi's checks).
 //! - `ledger.rs`: the executor's writes to the ledger.
+//! - `holds.rs`: the leases this replica holds, renewed by its heartbeat.
 //!
 //! Why it is long: it owns the operation's task lifecycle (submit, start,
 //! await, drive, heartbeat) and its tests; the decisions, the send loop,

@@ -1,12 +1,34 @@
 //! The only place that sees protobuf types: the `VolumeReconciler` service,
 //! its conversions and the mapping of errors to `Status`. Requests are
 //! parsed into domain types here (rule 1).
+//!
+//! The layers of the server chain, outermost first (`startup` stacks them):
+//! - [`metrics`]: counts and times every answer.
+//! - [`deadline`]: the caller's deadline, and the backstop before it.
+//! - [`auth`]: who the caller is, and what its role may do.
+//! - [`overload`]: load shedding per class of RPC and per caller.
+//! - [`message_limit`]: a message past `--max-message-bytes` is refused.
+//!
+//! And around the handlers:
+//! - `request`: what a handler reads of a request besides its message.
+//! - [`convert`]: domain ⇄ protobuf conversions.
+//! - [`status`]: the one mapping to `tonic::Status`.
+//! - `watch`: `WatchOperation`'s stream.
+//! - `early`: a layer's early answer waits for the request's body.
+//! - [`pb`]: the generated protobuf types and their descriptor set.
+//!
+//! Why it is one file: past its tests (a fifth of it), it is the
+//! `VolumeReconciler` implementation, one method per RPC, each a parse, a
+//! call and a conversion; the rest of the boundary is in the files above.
 
 pub mod auth;
 pub mod convert;
 pub mod deadline;
 mod early;
+pub mod message_limit;
+pub mod metrics;
 pub mod overload;
+mod request;
 pub mod status;
 mod watch;
 
@@ -20,13 +42,13 @@ use uuid::Uuid;
 
 use crate::domain::validate::parse_uuid;
 use crate::domain::{
-    Action, Deadline, DevicePath, IdempotencyKey, InvalidField, Operation, RequestParams, State,
-    Tag, TraceContext,
+    Action, Deadline, DevicePath, IdempotencyKey, InvalidField, RequestParams, State, Tag,
 };
 use crate::executor::{ExecError, Executor, OpRequest};
 use crate::metrics::Metrics;
 use crate::reconciler::Reconciler;
 use crate::store::{OperationFilter, StoreError};
+use request::{Scope, caller_of, deadline_of, inflight_of, trace_of};
 
 pub mod pb {
     #![allow(clippy::all, clippy::pedantic)]
@@ -47,100 +69,6 @@ pub struct Api {
     pub metrics: Arc<Metrics>,
     /// The longest a watch waits for its next message.
     pub watch_idle: Duration,
-}
-
-fn deadline_of<T>(req: &Request<T>) -> Deadline {
-    // The deadline layer is always in the chain that `startup` builds; a
-    // request without it has no bound from us (tonic's own timer remains).
-    req.extensions()
-        .get::<Deadline>()
-        .copied()
-        .unwrap_or_else(Deadline::none)
-}
-
-/// The authenticated caller's name, when auth is on.
-fn caller_of<T>(req: &Request<T>) -> Option<String> {
-    req.extensions()
-        .get::<auth::Caller>()
-        .map(|c| c.name.clone())
-}
-
-/// The request's place under `--max-inflight-mutations`, which the
-/// overload layer left in its extensions for the operation's task to hold
-/// (see `overload`).
-fn inflight_of<T>(req: &Request<T>) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    req.extensions()
-        .get::<overload::MutationPermit>()
-        .and_then(overload::MutationPermit::take)
-}
-
-/// The caller's W3C trace context (metadata `traceparent`, `tracestate`),
-/// continued under a span of this service's. A malformed one is ignored —
-/// never an error to the caller, as the specification says — with a debug
-/// line, and the operation begins a trace of its own, as it does without
-/// one.
-fn trace_of<T>(req: &Request<T>) -> TraceContext {
-    let md = req.metadata();
-    let values = |name: &str| -> Vec<&str> {
-        md.get_all(name)
-            .iter()
-            .map(|v| v.to_str().unwrap_or("(not ASCII)"))
-            .collect()
-    };
-    let (ctx, problem) = TraceContext::accept(&values("traceparent"), &values("tracestate"));
-    if let Some(p) = problem {
-        tracing::debug!(trace_id = %ctx.trace_id(), problem = %p, "caller's trace context ignored");
-    }
-    ctx
-}
-
-/// Whose operations a caller reads: every caller's for an operator and
-/// for the anonymous caller (no authentication configured: one caller,
-/// everything visible), its own for an orchestrator. Another caller's
-/// operation is, to an orchestrator, an operation that does not exist:
-/// the same `NOT_FOUND`, through the same path, as an id nobody has.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Scope {
-    All,
-    Own(String),
-}
-
-impl Scope {
-    fn of<T>(req: &Request<T>) -> Self {
-        match req.extensions().get::<auth::Caller>() {
-            Some(c) if c.role != auth::Role::Operator => Scope::Own(c.name.clone()),
-            _ => Scope::All,
-        }
-    }
-
-    fn sees(&self, op: &Operation) -> bool {
-        match self {
-            Scope::All => true,
-            Scope::Own(name) => op.caller.as_deref() == Some(name.as_str()),
-        }
-    }
-
-    /// `found` as this caller may know it: another caller's operation is
-    /// none.
-    fn visible(&self, found: Option<Operation>) -> Option<Operation> {
-        found.filter(|op| self.sees(op))
-    }
-
-    /// For an orchestrator, whether `id` names one of its operations (one
-    /// read by primary key); always for the others, without reading.
-    /// Called before work that names the operation to anyone else (a wait
-    /// registered for it, a look at Nova), so another caller's id costs
-    /// no more than an id nobody has.
-    async fn admits(&self, store: &dyn crate::store::Store, id: Uuid) -> Result<(), Status> {
-        if *self == Scope::All {
-            return Ok(());
-        }
-        match store.operation_get(id).await {
-            Ok(Some(op)) if self.sees(&op) => Ok(()),
-            Ok(_) => Err(status::from_store(crate::store::StoreError::NotFound(id))),
-            Err(e) => Err(status::from_store(e)),
-        }
-    }
 }
 
 fn op_id(field: &'static str, value: &str) -> Result<Uuid, Status> {

@@ -29,7 +29,6 @@
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::client::AttachAnswer;
 pub(crate) use super::error::Exchange;
 use super::error::fault::{
     body_excerpt, classify_refusal, keystone_refusal, nova_fault, parse_fault,
@@ -38,6 +37,15 @@ use super::error::{NovaError, NovaErrorKind, Rejection, Stage};
 #[cfg(test)]
 use super::http::RawResponse;
 use super::types::{AttachmentEnvelope, AttachmentList, NovaAttachment, ServerEnvelope};
+
+/// What an attach answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttachAnswer {
+    /// 200 (microversion <= 2.100): Nova created its record.
+    Attached(NovaAttachment),
+    /// 202 (microversion >= 2.101): accepted; only the list can tell.
+    Accepted,
+}
 
 /// How much of a body an error quotes.
 const EXCERPT_CHARS: usize = 200;

@@ -18,6 +18,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::error::error_chain;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -492,7 +493,7 @@ impl KeystoneAuth {
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         // The renewal's own timeout bounds the read; the cap bounds memory.
-        let bytes = super::http::read_body(
+        let bytes = super::body::read_body(
             resp,
             Instant::now() + self.cfg.renewal_timeout,
             KEYSTONE_BODY_CAP,
@@ -539,22 +540,6 @@ impl KeystoneAuth {
 /// The largest token body read: 4 MiB. A token carries the whole service
 /// catalog, which a large public cloud makes hundreds of KiB.
 const KEYSTONE_BODY_CAP: usize = 4 * 1024 * 1024;
-
-/// The whole chain of an error's causes, `a: b: c` (NUL-free: it goes into
-/// ledger rows).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let next = c.to_string();
-        if !s.contains(&next) {
-            s.push_str(": ");
-            s.push_str(&next);
-        }
-        cur = c.source();
-    }
-    super::error::fault::clean_text(&s)
-}
 
 #[cfg(test)]
 mod tests {

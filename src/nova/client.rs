@@ -26,7 +26,7 @@ use reqwest::Method;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::answer::{AttachShape, Exchange};
+use super::answer::{AttachAnswer, AttachShape, Exchange};
 use super::auth::{KeystoneAuth, KeystoneConfig};
 use super::cinder::CinderClient;
 use super::error::{CinderError, NovaError, NovaErrorKind};
@@ -36,7 +36,7 @@ use super::types::{AttachBody, AttachSpec, NovaAttachment};
 use super::version::{parse_versions, version_root};
 use crate::domain::RequestParams;
 
-pub use super::http::{CaBundle, RequestId, SlotWaitObserver, TlsTrust, install_crypto_provider};
+pub use super::http::{CaBundle, RequestId, SlotWaitObserver, TlsTrust};
 pub use super::version::{Microversion, VersionRange};
 
 /// Where Nova is.
@@ -130,7 +130,7 @@ pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
     } else {
         cfg.connect_timeout
     };
-    install_crypto_provider();
+    crate::tls::install_crypto_provider();
     let mut builder = reqwest::Client::builder()
         .connect_timeout(connect)
         .pool_max_idle_per_host(cfg.max_concurrent_per_host)
@@ -172,15 +172,6 @@ impl Confirmation<'_> {
             Confirmation::NovaList => ConfirmWith::NovaList,
         }
     }
-}
-
-/// What an attach answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AttachAnswer {
-    /// 200 (microversion <= 2.100): Nova created its record.
-    Attached(NovaAttachment),
-    /// 202 (microversion >= 2.101): accepted; only the list can tell.
-    Accepted,
 }
 
 /// A value Nova answered with, and the local request id it answered under.

@@ -22,7 +22,9 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::auth::{KeystoneAuth, Secret, Token, error_chain};
+use super::auth::{KeystoneAuth, Secret, Token};
+use super::body::{BodyError, read_body};
+use super::error::error_chain;
 use super::error::fault::{clean_text, keystone_refusal};
 use super::error::{Stage, UpstreamError};
 use super::trace::with_trace;
@@ -107,12 +109,6 @@ impl CaBundle {
             certs,
         })
     }
-}
-
-/// rustls needs one process-wide crypto provider; ring is the lean one.
-pub fn install_crypto_provider() {
-    // Err means one is installed already: that one serves as well.
-    drop(rustls::crypto::ring::default_provider().install_default());
 }
 
 /// How a request ended without an answer.
@@ -600,90 +596,5 @@ impl Call {
         f.status = Some(status);
         f.request_id = request_id;
         Err(f)
-    }
-}
-
-/// Why a body was not read whole.
-pub(super) enum BodyError {
-    /// The deadline came first, after this many bytes.
-    Deadline(usize),
-    /// The stream failed after this many bytes.
-    Lost(usize, String),
-    /// Past `cap`: announced so (`Content-Length`), or read past it.
-    TooLarge {
-        cap: usize,
-        announced: Option<u64>,
-        read: usize,
-    },
-}
-
-impl std::fmt::Display for BodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BodyError::Deadline(got) => write!(f, "body still incomplete after {got} bytes"),
-            BodyError::Lost(got, cause) => write!(f, "body cut off after {got} bytes: {cause}"),
-            BodyError::TooLarge {
-                cap,
-                announced: Some(len),
-                ..
-            } => write!(
-                f,
-                "the body is larger than the {} cap (Content-Length {len}); not read",
-                human_bytes(*cap)
-            ),
-            BodyError::TooLarge { cap, read, .. } => write!(
-                f,
-                "the body is larger than the {} cap ({read} bytes read, and more came); the rest was not read",
-                human_bytes(*cap)
-            ),
-        }
-    }
-}
-
-/// `2 MiB`, `512 KiB` or `100 bytes`.
-fn human_bytes(n: usize) -> String {
-    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
-        format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
-        format!("{} KiB", n >> 10)
-    } else {
-        format!("{n} bytes")
-    }
-}
-
-/// Reads `resp`'s body chunk by chunk until `deadline`, refusing it once
-/// it passes `cap` bytes (or announces more): memory stays bounded
-/// whatever answers, and the deadline still bounds the time.
-pub(super) async fn read_body(
-    mut resp: reqwest::Response,
-    deadline: Instant,
-    cap: usize,
-) -> Result<Bytes, BodyError> {
-    if let Some(len) = resp.content_length()
-        && len > cap as u64
-    {
-        return Err(BodyError::TooLarge {
-            cap,
-            announced: Some(len),
-            read: 0,
-        });
-    }
-    let mut buf = Vec::new();
-    loop {
-        match tokio::time::timeout_at(deadline, resp.chunk()).await {
-            Err(_) => return Err(BodyError::Deadline(buf.len())),
-            Ok(Err(e)) => return Err(BodyError::Lost(buf.len(), error_chain(&e))),
-            Ok(Ok(None)) => return Ok(Bytes::from(buf)),
-            Ok(Ok(Some(chunk))) => {
-                if buf.len() + chunk.len() > cap {
-                    return Err(BodyError::TooLarge {
-                        cap,
-                        announced: None,
-                        read: buf.len() + chunk.len(),
-                    });
-                }
-                buf.extend_from_slice(&chunk);
-            }
-        }
     }
 }

@@ -15,9 +15,15 @@
 //!   — and the reading of the fault bodies OpenStack answers with.
 //! - `types.rs`: Nova's wire shapes.
 //! - `auth.rs`: Keystone tokens and the service catalog.
+//! - `body.rs`: a response body read under a deadline and a size cap.
+//! - `error.rs`: the adapter's error, and what a refusal means (`Rejection`).
+//! - `types.rs`: Nova's wire shapes.
+//! - `version.rs`: microversions asked for and supported, and discovery.
+//! - `trace.rs`: the trace context every request to OpenStack carries.
 
 pub(crate) mod answer;
 pub mod auth;
+mod body;
 pub mod cinder;
 pub mod client;
 pub mod error;
@@ -26,13 +32,14 @@ mod trace;
 pub mod types;
 mod version;
 
+pub use answer::AttachAnswer;
 pub use auth::{Credential, KeystoneConfig, Secret};
 pub use cinder::{
     AttachProgress, CinderAttachment, CinderClient, DetachProgress, VolumeStatus, VolumeView,
 };
 pub use client::{
-    Answered, AttachAnswer, CaBundle, ConfirmWith, Confirmation, Microversion, NovaClient,
-    NovaConfig, NovaEndpoint, RequestId, SendGate, TlsTrust, VersionRange, build_http_client,
+    Answered, CaBundle, ConfirmWith, Confirmation, Microversion, NovaClient, NovaConfig,
+    NovaEndpoint, RequestId, SendGate, TlsTrust, VersionRange, build_http_client,
 };
 pub use error::{
     CinderError, CinderErrorKind, Clock, ErrorKind, NovaError, NovaErrorKind, Rejection, Stage,

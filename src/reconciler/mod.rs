@@ -12,6 +12,9 @@
 //!
 //! `run_once()` does one round and returns counts; `run()` is a thin loop
 //! around it on a shutdown token (rule 9).
+//!
+//! - `pass.rs`: one pass over one claimed operation, and what it decides.
+//! - `verify.rs`: verification of decided operations for late effects.
 
 mod pass;
 mod verify;

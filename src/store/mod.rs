@@ -8,14 +8,27 @@
 //! `operation_claim`). Every write of a decision is fenced by the lease
 //! epoch it was taken under: a zero-row update is a lost race, handled on
 //! purpose by the caller.
+//!
+//! - [`pg`]: the PostgreSQL store.
+//! - [`sqlite`]: the embedded store.
+//! - `open`: opening the store a URL names; the URL without its password.
+//! - `rows`: what both stores read, read once.
+//! - `error`: `StoreError` and the driver failures under it.
+//! - `migrations`: both stores' migrations, embedded at build time.
+//!
+//! Why it is one file: it is the ledger's interface, the `Store` trait and
+//! every value that crosses it, which both stores implement and every
+//! caller reads together.
 
 mod error;
 mod migrations;
+mod open;
 pub mod pg;
 mod rows;
 pub mod sqlite;
 
 pub use error::{DbFailure, StoreError};
+pub use open::{mask_url, open, open_with, open_within};
 pub use pg::{
     PgSettings, PgStore, WRITER_SETTINGS, index_queries, list_statement, pgbench_script,
     verification_statement, writer_statements,
@@ -118,80 +131,6 @@ pub struct Saturation {
     pub pool_size: usize,
     /// Writes waiting for (or being written by) the ledger writers.
     pub writes_pending: usize,
-}
-
-/// Opens the store a URL names: `postgres://...` (production, several
-/// replicas) or `sqlite://FILE` (embedded, one process). Applies
-/// migrations. Waits up to `DEFAULT_CONNECT_TIMEOUT` for PostgreSQL.
-pub async fn open(url: &str, max_connections: u32) -> anyhow::Result<std::sync::Arc<dyn Store>> {
-    open_within(url, max_connections, DEFAULT_CONNECT_TIMEOUT).await
-}
-
-/// As `open`, waiting up to `connect_timeout` for a PostgreSQL server that
-/// is not up yet (each try is logged: "waiting for PostgreSQL at
-/// host:port (connection refused)"), then failing with the last error. An
-/// embedded file opens at once or not at all.
-pub async fn open_within(
-    url: &str,
-    max_connections: u32,
-    connect_timeout: Duration,
-) -> anyhow::Result<std::sync::Arc<dyn Store>> {
-    open_with(url, max_connections, connect_timeout, DbBounds::DEFAULT).await
-}
-
-/// A database URL without its password (`postgres://user:***@host/db`),
-/// for logs and errors. The user information ends at the authority's last
-/// `@` (a password may hold an unescaped `@` or `/`); an `@` after a `?`
-/// or `#` belongs to the query.
-pub fn mask_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let at = rest
-        .char_indices()
-        .filter(|(_, c)| *c == '@')
-        .map(|(i, _)| i)
-        .take_while(|i| !rest[..*i].contains(['?', '#']))
-        .last();
-    let Some(at) = at else {
-        return url.to_string();
-    };
-    let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
-    }
-}
-
-/// As `open_within`, with `bounds` on each round trip to PostgreSQL.
-pub async fn open_with(
-    url: &str,
-    max_connections: u32,
-    connect_timeout: Duration,
-    bounds: DbBounds,
-) -> anyhow::Result<std::sync::Arc<dyn Store>> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(std::sync::Arc::new(
-            PgStore::connect_within(
-                &PgSettings {
-                    url: url.to_string(),
-                    max_connections,
-                    bounds,
-                },
-                connect_timeout,
-            )
-            .await?,
-        ))
-    } else if url.starts_with("sqlite:") {
-        Ok(std::sync::Arc::new(SqliteStore::connect(url).await?))
-    } else {
-        // Never the password in a log line: the scheme may be a typo of a
-        // URL that carries one.
-        anyhow::bail!(
-            "unsupported database URL {:?}: use postgres://... or sqlite://FILE",
-            mask_url(url)
-        )
-    }
 }
 
 /// A new operation: its intent, written before any request leaves.
@@ -696,31 +635,5 @@ pub trait Store: Send + Sync + 'static {
     /// How full the store's pools and queues are now.
     fn saturation(&self) -> Saturation {
         Saturation::default()
-    }
-}
-
-#[cfg(test)]
-mod url_tests {
-    use super::mask_url;
-
-    #[test]
-    fn database_urls_lose_their_whole_password() {
-        assert_eq!(
-            mask_url("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        // An unescaped `@` (or `/`) in the password is still the password.
-        assert_eq!(
-            mask_url("postgres://u:p@ss/w@rd@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(mask_url("mysql://u:p@ss@h/db"), "mysql://u:***@h/db");
-        assert_eq!(
-            mask_url("postgres://u:x@h/db?application_name=a@b"),
-            "postgres://u:***@h/db?application_name=a@b"
-        );
-        assert_eq!(mask_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(mask_url("sqlite://x.db"), "sqlite://x.db");
-        assert_eq!(mask_url("not a url"), "not a url");
     }
 }

@@ -80,7 +80,7 @@ pub fn init() -> anyhow::Result<bool> {
         .with_resource(
             opentelemetry_sdk::Resource::builder()
                 .with_service_name(service)
-                .with_attribute(KeyValue::new("service.version", crate::metrics::VERSION))
+                .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
                 .build(),
         )
         .build();

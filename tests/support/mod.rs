@@ -136,14 +136,14 @@ pub fn keystone_mode(sim: &SimHandle, opts: AppOptions) -> AppOptions {
 }
 
 pub fn init_logs() {
-    volume_reconciler::nova::client::install_crypto_provider();
+    volume_reconciler::tls::install_crypto_provider();
     let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into());
     volume_reconciler::telemetry::init(volume_reconciler::telemetry::LogFormat::Human, &filter);
 }
 
 pub async fn spawn_app(opts: AppOptions) -> TestApp {
     init_logs();
-    volume_reconciler::nova::client::install_crypto_provider();
+    volume_reconciler::tls::install_crypto_provider();
     let (sim, sim_handle, nova_url) = match opts.nova_url {
         _ if opts.keystone => (Sim::new(SimConfig::default()), None, None),
         Some(url) => (Sim::new(SimConfig::default()), None, Some(url)),

@@ -32,7 +32,7 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 pub async fn run(args: AdapterBenchArgs) -> anyhow::Result<()> {
-    crate::nova::client::install_crypto_provider();
+    crate::tls::install_crypto_provider();
     let sim = crate::sim::start("127.0.0.1:0".parse()?, crate::sim::SimConfig::default()).await?;
     let server = Uuid::new_v4();
     for _ in 0..ATTACHMENTS {

@@ -158,7 +158,7 @@ impl Worker {
 
 /// Runs the load and prints its summary.
 pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
-    crate::nova::client::install_crypto_provider();
+    crate::tls::install_crypto_provider();
     let conns = args
         .connections
         .unwrap_or(args.concurrency.div_ceil(200))

@@ -15,7 +15,7 @@ use crate::store::{CreateOutcome, NewOperation, Store};
 const PER_SERVER: usize = 10;
 
 pub async fn run(args: ReconcileBenchArgs) -> anyhow::Result<()> {
-    crate::nova::client::install_crypto_provider();
+    crate::tls::install_crypto_provider();
     let store = crate::store::open(&args.database_url, 16).await?;
     let seed_started = Instant::now();
     seed(store.as_ref(), &args).await?;

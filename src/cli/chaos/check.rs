@@ -13,7 +13,8 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::dbfaults::DbOutage;
-use super::play::{Answer, Outcome, Played, Recorded, Windows};
+use super::play::{Answer, Outcome, Played, Recorded};
+use super::windows::{Windows, decision_bound, dur, ms};
 use crate::domain::{Action, Operation, Reason, Resolution, State, event};
 use crate::sim::{Cause, Change, Effect};
 
@@ -57,14 +58,6 @@ pub struct Kill {
 /// Clock readings of PostgreSQL and of the simulator come from the same
 /// machine, but a decision is stamped when its transaction began.
 const TOLERANCE_MS: i64 = 100;
-
-fn ms(n: i64) -> chrono::Duration {
-    chrono::Duration::milliseconds(n)
-}
-
-fn dur(d: std::time::Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or_default()
-}
 
 /// The attachment history of one (server, volume).
 struct Timeline<'a> {
@@ -129,45 +122,6 @@ fn deleted_after(effects: &[Effect], i: usize) -> bool {
 
 fn caused_by(e: &Effect, op: Uuid) -> bool {
     matches!(&e.cause, Cause::Request { request_id: Some(id) } if *id == own_request(op))
-}
-
-/// How long after a database outage the service may still need to catch
-/// up on what it held back: a round trip that went silent is given up at
-/// the statement bound, a decision's next try comes at most 5 s after the
-/// last (`executor::ledger`), a lease that lapsed meanwhile is taken over
-/// one lease later, and a reconciler pass or two.
-pub fn db_recovery(w: Windows) -> chrono::Duration {
-    dur(w.db_round_trip + w.lease) + ms(5_000 + 2_000)
-}
-
-/// However many database outages an operation meets, it is decided (or
-/// escalated) at most this long past its deadline, settle window and
-/// slack.
-pub const DB_BOUND_CAP: std::time::Duration = std::time::Duration::from_secs(120);
-
-/// The latest instant an operation may be decided (or escalated): its
-/// deadline, the settle window and the slack; or, when `outages` it met
-/// (one that lasted into its life and began before that bound) ended
-/// later, `db_recovery` after the last of them ended — an operation of a
-/// database that is away is decided once the database is back, no sooner,
-/// but not any time after either; and never past `DB_BOUND_CAP` beyond
-/// the first bound.
-pub fn decision_bound(op: &Operation, w: Windows, outages: &[DbOutage]) -> DateTime<Utc> {
-    let now = Utc::now();
-    let base = op.deadline_at + dur(w.settle + w.slack);
-    let mut bound = base;
-    loop {
-        let back = outages
-            .iter()
-            .filter(|o| o.until(now) >= op.created_at && o.from <= bound)
-            .map(|o| o.until(now))
-            .max();
-        match back {
-            Some(back) if back + db_recovery(w) > bound => bound = back + db_recovery(w),
-            _ => break,
-        }
-    }
-    bound.min(base + dur(DB_BOUND_CAP))
 }
 
 /// A database-fault answer (`DATABASE_UNAVAILABLE`) is honest while a
@@ -503,7 +457,8 @@ impl Checker<'_> {
                 .filter(|o| {
                     o.hits(w)
                         && o.from <= done
-                        && o.until(Utc::now()) + self.windows.db_recovery() >= r.op.created_at
+                        && o.until(Utc::now()) + super::windows::db_recovery(self.windows)
+                            >= r.op.created_at
                 })
                 .map(|o| o.from)
                 .min()

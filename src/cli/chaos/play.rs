@@ -17,6 +17,7 @@ use uuid::Uuid;
 use super::cluster::{Cluster, OPERATOR, caller_name, token_of};
 use super::dbfaults::DbFaults;
 use super::history::{Call, Happening, History, KeyChoice};
+use super::windows::{Windows, decision_bound};
 use crate::domain::{Action, Operation, OperationEvent, State};
 use crate::grpc::pb;
 use crate::grpc::pb::volume_reconciler_client::VolumeReconcilerClient;
@@ -73,23 +74,6 @@ pub struct Played {
     pub open_at_end: usize,
     /// The run's database faults until the history was gathered.
     pub outages: Vec<super::dbfaults::DbOutage>,
-}
-
-/// The service's windows, for the waits and the checks.
-#[derive(Debug, Clone, Copy)]
-pub struct Windows {
-    pub settle: Duration,
-    pub verify_after: Duration,
-    pub verify_window: Duration,
-    /// Extra time an operation may take past its deadline and settle
-    /// window before it counts as stuck (takeover, backoff, passes).
-    pub slack: Duration,
-    /// The replicas' lease (`--lease`): a holder cut off from the database
-    /// loses its operations this long after its last renewal.
-    pub lease: Duration,
-    /// The replicas' bound of one database round trip
-    /// (`--db-statement-timeout`).
-    pub db_round_trip: Duration,
 }
 
 pub struct Context {
@@ -459,7 +443,7 @@ impl Context {
     /// Waits until every operation is decided (bounded by its deadline,
     /// the settle window and the slack, and past each database outage it
     /// met by the outage and the recovery from it: see
-    /// `check::decision_bound`), then until the last one's verification
+    /// `windows::decision_bound`), then until the last one's verification
     /// window has passed. Returns how many stayed open.
     async fn settle(&self, h: &History, intents_by: DateTime<Utc>) -> anyhow::Result<usize> {
         let w = self.windows;
@@ -474,9 +458,7 @@ impl Context {
                 .iter()
                 .filter(|o| !o.state.is_terminal() && o.escalated_at.is_none())
                 .collect();
-            let overdue = open
-                .iter()
-                .all(|o| super::check::decision_bound(o, w, &outages) < now);
+            let overdue = open.iter().all(|o| decision_bound(o, w, &outages) < now);
             // Read again until quiet: an intent held up by the database
             // may commit after its caller left (seed 11), and then the
             // operation is waited for like the others.

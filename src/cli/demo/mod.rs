@@ -371,7 +371,7 @@ async fn settle(store: &dyn Store, started: Instant, total: usize) -> anyhow::Re
 }
 
 pub async fn run(mut args: DemoArgs) -> anyhow::Result<()> {
-    crate::nova::client::install_crypto_provider();
+    crate::tls::install_crypto_provider();
     args.prepare();
     let total = args.volumes * 2;
     let setup = setup(&args).await?;

@@ -2,6 +2,8 @@
 //! timeline), reconcile, watch and resolve, over gRPC with the client
 //! options of [`ClientArgs`](crate::cli::client_args::ClientArgs). Plain
 //! tables for people, `--output json` for scripts.
+//!
+//! - `render`: how an operation is shown, as tables, text or JSON.
 
 mod render;
 

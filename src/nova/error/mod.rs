@@ -367,6 +367,22 @@ impl Exchange<'_> {
     }
 }
 
+/// The whole chain of an error's causes, `a: b: c` (NUL-free: it goes into
+/// ledger rows).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let next = c.to_string();
+        if !s.contains(&next) {
+            s.push_str(": ");
+            s.push_str(&next);
+        }
+        cur = c.source();
+    }
+    clean_text(&s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,7 +39,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::conns::{Bounds, Conns, Observer};
+use super::bounds::Bounds;
+use super::conns::{Conns, Observer};
 use super::statements::{self, Append};
 use crate::domain::Operation;
 use crate::store::{DbFailure, NewOperation, RoundTrip, StoreError, Transition, rows};

@@ -17,7 +17,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::conns::{Bounds, Observer};
+use super::bounds::Bounds;
+use super::conns::Observer;
 use super::statements::NOTIFY_CHANNEL;
 use crate::store::RoundTrip;
 

@@ -5,11 +5,21 @@
 //! checked queries tested against a real database, LISTEN/NOTIFY as the
 //! wake-up hint for watchers (`listen`).
 //!
+//! - `batch`: group commit by a few writer tasks.
+//! - `statements`: the group commit's statements and their binding.
+//! - `conns`: the store's own connections, every round trip bounded.
+//! - `bounds`: how long a round trip may take, and both ends' TCP bounds.
+//! - [`sockets`]: keepalive and the user timeout on this process's sockets.
+//! - `listen`: LISTEN/NOTIFY to the store's subscribers.
+//! - `retention`: pruning, one round at a time across replicas.
+//! - `wait`: waiting for PostgreSQL at start.
+//!
 //! Why it is long: it is one `Store` trait implementation, method by method,
 //! each method a statement and its row mapping; the statements themselves,
 //! the batch writer and the connections are already in files of their own.
 
 mod batch;
+mod bounds;
 mod conns;
 mod listen;
 mod retention;
@@ -17,7 +27,7 @@ pub mod sockets;
 mod statements;
 mod wait;
 
-pub use conns::Bounds;
+pub use bounds::Bounds;
 pub use statements::{pgbench_script, writer_statements};
 
 use std::str::FromStr;

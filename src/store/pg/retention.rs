@@ -21,7 +21,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::conns::{Bounds, Conns, Observer};
+use super::bounds::Bounds;
+use super::conns::{Conns, Observer};
 use crate::store::{PruneCounts, PruneParams, PruneRound, RoundTrip, StoreError};
 
 /// The round's session ends on the server once idle this long (its client

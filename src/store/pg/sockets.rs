@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 
 use sqlx::postgres::PgConnectOptions;
 
-use super::conns::{Bounds, KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL};
+use super::bounds::{Bounds, KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, user_timeout};
 
 /// Sets keepalive and the user timeout on every TCP socket of this process
 /// connected to the server `options` names (none for a Unix socket).
@@ -42,7 +42,7 @@ pub(super) async fn tune(options: &PgConnectOptions, bounds: Bounds) {
             }
         },
     };
-    let user_timeout = super::conns::user_timeout(bounds);
+    let user_timeout = user_timeout(bounds);
     for fd in own_sockets() {
         if peer(fd).is_some_and(|p| peers.contains(&p)) {
             set_options(fd, user_timeout);

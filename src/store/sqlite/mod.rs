@@ -11,6 +11,10 @@
 //! PostgreSQL store reads them (`rows`); only the storage of ids (text),
 //! timestamps (microseconds) and JSON (text) differs.
 //!
+//! - `write`: the statements inside its transactions.
+//! - `lock`: one process per database file.
+//! - `retention`: pruning in one transaction per batch.
+//!
 //! Why it is long: it is one `Store` trait implementation, method by method,
 //! as in the PostgreSQL store; the transactions' statements are in `write`.
 

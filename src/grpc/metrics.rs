@@ -21,32 +21,7 @@ use prost::Message as _;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use super::Metrics;
-
-/// The canonical name of a gRPC status code, as the gRPC specification
-/// spells it (and every other implementation labels it).
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+use crate::metrics::Metrics;
 
 /// What an answer without `grpc-status` means, by its HTTP status (the
 /// gRPC specification's "HTTP to gRPC status code mapping").
@@ -275,31 +250,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_code_has_its_canonical_name() {
-        for (n, name) in [
-            (0, "OK"),
-            (1, "CANCELLED"),
-            (2, "UNKNOWN"),
-            (3, "INVALID_ARGUMENT"),
-            (4, "DEADLINE_EXCEEDED"),
-            (5, "NOT_FOUND"),
-            (6, "ALREADY_EXISTS"),
-            (7, "PERMISSION_DENIED"),
-            (8, "RESOURCE_EXHAUSTED"),
-            (9, "FAILED_PRECONDITION"),
-            (10, "ABORTED"),
-            (11, "OUT_OF_RANGE"),
-            (12, "UNIMPLEMENTED"),
-            (13, "INTERNAL"),
-            (14, "UNAVAILABLE"),
-            (15, "DATA_LOSS"),
-            (16, "UNAUTHENTICATED"),
-        ] {
-            assert_eq!(code_name(tonic::Code::from_i32(n)), name);
-        }
-    }
 
     #[test]
     fn only_registered_methods_become_labels() {

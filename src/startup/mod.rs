@@ -6,21 +6,24 @@
 //! keep serving for `--shutdown-delay`; then stop accepting and drain
 //! HTTP/2 with the two-phase GOAWAY; wait for in-flight RPCs up to
 //! `--drain-timeout`; hand unfinished operations to the other replicas'
-//! reconcilers; close the database pool last.
+//! reconcilers; close the database pool last. `run_until` calls the stages
+//! in that order, undoing the build in reverse.
 //!
-//! Why it is long: building the server and its staged shutdown belong
-//! together (the shutdown undoes the build in reverse), and the admin
-//! endpoints and Nova's start-up checks are the small rest.
+//! - `shutdown`: the staged shutdown's steps, and the signals that start it.
+//! - `admin`: the admin listener: `/healthz`, `/readyz`, `/metrics`.
+//! - `nova_checks`: Nova's version document read at start, and read again
+//!   until Nova answers when it could not be at start.
+
+mod admin;
+mod nova_checks;
+mod shutdown;
+
+pub use shutdown::shutdown_signal;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -28,12 +31,16 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ServeArgs;
 use crate::executor::Executor;
 use crate::grpc::deadline::DeadlineLayer;
+use crate::grpc::metrics::GrpcMetricsLayer;
 use crate::grpc::pb::volume_reconciler_server::VolumeReconcilerServer;
 use crate::grpc::{Api, pb};
-use crate::metrics::{GrpcMetricsLayer, Metrics, StageLabels};
-use crate::nova::{Microversion, NovaClient};
+use crate::metrics::Metrics;
+use crate::nova::NovaClient;
 use crate::reconciler::Reconciler;
 use crate::store::Store;
+use admin::{AdminState, serve_admin};
+use nova_checks::{check_nova, recheck_nova};
+use shutdown::{GrpcServer, Stages};
 
 /// Every service the gRPC port serves: the metrics layer takes its method
 /// labels from them (any other path is labelled `unknown`).
@@ -57,17 +64,6 @@ pub struct Application {
     ready: Arc<AtomicBool>,
     /// Stops background work started by `build` (Nova's version re-check).
     background: CancellationToken,
-}
-
-#[derive(Clone)]
-struct AdminState {
-    store: Arc<dyn Store>,
-    /// The operation leases this replica holds (a gauge).
-    exec: Arc<Executor>,
-    metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
-    /// The verification stages (for their backlog gauge).
-    verification: [(u8, Duration); 2],
 }
 
 impl Application {
@@ -352,221 +348,6 @@ async fn joined(task: tokio::task::JoinHandle<()>, what: &str) {
     }
 }
 
-/// Reads Nova's version document at start (`--nova-discovery-timeout`):
-/// logs the range it supports, and speaks `--nova-microversion` only if it
-/// lies in it (`latest`: its maximum). `Ok(false)`: Nova or Keystone could
-/// not be reached, which is a warning (and `nova_reachable` 0), not a
-/// failure — unless the microversion is `latest`, which needs the
-/// document.
-async fn check_nova(nova: &mut NovaClient, cfg: &ServeArgs) -> anyhow::Result<bool> {
-    let wanted = cfg.nova_microversion;
-    let deadline = Instant::now() + cfg.nova_discovery_timeout;
-    match nova.discover(deadline).await {
-        Ok((url, range)) => {
-            nova.adopt(range).map_err(|e| {
-                anyhow::anyhow!("--nova-microversion: {e} (its version document: {url})")
-            })?;
-            tracing::info!(
-                url = %url,
-                supported = %range,
-                using = %nova.microversion(),
-                "Nova's microversions"
-            );
-            Ok(true)
-        }
-        Err(e) if wanted == Microversion::Latest => anyhow::bail!(
-            "--nova-microversion latest needs Nova's version document at start, and it could not be read: {e}"
-        ),
-        Err(e) if e.status.is_some() => {
-            tracing::warn!(
-                error = %e,
-                microversion = %wanted,
-                "Nova answered, but not with a version document: --nova-microversion is not checked"
-            );
-            Ok(true)
-        }
-        Err(e) if e.kind == crate::nova::NovaErrorKind::AuthFailed => {
-            tracing::warn!(
-                error = %e,
-                "no Keystone token at start; serving anyway: requests fail with KEYSTONE_AUTH_FAILED until Keystone answers"
-            );
-            Ok(false)
-        }
-        Err(e) => {
-            tracing::warn!(
-                error = %e,
-                "Nova is unreachable at start; serving anyway: requests fail with NOVA_UNREACHABLE until it answers"
-            );
-            Ok(false)
-        }
-    }
-}
-
-/// After an unreachable start: fetches Nova's version document again,
-/// backing off to 30 s, until Nova answers; then says whether the
-/// configured microversion is one it supports (it is too late to refuse
-/// to start: the answer is an error in the log).
-async fn recheck_nova(
-    nova: Arc<NovaClient>,
-    wanted: Microversion,
-    timeout: Duration,
-    stop: CancellationToken,
-) {
-    use backon::BackoffBuilder as _;
-    let mut pauses = backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_secs(1))
-        .with_max_delay(Duration::from_secs(30))
-        .with_jitter()
-        .without_max_times()
-        .build();
-    loop {
-        let pause = pauses.next().unwrap_or(Duration::from_secs(30));
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
-        }
-        let found = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = nova.discover(Instant::now() + timeout) => r,
-        };
-        match found {
-            Ok((url, range)) => {
-                match range.choose(wanted) {
-                    Ok(_) => {
-                        tracing::info!(url = %url, supported = %range, using = %nova.microversion(), "Nova answers; its microversions")
-                    }
-                    Err(e) => tracing::error!(
-                        url = %url,
-                        "--nova-microversion: {e}: Nova refuses every request (406) until the setting is changed and the service restarted"
-                    ),
-                }
-                return;
-            }
-            Err(e) if e.status.is_some() => return,
-            Err(e) => tracing::debug!(error = %e, "Nova's version document: still unreachable"),
-        }
-    }
-}
-
-type GrpcServer = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
-
-/// The staged shutdown's steps (see the module's comment).
-struct Stages<'a> {
-    cfg: &'a ServeArgs,
-    exec: &'a Arc<Executor>,
-    ready: &'a AtomicBool,
-    health: &'a tonic_health::server::HealthReporter,
-}
-
-impl Stages<'_> {
-    /// Phase 1: not ready, but still serving while load balancers notice.
-    async fn not_ready(&self, server_ended_early: bool) {
-        self.ready.store(false, Ordering::SeqCst);
-        self.health
-            .set_not_serving::<VolumeReconcilerServer<Api>>()
-            .await;
-        self.health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
-        tracing::info!(
-            phase = "not_ready",
-            running_operations = self.exec.running(),
-            delay_ms = self.cfg.shutdown_delay.as_millis() as u64,
-            "shutdown: reporting NOT_SERVING; still serving while load balancers notice"
-        );
-        if !server_ended_early {
-            tokio::time::sleep(self.cfg.shutdown_delay).await;
-        }
-    }
-
-    /// Phase 2: stop accepting; GOAWAY; wait for in-flight RPCs.
-    async fn drain(
-        &self,
-        drain: CancellationToken,
-        mut server: GrpcServer,
-        drain_deadline: Instant,
-        server_ended_early: bool,
-    ) {
-        tracing::info!(
-            phase = "drain",
-            running_operations = self.exec.running(),
-            timeout_ms = self.cfg.drain_timeout.as_millis() as u64,
-            "shutdown: closing the listener and draining connections (GOAWAY)"
-        );
-        drain.cancel();
-        if server_ended_early {
-            return;
-        }
-        match tokio::time::timeout_at(drain_deadline, &mut server).await {
-            Ok(Ok(Ok(()))) => tracing::info!(phase = "drained", "shutdown: all connections closed"),
-            Ok(Ok(Err(e))) => {
-                tracing::warn!(error = %e, "shutdown: the gRPC server ended with an error")
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "shutdown: the gRPC server task failed"),
-            Err(_) => {
-                tracing::warn!(
-                    phase = "drain_timeout",
-                    running_operations = self.exec.running(),
-                    "shutdown: drain timeout; closing the remaining connections"
-                );
-                server.abort();
-            }
-        }
-    }
-
-    /// Phase 3: operation tasks get what is left of the drain budget; the
-    /// leases of those still running go to the other replicas.
-    async fn hand_over(&self, store: &Arc<dyn Store>, drain_deadline: Instant) {
-        let idle = self
-            .exec
-            .wait_idle(drain_deadline.max(Instant::now() + Duration::from_millis(10)))
-            .await;
-        // Leases of operations whose task still runs here stay this
-        // replica's until the process ends (they lapse one lease later):
-        // released now, another replica could take one over while its
-        // task here may still send a request.
-        let running = self.exec.held();
-        let handed = match store
-            .operation_release_leases(&self.exec.replica, &running)
-            .await
-        {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(error = %e, "shutdown: could not release leases; they expire by themselves");
-                0
-            }
-        };
-        tracing::info!(
-            phase = "handover",
-            operations_unfinished = self.exec.running(),
-            leases_released = handed,
-            all_tasks_done = idle,
-            "shutdown: unfinished operations handed to the other replicas' reconcilers"
-        );
-    }
-}
-
-/// The admin listener: /healthz, /readyz, /metrics, until `stop`.
-fn serve_admin(
-    listener: TcpListener,
-    state: AdminState,
-    stop: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    let admin = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(state);
-    tokio::spawn(async move {
-        let r = axum::serve(listener, admin)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = r {
-            tracing::error!(error = %e, "admin listener failed");
-        }
-    })
-}
-
 /// The gRPC server chain, with the deadline layer outermost of ours,
 /// serving `listener` (through TLS when on) until `drain`.
 fn spawn_grpc(
@@ -624,7 +405,7 @@ fn spawn_grpc(
             },
             metrics.clone(),
         ))
-        .layer(crate::grpc::overload::MessageLimitLayer {
+        .layer(crate::grpc::message_limit::MessageLimitLayer {
             limit: cfg.max_message_bytes,
         })
         .add_service(health_svc)
@@ -659,146 +440,6 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
-/// How long readiness waits for the database: within a probe's usual
-/// timeout (Kubernetes' default is 1 s, the kit's 3 s).
-const READY_DB_CHECK: Duration = Duration::from_secs(2);
-
-/// `/readyz`: 200 when serving and the database answers; else 503 with
-/// what is wrong (draining; the database's error, or its silence).
-async fn readyz(State(st): State<AdminState>) -> (StatusCode, String) {
-    if !st.ready.load(Ordering::SeqCst) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into());
-    }
-    match tokio::time::timeout(READY_DB_CHECK, st.store.ping()).await {
-        Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "readiness: database check failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("database unreachable: {e}\n"),
-            )
-        }
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "database did not answer within {} ms (its connections may have gone silent; they are being replaced)\n",
-                READY_DB_CHECK.as_millis()
-            ),
-        ),
-    }
-}
-
-async fn metrics_text(
-    State(st): State<AdminState>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let database_ok = match st.store.operation_open_by_state().await {
-        Ok(counts) => {
-            st.metrics.set_open_operations(&counts);
-            let unknown: i64 = counts
-                .iter()
-                .filter(|c| c.state == crate::domain::State::Unknown.as_str())
-                .map(|c| c.count)
-                .sum();
-            let age = if unknown == 0 {
-                Ok(0.0)
-            } else {
-                oldest_unknown_age(st.store.as_ref()).await
-            };
-            match age {
-                Ok(secs) => {
-                    st.metrics.oldest_unknown_age.set(secs);
-                }
-                Err(e) => {
-                    // NaN, not a stale value: an alert on it stays quiet
-                    // rather than firing on (or hiding behind) old data.
-                    tracing::warn!(error = %e, "metrics: could not read the UNKNOWN operations");
-                    st.metrics.oldest_unknown_age.set(f64::NAN);
-                }
-            }
-            true
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics: could not count the open operations");
-            false
-        }
-    };
-    if database_ok {
-        retention_age(&st).await;
-        verification_backlog(&st).await;
-    }
-    st.metrics.set_saturation(st.store.saturation());
-    st.metrics.leases_held.set(st.exec.held().len() as i64);
-    st.metrics
-        .ready
-        .set(i64::from(st.ready.load(Ordering::SeqCst) && database_ok));
-    (
-        StatusCode::OK,
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        st.metrics.render(),
-    )
-}
-
-/// Sets the age of the oldest decided operation (0: none), on the
-/// database's clock; NaN when it cannot be read (an alert on it stays
-/// quiet rather than firing on stale data).
-async fn retention_age(st: &AdminState) {
-    let read = async {
-        let oldest = st.store.retention_oldest_decided().await?;
-        let now = st.store.now().await?;
-        Ok::<_, crate::store::StoreError>(
-            oldest.map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
-        )
-    };
-    match read.await {
-        Ok(age) => st.metrics.retention_oldest_decided_age.set(age),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics: could not read the oldest decision");
-            st.metrics.retention_oldest_decided_age.set(f64::NAN)
-        }
-    };
-}
-
-/// Sets, per verification stage, how long its oldest due decision has
-/// waited past its due time (0: up to date), on the database's clock; NaN
-/// when it cannot be read.
-async fn verification_backlog(st: &AdminState) {
-    for (stage, delay) in st.verification {
-        let read = async {
-            let Some(decided) = st.store.verification_backlog(stage, delay).await? else {
-                return Ok(0.0);
-            };
-            let now = st.store.now().await?;
-            let due = decided + chrono::Duration::from_std(delay).unwrap_or_default();
-            Ok::<_, crate::store::StoreError>((now - due).num_milliseconds().max(0) as f64 / 1000.0)
-        };
-        let name = if stage == 0 { "first" } else { "last" };
-        let secs = match read.await {
-            Ok(secs) => secs,
-            Err(e) => {
-                tracing::warn!(error = %e, stage = name, "metrics: could not read the verification backlog");
-                f64::NAN
-            }
-        };
-        // The family's guard is not held across an await.
-        st.metrics
-            .verification_backlog
-            .get_or_create(&StageLabels { stage: name.into() })
-            .set(secs);
-    }
-}
-
-/// Seconds since Nova was last asked about the oldest UNKNOWN operation
-/// (since it was recorded, if it never was).
-async fn oldest_unknown_age(store: &dyn Store) -> Result<f64, crate::store::StoreError> {
-    Ok(match store.oldest_unknown_since().await? {
-        Some(since) => (chrono::Utc::now() - since).num_milliseconds().max(0) as f64 / 1000.0,
-        None => 0.0,
-    })
-}
-
 /// Accepted plaintext gRPC connections, each with Nagle's algorithm off.
 /// tonic's `tcp_nodelay(true)` applies only to listeners tonic binds itself;
 /// on a socket accepted here with Nagle on, a client that does not piggyback
@@ -815,26 +456,4 @@ fn plain_incoming(
             }
         })
     })
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = term => tracing::info!("SIGTERM received"),
-        r = tokio::signal::ctrl_c() => match r {
-            Ok(()) => tracing::info!("SIGINT received"),
-            Err(e) => { tracing::error!(error = %e, "cannot listen for SIGINT"); std::future::pending::<()>().await }
-        },
-    }
 }

@@ -1,0 +1,192 @@
+//! The admin listener, beside the gRPC port: `/healthz` (always 200: it
+//! never waits on the database), `/readyz` (serving and the database
+//! answering), and `/metrics`, whose scrape first sets the gauges read from
+//! the ledger and the store (open operations, the oldest UNKNOWN, retention
+//! and verification ages, saturation, leases held).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::executor::Executor;
+use crate::metrics::{Metrics, StageLabels};
+use crate::store::Store;
+
+#[derive(Clone)]
+pub(super) struct AdminState {
+    pub(super) store: Arc<dyn Store>,
+    /// The operation leases this replica holds (a gauge).
+    pub(super) exec: Arc<Executor>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) ready: Arc<AtomicBool>,
+    /// The verification stages (for their backlog gauge).
+    pub(super) verification: [(u8, Duration); 2],
+}
+
+/// The admin listener: /healthz, /readyz, /metrics, until `stop`.
+pub(super) fn serve_admin(
+    listener: TcpListener,
+    state: AdminState,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let admin = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(state);
+    tokio::spawn(async move {
+        let r = axum::serve(listener, admin)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "admin listener failed");
+        }
+    })
+}
+
+/// How long readiness waits for the database: within a probe's usual
+/// timeout (Kubernetes' default is 1 s, the kit's 3 s).
+const READY_DB_CHECK: Duration = Duration::from_secs(2);
+
+/// `/readyz`: 200 when serving and the database answers; else 503 with
+/// what is wrong (draining; the database's error, or its silence).
+async fn readyz(State(st): State<AdminState>) -> (StatusCode, String) {
+    if !st.ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into());
+    }
+    match tokio::time::timeout(READY_DB_CHECK, st.store.ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness: database check failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("database unreachable: {e}\n"),
+            )
+        }
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "database did not answer within {} ms (its connections may have gone silent; they are being replaced)\n",
+                READY_DB_CHECK.as_millis()
+            ),
+        ),
+    }
+}
+
+async fn metrics_text(
+    State(st): State<AdminState>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let database_ok = match st.store.operation_open_by_state().await {
+        Ok(counts) => {
+            st.metrics.set_open_operations(&counts);
+            let unknown: i64 = counts
+                .iter()
+                .filter(|c| c.state == crate::domain::State::Unknown.as_str())
+                .map(|c| c.count)
+                .sum();
+            let age = if unknown == 0 {
+                Ok(0.0)
+            } else {
+                oldest_unknown_age(st.store.as_ref()).await
+            };
+            match age {
+                Ok(secs) => {
+                    st.metrics.oldest_unknown_age.set(secs);
+                }
+                Err(e) => {
+                    // NaN, not a stale value: an alert on it stays quiet
+                    // rather than firing on (or hiding behind) old data.
+                    tracing::warn!(error = %e, "metrics: could not read the UNKNOWN operations");
+                    st.metrics.oldest_unknown_age.set(f64::NAN);
+                }
+            }
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: could not count the open operations");
+            false
+        }
+    };
+    if database_ok {
+        retention_age(&st).await;
+        verification_backlog(&st).await;
+    }
+    st.metrics.set_saturation(st.store.saturation());
+    st.metrics.leases_held.set(st.exec.held().len() as i64);
+    st.metrics
+        .ready
+        .set(i64::from(st.ready.load(Ordering::SeqCst) && database_ok));
+    (
+        StatusCode::OK,
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        st.metrics.render(),
+    )
+}
+
+/// Sets the age of the oldest decided operation (0: none), on the
+/// database's clock; NaN when it cannot be read (an alert on it stays
+/// quiet rather than firing on stale data).
+async fn retention_age(st: &AdminState) {
+    let read = async {
+        let oldest = st.store.retention_oldest_decided().await?;
+        let now = st.store.now().await?;
+        Ok::<_, crate::store::StoreError>(
+            oldest.map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
+        )
+    };
+    match read.await {
+        Ok(age) => st.metrics.retention_oldest_decided_age.set(age),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: could not read the oldest decision");
+            st.metrics.retention_oldest_decided_age.set(f64::NAN)
+        }
+    };
+}
+
+/// Sets, per verification stage, how long its oldest due decision has
+/// waited past its due time (0: up to date), on the database's clock; NaN
+/// when it cannot be read.
+async fn verification_backlog(st: &AdminState) {
+    for (stage, delay) in st.verification {
+        let read = async {
+            let Some(decided) = st.store.verification_backlog(stage, delay).await? else {
+                return Ok(0.0);
+            };
+            let now = st.store.now().await?;
+            let due = decided + chrono::Duration::from_std(delay).unwrap_or_default();
+            Ok::<_, crate::store::StoreError>((now - due).num_milliseconds().max(0) as f64 / 1000.0)
+        };
+        let name = if stage == 0 { "first" } else { "last" };
+        let secs = match read.await {
+            Ok(secs) => secs,
+            Err(e) => {
+                tracing::warn!(error = %e, stage = name, "metrics: could not read the verification backlog");
+                f64::NAN
+            }
+        };
+        // The family's guard is not held across an await.
+        st.metrics
+            .verification_backlog
+            .get_or_create(&StageLabels { stage: name.into() })
+            .set(secs);
+    }
+}
+
+/// Seconds since Nova was last asked about the oldest UNKNOWN operation
+/// (since it was recorded, if it never was).
+async fn oldest_unknown_age(store: &dyn Store) -> Result<f64, crate::store::StoreError> {
+    Ok(match store.oldest_unknown_since().await? {
+        Some(since) => (chrono::Utc::now() - since).num_milliseconds().max(0) as f64 / 1000.0,
+        None => 0.0,
+    })
+}
