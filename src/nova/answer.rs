@@ -29,11 +29,11 @@
 use tokio::time::Instant;
 use uuid::Uuid;
 
-pub(crate) use super::error::Exchange;
 use super::error::fault::{
     body_excerpt, classify_refusal, keystone_refusal, nova_fault, parse_fault,
 };
 use super::error::{NovaError, NovaErrorKind, Rejection, Stage};
+pub(crate) use super::http::Exchange;
 #[cfg(test)]
 use super::http::RawResponse;
 use super::types::{AttachmentEnvelope, AttachmentList, NovaAttachment, ServerEnvelope};

@@ -22,7 +22,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::error::fault::parse_fault;
-use super::error::{CinderError, CinderErrorKind, Exchange, Stage};
+use super::error::{CinderError, CinderErrorKind, Stage};
+use super::http::Exchange;
 use super::http::RequestId;
 use super::http::{Failure, FailureKind, Service};
 

@@ -598,3 +598,36 @@ impl Call {
         Err(f)
     }
 }
+
+/// One answer that came whole, and the context every error made of it
+/// carries. What an answer means is each client's to say (`answer.rs` for
+/// Nova's, `cinder.rs` for Cinder's).
+pub(crate) struct Exchange<'a> {
+    pub method: &'static str,
+    pub url: String,
+    pub raw: &'a RawResponse,
+    pub started: Instant,
+    pub deadline: Instant,
+}
+
+impl Exchange<'_> {
+    /// An error of `kind` made of this answer: the service answered, so
+    /// the request reached it (a refusal that proves otherwise says so).
+    pub fn error<K>(&self, kind: K, stage: Stage, cause: String) -> UpstreamError<K> {
+        UpstreamError {
+            kind,
+            stage,
+            method: self.method,
+            url: self.url.clone(),
+            status: Some(self.raw.status),
+            request_id: self.raw.request_id.clone(),
+            fault: None,
+            message: None,
+            elapsed: self.started.elapsed(),
+            budget: self.deadline.saturating_duration_since(self.started),
+            may_have_reached: true,
+            // A cause may quote the body.
+            cause: super::error::fault::clean_text(&cause),
+        }
+    }
+}
