@@ -1,4 +1,5 @@
-//! The deadline layer, the outermost in the server chain built by `startup` but for the metrics layer (which counts what it answers):
+//! The deadline layer, outermost in the server chain built by `startup`
+//! but for the metrics layer (which counts what it answers too):
 //! parses the caller's `grpc-timeout`, applies the server default only when
 //! the caller sent none, hands the handler a `Deadline`, and answers
 //! `DEADLINE_EXCEEDED` itself a margin before the deadline (tonic's own
