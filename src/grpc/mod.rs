@@ -48,7 +48,7 @@ use crate::executor::{ExecError, Executor, OpRequest};
 use crate::metrics::Metrics;
 use crate::reconciler::Reconciler;
 use crate::store::{OperationFilter, StoreError};
-use request::{Scope, caller_of, deadline_of, inflight_of, trace_of};
+use request::{Mutation, Scope, caller_of, deadline_of};
 
 pub mod pb {
     #![allow(clippy::all, clippy::pedantic)]
@@ -182,11 +182,7 @@ impl VolumeReconciler for Api {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        let deadline = deadline_of(&request);
-        let caller = caller_of(&request);
-        let scope = Scope::of(&request);
-        let trace = trace_of(&request);
-        let inflight = inflight_of(&request);
+        let m = Mutation::of(&request);
         let r = request.into_inner();
         let parsed = (|| {
             let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
@@ -204,12 +200,12 @@ impl VolumeReconciler for Api {
                     tag: tag.map(|t| t.as_str().to_string()),
                     delete_on_termination: r.delete_on_termination,
                 },
-                caller,
-                trace,
-                inflight,
+                caller: m.caller,
+                trace: m.trace,
+                inflight: m.inflight,
             })
         })();
-        self.mutate("AttachVolume", parsed, scope, deadline)
+        self.mutate("AttachVolume", parsed, m.scope, m.deadline)
     }
 
     fn detach_volume<'life0, 'async_trait>(
@@ -220,11 +216,7 @@ impl VolumeReconciler for Api {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        let deadline = deadline_of(&request);
-        let caller = caller_of(&request);
-        let scope = Scope::of(&request);
-        let trace = trace_of(&request);
-        let inflight = inflight_of(&request);
+        let m = Mutation::of(&request);
         let r = request.into_inner();
         let parsed = (|| {
             let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
@@ -234,12 +226,12 @@ impl VolumeReconciler for Api {
                 server_id: op_id("server_id", &r.server_id)?,
                 volume_id: op_id("volume_id", &r.volume_id)?,
                 params: RequestParams::default(),
-                caller,
-                trace,
-                inflight,
+                caller: m.caller,
+                trace: m.trace,
+                inflight: m.inflight,
             })
         })();
-        self.mutate("DetachVolume", parsed, scope, deadline)
+        self.mutate("DetachVolume", parsed, m.scope, m.deadline)
     }
 
     async fn get_operation(

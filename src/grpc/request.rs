@@ -107,3 +107,26 @@ impl Scope {
         }
     }
 }
+
+/// What a mutating call reads of its request besides the message: its
+/// deadline, caller, scope, trace and in-flight place, read before the
+/// message is taken out of it.
+pub(super) struct Mutation {
+    pub deadline: Deadline,
+    pub caller: Option<String>,
+    pub scope: Scope,
+    pub trace: TraceContext,
+    pub inflight: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Mutation {
+    pub(super) fn of<T>(req: &Request<T>) -> Self {
+        Self {
+            deadline: deadline_of(req),
+            caller: caller_of(req),
+            scope: Scope::of(req),
+            trace: trace_of(req),
+            inflight: inflight_of(req),
+        }
+    }
+}

@@ -360,20 +360,10 @@ pub(super) async fn list_p(
     Path(_project): Path<String>,
     h: HeaderMap,
 ) -> Response<Body> {
-    let mv = match admit(&st, &h) {
-        Ok(mv) => mv,
-        Err(r) => return r,
-    };
-    let items: Vec<_> = st
-        .sim
-        .cinder_volumes()
-        .iter()
-        .map(|v| {
-            serde_json::json!({"id": v.id.to_string(), "name": v.name,
-                "links": links(&st.base_url, v.id)})
-        })
-        .collect();
-    respond(200, Some(serde_json::json!({"volumes": items})), Some(mv))
+    volumes(&st, &h, |v, _| {
+        serde_json::json!({"id": v.id.to_string(), "name": v.name,
+            "links": links(&st.base_url, v.id)})
+    })
 }
 
 /// `GET /v3/{project}/volumes/detail`.
@@ -382,17 +372,7 @@ pub(super) async fn detail_p(
     Path(_project): Path<String>,
     h: HeaderMap,
 ) -> Response<Body> {
-    let mv = match admit(&st, &h) {
-        Ok(mv) => mv,
-        Err(r) => return r,
-    };
-    let items: Vec<_> = st
-        .sim
-        .cinder_volumes()
-        .iter()
-        .map(|v| volume_view(v, mv, &st.base_url))
-        .collect();
-    respond(200, Some(serde_json::json!({"volumes": items})), Some(mv))
+    volumes(&st, &h, |v, mv| volume_view(v, mv, &st.base_url))
 }
 
 #[derive(serde::Deserialize)]
@@ -509,4 +489,24 @@ pub(super) async fn force_status(
         }
         Err(_) => StatusCode::BAD_REQUEST,
     }
+}
+
+/// A listing of every volume, each as `view` renders it at the request's
+/// microversion.
+fn volumes(
+    st: &AppState,
+    h: &HeaderMap,
+    view: impl Fn(&CinderVolume, (u32, u32)) -> serde_json::Value,
+) -> Response<Body> {
+    let mv = match admit(st, h) {
+        Ok(mv) => mv,
+        Err(r) => return r,
+    };
+    let items: Vec<_> = st
+        .sim
+        .cinder_volumes()
+        .iter()
+        .map(|v| view(v, mv))
+        .collect();
+    respond(200, Some(serde_json::json!({"volumes": items})), Some(mv))
 }

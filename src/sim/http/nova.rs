@@ -278,17 +278,10 @@ pub(super) async fn detach(
     Path((server, volume)): Path<(String, String)>,
     h: HeaderMap,
 ) -> Response<Body> {
-    let mv = microversion(&h);
-    let (server, volume) = match (
-        parse_id("server", &server, mv),
-        parse_id("volume", &volume, mv),
-    ) {
-        (Ok(s), Ok(v)) => (s, v),
-        (Err(r), _) | (_, Err(r)) => return r,
+    let (mv, server, volume) = match admit_pair(&st, &h, &server, &volume) {
+        Ok(admitted) => admitted,
+        Err(r) => return r,
     };
-    if !st.sim.token_ok(token_of(&h)) {
-        return unauthorized();
-    }
     let m = Mutation {
         op: FaultOp::Detach,
         server,
@@ -528,19 +521,32 @@ pub(super) async fn show(
     Path((server, volume)): Path<(String, String)>,
     h: HeaderMap,
 ) -> Response<Body> {
-    let mv = microversion(&h);
-    let (server, volume) = match (
-        parse_id("server", &server, mv),
-        parse_id("volume", &volume, mv),
-    ) {
-        (Ok(s), Ok(v)) => (s, v),
-        (Err(r), _) | (_, Err(r)) => return r,
+    let (mv, server, volume) = match admit_pair(&st, &h, &server, &volume) {
+        Ok(admitted) => admitted,
+        Err(r) => return r,
     };
-    if !st.sim.token_ok(token_of(&h)) {
-        return unauthorized();
-    }
     let (_, local) = request_ids(&h);
     let fault = st.sim.take_fault(FaultOp::Show, Some(server), Some(volume));
     let resp = render(st.sim.show(server, volume, mv), mv);
     with_request_id(after_effect(fault, resp, mv).await, &local)
+}
+
+/// The microversion and the two ids of a request on
+/// `/servers/{server}/os-volume_attachments/{volume}`, once they parse and
+/// its token is good (the ids are judged before the token).
+// The error is the answer itself; handlers return it as is.
+#[allow(clippy::result_large_err)]
+fn admit_pair(
+    st: &AppState,
+    h: &HeaderMap,
+    server: &str,
+    volume: &str,
+) -> Result<((u32, u32), Uuid, Uuid), Response<Body>> {
+    let mv = microversion(h);
+    let server = parse_id("server", server, mv)?;
+    let volume = parse_id("volume", volume, mv)?;
+    if !st.sim.token_ok(token_of(h)) {
+        return Err(unauthorized());
+    }
+    Ok((mv, server, volume))
 }

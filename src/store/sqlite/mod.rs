@@ -710,11 +710,8 @@ impl Store for SqliteStore {
         .fetch_one(&self.pool)
         .await
         .map_err(db("reading the oldest decision"))?;
-        us.map(|us| {
-            DateTime::from_timestamp_micros(us)
-                .ok_or_else(|| corrupt("operations", format!("completed_at {us} µs")))
-        })
-        .transpose()
+        us.map(|us| instant_of(us, "operations", "completed_at"))
+            .transpose()
     }
 
     async fn operation_key_expired(
@@ -728,11 +725,8 @@ impl Store for SqliteStore {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db("reading a key's tombstone"))?;
-        us.map(|us| {
-            DateTime::from_timestamp_micros(us)
-                .ok_or_else(|| corrupt("idempotency_tombstones", format!("pruned_at {us} µs")))
-        })
-        .transpose()
+        us.map(|us| instant_of(us, "idempotency_tombstones", "pruned_at"))
+            .transpose()
     }
 
     async fn close(&self) {
@@ -740,4 +734,10 @@ impl Store for SqliteStore {
         // Dropping the file releases the lock: another process may start.
         drop(self.lock.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
+}
+
+/// A stored instant (µs since the epoch) of `table`'s `column`; one out of
+/// range is a corrupt row, named.
+fn instant_of(us: i64, table: &str, column: &str) -> Result<DateTime<chrono::Utc>, StoreError> {
+    DateTime::from_timestamp_micros(us).ok_or_else(|| corrupt(table, format!("{column} {us} µs")))
 }
