@@ -114,33 +114,7 @@ fn start_cluster() -> Result<String, String> {
         std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
             .map_err(|e| format!("chown {}: {e}", dir.display()))?;
     }
-    let mut initdb = Command::new(bin.join("initdb"));
-    initdb
-        .args(["-D"])
-        .arg(&data)
-        .args([
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-N",
-            "-E",
-            "UTF8",
-            "--locale=C",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    if let Some((uid, gid)) = ids {
-        initdb.uid(uid).gid(gid);
-    }
-    let out = initdb
-        .output()
-        .map_err(|e| format!("running initdb from {}: {e}", bin.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    volume_reconciler::cli::chaos::postgres::initdb(&bin, &data, ids).map_err(|e| e.to_string())?;
     let port = free_port();
     let spec = Spec {
         bin,

@@ -166,32 +166,7 @@ impl OwnPostgres {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid))?;
         }
         let data = dir.join("data");
-        let mut initdb = Command::new(bin.join("initdb"));
-        initdb
-            .arg("-D")
-            .arg(&data)
-            .args([
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-N",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        if let Some((uid, gid)) = ids {
-            initdb.uid(uid).gid(gid);
-        }
-        let out = initdb
-            .output()
-            .map_err(|e| anyhow::anyhow!("running initdb from {}: {e}", bin.display()))?;
-        anyhow::ensure!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        initdb(&bin, &data, ids)?;
         let port = free_port()?;
         let log = dir.join("server.log");
         let (ctl, rx) = mpsc::channel::<Cmd>();
@@ -423,4 +398,38 @@ fn spawn(
         });
     }
     cmd.spawn().map_err(|e| format!("spawning postgres: {e}"))
+}
+
+/// A new cluster in `data` (initdb: superuser `postgres`, trust, UTF-8, C
+/// locale, no fsync of its own files), made as the user and group `ids`
+/// when given (initdb refuses root). The test support makes its clusters
+/// with it too.
+pub fn initdb(bin: &Path, data: &Path, ids: Option<(u32, u32)>) -> anyhow::Result<()> {
+    let mut initdb = Command::new(bin.join("initdb"));
+    initdb
+        .arg("-D")
+        .arg(data)
+        .args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-N",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Some((uid, gid)) = ids {
+        initdb.uid(uid).gid(gid);
+    }
+    let out = initdb
+        .output()
+        .map_err(|e| anyhow::anyhow!("running initdb from {}: {e}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "initdb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
