@@ -52,46 +52,9 @@ fn find_bin_dir() -> Result<PathBuf, String> {
     )
 }
 
-fn postgres_ids() -> Result<(u32, u32), String> {
-    let id = |flag: &str| -> Result<u32, String> {
-        let out = Command::new("id")
-            .args([flag, "postgres"])
-            .output()
-            .map_err(|e| format!("running `id {flag} postgres`: {e}"))?;
-        if !out.status.success() {
-            return Err("running as root, and there is no `postgres` user to run the test cluster as \
-                        (initdb refuses root). Install PostgreSQL from Debian's packages, which creates it."
-                .into());
-        }
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .map_err(|e| format!("parsing the postgres uid: {e}"))
-    };
-    Ok((id("-u")?, id("-g")?))
-}
-
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local addr").port()
-}
-
-/// Removes clusters left by earlier test processes that are gone.
-fn sweep_old(base: &Path) {
-    let Ok(entries) = std::fs::read_dir(base) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if let Some(pid) = name
-            .strip_prefix("vr-pg-")
-            .and_then(|r| r.split('-').next())
-            && !Path::new(&format!("/proc/{pid}")).exists()
-        {
-            // Best effort: a leftover directory only costs disk space.
-            drop(std::fs::remove_dir_all(e.path()));
-        }
-    }
 }
 
 fn start_cluster() -> Result<String, String> {
@@ -100,9 +63,13 @@ fn start_cluster() -> Result<String, String> {
     }
     let bin = find_bin_dir()?;
     let root = unsafe { libc::getuid() } == 0;
-    let ids = if root { Some(postgres_ids()?) } else { None };
+    let ids = if root {
+        Some(volume_reconciler::cli::chaos::postgres::postgres_ids().map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     let base = std::env::temp_dir();
-    sweep_old(&base);
+    volume_reconciler::cli::chaos::postgres::sweep_old(&base, "vr-pg-");
     let dir = base.join(format!(
         "vr-pg-{}-{}",
         std::process::id(),

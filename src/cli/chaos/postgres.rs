@@ -109,7 +109,9 @@ pub fn find_bin_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 /// The `postgres` user's uid and gid (the server's, when chaos is root).
-fn postgres_ids() -> anyhow::Result<(u32, u32)> {
+/// The uid and gid of the `postgres` user, to run PostgreSQL as when this
+/// process is root (initdb refuses root).
+pub fn postgres_ids() -> anyhow::Result<(u32, u32)> {
     let id = |flag: &str| -> anyhow::Result<u32> {
         let out = Command::new("id").args([flag, "postgres"]).output()?;
         anyhow::ensure!(
@@ -127,17 +129,16 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
-/// Removes the folders of earlier chaos runs whose process is gone (one
-/// killed outright leaves its folder behind).
-fn sweep_old(base: &Path) {
+/// Removes the folders under `base` named `{prefix}{pid}-…` whose process
+/// is gone (one killed outright leaves its folder behind): the chaos
+/// runs' and the test support's.
+pub fn sweep_old(base: &Path, prefix: &str) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if let Some(pid) = name
-            .strip_prefix("vr-chaos-pg-")
-            .and_then(|r| r.split('-').next())
+        if let Some(pid) = name.strip_prefix(prefix).and_then(|r| r.split('-').next())
             && !Path::new(&format!("/proc/{pid}")).exists()
             && let Err(err) = std::fs::remove_dir_all(e.path())
         {
@@ -155,7 +156,7 @@ impl OwnPostgres {
         let root = unsafe { libc::getuid() } == 0;
         let ids = if root { Some(postgres_ids()?) } else { None };
         let base = std::env::temp_dir();
-        sweep_old(&base);
+        sweep_old(&base, "vr-chaos-pg-");
         let dir = base.join(format!(
             "vr-chaos-pg-{}-{}",
             std::process::id(),
