@@ -1103,6 +1103,79 @@ async fn the_oldest_unknown_operation_is_found(store: Arc<dyn Store>) {
     assert!(next > since, "{next} after {since}");
 }
 
+/// A burst of intents written together (one batch on PostgreSQL) where
+/// some rows conflict: replays of a recorded key, a second operation on a
+/// busy volume, the same new key twice. Each conflicting row is answered
+/// for itself (its existing operation, or the busy volume) and every other
+/// row of the burst is recorded (PostgreSQL writes a batch without `ON
+/// CONFLICT` first and, on a unique violation, again with it).
+async fn a_burst_of_intents_with_conflicts_records_every_other_row(store: Arc<dyn Store>) {
+    let busy = Uuid::new_v4();
+    let recorded = create(
+        store.as_ref(),
+        new_op("burst-recorded", busy, State::InProgress),
+    )
+    .await;
+    let mut news = Vec::new();
+    for i in 0..30 {
+        news.push((
+            format!("fresh-{i}"),
+            new_op(&format!("burst-{i}"), Uuid::new_v4(), State::InProgress),
+        ));
+        if i % 10 == 0 {
+            news.push((
+                "replay".into(),
+                new_op("burst-recorded", busy, State::InProgress),
+            ));
+            news.push((
+                "busy".into(),
+                new_op(&format!("burst-busy-{i}"), busy, State::InProgress),
+            ));
+        }
+    }
+    let twice = Uuid::new_v4();
+    news.push((
+        "twice".into(),
+        new_op("burst-twice", twice, State::InProgress),
+    ));
+    news.push((
+        "twice".into(),
+        new_op("burst-twice", twice, State::InProgress),
+    ));
+    let writes = news.into_iter().map(|(what, new)| {
+        let store = store.clone();
+        async move { (what, store.operation_create(new, soon()).await) }
+    });
+    let mut twice_ids = Vec::new();
+    for (what, outcome) in futures_util::future::join_all(writes).await {
+        match (what.as_str(), outcome) {
+            (w, Ok(CreateOutcome::Created(_))) if w.starts_with("fresh-") => {}
+            ("replay", Ok(CreateOutcome::Existing(e))) => assert_eq!(e.id, recorded.id),
+            ("busy", Err(StoreError::VolumeBusy { operation_id, .. })) => {
+                assert_eq!(operation_id, recorded.id)
+            }
+            ("twice", Ok(CreateOutcome::Created(op) | CreateOutcome::Existing(op))) => {
+                twice_ids.push(op.id)
+            }
+            (what, other) => panic!("{what}: {other:?}"),
+        }
+    }
+    assert_eq!(twice_ids.len(), 2);
+    assert_eq!(
+        twice_ids[0], twice_ids[1],
+        "a key written twice at once is one operation"
+    );
+    let page = store
+        .operation_list(&OperationFilter::default(), None, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        page.operations.len(),
+        1 + 30 + 1,
+        "every row that did not conflict, once"
+    );
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -1132,6 +1205,7 @@ conformance!(
     a_write_made_twice_applies_once,
     state_counts_follow_every_change,
     the_oldest_unknown_operation_is_found,
+    a_burst_of_intents_with_conflicts_records_every_other_row,
 );
 
 #[tokio::test]

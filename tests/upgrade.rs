@@ -1,5 +1,6 @@
-//! A rolling upgrade across the ledger's expand step (migration
-//! `20261207000001_ledger_at_the_naives_price`), as the previous release
+//! A rolling upgrade across the ledger's expand steps (migrations
+//! `20261207000001_ledger_at_the_naives_price` and
+//! `20261208000001_intent_binds_its_key_hash`), as the previous release
 //! would meet it: its hot statements, exactly as it sent them (its own
 //! `volume-reconciler bench pgbench-script`, kept in
 //! `tests/upgrade/previous_release_attach.sql`: the intent with its
@@ -171,6 +172,30 @@ async fn the_previous_release_keeps_working_while_the_new_one_serves_on_the_expa
     };
     admin.run(&open("open-1")).await;
     admin.run(&open("open-2")).await;
+
+    // The new release binds its key's hash (the database computes it only
+    // for rows inserted without it): the previous release replaying a key
+    // the new one recorded inserts nothing either.
+    let mine = new_release_attach(&store, "tenant-a", "key-of-the-new-release").await;
+    admin
+        .run(
+            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
+                 volume_id, request, attempts, deadline_at, caller)
+             VALUES (gen_random_uuid(), 'key-of-the-new-release', 'f', 'attach', 'pending',
+                 gen_random_uuid(), gen_random_uuid(), '{}', 0, now(), 'tenant-a')
+             ON CONFLICT DO NOTHING",
+        )
+        .await;
+    assert_eq!(
+        admin
+            .number(
+                "SELECT count(*) FROM operations
+                 WHERE idempotency_key = 'key-of-the-new-release' AND caller = 'tenant-a'"
+            )
+            .await,
+        1,
+        "a key the new release recorded is one operation whoever replays it ({mine})"
+    );
     assert_eq!(
         admin
             .number(
@@ -189,7 +214,8 @@ async fn the_previous_release_keeps_working_while_the_new_one_serves_on_the_expa
             )
             .await,
         0,
-        "the generated key hash is the tombstones' hash, for rows of either release"
+        "the key hash (bound by the new release, computed by the database for the \
+         previous one's rows) is the tombstones' hash, for rows of either release"
     );
     drop(store);
 
@@ -206,6 +232,42 @@ async fn the_previous_release_keeps_working_while_the_new_one_serves_on_the_expa
         again.operation_get(ids[9]).await.expect("read").is_some(),
         "this release still serves after a later one migrated"
     );
+}
+
+/// The new release records an attach of `caller` under `key` through its
+/// own store (its intent statement, the hash bound); the operation's id.
+async fn new_release_attach(store: &PgStore, caller: &str, key: &str) -> uuid::Uuid {
+    use std::time::Duration;
+    use volume_reconciler::domain::{Action, NewEvent, RequestParams, request_fingerprint};
+    use volume_reconciler::store::{CreateOutcome, NewOperation};
+    let (server, volume) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let params = RequestParams::default();
+    let new = NewOperation {
+        id: uuid::Uuid::now_v7(),
+        idempotency_key: key.into(),
+        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        action: Action::Attach,
+        server_id: server,
+        volume_id: volume,
+        params,
+        state: State::Pending,
+        attempts: 0,
+        deadline_in: Duration::from_secs(60),
+        lease_owner: "new-release".into(),
+        lease_for: Duration::from_secs(60),
+        caller: Some(caller.into()),
+        trace: None,
+        replica: "new-release".into(),
+        events: vec![NewEvent::new("recorded", "by the new release")],
+    };
+    match store
+        .operation_create(new, tokio::time::Instant::now() + Duration::from_secs(30))
+        .await
+        .expect("the new release records")
+    {
+        CreateOutcome::Created(op) => op.id,
+        CreateOutcome::Existing(op) => panic!("a fresh key joined {op:?}"),
+    }
 }
 
 /// A migration that landed is never edited, not even a comment: a database

@@ -500,7 +500,10 @@ async fn run_statements(
 ) -> Result<Vec<Written>, StoreError> {
     let mut created = HashMap::new();
     if !split.creates.is_empty() {
-        let rows = statements::creates(&split.creates).run(conn).await?;
+        // Lean when the batch is one autocommit statement (see
+        // `run_creates`).
+        let lean = split.one_statement();
+        let rows = statements::run_creates(conn, &split.creates, lean).await?;
         created = inserted(&split.creates, &rows)?;
     }
     // The operations the appends found (and held while logging).

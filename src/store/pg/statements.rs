@@ -39,13 +39,26 @@ pub(in crate::store) struct Append {
 /// The intent writes no log row: its `recorded` event lives in the row
 /// (`intent`, with what the columns do not say), and only events beyond it
 /// (Cinder's word before sending) get a log row, under the operation's id
-/// as its write id. The key's hash (`$16`) is computed by the service for
-/// the tombstone probe; the row's own (`key_hash`, the per-caller key's
-/// uniqueness) by the database, the same bytes. Returns what the database
-/// assigned: the caller has the rest. Not notified: nobody can be waiting
-/// on an operation whose id has not been handed out yet.
-static CREATE_MANY: LazyLock<String> = LazyLock::new(|| create_sql(false));
-static CREATE_ONE: LazyLock<String> = LazyLock::new(|| create_sql(true));
+/// as its write id. The key's hash (`$16`, the per-caller key's
+/// uniqueness and the tombstone probe) is computed by the service and
+/// bound (the database computes it only for writers that leave it out,
+/// the previous release). Returns what the database assigned: the caller
+/// has the rest. Not notified: nobody can be waiting on an operation whose
+/// id has not been handed out yet.
+///
+/// Written first without `ON CONFLICT` (`CREATE_*_LEAN`): a conflicting
+/// row then fails the statement (unique violation) and is learnt from the
+/// error, instead of every insert paying for speculative insertion (a
+/// probe of each unique index before the insert, and a WAL record to
+/// confirm it): with the bound hash, 126 µs less PostgreSQL CPU per
+/// operation at one caller (BENCHMARKS.md "The lean intent"). A batch of
+/// one that failed so skipped its row; a batch of several is written
+/// again with `ON CONFLICT DO NOTHING` (`CREATE_MANY`), which skips only
+/// the rows that conflict: a conflict costs its batch one round trip more.
+static CREATE_MANY: LazyLock<String> = LazyLock::new(|| create_sql(false, true));
+static CREATE_ONE: LazyLock<String> = LazyLock::new(|| create_sql(true, true));
+static CREATE_MANY_LEAN: LazyLock<String> = LazyLock::new(|| create_sql(false, false));
+static CREATE_ONE_LEAN: LazyLock<String> = LazyLock::new(|| create_sql(true, false));
 
 /// An intent row's parameters, in order: name and type.
 const INTENT_COLUMNS: [(&str, &str); 18] = [
@@ -136,21 +149,20 @@ fn parameter_types(columns: &[(&str, &str)], one: bool) -> String {
         .join(", ")
 }
 
-fn create_sql(one: bool) -> String {
+fn create_sql(one: bool, guarded: bool) -> String {
     format!(
         "WITH u AS {inline}(SELECT * FROM {rows}),
      ins AS (
         INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller,
-            trace_parent, trace_state, intent)
+            trace_parent, trace_state, intent, key_hash)
         SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
             now() + u.deadline_ms * interval '1 millisecond', CASE WHEN u.attempts > 0 THEN now() END,
             u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller, u.trace_parent,
-            u.trace_state, u.intent
+            u.trace_state, u.intent, u.key_hash
         FROM u
         WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t WHERE t.key_hash = u.key_hash)
-        ON CONFLICT DO NOTHING
-        RETURNING {INTENDED_COLUMNS}
+        {conflict}RETURNING {INTENDED_COLUMNS}
      ), lg AS (
         INSERT INTO operation_log (operation_id, write_id, at, replica, events)
         SELECT u.id, u.id, clock_timestamp(), u.lease_owner, u.events
@@ -161,6 +173,7 @@ fn create_sql(one: bool) -> String {
         // One row: inlined, so both uses read the plain parameters (a CTE
         // used twice is otherwise materialized).
         inline = if one { "NOT MATERIALIZED " } else { "" },
+        conflict = if guarded { "ON CONFLICT DO NOTHING\n        " } else { "" },
         rows = rows_from(&INTENT_COLUMNS, one),
     )
 }
@@ -373,9 +386,43 @@ impl Batch {
     }
 }
 
-/// The intents of a batch.
-pub(super) fn creates(news: &[&NewOperation]) -> Batch {
-    let q = Cols::new(CREATE_MANY.as_str(), CREATE_ONE.as_str(), news)
+/// Writes the intents of a batch; the rows it inserted. `lean` (the batch
+/// is one autocommit statement, so a failed statement leaves nothing
+/// behind): without `ON CONFLICT`, and a unique violation (some row
+/// conflicts: its key replayed, its volume busy, or its own id, a re-run
+/// whose first run committed) skips the row of a batch of one, or writes a
+/// batch of several again guarded, skipping only the rows that conflict.
+/// Inside a transaction (an error would abort it), guarded at once.
+pub(super) async fn run_creates(
+    conn: &mut PgConnection,
+    news: &[&NewOperation],
+    lean: bool,
+) -> Result<Vec<PgRow>, StoreError> {
+    if !lean {
+        return creates(news, true).run(conn).await;
+    }
+    match creates(news, false).q.fetch_all(&mut *conn).await {
+        Ok(rows) => Ok(rows),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+            if news.len() == 1 {
+                Ok(Vec::new())
+            } else {
+                creates(news, true).run(conn).await
+            }
+        }
+        Err(e) => Err(StoreError::db("writing to the ledger")(e)),
+    }
+}
+
+/// The intents of a batch, `guarded` (`ON CONFLICT DO NOTHING`: batches of
+/// several rows only) or lean.
+fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
+    let (many, one) = if guarded {
+        (CREATE_MANY.as_str(), CREATE_ONE.as_str())
+    } else {
+        (CREATE_MANY_LEAN.as_str(), CREATE_ONE_LEAN.as_str())
+    };
+    let q = Cols::new(many, one, news)
         .bind(|n| n.id)
         .bind(|n| n.idempotency_key.clone())
         .bind(|n| n.fingerprint.clone())
@@ -448,7 +495,7 @@ pub(super) fn transitions(ts: &[&Transition]) -> Batch {
 /// The writers' statements as they prepare them, for plan tests: name,
 /// parameter types (as `PREPARE` takes them) and text; for batches of
 /// several rows (arrays), then of one (plain parameters, `rows_from`).
-pub fn writer_statements() -> [(&'static str, String, String); 4] {
+pub fn writer_statements() -> [(&'static str, String, String); 6] {
     [
         (
             "decide",
@@ -469,6 +516,16 @@ pub fn writer_statements() -> [(&'static str, String, String); 4] {
             "intend_one",
             parameter_types(&INTENT_COLUMNS, true),
             CREATE_ONE.clone(),
+        ),
+        (
+            "intend_lean",
+            parameter_types(&INTENT_COLUMNS, false),
+            CREATE_MANY_LEAN.clone(),
+        ),
+        (
+            "intend_one_lean",
+            parameter_types(&INTENT_COLUMNS, true),
+            CREATE_ONE_LEAN.clone(),
         ),
     ]
 }
@@ -502,7 +559,7 @@ fn substitute(sql: &str, values: &[&str]) -> String {
 /// operation's values in place of the parameters. `scripts/bench` runs it as the database's ceiling.
 pub fn pgbench_script() -> String {
     let create = substitute(
-        &CREATE_ONE,
+        &CREATE_ONE_LEAN,
         &[
             "__OPID__",
             "'pgbench-' || :n || '-' || random()",
