@@ -15,11 +15,10 @@ use tokio::time::Instant;
 use tonic::Code;
 use tonic_types::StatusExt as _;
 use uuid::Uuid;
-use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
+use volume_reconciler::domain::State;
 use volume_reconciler::grpc::pb;
 use volume_reconciler::grpc::pb::volume_reconciler_client::VolumeReconcilerClient;
 use volume_reconciler::sim::{self, Fault, FaultOp, FaultRule, SimConfig};
-use volume_reconciler::store::{CreateOutcome, NewOperation};
 
 async fn scrape(app: &TestApp) -> String {
     reqwest::get(format!("{}/metrics", app.admin_url))
@@ -81,35 +80,8 @@ fn assert_shed(e: &tonic::Status, reason: &str, flag: &str, limit: &str) {
 /// An open operation recorded as a crashed replica would have left it
 /// (nothing drives it here: the reconciler is off).
 async fn seed_pending(app: &TestApp, key: &str) -> Uuid {
-    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
-    let params = RequestParams::default();
-    let new = NewOperation {
-        id: Uuid::now_v7(),
-        idempotency_key: key.into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
-        action: Action::Attach,
-        server_id: server,
-        volume_id: volume,
-        params,
-        state: State::Pending,
-        attempts: 0,
-        deadline_in: Duration::from_secs(600),
-        lease_owner: "crashed".into(),
-        lease_for: Duration::ZERO,
-        caller: None,
-        trace: None,
-        replica: "crashed".into(),
-        events: vec![NewEvent::new("recorded", "seeded by the test")],
-    };
-    match app
-        .store
-        .operation_create(new, Instant::now() + Duration::from_secs(30))
-        .await
-        .unwrap()
-    {
-        CreateOutcome::Created(op) => op.id,
-        CreateOutcome::Existing(_) => unreachable!("a fresh key"),
-    }
+    let new = support::pending_attach(key, "crashed", Duration::ZERO, Duration::from_secs(600));
+    support::record_new(app.store.as_ref(), new).await
 }
 
 #[tokio::test]

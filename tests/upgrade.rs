@@ -238,36 +238,16 @@ async fn the_previous_release_keeps_working_while_the_new_one_serves_on_the_expa
 /// own store (its intent statement, the hash bound); the operation's id.
 async fn new_release_attach(store: &PgStore, caller: &str, key: &str) -> uuid::Uuid {
     use std::time::Duration;
-    use volume_reconciler::domain::{Action, NewEvent, RequestParams, request_fingerprint};
-    use volume_reconciler::store::{CreateOutcome, NewOperation};
-    let (server, volume) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
-    let params = RequestParams::default();
-    let new = NewOperation {
-        id: uuid::Uuid::now_v7(),
-        idempotency_key: key.into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
-        action: Action::Attach,
-        server_id: server,
-        volume_id: volume,
-        params,
-        state: State::Pending,
-        attempts: 0,
-        deadline_in: Duration::from_secs(60),
-        lease_owner: "new-release".into(),
-        lease_for: Duration::from_secs(60),
+    let new = volume_reconciler::store::NewOperation {
         caller: Some(caller.into()),
-        trace: None,
-        replica: "new-release".into(),
-        events: vec![NewEvent::new("recorded", "by the new release")],
+        ..support::pending_attach(
+            key,
+            "new-release",
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        )
     };
-    match store
-        .operation_create(new, tokio::time::Instant::now() + Duration::from_secs(30))
-        .await
-        .expect("the new release records")
-    {
-        CreateOutcome::Created(op) => op.id,
-        CreateOutcome::Existing(op) => panic!("a fresh key joined {op:?}"),
-    }
+    support::record_new(store, new).await
 }
 
 /// A migration that landed is never edited, not even a comment: a database

@@ -318,3 +318,52 @@ pub fn refusing_port() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
     let addr = socket.local_addr().expect("its address");
     (socket, addr)
 }
+
+/// A `pending` attach of `key` on a fresh server and volume, recorded by
+/// replica `by` (its lease `lease_for` long, no attempt made, the caller's
+/// deadline `deadline_in` away). Tests change the rest with struct update
+/// syntax.
+pub fn pending_attach(
+    key: &str,
+    by: &str,
+    lease_for: Duration,
+    deadline_in: Duration,
+) -> volume_reconciler::store::NewOperation {
+    use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
+    let (server, volume) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let params = RequestParams::default();
+    volume_reconciler::store::NewOperation {
+        id: uuid::Uuid::now_v7(),
+        idempotency_key: key.into(),
+        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        action: Action::Attach,
+        server_id: server,
+        volume_id: volume,
+        params,
+        state: State::Pending,
+        attempts: 0,
+        deadline_in,
+        lease_owner: by.into(),
+        lease_for,
+        caller: None,
+        trace: None,
+        replica: by.into(),
+        events: vec![NewEvent::new("recorded", "seeded by the test")],
+    }
+}
+
+/// Records `new` in `store`, whose key must be fresh; its id.
+pub async fn record_new(
+    store: &dyn volume_reconciler::store::Store,
+    new: volume_reconciler::store::NewOperation,
+) -> uuid::Uuid {
+    use volume_reconciler::store::CreateOutcome;
+    match store
+        .operation_create(new, tokio::time::Instant::now() + Duration::from_secs(30))
+        .await
+        .expect("the intent is recorded")
+    {
+        CreateOutcome::Created(op) => op.id,
+        CreateOutcome::Existing(op) => panic!("a fresh key joined {op:?}"),
+    }
+}
