@@ -18,6 +18,9 @@
 mod connect;
 mod diagnose;
 
+/// The canonical name of a gRPC code (`INVALID_ARGUMENT`): one table,
+/// shared with the metrics' labels.
+pub use crate::metrics::code_name;
 pub use connect::{ClientTls, ConnectOptions};
 pub use diagnose::transport_hint;
 
@@ -62,18 +65,6 @@ impl std::fmt::Display for CallError {
         }
         write!(f, ")")
     }
-}
-
-/// The canonical name of a gRPC code (`INVALID_ARGUMENT`).
-pub fn code_name(code: Code) -> String {
-    let mut out = String::new();
-    for (i, c) in format!("{code:?}").chars().enumerate() {
-        if c.is_ascii_uppercase() && i > 0 {
-            out.push('_');
-        }
-        out.push(c.to_ascii_uppercase());
-    }
-    out
 }
 
 impl std::error::Error for CallError {}
@@ -423,7 +414,7 @@ impl Client {
                 if let Some(st) = stats {
                     let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
                     st.retries += 1;
-                    *st.by_code.entry(code_name(s.code())).or_default() += 1;
+                    *st.by_code.entry(code_name(s.code()).to_string()).or_default() += 1;
                 }
                 tracing::debug!(code = ?s.code(), message = s.message(), retries = n, pause_ms = pause.as_millis() as u64, "transport failure; retrying with the same key");
             })

@@ -102,7 +102,7 @@ impl Worker {
                 Err(Failure::Refused(e)) => {
                     // Every call would be refused alike: stop them all.
                     *lock(&self.stats.errors)
-                        .entry(code_name(e.code))
+                        .entry(code_name(e.code).to_string())
                         .or_default() += 1;
                     lock(&self.stats.refused).get_or_insert(*e);
                     self.stop.store(true, Ordering::Relaxed);
@@ -132,7 +132,7 @@ impl Worker {
             tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
                 Failure::Refused(Box::new(e))
             }
-            code => Failure::Code(code_name(code)),
+            code => Failure::Code(code_name(code).to_string()),
         })
     }
 

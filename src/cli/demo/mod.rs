@@ -292,7 +292,7 @@ async fn call(
     };
     let code = match r {
         Ok(_) => "OK".to_string(),
-        Err(e) => crate::client::code_name(e.code),
+        Err(e) => crate::client::code_name(e.code).to_string(),
     };
     lock(&tally.latencies).push(t.elapsed());
     *lock(&tally.codes).entry(code).or_default() += 1;
