@@ -46,7 +46,9 @@ async fn lsn(admin: &mut support::pg::Admin) -> String {
 async fn an_attach_at_one_caller_costs_at_most_its_bound_of_wal() {
     let app = spawn_app(AppOptions::default().arg("--confirm-with", "nova-list")).await;
     let mut admin = support::pg::Admin::connect(&app.db_url).await;
-    admin.run("CREATE EXTENSION IF NOT EXISTS pg_walinspect").await;
+    admin
+        .run("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        .await;
     // Warm: connections open, statements prepared.
     for i in 0..20 {
         let (s, v) = ids();

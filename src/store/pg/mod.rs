@@ -172,17 +172,32 @@ const SETUP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Measured on a fresh database at 64 callers: 16–54 ms per decision batch.
 pub const WRITER_SETTINGS: &[(&str, &str)] = &[("enable_seqscan", "off")];
 
-/// The reconciler's claim runs under the writers' reason (`WRITER_SETTINGS`)
-/// on a read connection: its plan, made once per connection and generic,
-/// finds the open operations through their index whatever the statistics
-/// say. Until autovacuum first analyzes a fresh ledger, PostgreSQL does
-/// not know that the open operations are few, and plans a sequential scan
-/// and a sort (measured: 23 ms per claim at 100,000 operations, against
-/// 0.03 ms through `operations_open`); the reconciler claims at every
-/// round, and its rounds follow each other without a pause while the
-/// verifier has work. Three more statements per claim (a transaction),
-/// about once a second.
-const CLAIM_SETTINGS: &str = "SET LOCAL enable_seqscan = off";
+/// The reads of the open operations that run on their own, again and
+/// again (the reconciler's claim, at every round; the gauge of open work
+/// and the oldest UNKNOWN operation, at every scrape) run under the
+/// writers' reason (`WRITER_SETTINGS`) on a read connection: their plans,
+/// made once per connection and generic, find the open operations through
+/// their index whatever the statistics say. Until autovacuum first
+/// analyzes a fresh ledger, PostgreSQL does not know that the open
+/// operations are few, and plans a sequential scan (measured at 100,000
+/// operations: 23 ms per claim, 24 ms for the gauge, 18 ms for the oldest
+/// UNKNOWN, against 0.03–0.1 ms through `operations_open`). Three more
+/// statements each (a transaction): a claim about once a second, the two
+/// others once a scrape.
+const INDEX_PLANS: &str = "SET LOCAL enable_seqscan = off";
+
+/// Runs `q` in a transaction of its own under `INDEX_PLANS`.
+async fn fetch_all_by_index(
+    c: &mut PgConnection,
+    q: Query<'static>,
+) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
+    // Rolled back if dropped before the commit.
+    let mut tx = sqlx::Connection::begin(c).await?;
+    sqlx::query(INDEX_PLANS).execute(&mut *tx).await?;
+    let rows = q.fetch_all(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(rows)
+}
 
 /// What the store connects to, with how many connections, and the bounds
 /// of each round trip.
@@ -745,24 +760,9 @@ impl Store for PgStore {
         // Safe to run again: rows a lost first run claimed are this
         // replica's until their lease expires, then claimed anew.
         let rows = self
-            .reads
-            .run(
-                RoundTrip::Reconcile,
-                "claiming operations",
-                Repeat::Safe,
-                self.read_until(),
-                |c| {
-                    let q = q();
-                    Box::pin(async move {
-                        // Rolled back if dropped before the commit.
-                        let mut tx = sqlx::Connection::begin(c).await?;
-                        sqlx::query(CLAIM_SETTINGS).execute(&mut *tx).await?;
-                        let rows = q.fetch_all(&mut *tx).await?;
-                        tx.commit().await?;
-                        Ok(rows)
-                    })
-                },
-            )
+            .read(RoundTrip::Reconcile, "claiming operations", |c| {
+                Box::pin(fetch_all_by_index(c, q()))
+            })
             .await?;
         rows::operations(&rows)
     }
@@ -1036,7 +1036,8 @@ impl Store for PgStore {
     async fn operation_open_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
         let rows = self
             .read(RoundTrip::Scrape, "counting the open operations", |c| {
-                Box::pin(sqlx::query(sqlx::AssertSqlSafe(OPEN_BY_STATE.as_str())).fetch_all(c))
+                let q = sqlx::query(sqlx::AssertSqlSafe(OPEN_BY_STATE.as_str()));
+                Box::pin(fetch_all_by_index(c, q))
             })
             .await?;
         rows::counts(&rows)
@@ -1047,10 +1048,16 @@ impl Store for PgStore {
             RoundTrip::Scrape,
             "reading the oldest UNKNOWN operation",
             |c| {
-                Box::pin(
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(rows::OLDEST_UNKNOWN.as_str()))
-                        .fetch_one(c),
-                )
+                let q = sqlx::query(sqlx::AssertSqlSafe(rows::OLDEST_UNKNOWN.as_str()));
+                Box::pin(async move {
+                    let rows = fetch_all_by_index(c, q).await?;
+                    // An aggregate without GROUP BY: one row, NULL when
+                    // nothing is UNKNOWN.
+                    match rows.first() {
+                        Some(row) => sqlx::Row::try_get(row, 0),
+                        None => Ok(None),
+                    }
+                })
             },
         )
         .await
