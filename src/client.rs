@@ -212,7 +212,7 @@ fn client_deadline(message: &str) -> Status {
 #[derive(Debug, Default, Clone)]
 pub struct RetryStats {
     pub retries: u64,
-    pub by_code: HashMap<String, u64>,
+    pub by_code: HashMap<&'static str, u64>,
 }
 
 #[derive(Clone)]
@@ -414,7 +414,7 @@ impl Client {
                 if let Some(st) = stats {
                     let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
                     st.retries += 1;
-                    *st.by_code.entry(code_name(s.code()).to_string()).or_default() += 1;
+                    *st.by_code.entry(code_name(s.code())).or_default() += 1;
                 }
                 tracing::debug!(code = ?s.code(), message = s.message(), retries = n, pause_ms = pause.as_millis() as u64, "transport failure; retrying with the same key");
             })

@@ -169,7 +169,7 @@ impl Running {
 struct Tally {
     done: AtomicUsize,
     latencies: Mutex<Vec<Duration>>,
-    codes: Mutex<BTreeMap<String, usize>>,
+    codes: Mutex<BTreeMap<&'static str, usize>>,
 }
 
 fn ms(d: Duration) -> String {
@@ -291,8 +291,8 @@ async fn call(
         Action::Detach => client.detach(&key, &s, &v, deadline).await,
     };
     let code = match r {
-        Ok(_) => "OK".to_string(),
-        Err(e) => crate::client::code_name(e.code).to_string(),
+        Ok(_) => crate::client::code_name(tonic::Code::Ok),
+        Err(e) => crate::client::code_name(e.code),
     };
     lock(&tally.latencies).push(t.elapsed());
     *lock(&tally.codes).entry(code).or_default() += 1;
