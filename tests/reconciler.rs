@@ -24,18 +24,31 @@ async fn unknown_op(
     volume: Uuid,
     deadline_in: chrono::Duration,
 ) -> Uuid {
+    left_op(store, Action::Attach, State::Unknown, server, volume, deadline_in).await
+}
+
+/// Records an operation as a replica that stopped would have left it, in
+/// `state` (a request sent unless PENDING), its lease expired.
+async fn left_op(
+    store: &dyn Store,
+    action: Action,
+    state: State,
+    server: Uuid,
+    volume: Uuid,
+    deadline_in: chrono::Duration,
+) -> Uuid {
     let id = Uuid::now_v7();
     let params = RequestParams::default();
     let new = NewOperation {
         id,
         idempotency_key: format!("u-{id}"),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
-        action: Action::Attach,
+        fingerprint: request_fingerprint(action, server, volume, &params),
+        action,
         server_id: server,
         volume_id: volume,
         params,
-        state: State::Unknown,
-        attempts: 1,
+        state,
+        attempts: i32::from(state != State::Pending),
         deadline_in: deadline_in.to_std().unwrap_or_default(),
         lease_owner: "crashed".into(),
         lease_for: Duration::ZERO,
@@ -741,6 +754,56 @@ async fn reconcile_operation_runs_one_pass_now() {
             pb::Resolution::Reconciler as i32
         )
     );
+    app.stop().await;
+}
+
+/// A detach whose replica recorded the intent and stopped before sending
+/// (PENDING), of a volume that is not on its server (attached to another):
+/// the reconciler decides it SUCCEEDED, nothing sent, as the pre-check
+/// would have, also once its deadline has passed. It re-sent instead, and
+/// near or past the deadline failed a detach of a volume detached all
+/// along (chaos seeds 1577 and 1585: "detach FAILED, but the volume was
+/// detached all along").
+#[tokio::test]
+async fn a_detach_left_before_its_request_of_a_volume_not_on_the_server_succeeds_unsent() {
+    let app = spawn_app(AppOptions::default()).await;
+    let mut c = app.raw();
+    for deadline_in in [chrono::Duration::zero(), chrono::Duration::seconds(60)] {
+        let (s, elsewhere, v) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        app.sim.seed_attachment(elsewhere, v);
+        let id = left_op(
+            app.store.as_ref(),
+            Action::Detach,
+            State::Pending,
+            s,
+            v,
+            deadline_in,
+        )
+        .await;
+        let op = c
+            .reconcile_operation(pb::ReconcileOperationRequest {
+                operation_id: id.to_string(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (op.state, op.resolution),
+            (
+                pb::State::Succeeded as i32,
+                pb::Resolution::Reconciler as i32
+            ),
+            "deadline in {deadline_in}: {op:?}"
+        );
+        assert_eq!(app.sim.detach_requests(v), 0, "nothing was sent");
+        let events = app.store.operation_events(id).await.unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.kind == "resolved" && e.detail.contains("nothing to detach")),
+            "{events:?}"
+        );
+    }
     app.stop().await;
 }
 

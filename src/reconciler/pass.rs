@@ -87,11 +87,23 @@ impl Reconciler {
                     Err(_) => self.not_yet(run, db_now).await,
                 }
             }
-            (Action::Detach, None) if op.state != State::Pending => {
+            // Never sent too (PENDING: its replica recorded the intent and
+            // went silent before the request): the volume is not on the
+            // server, which is what the detach was asked for, as the
+            // executor's pre-check decides "nothing to detach". Cinder
+            // confirms it as for a sent one (an attachment on its way
+            // waits for a later pass). A re-send instead found no time
+            // left near the deadline and failed a detach of a volume
+            // detached all along (chaos seeds 1577 and 1585).
+            (Action::Detach, None) => {
                 let d = Decision::succeeded(
                     Resolution::Reconciler,
                     None,
-                    "volume observed detached by the reconciler",
+                    if op.state == State::Pending {
+                        "the volume is not on the server: nothing to detach; nothing sent"
+                    } else {
+                        "volume observed detached by the reconciler"
+                    },
                 );
                 self.confirm_then_decide(run, d, db_now).await
             }
