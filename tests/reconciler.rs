@@ -24,7 +24,15 @@ async fn unknown_op(
     volume: Uuid,
     deadline_in: chrono::Duration,
 ) -> Uuid {
-    left_op(store, Action::Attach, State::Unknown, server, volume, deadline_in).await
+    left_op(
+        store,
+        Action::Attach,
+        State::Unknown,
+        server,
+        volume,
+        deadline_in,
+    )
+    .await
 }
 
 /// Records an operation as a replica that stopped would have left it, in
