@@ -75,6 +75,20 @@ async fn left_op(
     }
 }
 
+/// One reconciler pass over operation `id` now (ReconcileOperation); the
+/// operation as it left it.
+async fn reconcile_now(
+    c: &mut pb::volume_reconciler_client::VolumeReconcilerClient<tonic::transport::Channel>,
+    id: Uuid,
+) -> pb::Operation {
+    c.reconcile_operation(pb::ReconcileOperationRequest {
+        operation_id: id.to_string(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
 fn replica_b(a: &TestApp, extra: &[(&str, &str)]) -> AppOptions {
     let mut o = AppOptions {
         db_url: Some(a.db_url.clone()),
@@ -729,13 +743,7 @@ async fn reconcile_operation_runs_one_pass_now() {
     let (s, v) = (Uuid::new_v4(), Uuid::new_v4());
     let id = unknown_op(app.store.as_ref(), s, v, chrono::Duration::seconds(60)).await;
     let mut c = app.raw();
-    let op = c
-        .reconcile_operation(pb::ReconcileOperationRequest {
-            operation_id: id.to_string(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let op = reconcile_now(&mut c, id).await;
     assert_eq!(
         op.state,
         pb::State::Unknown as i32,
@@ -748,13 +756,7 @@ async fn reconcile_operation_runs_one_pass_now() {
             .any(|e| e.kind == "retry_scheduled" && e.detail.contains("settle window"))
     );
     app.sim.seed_attachment(s, v);
-    let op = c
-        .reconcile_operation(pb::ReconcileOperationRequest {
-            operation_id: id.to_string(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let op = reconcile_now(&mut c, id).await;
     assert_eq!(
         (op.state, op.resolution),
         (
@@ -788,13 +790,7 @@ async fn a_detach_left_before_its_request_of_a_volume_not_on_the_server_succeeds
             deadline_in,
         )
         .await;
-        let op = c
-            .reconcile_operation(pb::ReconcileOperationRequest {
-                operation_id: id.to_string(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let op = reconcile_now(&mut c, id).await;
         assert_eq!(
             (op.state, op.resolution),
             (
