@@ -306,6 +306,71 @@ async fn a_long_watched_detach_logs_one_line_per_change_not_one_per_look() {
     app.stop().await;
 }
 
+/// Looks that fail the same way are one line too: a detach watched while
+/// Nova's list answers 503 a dozen times in a row counts them on one
+/// line (held in memory until the decision, and written with it), not
+/// one event per failed look; every failure is counted.
+#[tokio::test]
+async fn failed_looks_in_a_row_are_one_line_that_counts_them() {
+    let app = spawn_app(AppOptions {
+        sim: SimConfig {
+            record_history: true,
+            detach_delay_ms: 4000,
+            ..SimConfig::default()
+        },
+        ..AppOptions::default()
+    })
+    .await;
+    let (s, v) = ids();
+    app.sim.seed_attachment(s, v);
+    const FAILED: u32 = 12;
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::List,
+            Fault::Status {
+                code: 503,
+                effect: false,
+            },
+        )
+        .server(s)
+        .times(FAILED),
+    );
+    let op = app
+        .raw()
+        .detach_volume(with_timeout(detach("outage", s, v), secs(60.0)))
+        .await
+        .expect("the detach succeeds once Nova's list answers again")
+        .into_inner();
+    assert_eq!(op.state, pb::State::Succeeded as i32, "{op:?}");
+    let events = log(&app, id_of(&op)).await;
+    let failed: Vec<&OperationEvent> = events
+        .iter()
+        .filter(|e| e.kind == "observed" && e.detail.starts_with("observation failed"))
+        .collect();
+    assert_eq!(
+        failed.len(),
+        1,
+        "one line for the failures in a row: {events:#?}"
+    );
+    let counted: u64 = failed[0]
+        .metadata
+        .get("times")
+        .map_or(1, |t| t.parse().unwrap());
+    assert_eq!(
+        counted,
+        u64::from(FAILED),
+        "every failed look counted: {events:#?}"
+    );
+    assert_eq!(
+        failed[0].metadata.get("reason").map(String::as_str),
+        Some("NOVA_SERVER_ERROR"),
+        "{events:#?}"
+    );
+    assert!(events.len() <= 10, "the whole log stays short: {events:#?}");
+    assert!(!app.sim.is_attached(s, v));
+    app.stop().await;
+}
+
 // ---------------------------------------------------------------------
 // 11. Nova's answers by what they mean.
 // ---------------------------------------------------------------------

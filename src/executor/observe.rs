@@ -58,7 +58,11 @@ impl Executor {
             Err(e) => {
                 self.metrics
                     .nova("list", e.kind.as_str(), e.elapsed.as_secs_f64());
-                run.events.push(
+                // Counted on the previous line when it failed the same
+                // way: an outage watched for an hour is one line, not one
+                // per look (each held in memory until the decision).
+                push_observation(
+                    run,
                     NewEvent::new(
                         event::OBSERVED,
                         format!("observation failed: {}", e.clock()),
@@ -113,7 +117,8 @@ impl Executor {
             Err(e) => {
                 self.metrics
                     .nova("show_server", e.kind.as_str(), e.elapsed.as_secs_f64());
-                run.events.push(
+                push_observation(
+                    run,
                     NewEvent::new(
                         event::OBSERVED,
                         format!("the look at the server failed: {}", e.clock()),
