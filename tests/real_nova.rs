@@ -956,8 +956,11 @@ async fn novas_instance_actions_cannot_decide_a_lost_request_sooner() {
             events.into_iter().find(|e| e["result"] == "Error")
         })
     };
+    // Real Nova's compute records it asynchronously: seconds when quiet,
+    // past 20 s on a loaded 2-core CI machine (seen once); a wait on the
+    // signal, so a wide bound costs nothing when it comes sooner.
     support::eventually(
-        Duration::from_secs(20),
+        Duration::from_secs(90),
         "the hypervisor's failure is recorded",
         || async { error_event(api.actions(s).await).is_some() },
     )
