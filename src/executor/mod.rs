@@ -127,8 +127,6 @@ pub enum ExecError {
     TaskLost,
 }
 
-use futures_util::future::{BoxFuture, Either};
-
 /// An operation's decision as its task announces it (boxed: tens of
 /// thousands of these slots wait at once, empty).
 type Decided = Option<Box<Operation>>;
@@ -333,92 +331,82 @@ impl Executor {
             confirm::Precheck::Decided(_) => AfterIntent::LookAgain(new.clone()),
         };
         let id = new.id;
-        // The run to its decision, built in a block of its own: the
-        // intent's result, its row and the run, each moved on, would
-        // otherwise keep their room in this future beside the run's while
-        // it waits (a future keeps a local's room until its scope ends;
-        // 744 bytes for the run alone, per operation in flight).
-        let (work, hold, keep_created) = {
-            let write_started = Instant::now();
-            // Boxed: the result (520 bytes) is matched across an await
-            // below, and its room would stay in this future for the whole
-            // run.
-            let result = Box::new(self.store.operation_create(*new, budget.answer_by).await);
-            self.metrics.ledger(
-                "intent",
-                if result.is_ok() { "ok" } else { "error" },
-                write_started.elapsed().as_secs_f64(),
-            );
-            let hold = self.holds.hold(id);
-            let keep_created;
-            let op = match *result {
-                Ok(CreateOutcome::Created(op)) => {
-                    // The intent's lease was set after its write left.
-                    self.holds
-                        .confirm(&[id], write_started + self.settings.lease);
-                    self.inflight
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(id, done.subscribe());
-                    // Nothing is sent on `created` for a new operation: its
-                    // caller waits for the decision alone, one wake-up per call
-                    // (`await_spawned`). The sender is kept until the decision
-                    // is out, so that its end never wakes the caller first.
-                    // Unless the write outlasted the caller's answer time: its
-                    // caller, woken then with nothing running yet, waits for
-                    // this word to answer that the operation runs.
-                    keep_created = if Instant::now() >= budget.answer_by {
-                        // Nobody waiting is fine: the caller may have gone.
-                        drop(created.send(Box::new(Ok(CreateOutcome::Created(op.clone())))));
-                        None
-                    } else {
-                        Some(created)
-                    };
-                    op
+        let write_started = Instant::now();
+        // Boxed: the result (520 bytes) is matched across an await
+        // below, and its room would stay in this future for the whole
+        // run.
+        let result = Box::new(self.store.operation_create(*new, budget.answer_by).await);
+        self.metrics.ledger(
+            "intent",
+            if result.is_ok() { "ok" } else { "error" },
+            write_started.elapsed().as_secs_f64(),
+        );
+        let hold = self.holds.hold(id);
+        let keep_created;
+        let op = match *result {
+            Ok(CreateOutcome::Created(op)) => {
+                // The intent's lease was set after its write left.
+                self.holds
+                    .confirm(&[id], write_started + self.settings.lease);
+                self.inflight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, done.subscribe());
+                // Nothing is sent on `created` for a new operation: its
+                // caller waits for the decision alone, one wake-up per call
+                // (`await_spawned`). The sender is kept until the decision
+                // is out, so that its end never wakes the caller first.
+                // Unless the write outlasted the caller's answer time: its
+                // caller, woken then with nothing running yet, waits for
+                // this word to answer that the operation runs.
+                keep_created = if Instant::now() >= budget.answer_by {
+                    // Nobody waiting is fine: the caller may have gone.
+                    drop(created.send(Box::new(Ok(CreateOutcome::Created(op.clone())))));
+                    None
+                } else {
+                    Some(created)
+                };
+                op
+            }
+            Err(e) if e.may_have_written() => {
+                // The caller is told at once that the write's outcome is
+                // unknown (a retry with its key joins the operation if it
+                // was recorded); but the intent may have committed, and
+                // this task is its only driver: found, it is driven to a
+                // decision (nothing is sent once the deadline has passed),
+                // so it never waits out a settle window for a request that
+                // never left.
+                tracing::warn!(operation_id = %id, error = %e,
+                    "the intent may have been recorded; reading it before anything is concluded");
+                drop(created.send(Box::new(Err(e))));
+                keep_created = None;
+                match Box::pin(self.intent_fate(id, Instant::now())).await {
+                    Some(op) => op,
+                    None => return,
                 }
-                Err(e) if e.may_have_written() => {
-                    // The caller is told at once that the write's outcome is
-                    // unknown (a retry with its key joins the operation if it
-                    // was recorded); but the intent may have committed, and
-                    // this task is its only driver: found, it is driven to a
-                    // decision (nothing is sent once the deadline has passed),
-                    // so it never waits out a settle window for a request that
-                    // never left.
-                    tracing::warn!(operation_id = %id, error = %e,
-                        "the intent may have been recorded; reading it before anything is concluded");
-                    drop(created.send(Box::new(Err(e))));
-                    keep_created = None;
-                    match Box::pin(self.intent_fate(id, Instant::now())).await {
-                        Some(op) => op,
-                        None => return,
-                    }
-                }
-                other => {
-                    // Nothing to drive: a replay, or no intent. Nobody waiting
-                    // is fine: the caller may have gone. A replay's place goes
-                    // back now: the operation it joins has a task of its own.
-                    drop(inflight);
-                    drop(created.send(Box::new(other)));
-                    return;
-                }
-            };
-            self.inflight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(id)
-                .or_insert_with(|| done.subscribe());
-            let run = Run::new(op, budget, false);
-            let work = match next {
-                AfterIntent::Send => Either::Left(self.drive(run, true)),
-                AfterIntent::LookAgain(again) => {
-                    Either::Right(Box::pin(self.decide_after_looking_again(run, *again))
-                        as BoxFuture<'_, Operation>)
-                }
-                AfterIntent::WaitReady => Either::Right(Box::pin(self.drive_when_ready(run)) as _),
-            };
-            (work, hold, keep_created)
+            }
+            other => {
+                // Nothing to drive: a replay, or no intent. Nobody waiting
+                // is fine: the caller may have gone. A replay's place goes
+                // back now: the operation it joins has a task of its own.
+                drop(inflight);
+                drop(created.send(Box::new(other)));
+                return;
+            }
         };
-        let decided = work.await;
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_insert_with(|| done.subscribe());
+        let run = Run::new(op, budget, false);
+        let decided = match next {
+            AfterIntent::Send => self.drive(run, true).await,
+            AfterIntent::LookAgain(again) => {
+                Box::pin(self.decide_after_looking_again(run, *again)).await
+            }
+            AfterIntent::WaitReady => Box::pin(self.drive_when_ready(run)).await,
+        };
         drop(done.send(Some(Box::new(decided))));
         drop(keep_created);
         self.inflight
