@@ -49,6 +49,129 @@ pub struct RealNova {
     pub proxy: FaultProxy,
     /// Nova's log (INFO and up), for a failing test to read.
     pub log: PathBuf,
+    /// server.py's stderr (and its thread dumps, on SIGUSR1).
+    stderr: PathBuf,
+    pid: u32,
+}
+
+/// How long one call of a test to Nova, Keystone or the harness may take.
+/// Each answers in well under a second here; minutes mean Nova stopped
+/// answering, and then every later test would wait on it too.
+const CALL_BOUND: Duration = Duration::from_secs(120);
+/// How long a test of this tier may last, hung or not (the longest takes
+/// about 100 s here on a loaded machine). Past it, the binary says why and
+/// ends: a hang anywhere (Nova, the service, the test's own code, blocking
+/// or not) must fail CI with a diagnosis, not run out its clock.
+const TEST_BOUND: Duration = Duration::from_secs(600);
+
+/// Why this binary's Nova is no longer usable (the first call it did not
+/// answer): later tests fail at once with it instead of each waiting out
+/// their own bound.
+static WEDGED: OnceLock<String> = OnceLock::new();
+
+impl RealNova {
+    /// What a hung test needs to be understood: every thread's stack in
+    /// Nova (faulthandler, on SIGUSR1) and the tail of Nova's log.
+    pub fn diagnose(&self, why: &str) -> String {
+        let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        let before = size(&self.stderr);
+        // SAFETY: kill(2) on the pid of our own child; SIGUSR1 is
+        // registered by server.py to dump its threads, never to end it.
+        let sent = unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGUSR1) } == 0;
+        // The dump is written from a C signal handler, at once; a bounded
+        // wait for its first bytes (and a moment for the rest).
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        let mut last = before;
+        while sent && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = size(&self.stderr);
+            if now > before && now == last {
+                break;
+            }
+            last = now;
+        }
+        let stacks = match std::fs::read(&self.stderr) {
+            Ok(b) => String::from_utf8_lossy(&b[(before as usize).min(b.len())..]).into_owned(),
+            Err(e) => format!("(reading {}: {e})", self.stderr.display()),
+        };
+        let log = match std::fs::read_to_string(&self.log) {
+            Ok(t) => {
+                let lines: Vec<&str> = t.lines().collect();
+                lines[lines.len().saturating_sub(150)..].join("\n")
+            }
+            Err(e) => format!("(reading {}: {e})", self.log.display()),
+        };
+        // What the services under test last exchanged with Nova.
+        let all = self.proxy.exchanges("");
+        let exchanges: Vec<String> = all[all.len().saturating_sub(30)..]
+            .iter()
+            .map(|e| {
+                format!(
+                    "{:>7.1} s ago  {} {} -> {:?} (fault {:?}, delivered {})",
+                    e.at.elapsed().as_secs_f64(),
+                    e.method,
+                    e.path,
+                    e.nova_status,
+                    e.fault,
+                    e.delivered
+                )
+            })
+            .collect();
+        format!(
+            "{why}\n\n--- Nova's threads (SIGUSR1 sent: {sent}) ---\n{stacks}\n\
+             --- the last 150 lines of Nova's log ({}) ---\n{log}\n\
+             --- the last 30 of {} exchanges through the fault proxy ---\n{}\n--- end ---",
+            self.log.display(),
+            all.len(),
+            exchanges.join("\n")
+        )
+    }
+
+    /// Nova did not answer `what` within CALL_BOUND: the tier cannot go
+    /// on with it.
+    fn wedged(&self, what: &str) -> ! {
+        let why = format!("Nova did not answer {what} within {CALL_BOUND:?}");
+        let d = self.diagnose(&why);
+        // The first is kept; a later one says the same.
+        drop(WEDGED.set(why));
+        panic!("{d}");
+    }
+}
+
+/// Started by every test of the tier (in `Api::new`): ends the test binary,
+/// after printing a diagnosis, if the test outlives TEST_BOUND. Dropped
+/// with the test's `Api`, which stops it.
+struct Watchdog {
+    _alive: std::sync::mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    fn start(nova: &'static RealNova) -> Watchdog {
+        // libtest names the test's thread after the test.
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("a real-Nova test")
+            .to_string();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let name = format!("watchdog {test}");
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            // Nothing is ever sent: the test's end drops the sender
+            // (Disconnected), its hang lets the bound pass (Timeout).
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(TEST_BOUND) {
+                let d = nova.diagnose(&format!("{test} did not end within {TEST_BOUND:?}"));
+                // Straight to fd 2: libtest captures print macros, and
+                // its capture is never shown when the process exits.
+                let mut err = std::io::stderr().lock();
+                drop(writeln!(err, "\n=== real Nova tier: a hung test ===\n{d}"));
+                drop(err.flush());
+                std::process::exit(101);
+            }
+        });
+        if let Err(e) = spawned {
+            panic!("a watchdog thread for a real-Nova test: {e}");
+        }
+        Watchdog { _alive: tx }
+    }
 }
 
 static NOVA: OnceLock<Result<RealNova, String>> = OnceLock::new();
@@ -374,6 +497,8 @@ fn start() -> Result<RealNova, String> {
         base_url,
         proxy,
         log,
+        stderr: stderr_path,
+        pid,
     })
 }
 
@@ -398,6 +523,7 @@ pub struct Listed {
 pub struct Api {
     pub nova: &'static RealNova,
     http: reqwest::Client,
+    _watchdog: Watchdog,
     /// The test's project (its servers are its own).
     pub project: String,
     tokens: tokio::sync::Mutex<HashMap<(String, String), String>>,
@@ -410,15 +536,33 @@ impl Api {
         let nova = tokio::task::spawn_blocking(nova)
             .await
             .expect("starting Nova (see the panic above)");
+        if let Some(why) = WEDGED.get() {
+            panic!(
+                "this binary's Nova is unusable since an earlier test: {why} (that test's failure shows Nova's threads and log)"
+            );
+        }
         Api {
             nova,
+            _watchdog: Watchdog::start(nova),
             http: reqwest::Client::builder()
                 .no_proxy()
+                .connect_timeout(Duration::from_secs(10))
+                .timeout(CALL_BOUND)
                 .build()
                 .expect("an HTTP client"),
             project: format!("p-{}", Uuid::new_v4().simple()),
             tokens: Default::default(),
         }
+    }
+
+    /// A call of the test's own that failed: a timeout means Nova stopped
+    /// answering (diagnosed, and the tier's later tests told); anything else
+    /// is this call's failure.
+    fn failed(&self, what: &str, e: reqwest::Error) -> ! {
+        if e.is_timeout() {
+            self.nova.wedged(what)
+        }
+        panic!("{what}: {e:#}")
     }
 
     /// A token of `user` for `project` from the harness's Keystone.
@@ -437,7 +581,7 @@ impl Api {
             .json(&body)
             .send()
             .await
-            .expect("Keystone answers");
+            .unwrap_or_else(|e| self.failed(&format!("a token for {user}"), e));
         assert_eq!(r.status(), 201, "Keystone refused {user}");
         let t = r.headers()["x-subject-token"]
             .to_str()
@@ -470,12 +614,10 @@ impl Api {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let r = req
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("Nova answers {method} {path}: {e}"));
+        let what = format!("{method} {path}");
+        let r = req.send().await.unwrap_or_else(|e| self.failed(&what, e));
         let status = r.status().as_u16();
-        let text = r.text().await.expect("Nova's body");
+        let text = r.text().await.unwrap_or_else(|e| self.failed(&what, e));
         let v = if text.is_empty() {
             Value::Null
         } else {
@@ -491,9 +633,11 @@ impl Api {
             .json(&body)
             .send()
             .await
-            .expect("the harness answers");
+            .unwrap_or_else(|e| self.failed(&format!("harness {path}"), e));
         assert!(r.status().is_success(), "harness {path}: {}", r.status());
-        r.json().await.expect("the harness's JSON")
+        r.json()
+            .await
+            .unwrap_or_else(|e| self.failed(&format!("harness {path}"), e))
     }
 
     /// Servers of this project, created through Nova's API, once ACTIVE.

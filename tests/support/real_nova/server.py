@@ -39,8 +39,10 @@ import nova.tests.functional  # noqa: E402,F401  (must be first)
 import argparse  # noqa: E402
 import collections  # noqa: E402
 import datetime  # noqa: E402
+import faulthandler  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import signal  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -394,6 +396,10 @@ def main():
     args = p.parse_args()
 
     threading.Thread(target=watch_stdin, daemon=True).start()
+    # SIGUSR1 writes every thread's stack to stderr (the harness's
+    # stderr.log), from C, GIL or not: what the harness prints when Nova
+    # stops answering or a test outlives its bound.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     HARNESS = Harness(args.password)
     HARNESS.compute_url = args.compute_url
     # Our Cinder fixture instead of Nova's (same behaviour, plus faults).
