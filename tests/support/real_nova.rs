@@ -75,21 +75,39 @@ impl RealNova {
     pub fn diagnose(&self, why: &str) -> String {
         let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         let before = size(&self.stderr);
-        // SAFETY: kill(2) on the pid of our own child; SIGUSR1 is
-        // registered by server.py to dump its threads, never to end it.
-        let sent = unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGUSR1) } == 0;
-        // The dump is written from a C signal handler, at once; a bounded
-        // wait for its first bytes (and a moment for the rest).
-        let until = std::time::Instant::now() + Duration::from_secs(10);
-        let mut last = before;
-        while sent && std::time::Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(200));
-            let now = size(&self.stderr);
-            if now > before && now == last {
+        // SIGUSR1: server.py's Python handler (every thread, named; it runs
+        // when the main thread's loop wakes). SIGUSR2 when that wrote
+        // nothing: faulthandler, from C (at most 100 threads).
+        let mut sent = Vec::new();
+        for (sig, name, within) in [
+            (libc::SIGUSR1, "SIGUSR1", Duration::from_secs(5)),
+            (libc::SIGUSR2, "SIGUSR2", Duration::from_secs(5)),
+        ] {
+            // SAFETY: kill(2) on the pid of our own child; server.py
+            // registers both signals to dump its threads, never to end.
+            if unsafe { libc::kill(self.pid as libc::pid_t, sig) } != 0 {
+                continue;
+            }
+            sent.push(name);
+            // A bounded wait for the dump's first bytes, then for it to
+            // stop growing.
+            let until = std::time::Instant::now() + within;
+            let mut last = before;
+            let mut wrote = false;
+            while std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(200));
+                let now = size(&self.stderr);
+                wrote = now > before;
+                if wrote && now == last {
+                    break;
+                }
+                last = now;
+            }
+            if wrote {
                 break;
             }
-            last = now;
         }
+        let sent = sent.join(", then ");
         let stacks = match std::fs::read(&self.stderr) {
             Ok(b) => String::from_utf8_lossy(&b[(before as usize).min(b.len())..]).into_owned(),
             Err(e) => format!("(reading {}: {e})", self.stderr.display()),
@@ -118,7 +136,7 @@ impl RealNova {
             })
             .collect();
         format!(
-            "{why}\n\n--- Nova's threads (SIGUSR1 sent: {sent}) ---\n{stacks}\n\
+            "{why}\n\n--- Nova's threads (sent {sent}) ---\n{stacks}\n\
              --- the last 150 lines of Nova's log ({}) ---\n{log}\n\
              --- the last 30 of {} exchanges through the fault proxy ---\n{}\n--- end ---",
             self.log.display(),

@@ -38,6 +38,7 @@ import nova.tests.functional  # noqa: E402,F401  (must be first)
 
 import argparse  # noqa: E402
 import collections  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import faulthandler  # noqa: E402
 import json  # noqa: E402
@@ -129,6 +130,64 @@ class HarnessCinder(nova_fixtures.CinderFixture):
         return super().fake_attachment_create(
             context, volume_id, instance_uuid, connector=connector,
             mountpoint=mountpoint)
+
+
+def install_cell_targeting():
+    """Cell targeting without the fixture's global switch, whose locks
+    deadlock under native threads.
+
+    Nova's `CellDatabases` fixture points un-targeted database access at
+    "the cell targeted last", a global it switches under a reader-writer
+    lock on every `target_cell` (a reader takes it for every un-targeted
+    access too, and holds it across the targeted work), while its
+    `DatabaseWriteLock` holds a per-database lock across every writer
+    transaction. A thread in a writer transaction that reaches either lock
+    waits behind a pending writer of the cell lock, which waits for readers
+    that wait for the database lock that first thread holds: Nova stops,
+    every RPC worker and API thread behind it. It hung the tier in CI, and
+    here under load (stacks: readers in `_locked_scope`, a reader in
+    `_wrap_target_cell`).
+
+    Here a targeted context carries its cell's connection (Nova's own
+    `target_cell` sets it, as in production) and an un-targeted access
+    goes to the default cell, cell1, which is where every un-targeted
+    access of a real deployment's cell services goes (cell0 is only ever
+    reached by targeting). No cell lock is left. The writer lock becomes
+    one re-entrant lock for all databases: SQLite still has one writer per
+    file, and no two writer transactions on different databases can wait
+    for each other in opposite orders."""
+    fixture = nova_fixtures.CellDatabases
+
+    @contextlib.contextmanager
+    def _wrap_target_cell(self, context, cell_mapping):
+        with self._real_target_cell(context, cell_mapping) as cctxt:
+            yield cctxt
+
+    def _wrap_get_context_manager(self, context):
+        targeted = getattr(context, 'db_connection', None)
+        return targeted or self._default_ctxt_mgr
+
+    fixture._wrap_target_cell = _wrap_target_cell
+    fixture._wrap_get_context_manager = _wrap_get_context_manager
+
+    one = threading.RLock()
+    nova_fixtures.DatabaseWriteLock._get_lock = lambda self, db_url: one
+
+
+def dump_threads(signum, frame):
+    """Every thread's stack, by name, to stderr (the harness's stderr.log):
+    what the harness prints when Nova stops answering or a test outlives
+    its bound. Runs in the main thread (waitress's loop wakes on the
+    signal); faulthandler on SIGUSR2 is the fallback when it cannot (it
+    dumps at most 100 threads, without names)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = ['--- %d threads at %s ---' % (len(names), time.time())]
+    for ident, f in sys._current_frames().items():
+        out.append('Thread %s (%s):' % (ident, names.get(ident, '?')))
+        out.extend(line.rstrip('\n')
+                   for line in traceback.format_stack(f))
+    sys.stderr.write('\n'.join(out) + '\n')
+    sys.stderr.flush()
 
 
 def install_hooks():
@@ -396,15 +455,17 @@ def main():
     args = p.parse_args()
 
     threading.Thread(target=watch_stdin, daemon=True).start()
-    # SIGUSR1 writes every thread's stack to stderr (the harness's
-    # stderr.log), from C, GIL or not: what the harness prints when Nova
-    # stops answering or a test outlives its bound.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # SIGUSR1: every thread's stack, named, to stderr (stderr.log); SIGUSR2:
+    # the same from C (faulthandler), GIL or not, for when the first cannot
+    # run.
+    signal.signal(signal.SIGUSR1, dump_threads)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     HARNESS = Harness(args.password)
     HARNESS.compute_url = args.compute_url
     # Our Cinder fixture instead of Nova's (same behaviour, plus faults).
     nova_fixtures.CinderFixture = HarnessCinder
     install_hooks()
+    install_cell_targeting()
 
     NovaStack.paste_config = args.paste_config
     # Our token check where keystonemiddleware's auth_token is (it would ask
