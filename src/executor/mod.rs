@@ -23,7 +23,6 @@
 
 mod classify;
 mod confirm;
-mod decided;
 mod flow;
 pub mod holds;
 mod ledger;
@@ -35,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -128,7 +127,9 @@ pub enum ExecError {
     TaskLost,
 }
 
-use decided::{Announce, Decided};
+/// An operation's decision as its task announces it (boxed: tens of
+/// thousands of these slots wait at once, empty).
+type Decided = Option<Box<Operation>>;
 
 /// What an operation's intent write found, as its task tells the caller
 /// (boxed, for the same reason).
@@ -142,7 +143,7 @@ struct Spawned {
     /// error, or the key's existing operation (never sent for a new one).
     created: oneshot::Receiver<Created>,
     /// The decision of a new operation.
-    result: Decided,
+    result: watch::Receiver<Decided>,
     until: Instant,
 }
 
@@ -177,7 +178,7 @@ pub struct Executor {
     pub metrics: Arc<Metrics>,
     /// This replica's wall clock (ledger timestamps it writes).
     pub clock: Clock,
-    inflight: Mutex<HashMap<Uuid, Decided>>,
+    inflight: Mutex<HashMap<Uuid, watch::Receiver<Decided>>>,
     holds: holds::Holds,
     tasks: tokio_util::task::TaskTracker,
     /// Stops every operation task still running (the end of a shutdown:
@@ -291,7 +292,7 @@ impl Executor {
         let new = self.intent(req, deadline, &budget, now);
         let id = new.id;
         let (created_tx, created) = oneshot::channel();
-        let (done, result) = decided::slot();
+        let (done, result) = watch::channel(None);
         let this = self.clone();
         // Under the operation's trace: its requests and log lines carry it.
         let task = crate::telemetry::context::operation_task(
@@ -318,7 +319,7 @@ impl Executor {
         mut new: Box<NewOperation>,
         budget: Budget,
         created: oneshot::Sender<Created>,
-        done: Announce,
+        done: watch::Sender<Decided>,
         inflight: Option<tokio::sync::OwnedSemaphorePermit>,
     ) {
         // A verdict without a request comes from a look made before the
@@ -406,7 +407,7 @@ impl Executor {
             }
             AfterIntent::WaitReady => Box::pin(self.drive_when_ready(run)).await,
         };
-        done.send(decided);
+        drop(done.send(Some(Box::new(decided))));
         drop(keep_created);
         self.inflight
             .lock()
@@ -513,10 +514,10 @@ impl Executor {
     /// Runs `run` (a reconciler's re-send) as a task of this replica, under
     /// the lease its heartbeat keeps; callers that join the operation here
     /// wait on it directly.
-    pub(crate) fn spawn_run(self: &Arc<Self>, run: Run) -> Decided {
+    pub(crate) fn spawn_run(self: &Arc<Self>, run: Run) -> watch::Receiver<Decided> {
         let id = run.op.id;
         let hold = self.holds.hold(id);
-        let (done, result) = decided::slot();
+        let (done, result) = watch::channel(None);
         self.inflight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -532,7 +533,7 @@ impl Executor {
         let action = run.op.action.as_str();
         let task = async move {
             let decided = this.drive(run, false).await;
-            done.send(decided);
+            drop(done.send(Some(Box::new(decided))));
             this.inflight
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -560,15 +561,25 @@ impl Executor {
     async fn await_spawned(&self, s: Spawned) -> Result<Operation, ExecError> {
         let Spawned {
             mut created,
-            result,
+            mut result,
             until,
             id,
         } = s;
         tracing::Span::current().record("operation_id", tracing::field::display(id));
+        let peek = result.clone();
         // One wake-up for a new operation: its task answers `created` only
         // when there is no run of its own to wait for (the intent failed, or
         // the key was replayed); otherwise the decision is the one message.
-        let decided = result.wait();
+        let decided = async {
+            loop {
+                if let Some(op) = result.borrow_and_update().clone() {
+                    return Some(*op);
+                }
+                if result.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
         tokio::pin!(decided);
         let sleep = tokio::time::sleep_until(until);
         tokio::pin!(sleep);
@@ -604,8 +615,8 @@ impl Executor {
                     // shutdown: the decision is still waited for), or
                     // stopped before its intent's outcome (nothing runs).
                     Err(_) => {
-                        if let Some(op) = result.get() {
-                            return Ok(op);
+                        if let Some(op) = peek.borrow().clone() {
+                            return Ok(*op);
                         }
                         if self.is_running(id) {
                             recorded = true;
@@ -714,10 +725,20 @@ impl Executor {
     async fn await_result(
         &self,
         id: Uuid,
-        rx: Decided,
+        mut rx: watch::Receiver<Decided>,
         until: Instant,
     ) -> Result<Operation, ExecError> {
-        match tokio::time::timeout_at(until, rx.wait()).await {
+        let wait = async {
+            loop {
+                if let Some(op) = rx.borrow_and_update().clone() {
+                    return Some(*op);
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        match tokio::time::timeout_at(until, wait).await {
             Ok(Some(op)) => Ok(op),
             Ok(None) | Err(_) => Err(ExecError::StillRunning(id)),
         }
@@ -994,40 +1015,6 @@ async fn stoppable(
     }
 }
 
-/// An attach in progress, for the module's tests.
-#[cfg(test)]
-pub(crate) fn sample_operation() -> Operation {
-    let now = chrono::Utc::now();
-    Operation {
-        id: Uuid::nil(),
-        idempotency_key: "k".into(),
-        action: Action::Attach,
-        state: State::InProgress,
-        resolution: None,
-        server_id: Uuid::nil(),
-        volume_id: Uuid::nil(),
-        params: RequestParams::default(),
-        attachment: None,
-        attempts: 1,
-        last_error: None,
-        deadline_at: now,
-        last_request_at: None,
-        created_at: now,
-        updated_at: now,
-        completed_at: None,
-        lease_owner: None,
-        lease_expires_at: None,
-        lease_epoch: 1,
-        caller: None,
-        drifted: false,
-        passes: 0,
-        escalated_at: None,
-        escalation: None,
-        verify_expect: None,
-        trace: None,
-    }
-}
-
 #[cfg(test)]
 mod size_probe {
     //! Tens of thousands of these futures wait at once (10k attaches in
@@ -1092,13 +1079,41 @@ mod size_probe {
             .unwrap();
         let new = exec.intent(&req, Deadline::none(), &budget, now);
         let (created, _c) = oneshot::channel();
-        let (done, _d) = decided::slot();
+        let (done, _d) = watch::channel(None);
         let own = exec.clone().own(Box::new(new), budget, created, done, None);
         assert_small("own", &own, 1792);
         drop(own);
         // The start is boxed: what stays is the wait for the result.
         assert_small("submit", &exec.submit(req, Deadline::none()), 768);
-        let op = sample_operation();
+        let now = chrono::Utc::now();
+        let op = Operation {
+            id: Uuid::nil(),
+            idempotency_key: "k".into(),
+            action: Action::Attach,
+            state: State::InProgress,
+            resolution: None,
+            server_id: Uuid::nil(),
+            volume_id: Uuid::nil(),
+            params: RequestParams::default(),
+            attachment: None,
+            attempts: 1,
+            last_error: None,
+            deadline_at: now,
+            last_request_at: None,
+            created_at: now,
+            updated_at: now,
+            completed_at: None,
+            lease_owner: None,
+            lease_expires_at: None,
+            lease_epoch: 1,
+            caller: None,
+            drifted: false,
+            passes: 0,
+            escalated_at: None,
+            escalation: None,
+            verify_expect: None,
+            trace: None,
+        };
         let budget = BudgetPolicy::default()
             .plan(Instant::now(), Instant::now() + Duration::from_secs(10))
             .unwrap();
