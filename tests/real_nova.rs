@@ -599,11 +599,17 @@ at_both!(
 async fn locked(mv: &str) {
     let api = Api::new().await;
     let s = api.server().await;
-    let (app, _) = service(&api, mv, &[]).await;
+    // A retry is sent only with at least 1.5 s left before `send_by`, so the
+    // last 409 comes well inside the call even on a loaded machine (with
+    // the default 100 ms, a slow 409 could straddle `send_by` and end the
+    // call of unknown outcome: right, but not what this test asks).
+    let (app, _) = service(&api, mv, &[("--min-budget", "1500ms")]).await;
     api.lock(s, true).await;
-    // Never unlocked within the call: retried, then NOVA_CONFLICT.
+    // Never unlocked within the call: retried, then NOVA_CONFLICT. 6 s:
+    // margin 0.3 s, reserve 1.2 s, send_by at 4.5 s, the last retry leaves
+    // by 3 s.
     let v = Uuid::new_v4();
-    let err = attach(&app, "locked", s, v, Duration::from_secs(3))
+    let err = attach(&app, "locked", s, v, Duration::from_secs(6))
         .await
         .expect_err("locked for the whole call");
     assert_eq!(err.code(), Code::Aborted, "{err:?}");
