@@ -2036,3 +2036,19 @@ async fn postgres_reads_of_open_work_first_run_on_an_empty_ledger_use_the_open_i
     index_read_by(&url, "the reads of the oldest UNKNOWN", before).await;
     store.close().await;
 }
+
+/// Thousands of intents can wait for the group commit at once (10,000
+/// attaches in flight): each waiting `operation_create` of PostgreSQL's
+/// store holds the intent by pointer, and no room for a row it has not
+/// got yet (it held a copy of the intent and a row's room, ~940 bytes in
+/// a release build, before).
+#[tokio::test]
+async fn a_waiting_intent_holds_little() {
+    let store = pg_store().await;
+    let waiting =
+        store.operation_create(new_op("small", Uuid::new_v4(), State::InProgress), soon());
+    let size = std::mem::size_of_val(&*waiting);
+    assert!(size <= 320, "a waiting intent's future: {size} bytes");
+    // Dropped unpolled: nothing was written.
+    drop(waiting);
+}

@@ -438,11 +438,16 @@ pub trait Store: Send + Sync + 'static {
     /// end, even past it: given up on, it could commit unseen (an intent
     /// nothing drives); the caller drives what it gets, or decides it at
     /// once when no time is left.
-    async fn operation_create(
+    ///
+    /// Not an `async fn`: the implementation takes what it needs from `new`
+    /// before it makes its future, so each of the thousands of intents that
+    /// can wait for the group commit at once holds no copy of the intent
+    /// beside the one being written.
+    fn operation_create(
         &self,
         new: NewOperation,
         deadline: Instant,
-    ) -> Result<CreateOutcome, StoreError>;
+    ) -> futures_util::future::BoxFuture<'_, Result<CreateOutcome, StoreError>>;
 
     async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError>;
 

@@ -46,7 +46,8 @@ use crate::domain::Operation;
 use crate::store::{DbFailure, NewOperation, RoundTrip, StoreError, Transition, rows};
 
 pub(super) enum Payload {
-    Create(Box<NewOperation>),
+    /// Shared with the `operation_create` that waits for it.
+    Create(Arc<NewOperation>),
     Transition(Box<Transition>),
     /// Events appended to an operation's log, changing nothing else
     /// (verifications): batched like the rest, not notified.
@@ -54,7 +55,15 @@ pub(super) enum Payload {
 }
 
 type Written = Result<Option<Operation>, StoreError>;
-type Reply = oneshot::Sender<Written>;
+/// What a queued write is answered with: the operation boxed, so that the
+/// channel each waiting write holds has room for a pointer, not a row.
+type Answer = Result<Option<Box<Operation>>, StoreError>;
+type Reply = oneshot::Sender<Answer>;
+
+/// A write's result as it is sent back to a queued writer.
+fn answer(written: Written) -> Answer {
+    written.map(|op| op.map(Box::new))
+}
 
 struct Job {
     payload: Payload,
@@ -181,13 +190,14 @@ impl Writer {
                     "the ledger writers have stopped",
                 ),
             })?;
-        rx.await.map_err(|_| {
+        let answer = rx.await.map_err(|_| {
             StoreError::database(
                 "awaiting a write",
                 DbFailure::ConnectionLost,
                 "the ledger writer stopped before answering; the write may or may not have committed",
             )
-        })?
+        })?;
+        answer.map(|op| op.map(|op| *op))
     }
 }
 
@@ -232,7 +242,7 @@ async fn run_batch(conns: &Conns, jobs: Vec<Job>) {
     match try_batch(conns, &batch).await {
         Ok(results) => {
             for (job, r) in live.into_iter().zip(results) {
-                drop(job.reply.send(r));
+                drop(job.reply.send(answer(r)));
             }
         }
         Err(e) if live.len() == 1 => {
@@ -247,7 +257,7 @@ async fn run_batch(conns: &Conns, jobs: Vec<Job>) {
             tracing::debug!(error = %e, jobs = live.len(), "batch failed; writing its jobs one by one");
             for job in live {
                 let r = try_one(conns, &job.payload, job.deadline).await;
-                drop(job.reply.send(r));
+                drop(job.reply.send(answer(r)));
             }
         }
     }
@@ -557,4 +567,19 @@ async fn run_transitions(
     }
     results.sort_by_key(|(i, _)| *i);
     Ok(results.into_iter().map(|(_, r)| r).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every write waiting in the queue holds a channel with room for its
+    /// answer (10,000 intents can wait at once): a pointer to the row, not
+    /// the row (512 bytes).
+    #[test]
+    fn a_queued_write_waits_for_a_pointer_not_a_row() {
+        let answer = std::mem::size_of::<Answer>();
+        assert!(answer <= 80, "a queued write's answer: {answer} bytes");
+        assert!(std::mem::size_of::<Operation>() > 2 * answer);
+    }
 }

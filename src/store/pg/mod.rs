@@ -31,6 +31,7 @@ pub use bounds::Bounds;
 pub use statements::{pgbench_script, writer_statements};
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -596,47 +597,54 @@ fn events_json(events: &[NewEvent]) -> serde_json::Value {
 
 #[async_trait]
 impl Store for PgStore {
-    async fn operation_create(
+    fn operation_create(
         &self,
         new: NewOperation,
         deadline: Instant,
-    ) -> Result<CreateOutcome, StoreError> {
-        // A volume-busy conflict can race with the busy operation
-        // finishing; a few tries settle it either way.
-        for _ in 0..3 {
-            // The deadline bounds the write: one not started by then is
-            // not made, and one still waiting then (a lock, a slow
-            // commit) has its connection dropped. It may commit even so
-            // (an autocommit statement behind a lock goes on without its
-            // client): its outcome is unknown (`may_have_written`), and the
-            // executor reads it back and drives what it finds
-            // (tests/db_faults.rs, an intent held up past its answer
-            // time).
-            let written = self
-                .writer
-                .submit(Payload::Create(Box::new(new.clone())), deadline)
-                .await?;
-            if let Some(op) = written {
-                return Ok(CreateOutcome::Created(op));
+    ) -> futures_util::future::BoxFuture<'_, Result<CreateOutcome, StoreError>> {
+        // Shared with the batch that writes it (and each try of it), not
+        // cloned per try; the future below holds the pointer only.
+        let new = Arc::new(new);
+        Box::pin(async move {
+            // A volume-busy conflict can race with the busy operation
+            // finishing; a few tries settle it either way.
+            for _ in 0..3 {
+                // The deadline bounds the write: one not started by then is
+                // not made, and one still waiting then (a lock, a slow
+                // commit) has its connection dropped. It may commit even so
+                // (an autocommit statement behind a lock goes on without its
+                // client): its outcome is unknown (`may_have_written`), and the
+                // executor reads it back and drives what it finds
+                // (tests/db_faults.rs, an intent held up past its answer
+                // time).
+                // Matched in place: a row bound to a name would keep its
+                // room (512 bytes) through the cold path's await below.
+                if let Some(op) = self
+                    .writer
+                    .submit(Payload::Create(new.clone()), deadline)
+                    .await?
+                {
+                    return Ok(CreateOutcome::Created(op));
+                }
+                // Nothing inserted: the key exists (perhaps our own row, if
+                // the write was re-run after a lost connection), or the
+                // volume is busy. (A cold path, boxed so the common future
+                // stays small.)
+                let why = within(
+                    deadline,
+                    "recording the operation",
+                    Box::pin(self.why_not_inserted(&new)),
+                );
+                if let Some(found) = Box::pin(why).await? {
+                    return found;
+                }
             }
-            // Nothing inserted: the key exists (perhaps our own row, if
-            // the write was re-run after a lost connection), or the
-            // volume is busy. (A cold path, boxed so the common future
-            // stays small.)
-            let why = within(
-                deadline,
+            Err(StoreError::database(
                 "recording the operation",
-                Box::pin(self.why_not_inserted(&new)),
-            );
-            if let Some(found) = Box::pin(why).await? {
-                return found;
-            }
-        }
-        Err(StoreError::database(
-            "recording the operation",
-            DbFailure::Contention,
-            "the volume was busy and free in turns; giving up after 3 tries",
-        ))
+                DbFailure::Contention,
+                "the volume was busy and free in turns; giving up after 3 tries",
+            ))
+        })
     }
 
     async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError> {

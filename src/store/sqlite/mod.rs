@@ -158,64 +158,12 @@ fn taken_over(prev: &str, epoch: i64) -> NewEvent {
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn operation_create(
+    fn operation_create(
         &self,
         new: NewOperation,
         deadline: Instant,
-    ) -> Result<CreateOutcome, StoreError> {
-        // Until its commit the intent is bounded by the deadline (dropped,
-        // the transaction rolls back); the commit itself is awaited to its
-        // end, whatever the time (see `Store::operation_create`).
-        let prepared = within(deadline, "recording the operation", async {
-            let mut tx = self.begin_write().await?;
-            // A pruned key is refused (its tombstone), never run again.
-            if let Some(pruned_at) = write::tombstone_of(&mut tx, &new).await? {
-                tx.rollback().await.map_err(db("recording the operation"))?;
-                return Err(StoreError::KeyExpired {
-                    key: new.idempotency_key.clone(),
-                    pruned_at,
-                });
-            }
-            if !insert_intent(&mut tx, &new).await? {
-                // The key exists (a replay joins even while its volume is
-                // busy with itself), or the volume is busy.
-                let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
-                    .bind(&new.idempotency_key)
-                    .bind(new.volume_id.to_string())
-                    .bind(new.caller.as_deref().unwrap_or(""))
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db("looking up why an intent was not recorded"))?;
-                tx.rollback().await.map_err(db("recording the operation"))?;
-                // Neither, in the same transaction: the only other unique
-                // column, the id, is another key's.
-                return rows::not_inserted(&new, found.as_ref())
-                    .unwrap_or_else(|| {
-                        Err(StoreError::database(
-                            "recording the operation",
-                            DbFailure::Constraint,
-                            format!("operation id {} belongs to another key", new.id),
-                        ))
-                    })
-                    .map(Err);
-            }
-            // An intent's events name it by its operation's id.
-            insert_events(&mut tx, new.id, &new.replica, Some(new.id), &new.events).await?;
-            let op = get_in(&mut tx, new.id)
-                .await?
-                .ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;
-            Ok(Ok((tx, op)))
-        })
-        .await?;
-        match prepared {
-            Ok((tx, op)) => {
-                tx.commit().await.map_err(db("recording the operation"))?;
-                self.notify(op.id);
-                Ok(CreateOutcome::Created(op))
-            }
-            // The key's operation (a replay), found inside the deadline.
-            Err(existing) => Ok(existing),
-        }
+    ) -> futures_util::future::BoxFuture<'_, Result<CreateOutcome, StoreError>> {
+        Box::pin(self.create(new, deadline))
     }
 
     async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError> {
@@ -740,4 +688,67 @@ impl Store for SqliteStore {
 /// range is a corrupt row, named.
 fn instant_of(us: i64, table: &str, column: &str) -> Result<DateTime<chrono::Utc>, StoreError> {
     DateTime::from_timestamp_micros(us).ok_or_else(|| corrupt(table, format!("{column} {us} µs")))
+}
+
+impl SqliteStore {
+    /// `Store::operation_create`.
+    async fn create(
+        &self,
+        new: NewOperation,
+        deadline: Instant,
+    ) -> Result<CreateOutcome, StoreError> {
+        // Until its commit the intent is bounded by the deadline (dropped,
+        // the transaction rolls back); the commit itself is awaited to its
+        // end, whatever the time (see `Store::operation_create`).
+        let prepared = within(deadline, "recording the operation", async {
+            let mut tx = self.begin_write().await?;
+            // A pruned key is refused (its tombstone), never run again.
+            if let Some(pruned_at) = write::tombstone_of(&mut tx, &new).await? {
+                tx.rollback().await.map_err(db("recording the operation"))?;
+                return Err(StoreError::KeyExpired {
+                    key: new.idempotency_key.clone(),
+                    pruned_at,
+                });
+            }
+            if !insert_intent(&mut tx, &new).await? {
+                // The key exists (a replay joins even while its volume is
+                // busy with itself), or the volume is busy.
+                let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
+                    .bind(&new.idempotency_key)
+                    .bind(new.volume_id.to_string())
+                    .bind(new.caller.as_deref().unwrap_or(""))
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db("looking up why an intent was not recorded"))?;
+                tx.rollback().await.map_err(db("recording the operation"))?;
+                // Neither, in the same transaction: the only other unique
+                // column, the id, is another key's.
+                return rows::not_inserted(&new, found.as_ref())
+                    .unwrap_or_else(|| {
+                        Err(StoreError::database(
+                            "recording the operation",
+                            DbFailure::Constraint,
+                            format!("operation id {} belongs to another key", new.id),
+                        ))
+                    })
+                    .map(Err);
+            }
+            // An intent's events name it by its operation's id.
+            insert_events(&mut tx, new.id, &new.replica, Some(new.id), &new.events).await?;
+            let op = get_in(&mut tx, new.id)
+                .await?
+                .ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;
+            Ok(Ok((tx, op)))
+        })
+        .await?;
+        match prepared {
+            Ok((tx, op)) => {
+                tx.commit().await.map_err(db("recording the operation"))?;
+                self.notify(op.id);
+                Ok(CreateOutcome::Created(op))
+            }
+            // The key's operation (a replay), found inside the deadline.
+            Err(existing) => Ok(existing),
+        }
+    }
 }
