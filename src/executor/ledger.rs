@@ -166,7 +166,7 @@ impl Executor {
                 run.op = op;
                 Ok(true)
             }
-            Ok(None) => Err(Fenced(self.reread(&run.op).await)),
+            Ok(None) => Err(Fenced(Box::new(self.reread(&run.op).await))),
             Err(e) => {
                 tracing::warn!(operation_id = %run.op.id, error = %e, "could not record a retry by the deadline; not sending it");
                 Ok(false)

@@ -847,24 +847,15 @@ impl Executor {
                 run.maybe_effect = run.op.attempts > 1;
             }
             // Boxed: a task waiting inside the loop holds only the loop's state.
-            // Its outcome is matched before anything else is awaited, and a
-            // fenced row (512 bytes, the cold path) goes to the heap: a
-            // scrutinee matched across an await keeps its room in this
-            // future for the whole run, the send loop's wait included.
-            let next = match Box::pin(self.send_loop(&mut run, first_sent)).await {
-                Ok(d) => Sent::Decided(d),
+            let decision = match Box::pin(self.send_loop(&mut run, first_sent)).await {
+                Ok(d) => d,
                 // Fenced out: another replica or an operator decided meanwhile.
-                Err(run::Fenced(current)) => Sent::Fenced(Box::new(current)),
+                Err(run::Fenced(current)) => {
+                    return Box::pin(self.after_fence(*current, run.budget.answer_by)).await;
+                }
             };
-            match next {
-                Sent::Fenced(current) => {
-                    Box::pin(self.after_fence(*current, run.budget.answer_by)).await
-                }
-                Sent::Decided(decision) => {
-                    let decision = Box::pin(self.confirm(&mut run, decision)).await;
-                    Box::pin(self.record(&mut run, decision)).await
-                }
-            }
+            let decision = Box::pin(self.confirm(&mut run, decision)).await;
+            Box::pin(self.record(&mut run, decision)).await
         }
     }
 
@@ -935,12 +926,6 @@ impl Executor {
             }
         }
     }
-}
-
-/// What a run's send loop ended with, as `drive` holds it afterwards.
-enum Sent {
-    Decided(run::Decision),
-    Fenced(Box<Operation>),
 }
 
 /// A request leaves only this long before its lease is known to end, at

@@ -101,8 +101,10 @@ impl Seen {
 }
 
 /// Another writer decided first (the lease epoch moved on): here is the
-/// row as it stands.
-pub(crate) struct Fenced(pub Operation);
+/// row as it stands. Boxed: a run's outcome (`Result<Decision, Fenced>`)
+/// is matched across the awaits after the send loop, and a row in place
+/// (512 bytes, the cold path) would keep its room in every waiting run.
+pub(crate) struct Fenced(pub Box<Operation>);
 
 /// The pauses between sends within one run: exponential from 40 ms to
 /// 1.5 s, each with up to as much again of jitter.
