@@ -253,12 +253,17 @@ pub struct NewEvent {
 
 impl NewEvent {
     pub fn new(kind: &'static str, detail: impl Into<String>) -> Self {
+        Self::new_at(kind, detail, tokio::time::Instant::now())
+    }
+
+    /// An event that happened at `at` (made later than it happened).
+    pub fn new_at(kind: &'static str, detail: impl Into<String>, at: tokio::time::Instant) -> Self {
         Self {
             kind,
             detail: detail.into(),
             metadata: Vec::new(),
             ago: std::time::Duration::ZERO,
-            happened: Some(tokio::time::Instant::now()),
+            happened: Some(at),
         }
     }
 

@@ -216,15 +216,16 @@ fn verify_expect(run: &Run, d: &Decision, resolution: Option<Resolution>) -> Opt
     }
 }
 
+/// The line of a request that started at `started` (made once it is over).
 pub(crate) fn request_sent_event(
     op_id: uuid::Uuid,
     action: Action,
     attempt: i32,
     outbound: Instant,
-    now: Instant,
+    started: Instant,
 ) -> NewEvent {
-    let budget_ms = outbound.saturating_duration_since(now).as_millis();
-    NewEvent::new(
+    let budget_ms = outbound.saturating_duration_since(started).as_millis();
+    NewEvent::new_at(
         event::REQUEST_SENT,
         format!(
             "{} request #{attempt} with an outbound deadline of {budget_ms} ms",
@@ -233,6 +234,7 @@ pub(crate) fn request_sent_event(
                 Action::Detach => "DELETE detach",
             },
         ),
+        started,
     )
     .with("attempt", attempt)
     .with("outbound_deadline_ms", budget_ms)
