@@ -90,8 +90,6 @@ impl Executor {
         }
     }
 
-    /// Sends the run's request once (under the operation's global request
-    /// id) and logs what came back, with Nova's own request id.
     /// No request may be sent again: decide from what can still be seen
     /// (`Next::OutOfTime`), else UNKNOWN because of `why`.
     async fn out_of_time(self: &Arc<Self>, run: &mut Run, why: &'static str) -> Decision {
@@ -107,15 +105,17 @@ impl Executor {
         }
     }
 
+    /// Sends the run's request once (under the operation's global request
+    /// id) and logs it and what came back, with Nova's own request id.
+    ///
+    /// The request's own line is made once the request is over, stamped
+    /// with when it started: nothing reads the run's events meanwhile (the
+    /// run is borrowed here; a run dropped during the wait writes none), so
+    /// thousands of runs waiting on Nova, or on its per-host cap, hold no
+    /// event's strings while they wait (~0.8 KB each; BENCHMARKS.md,
+    /// stop 41).
     async fn send(&self, run: &mut Run, outbound: Instant) -> Sent {
         let started = Instant::now();
-        // The request's own line is made once the request is over, stamped
-        // with when it started: nothing reads the run's events meanwhile
-        // (and a run dropped during the wait writes none), so thousands of
-        // runs waiting on Nova, or on its per-host cap, hold no event's
-        // strings while they wait (~0.8 KB each, measured below in
-        // BENCHMARKS.md).
-        let attempt = run.op.attempts;
         let op = &run.op;
         let name = op.action.as_str();
         let rid = RequestId::for_operation(op.id);
@@ -151,17 +151,17 @@ impl Executor {
                 Err(e) => (Sent::Failed(e), None),
             },
         };
+        let elapsed = started.elapsed();
         if let Some(left) = gate.left_at() {
             run.last_left_at = Some(left);
         }
         run.events.push(super::ledger::request_sent_event(
             run.op.id,
             run.op.action,
-            attempt,
+            run.op.attempts,
             outbound,
             started,
         ));
-        let elapsed = started.elapsed();
         let answered = |ev: NewEvent| match &nova_id {
             Some(id) => ev.with("nova_request_id", id),
             None => ev,
@@ -434,15 +434,15 @@ mod tests {
         );
         let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
         let delay = Duration::from_millis(400);
-        sim.sim.add_fault(crate::sim::FaultRule {
-            op: crate::sim::FaultOp::Attach,
-            server_id: None,
-            volume_id: None,
-            count: None,
-            fault: crate::sim::Fault::DelayAfterEffect {
-                ms: delay.as_millis() as u64,
-            },
-        });
+        sim.sim.add_fault(
+            crate::sim::FaultRule::new(
+                crate::sim::FaultOp::Attach,
+                crate::sim::Fault::DelayAfterEffect {
+                    ms: delay.as_millis() as u64,
+                },
+            )
+            .always(),
+        );
         let now = chrono::Utc::now();
         let op = Operation {
             id: Uuid::now_v7(),
@@ -494,8 +494,11 @@ mod tests {
                 }
             };
             tokio::select! {
-                sent = &mut send => panic!("answered before its delay: {sent:?}"),
+                // The request counted comes first: on a starved test
+                // thread the answer may be ready in the same round.
+                biased;
                 () = reached => {}
+                sent = &mut send => panic!("answered before its delay: {sent:?}"),
                 () = tokio::time::sleep(Duration::from_secs(30)) => panic!("the request never reached the simulator"),
             }
         }

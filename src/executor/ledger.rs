@@ -154,8 +154,9 @@ impl Executor {
         let mut t = Transition::new(&run.op, crate::domain::State::InProgress, &self.replica);
         t.add_attempt = true;
         t.request_sent = true;
-        // The attempt's own `request_sent` is logged when it leaves (with the
-        // next write): an intent is not a request sent.
+        // The attempt's own `request_sent` is made once its request is over
+        // (stamped with when it started) and logged with the next write: an
+        // intent is not a request sent.
         t.events = written_now(&mut run.events);
         match self
             .store
