@@ -397,8 +397,7 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::domain::deadline::BudgetPolicy;
-    use crate::domain::{Operation, RequestParams, State};
+    use crate::domain::deadline::{BudgetPolicy, Deadline};
     use crate::executor::{ExecSettings, ledger};
     use crate::metrics::Metrics;
     use crate::nova::NovaClient;
@@ -443,39 +442,15 @@ mod tests {
             )
             .always(),
         );
-        let now = chrono::Utc::now();
-        let op = Operation {
-            id: Uuid::now_v7(),
-            idempotency_key: "k".into(),
-            action: Action::Attach,
-            state: State::InProgress,
-            resolution: None,
-            server_id: server,
-            volume_id: volume,
-            params: RequestParams::default(),
-            attachment: None,
-            attempts: 1,
-            last_error: None,
-            deadline_at: now,
-            last_request_at: None,
-            created_at: now,
-            updated_at: now,
-            completed_at: None,
-            lease_owner: Some("r".into()),
-            lease_expires_at: None,
-            lease_epoch: 1,
-            caller: None,
-            drifted: false,
-            passes: 0,
-            escalated_at: None,
-            escalation: None,
-            verify_expect: None,
-            trace: None,
-        };
-        let id = op.id;
         let budget = BudgetPolicy::default()
             .plan(Instant::now(), Instant::now() + Duration::from_secs(60))
             .unwrap();
+        let req = crate::executor::test_request(server, volume);
+        let at = chrono::Utc::now();
+        let op = exec
+            .intent(&req, Deadline::none(), &budget, Instant::now())
+            .recorded_as(at, at, None, None);
+        let id = op.id;
         // The lease is known to hold: the gate lets the request out.
         let _hold = exec.holds.hold(id);
         exec.holds

@@ -1015,6 +1015,23 @@ async fn stoppable(
     }
 }
 
+/// A caller's attach of `volume` to `server` with key "k", for tests that
+/// need an operation as `submit` would make it (`intent`, then
+/// `recorded_as`): no hand-written row to keep in step with the domain.
+#[cfg(test)]
+pub(crate) fn test_request(server_id: Uuid, volume_id: Uuid) -> OpRequest {
+    OpRequest {
+        action: Action::Attach,
+        idempotency_key: IdempotencyKey::parse("k").unwrap(),
+        server_id,
+        volume_id,
+        params: RequestParams::default(),
+        caller: None,
+        trace: TraceContext::start(),
+        inflight: None,
+    }
+}
+
 #[cfg(test)]
 mod size_probe {
     //! Tens of thousands of these futures wait at once (10k attaches in
@@ -1060,16 +1077,7 @@ mod size_probe {
     #[tokio::test]
     async fn submitted_and_driven_operations_stay_small() {
         let exec = executor().await;
-        let req = OpRequest {
-            action: Action::Attach,
-            idempotency_key: IdempotencyKey::parse("k").unwrap(),
-            server_id: Uuid::nil(),
-            volume_id: Uuid::nil(),
-            params: RequestParams::default(),
-            caller: None,
-            trace: TraceContext::start(),
-            inflight: None,
-        };
+        let req = test_request(Uuid::nil(), Uuid::nil());
         // The operation's own task, waiting in its run: the run's future
         // and little else: 1,280 bytes (1,616 while the run's future kept
         // room for a fenced row; 3,568 when it kept the intent, the
@@ -1079,6 +1087,9 @@ mod size_probe {
             .plan(now, now + Duration::from_secs(10))
             .unwrap();
         let new = exec.intent(&req, Deadline::none(), &budget, now);
+        // The row it is once written, driven below.
+        let at = chrono::Utc::now();
+        let op = new.recorded_as(at, at, None, None);
         let (created, _c) = oneshot::channel();
         let (done, _d) = watch::channel(None);
         let own = exec.clone().own(Box::new(new), budget, created, done, None);
@@ -1086,35 +1097,6 @@ mod size_probe {
         drop(own);
         // The start is boxed: what stays is the wait for the result.
         assert_small("submit", &exec.submit(req, Deadline::none()), 768);
-        let now = chrono::Utc::now();
-        let op = Operation {
-            id: Uuid::nil(),
-            idempotency_key: "k".into(),
-            action: Action::Attach,
-            state: State::InProgress,
-            resolution: None,
-            server_id: Uuid::nil(),
-            volume_id: Uuid::nil(),
-            params: RequestParams::default(),
-            attachment: None,
-            attempts: 1,
-            last_error: None,
-            deadline_at: now,
-            last_request_at: None,
-            created_at: now,
-            updated_at: now,
-            completed_at: None,
-            lease_owner: None,
-            lease_expires_at: None,
-            lease_epoch: 1,
-            caller: None,
-            drifted: false,
-            passes: 0,
-            escalated_at: None,
-            escalation: None,
-            verify_expect: None,
-            trace: None,
-        };
         let budget = BudgetPolicy::default()
             .plan(Instant::now(), Instant::now() + Duration::from_secs(10))
             .unwrap();
