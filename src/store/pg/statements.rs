@@ -1,7 +1,7 @@
 //! The group commit's statements: every intent, decision and appended event
 //! of a batch in one multi-row statement each (arrays unnested; a batch of
 //! one row, as every write is when writes do not overlap, binds plain
-//! parameters instead), with the code that binds a batch to them. Also
+//! parameters in their place instead), with the code that binds a batch to them. Also
 //! their public faces for tests and `scripts/bench`: the writers'
 //! statements with their parameter types, and the service's write pattern
 //! as a pgbench script.
@@ -30,8 +30,9 @@ pub(in crate::store) struct Append {
     pub events: Vec<NewEvent>,
 }
 
-/// Intent rows of a batch, inserted by one statement (`CREATE_ONE`: the
-/// same for a batch of one, see `rows_from`); a row that hits a unique
+/// Intent rows of a batch, inserted by one statement (`CREATE_MANY`; a
+/// batch of one, `CREATE_ONE`, the same with its parameters in place,
+/// `params_in_place`); a row that hits a unique
 /// constraint (key replayed, volume busy, or its own id: a re-run whose
 /// first run committed) or a pruned key's tombstone (refused, never run
 /// again) is skipped and reported as `None` (its caller looks up why).
@@ -55,10 +56,16 @@ pub(in crate::store) struct Append {
 /// one that failed so skipped its row; a batch of several is written
 /// again with `ON CONFLICT DO NOTHING` (`CREATE_MANY`), which skips only
 /// the rows that conflict: a conflict costs its batch one round trip more.
-static CREATE_MANY: LazyLock<String> = LazyLock::new(|| create_sql(false, true));
-static CREATE_ONE: LazyLock<String> = LazyLock::new(|| create_sql(true, true));
-static CREATE_MANY_LEAN: LazyLock<String> = LazyLock::new(|| create_sql(false, false));
-static CREATE_ONE_LEAN: LazyLock<String> = LazyLock::new(|| create_sql(true, false));
+///
+/// A batch of one binds plain parameters straight into the insert
+/// (`create_one_sql`), and only an intent with events beyond `recorded`
+/// (`_LOGGED`) has the log row's insert in its statement at all.
+static CREATE_MANY: LazyLock<String> = LazyLock::new(|| create_sql(true));
+static CREATE_ONE: LazyLock<String> = LazyLock::new(|| create_one_sql(true, false));
+static CREATE_ONE_LOGGED: LazyLock<String> = LazyLock::new(|| create_one_sql(true, true));
+static CREATE_MANY_LEAN: LazyLock<String> = LazyLock::new(|| create_sql(false));
+static CREATE_ONE_LEAN: LazyLock<String> = LazyLock::new(|| create_one_sql(false, false));
+static CREATE_ONE_LEAN_LOGGED: LazyLock<String> = LazyLock::new(|| create_one_sql(false, true));
 
 /// An intent row's parameters, in order: name and type.
 const INTENT_COLUMNS: [(&str, &str); 18] = [
@@ -111,32 +118,56 @@ pub(super) const DECIDED_COLUMNS: &str = "o.id, o.attempts, o.last_request_at, o
 pub(super) const INTENDED_COLUMNS: &str =
     "id, created_at, deadline_at, last_request_at, lease_expires_at";
 
-/// Where a statement's rows come from, as `u`: unnested from one array
-/// parameter per column (`$1`…), or, for a batch of one (`one`), a single
-/// row of plain parameters. The one-row form is the same statement to the
-/// planner (the subquery is pulled up), without the arrays: measured with
-/// pgbench at one caller, 0.17–0.25 ms of execution per statement instead
-/// of 0.21–0.35, and that is every write when writes do not overlap
-/// (BENCHMARKS.md "One row, plain parameters").
-fn rows_from(columns: &[(&str, &str)], one: bool) -> String {
+/// Where a batch's rows come from, as `u`: unnested from one array
+/// parameter per column (`$1`…).
+fn rows_from(columns: &[(&str, &str)]) -> String {
     let names: Vec<&str> = columns.iter().map(|(n, _)| *n).collect();
     let params: Vec<String> = columns
         .iter()
         .enumerate()
-        .map(|(i, (_, t))| {
-            if one {
-                format!("${}::{t}", i + 1)
-            } else {
-                format!("${}::{t}[]", i + 1)
-            }
-        })
+        .map(|(i, (_, t))| format!("${}::{t}[]", i + 1))
         .collect();
-    let (params, names) = (params.join(", "), names.join(", "));
-    if one {
-        format!("(SELECT {params}) AS u({names})")
-    } else {
-        format!("unnest({params}) AS u({names})")
+    format!("unnest({}) AS u({})", params.join(", "), names.join(", "))
+}
+
+/// A batch of one binds plain parameters where the batch's statement
+/// reads `u.name`: `u.name` becomes `$i::type`. No row source, no join
+/// with one, no CTE that only carries parameters: measured with callgrind
+/// (`COUNT=1 scripts/pgprice`), 69,000 instructions of PostgreSQL's per
+/// intent and ~10,000 per decision fewer than the one-row subquery they
+/// replace, and that is every write when writes do not overlap
+/// (BENCHMARKS.md "Parameters in place").
+fn params_in_place(sql: &str, columns: &[(&str, &str)]) -> String {
+    let mut out = sql.to_string();
+    // Longest names first, so `u.lease_owner` is not eaten by `u.lease`.
+    let mut cols: Vec<(usize, &str, &str)> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, (n, t))| (i + 1, *n, *t))
+        .collect();
+    cols.sort_by_key(|(_, n, _)| std::cmp::Reverse(n.len()));
+    for (i, name, ty) in cols {
+        out = replace_word(&out, &format!("u.{name}"), &format!("${i}::{ty}"));
     }
+    debug_assert!(!out.contains(" u."), "a column of u left in place: {out}");
+    out
+}
+
+/// `from` replaced by `to` where it is a whole name (not followed by a
+/// name's character).
+fn replace_word(s: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find(from) {
+        let after = &rest[at + from.len()..];
+        let whole = !after.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+        let before_ok = !rest[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+        out.push_str(&rest[..at]);
+        out.push_str(if whole && before_ok { to } else { from });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The parameter types of a statement over `columns` (one row or arrays),
@@ -149,32 +180,64 @@ fn parameter_types(columns: &[(&str, &str)], one: bool) -> String {
         .join(", ")
 }
 
-fn create_sql(one: bool, guarded: bool) -> String {
+/// The intent's insert, reading its row from `u`.
+fn insert_sql(guarded: bool) -> String {
     format!(
-        "WITH u AS {inline}(SELECT * FROM {rows}),
-     ins AS (
-        INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
+        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller,
             trace_parent, trace_state, intent, key_hash)
         SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
             now() + u.deadline_ms * interval '1 millisecond', CASE WHEN u.attempts > 0 THEN now() END,
             u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller, u.trace_parent,
             u.trace_state, u.intent, u.key_hash
-        FROM u
-        WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t WHERE t.key_hash = u.key_hash)
-        {conflict}RETURNING {INTENDED_COLUMNS}
-     ), lg AS (
-        INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+        {from}WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t WHERE t.key_hash = u.key_hash)
+        {conflict}RETURNING {INTENDED_COLUMNS}",
+        from = "FROM u\n        ",
+        conflict = if guarded { "ON CONFLICT DO NOTHING\n        " } else { "" },
+    )
+}
+
+/// The log row of an intent's events beyond `recorded`, under the
+/// operation's id as its write id.
+const INTENT_LOG: &str = "INSERT INTO operation_log (operation_id, write_id, at, replica, events)
         SELECT u.id, u.id, clock_timestamp(), u.lease_owner, u.events
         FROM u JOIN ins ON ins.id = u.id
-        WHERE u.events IS NOT NULL
+        WHERE u.events IS NOT NULL";
+
+/// A batch of one: its insert with the parameters in place; `logged`, with
+/// the log row of its events (the last parameter), else without either.
+fn create_one_sql(guarded: bool, logged: bool) -> String {
+    let insert = insert_sql(guarded).replace("FROM u\n        ", "");
+    if !logged {
+        return params_in_place(&insert, &INTENT_COLUMNS[..INTENT_COLUMNS.len() - 1]);
+    }
+    let log = INTENT_LOG
+        .replace("FROM u JOIN ins ON ins.id = u.id", "FROM ins")
+        .replace("u.id, u.id", "ins.id, ins.id");
+    params_in_place(
+        &format!(
+            "WITH ins AS (
+        {insert}
+     ), lg AS (
+        {log}
+     )
+     SELECT {INTENDED_COLUMNS} FROM ins"
+        ),
+        &INTENT_COLUMNS,
+    )
+}
+
+fn create_sql(guarded: bool) -> String {
+    format!(
+        "WITH u AS (SELECT * FROM {rows}),
+     ins AS (
+        {insert}
+     ), lg AS (
+        {INTENT_LOG}
      )
      SELECT {INTENDED_COLUMNS} FROM ins",
-        // One row: inlined, so both uses read the plain parameters (a CTE
-        // used twice is otherwise materialized).
-        inline = if one { "NOT MATERIALIZED " } else { "" },
-        conflict = if guarded { "ON CONFLICT DO NOTHING\n        " } else { "" },
-        rows = rows_from(&INTENT_COLUMNS, one),
+        insert = insert_sql(guarded),
+        rows = rows_from(&INTENT_COLUMNS),
     )
 }
 
@@ -228,11 +291,7 @@ static TRANSITION_MANY: LazyLock<String> = LazyLock::new(|| transition_sql(false
 static TRANSITION_ONE: LazyLock<String> = LazyLock::new(|| transition_sql(true));
 
 fn transition_sql(one: bool) -> String {
-    format!(
-        "WITH u AS {inline}(
-        SELECT * FROM {rows}
-     ), upd AS (
-        UPDATE operations o SET
+    let update = "UPDATE operations o SET
             state = u.state,
             resolution = u.resolution,
             attachment = COALESCE(u.attachment, o.attachment),
@@ -247,10 +306,19 @@ fn transition_sql(one: bool) -> String {
             escalated_at = CASE WHEN u.escalation IS NOT NULL THEN now() ELSE o.escalated_at END,
             escalation = COALESCE(u.escalation, o.escalation),
             updated_at = now(),
-            last_write = u.write_id
+            last_write = u.write_id";
+    let fence = "o.id = u.id AND o.lease_epoch = u.epoch AND o.completed_at IS NULL
+          AND o.last_write IS DISTINCT FROM u.write_id";
+    let watched = "EXISTS (SELECT 1 FROM operation_watches w
+                     WHERE w.operation_id = upd.id AND w.until > now())";
+    if !one {
+        return format!(
+            "WITH u AS (
+        SELECT * FROM {rows}
+     ), upd AS (
+        {update}
         FROM u
-        WHERE o.id = u.id AND o.lease_epoch = u.epoch AND o.completed_at IS NULL
-          AND o.last_write IS DISTINCT FROM u.write_id
+        WHERE {fence}
         RETURNING {DECIDED_COLUMNS}
      ), lg AS (
         INSERT INTO operation_log (operation_id, write_id, at, replica, events)
@@ -259,15 +327,35 @@ fn transition_sql(one: bool) -> String {
         WHERE u.events IS NOT NULL
      ), n AS (
         SELECT pg_notify('{NOTIFY_CHANNEL}', string_agg(upd.id::text, ',')) FROM upd
-        WHERE EXISTS (SELECT 1 FROM operation_watches w
-                     WHERE w.operation_id = upd.id AND w.until > now())
+        WHERE {watched}
         HAVING count(*) > 0
      )
      SELECT upd.* FROM upd LEFT JOIN n ON true",
-        // One row: inlined, so both uses find it by the primary key as
-        // plain parameters (a CTE used twice is otherwise materialized).
-        inline = if one { "NOT MATERIALIZED " } else { "" },
-        rows = rows_from(&DECISION_COLUMNS, one),
+            rows = rows_from(&DECISION_COLUMNS),
+        );
+    }
+    // One row: the parameters in place, and its NOTIFY (if it is watched)
+    // sent by its own RETURNING (`notified`) instead of by a CTE that
+    // aggregates the batch and is joined in only to be run: 63,000
+    // instructions of PostgreSQL's per decision less.
+    params_in_place(
+        &format!(
+            "WITH upd AS (
+        {update}
+        WHERE {fence}
+        RETURNING {DECIDED_COLUMNS},
+            CASE WHEN {watched_row} THEN pg_notify('{NOTIFY_CHANNEL}', o.id::text) IS NOT NULL
+                 ELSE false END AS notified
+     ), lg AS (
+        INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+        SELECT upd.id, u.write_id, clock_timestamp(), u.replica, u.events
+        FROM upd
+        WHERE u.events IS NOT NULL
+     )
+     SELECT * FROM upd",
+            watched_row = watched.replace("upd.id", "o.id"),
+        ),
+        &DECISION_COLUMNS,
     )
 }
 
@@ -417,12 +505,24 @@ pub(super) async fn run_creates(
 /// The intents of a batch, `guarded` (`ON CONFLICT DO NOTHING`: batches of
 /// several rows only) or lean.
 fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
-    let (many, one) = if guarded {
-        (CREATE_MANY.as_str(), CREATE_ONE.as_str())
-    } else {
-        (CREATE_MANY_LEAN.as_str(), CREATE_ONE_LEAN.as_str())
+    // A batch of one with no events beyond `recorded` leaves the log row
+    // out of its statement, and its (NULL) parameter with it.
+    let logged = match news {
+        [n] => intent_json(n).1.is_some(),
+        _ => true,
     };
-    let q = Cols::new(many, one, news)
+    let one = match (guarded, logged) {
+        (true, false) => CREATE_ONE.as_str(),
+        (true, true) => CREATE_ONE_LOGGED.as_str(),
+        (false, false) => CREATE_ONE_LEAN.as_str(),
+        (false, true) => CREATE_ONE_LEAN_LOGGED.as_str(),
+    };
+    let many = if guarded {
+        CREATE_MANY.as_str()
+    } else {
+        CREATE_MANY_LEAN.as_str()
+    };
+    let cols = Cols::new(many, one, news)
         .bind(|n| n.id)
         .bind(|n| n.idempotency_key.clone())
         .bind(|n| n.fingerprint.clone())
@@ -443,9 +543,12 @@ fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
                 .and_then(|t| t.tracestate().map(str::to_string))
         })
         .bind(|n| Uuid::from_bytes(key_hash(n.caller.as_deref(), &n.idempotency_key)))
-        .bind(|n| intent_json(n).0)
-        .bind(|n| intent_json(n).1)
-        .q;
+        .bind(|n| intent_json(n).0);
+    let q = if logged {
+        cols.bind(|n| intent_json(n).1).q
+    } else {
+        cols.q
+    };
     Batch { q }
 }
 
@@ -495,7 +598,8 @@ pub(super) fn transitions(ts: &[&Transition]) -> Batch {
 /// The writers' statements as they prepare them, for plan tests: name,
 /// parameter types (as `PREPARE` takes them) and text; for batches of
 /// several rows (arrays), then of one (plain parameters, `rows_from`).
-pub fn writer_statements() -> [(&'static str, String, String); 6] {
+pub fn writer_statements() -> [(&'static str, String, String); 8] {
+    let unlogged = &INTENT_COLUMNS[..INTENT_COLUMNS.len() - 1];
     [
         (
             "decide",
@@ -514,8 +618,13 @@ pub fn writer_statements() -> [(&'static str, String, String); 6] {
         ),
         (
             "intend_one",
-            parameter_types(&INTENT_COLUMNS, true),
+            parameter_types(unlogged, true),
             CREATE_ONE.clone(),
+        ),
+        (
+            "intend_one_logged",
+            parameter_types(&INTENT_COLUMNS, true),
+            CREATE_ONE_LOGGED.clone(),
         ),
         (
             "intend_lean",
@@ -524,8 +633,13 @@ pub fn writer_statements() -> [(&'static str, String, String); 6] {
         ),
         (
             "intend_one_lean",
-            parameter_types(&INTENT_COLUMNS, true),
+            parameter_types(unlogged, true),
             CREATE_ONE_LEAN.clone(),
+        ),
+        (
+            "intend_one_lean_logged",
+            parameter_types(&INTENT_COLUMNS, true),
+            CREATE_ONE_LEAN_LOGGED.clone(),
         ),
     ]
 }
@@ -579,7 +693,7 @@ pub fn pgbench_script() -> String {
             // The key's hash (the key is random: so is its hash).
             "gen_random_uuid()",
             "'{\"replica\":\"pgbench\",\"metadata\":{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\",\"caller_span_id\":\"-\"},\"derived\":[\"idempotency_key\",\"caller\",\"trace_id\",\"traceparent\"]}'::jsonb",
-            "NULL::jsonb",
+            // No events beyond `recorded`: the statement without the log row.
         ],
     );
     let decide = substitute(
@@ -606,4 +720,71 @@ pub fn pgbench_script() -> String {
     format!(
         "\\set n random(1, 2000000000)\n\\set hi random(1, 9000000000000000000)\n\\set lo random(1, 9000000000000000000)\n{create};\n{decide};\n"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parameters a statement reads: `$i` for each i, in order of
+    /// first appearance sorted.
+    fn params(sql: &str) -> Vec<usize> {
+        let mut out: Vec<usize> = sql
+            .split('$')
+            .skip(1)
+            .filter_map(|s| {
+                let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().ok()
+            })
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    #[test]
+    fn one_row_statements_read_every_parameter_in_place_and_no_row_source() {
+        let unlogged = INTENT_COLUMNS.len() - 1;
+        for (name, sql, n) in [
+            ("intend_one", CREATE_ONE.as_str(), unlogged),
+            ("intend_one_lean", CREATE_ONE_LEAN.as_str(), unlogged),
+            (
+                "intend_one_logged",
+                CREATE_ONE_LOGGED.as_str(),
+                INTENT_COLUMNS.len(),
+            ),
+            (
+                "intend_one_lean_logged",
+                CREATE_ONE_LEAN_LOGGED.as_str(),
+                INTENT_COLUMNS.len(),
+            ),
+            (
+                "decide_one",
+                TRANSITION_ONE.as_str(),
+                DECISION_COLUMNS.len(),
+            ),
+        ] {
+            assert_eq!(params(sql), (1..=n).collect::<Vec<_>>(), "{name}: {sql}");
+            for w in sql.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.')) {
+                assert!(
+                    !w.starts_with("u."),
+                    "{name} reads {w} of a row source: {sql}"
+                );
+            }
+            assert!(!sql.contains("unnest"), "{name}: {sql}");
+        }
+        assert!(!CREATE_ONE.contains("operation_log"));
+        assert!(CREATE_ONE_LOGGED.contains("operation_log"));
+        assert!(CREATE_ONE.contains("ON CONFLICT DO NOTHING"));
+        assert!(!CREATE_ONE_LEAN.contains("ON CONFLICT"));
+        assert!(TRANSITION_ONE.contains("pg_notify"));
+    }
+
+    #[test]
+    fn a_name_is_replaced_only_where_it_is_whole() {
+        assert_eq!(
+            replace_word("u.lease_owner, u.lease, menu.lease", "u.lease", "$1"),
+            "u.lease_owner, $1, menu.lease"
+        );
+    }
 }
