@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::lifecycle::{attach, ids, secs, with_history};
-use support::{AppOptions, TestApp, eventually, spawn_app, with_timeout};
+use support::{AppOptions, TestApp, eventually, eventually_explained, spawn_app, with_timeout};
 use tokio::time::Instant;
 use uuid::Uuid;
 use volume_reconciler::domain::State;
@@ -84,41 +84,46 @@ async fn attach_load(
     all
 }
 
-/// Runs reconciler rounds until no operation of `keys` is open.
+/// Runs reconciler rounds until no operation of `keys` is open; if one
+/// stays open, the failure says which, and its log.
 async fn reconcile_all(app: &TestApp, keys: &[String], within: Duration) {
     let (store, reconciler) = (app.store.clone(), app.reconciler.clone());
     let keys = keys.to_vec();
-    eventually(within, "every operation is decided", || {
+    eventually_explained(within, "every operation is decided", || {
         let (store, reconciler, keys) = (store.clone(), reconciler.clone(), keys.clone());
         async move {
-            if let Err(e) = reconciler.run_once().await {
-                if std::env::var("DEBUG_OPEN").is_ok() {
-                    eprintln!("RUN_ONCE {e}");
-                }
-                return false;
-            }
+            reconciler
+                .run_once()
+                .await
+                .map_err(|e| format!("a reconciler round failed: {e}"))?;
             for k in &keys {
-                match store.operation_get_by_key(None, k).await {
-                    Ok(Some(op)) if !op.state.is_terminal() => {
-                        if std::env::var("DEBUG_OPEN").is_ok() {
-                            let log = store.operation_events(op.id).await.unwrap_or_default();
-                            eprintln!(
-                                "OPEN {:?} attempts={} err={:?}",
-                                op.state,
-                                op.attempts,
-                                op.last_error.as_ref().map(|e| &e.message)
-                            );
-                            for e in log {
-                                eprintln!("   {} {} {}", e.kind, e.detail, e.replica);
-                            }
-                        }
-                        return false;
-                    }
-                    Ok(_) => {}
-                    Err(_) => return false,
-                }
+                let op = store
+                    .operation_get_by_key(None, k)
+                    .await
+                    .map_err(|e| format!("reading {k}: {e}"))?;
+                let Some(op) = op.filter(|op| !op.state.is_terminal()) else {
+                    continue;
+                };
+                let log = store.operation_events(op.id).await.unwrap_or_default();
+                let lines: Vec<String> = log
+                    .iter()
+                    .map(|e| format!("  {} {} {} {}", e.at, e.replica, e.kind, e.detail))
+                    .collect();
+                return Err(format!(
+                    "{k} is still {:?}: attempts {}, created {}, last request {:?}, \
+                     lease {:?} until {:?}, passes {}, error {:?}; its log:\n{}",
+                    op.state,
+                    op.attempts,
+                    op.created_at,
+                    op.last_request_at,
+                    op.lease_owner,
+                    op.lease_expires_at,
+                    op.passes,
+                    op.last_error.as_ref().map(|e| &e.message),
+                    lines.join("\n")
+                ));
             }
-            true
+            Ok(())
         }
     })
     .await;
@@ -561,5 +566,113 @@ async fn an_intent_held_up_past_its_answer_time_is_of_unknown_outcome_and_driven
         .iter()
         .any(|a| a.volume_id == volume && a.server_id == server);
     assert_eq!(decided.state == State::Succeeded, attached, "{decided:?}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_intent_the_server_receives_after_its_task_gave_up_on_it_is_never_recorded() {
+    // A statement can reach the server long after the service gave up on
+    // it: a proxy or a network that held its bytes (pgbouncer's PAUSE, a
+    // NAT that comes back) hands it over when it speaks again, and the
+    // server runs it then. An intent its task read back, found absent and
+    // gave up on, and that the server ran afterwards, would be an
+    // operation nobody drives, recorded as sent (its first attempt is
+    // counted with the intent): the reconciler would wait out the attach's
+    // 31-minute settle window for a request that never left, and the
+    // volume would stay busy meanwhile. (The one CI failure of the
+    // 20-second silence test above.) The intent carries the instant after
+    // which it may no longer be recorded, on the database's clock, and its
+    // task gives up only once the database's clock is past it.
+    let direct = support::pg::fresh_database().await;
+    let (proxy, url) = FaultProxy::for_url(&direct)
+        .await
+        .expect("the proxy starts");
+    let app = spawn_app(
+        AppOptions {
+            db_url: Some(url),
+            ..with_history(support::Ledger::Postgres)
+        }
+        .arg("--db-statement-timeout", "2s"),
+    )
+    .await;
+    let (warm, _, h) = one_attach(&app, secs(10.0)).await;
+    assert!(matches!(h, Heard::Decided(_)), "{warm}: {h:?}");
+    // The writer's connection, used a moment ago, is lent again without a
+    // ping: the intent's statement goes out on it, and is held there.
+    proxy.silence_open();
+    proxy.set_new(NewConns::Refuse);
+    let (key, volume, heard) = one_attach(&app, secs(4.0)).await;
+    assert!(
+        matches!(heard, Heard::Error(tonic::Code::DeadlineExceeded, _)),
+        "{key}: {heard:?}"
+    );
+    let timeouts: f64 = support::lifecycle::metric(&app, "volume_reconciler_db_timeouts_total")
+        .await
+        .iter()
+        .filter(|(k, _)| k.contains("kind=\"intent\""))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(
+        timeouts >= 1.0,
+        "the intent's statement was not held up in flight (no intent round trip timed out)"
+    );
+    // The database is reachable again, but for the held connection: the
+    // task reads the intent back until it can tell, and ends.
+    proxy.set_new(NewConns::Pass);
+    let exec = app.exec.clone();
+    eventually(secs(60.0), "the operation's task ends", || {
+        let exec = exec.clone();
+        async move { exec.running() == 0 }
+    })
+    .await;
+    assert!(
+        app.store
+            .operation_get_by_key(None, &key)
+            .await
+            .unwrap()
+            .is_none(),
+        "{key}: recorded before the held statement was delivered"
+    );
+    // Now the server gets the held statement, and runs it.
+    proxy.resume();
+    let watcher = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&direct)
+        .await
+        .expect("a direct connection");
+    let proxy = Arc::new(proxy);
+    eventually(
+        secs(30.0),
+        "the server is done with every connection the proxy closed",
+        || {
+            let (watcher, proxy) = (watcher.clone(), proxy.clone());
+            async move {
+                let ports: Vec<i32> = sqlx::query_scalar(
+                    "SELECT client_port FROM pg_stat_activity
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()
+                       AND client_port IS NOT NULL",
+                )
+                .fetch_all(&watcher)
+                .await
+                .expect("the server's sessions");
+                let open = proxy.upstream_ports();
+                ports.iter().all(|p| open.contains(&(*p as u16)))
+            }
+        },
+    )
+    .await;
+    let late = app.store.operation_get_by_key(None, &key).await.unwrap();
+    assert!(
+        late.is_none(),
+        "{key}: recorded after its task had given it up, and driven by nobody: {late:?}"
+    );
+    let sent = app
+        .sim
+        .truth()
+        .requests
+        .iter()
+        .filter(|r| r.op == "attach" && r.volume_id == volume)
+        .count();
+    assert_eq!(sent, 0, "{key}: Nova received the attach");
     app.stop().await;
 }

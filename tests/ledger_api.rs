@@ -841,6 +841,7 @@ async fn control_characters_in_free_text_are_refused_naming_the_field() {
         trace: None,
         replica: "test".into(),
         events: vec![NewEvent::new("recorded", "left pending")],
+        record_by: None,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let CreateOutcome::Created(pending) = app.store.operation_create(new, deadline).await.unwrap()

@@ -1181,6 +1181,7 @@ async fn dead_holders_attach(
         trace: None,
         replica: "a-dead-replica".into(),
         events: vec![NewEvent::new("recorded", "left by a replica that died")],
+        record_by: None,
     };
     match store
         .operation_create(new, Instant::now() + secs(10.0))

@@ -185,6 +185,7 @@ async fn seed_unknown(app: &TestApp) -> Uuid {
         trace: None,
         replica: "crashed".into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],
+        record_by: None,
     };
     match app
         .store

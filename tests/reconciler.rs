@@ -64,6 +64,7 @@ async fn left_op(
         trace: None,
         replica: "crashed".into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],
+        record_by: None,
     };
     match store
         .operation_create(new, Instant::now() + Duration::from_secs(30))

@@ -885,6 +885,7 @@ async fn pending_of(app: &support::TestApp, caller: &str) -> Uuid {
         trace: None,
         replica: "test".into(),
         events: vec![NewEvent::new("recorded", "left pending")],
+        record_by: None,
     };
     match app
         .store

@@ -60,6 +60,7 @@ fn new_op(key: &str, volume: Uuid, state: State) -> NewOperation {
             NewEvent::new("recorded", "r"),
             NewEvent::new("request_sent", "s").with("attempt", 1),
         ],
+        record_by: None,
     }
 }
 

@@ -330,7 +330,7 @@ impl Executor {
             confirm::Precheck::WaitReady => AfterIntent::WaitReady,
             confirm::Precheck::Decided(_) => AfterIntent::LookAgain(new.clone()),
         };
-        let id = new.id;
+        let (id, record_by) = (new.id, new.record_by);
         let write_started = Instant::now();
         // Boxed: the result (520 bytes) is matched across an await
         // below, and its room would stay in this future for the whole
@@ -380,7 +380,7 @@ impl Executor {
                     "the intent may have been recorded; reading it before anything is concluded");
                 drop(created.send(Box::new(Err(e))));
                 keep_created = None;
-                match Box::pin(self.intent_fate(id, Instant::now())).await {
+                match Box::pin(self.intent_fate(id, record_by, Instant::now())).await {
                     Some(op) => op,
                     None => return,
                 }
@@ -446,16 +446,32 @@ impl Executor {
     /// After an intent write of unknown outcome: the intent as the ledger
     /// holds it, once the database answers, if it committed and is still
     /// this replica's to drive (open, its lease neither taken over nor
-    /// lapsed: renewed now); `None` when it did not commit, is another's
-    /// now, or the database stayed unreachable for `DECISION_HORIZON`
-    /// (then the reconciler decides it). The caller holds `id` meanwhile,
-    /// so the heartbeat keeps its lease as soon as the database answers.
-    async fn intent_fate(&self, id: Uuid, failed_at: Instant) -> Option<Operation> {
+    /// lapsed: renewed now); `None` when it will never be recorded, is
+    /// another's now, or the database stayed unreachable for
+    /// `DECISION_HORIZON` (then the reconciler decides it). The caller
+    /// holds `id` meanwhile, so the heartbeat keeps its lease as soon as
+    /// the database answers.
+    ///
+    /// Absent, it is given up only once no statement of it can still be
+    /// recorded. A statement can reach the server any time later (a proxy
+    /// or a network that held its bytes hands them over when it speaks
+    /// again): with `record_by`, one arriving after that time of the
+    /// database's inserts nothing, and one that began executing before it
+    /// ends within the server's statement bound, so a read that began
+    /// when the database's clock was past both does not miss it. Without
+    /// it (a store in this process, nothing held in flight), a read that
+    /// began the bound twice after the failure.
+    async fn intent_fate(
+        &self,
+        id: Uuid,
+        record_by: Option<DateTime<Utc>>,
+        failed_at: Instant,
+    ) -> Option<Operation> {
         use backon::BackoffBuilder as _;
-        // A row not seen by a read that began this long after the failure
-        // was never written: no statement of the failed write runs longer
-        // than the database's own bound.
-        let settled = failed_at + 2 * self.store.round_trip_bound();
+        let bound = 2 * self.store.round_trip_bound();
+        let settled_at = failed_at + bound;
+        let settled_db =
+            record_by.map(|t| t + chrono::Duration::from_std(bound).unwrap_or_default());
         let mut pauses = backon::ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(250))
             .with_max_delay(Duration::from_secs(5))
@@ -463,7 +479,18 @@ impl Executor {
             .without_max_times()
             .build();
         loop {
-            let read_at = Instant::now();
+            // The database's clock read before the row: the read's own
+            // snapshot is later still.
+            let settled = match settled_db {
+                None => Instant::now() >= settled_at,
+                Some(by) => match self.store.now().await {
+                    Ok(now) => now >= by,
+                    Err(e) => {
+                        tracing::debug!(operation_id = %id, error = %e, "reading the database's clock");
+                        false
+                    }
+                },
+            };
             match self.store.operation_get(id).await {
                 Ok(Some(op))
                     if op.state.is_terminal()
@@ -487,14 +514,17 @@ impl Executor {
                             tracing::info!(operation_id = %id, "the intent was recorded; driving it");
                             return Some(op);
                         }
-                        Ok(_) => return None,
+                        // Not renewed: taken over, or only locked by the
+                        // heartbeat's renewal of the same lease (`SKIP
+                        // LOCKED`) at this moment; the next read tells.
+                        Ok(_) => {}
                         Err(e) => {
                             tracing::debug!(operation_id = %id, error = %e, "renewing the intent's lease")
                         }
                     }
                 }
-                Ok(None) if read_at >= settled => {
-                    tracing::info!(operation_id = %id, "the intent was not recorded");
+                Ok(None) if settled => {
+                    tracing::info!(operation_id = %id, "the intent was not recorded, and never will be");
                     return None;
                 }
                 Ok(None) => {}
@@ -719,6 +749,7 @@ impl Executor {
             trace: Some(req.trace.clone()),
             replica: self.replica.clone(),
             events: vec![recorded],
+            record_by: self.store.intent_record_by(budget.answer_by),
         }
     }
 

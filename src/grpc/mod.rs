@@ -632,6 +632,7 @@ mod scope_tests {
             trace: None,
             replica: "r".into(),
             events: vec![NewEvent::new("recorded", "pending")],
+            record_by: None,
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let CreateOutcome::Created(op) = store.operation_create(new, deadline).await.unwrap()

@@ -7,7 +7,7 @@
 //! simulated but the failure.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -45,6 +45,10 @@ struct Conn {
     silent: watch::Sender<bool>,
     reset: CancellationToken,
     closed: AtomicBool,
+    /// The local port of its connection to the upstream (0 until it is
+    /// connected): the server knows the connection by it
+    /// (`pg_stat_activity.client_port`).
+    upstream_port: AtomicU16,
 }
 
 impl FaultProxy {
@@ -103,6 +107,19 @@ impl FaultProxy {
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.shared.prune()
+    }
+
+    /// The local ports of the open connections to the upstream: a server
+    /// session on any other port of this host's is one whose connection
+    /// the proxy has closed (the server may still be at work on what it
+    /// was handed last).
+    pub fn upstream_ports(&self) -> Vec<u16> {
+        self.shared
+            .open_now()
+            .iter()
+            .map(|c| c.upstream_port.load(Ordering::SeqCst))
+            .filter(|p| *p != 0)
+            .collect()
     }
 
     /// Every open connection goes silent; returns how many did.
@@ -184,6 +201,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Cancellat
             silent: watch::channel(new == NewConns::Silent).0,
             reset: CancellationToken::new(),
             closed: AtomicBool::new(false),
+            upstream_port: AtomicU16::new(0),
         });
         shared
             .open
@@ -220,6 +238,10 @@ async fn proxy_one(client: TcpStream, upstream: SocketAddr, conn: Arc<Conn>) {
             return;
         }
     };
+    match server.local_addr() {
+        Ok(a) => conn.upstream_port.store(a.port(), Ordering::SeqCst),
+        Err(e) => tracing::debug!(error = %e, "fault proxy: no local address upstream"),
+    }
     for s in [&client, &server] {
         // Forwarded at once, as the peers wrote it.
         if let Err(e) = s.set_nodelay(true) {

@@ -163,6 +163,13 @@ pub struct NewOperation {
     pub trace: Option<TraceContext>,
     pub replica: String,
     pub events: Vec<NewEvent>,
+    /// The database's time past which the intent may no longer be
+    /// recorded (`Store::intent_record_by`; `None`: whenever it arrives).
+    /// A statement of it that reaches the server later, its bytes held by
+    /// a proxy or a network while its task read it back, found it absent
+    /// and gave up, inserts nothing: no intent is ever recorded that
+    /// nobody drives.
+    pub record_by: Option<DateTime<Utc>>,
 }
 
 /// What `operation_create` found.
@@ -631,10 +638,20 @@ pub trait Store: Send + Sync + 'static {
         drop(observer);
     }
 
-    /// The longest one round trip to the database may take: a write not
-    /// seen by a read that began this long after it failed never landed.
+    /// The longest one round trip to the database may take: a statement
+    /// that began executing finished this long after at the latest.
     fn round_trip_bound(&self) -> Duration {
         DbBounds::DEFAULT.round_trip
+    }
+
+    /// For an intent to be written by `deadline`: the database's time past
+    /// which it may no longer be recorded (`NewOperation::record_by`):
+    /// the latest the database's clock can read at `deadline`, and a
+    /// second more. `None` when the store cannot bound its clock (the
+    /// embedded store, in this process: nothing holds its statements in
+    /// flight).
+    fn intent_record_by(&self, _deadline: Instant) -> Option<DateTime<Utc>> {
+        None
     }
 
     /// How full the store's pools and queues are now.

@@ -274,13 +274,34 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    eventually_explained(within, what, || {
+        let fut = check();
+        async move {
+            if fut.await {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        }
+    })
+    .await
+}
+
+/// `eventually`, with why it does not hold yet: the last reason is in the
+/// test's failure.
+pub async fn eventually_explained<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        if check().await {
-            return;
-        }
+        let why = match check().await {
+            Ok(()) => return,
+            Err(why) => why,
+        };
         if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {within:?} waiting for: {what}");
+            panic!("timed out after {within:?} waiting for: {what}\n{why}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -349,6 +370,7 @@ pub fn pending_attach(
         trace: None,
         replica: by.into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],
+        record_by: None,
     }
 }
 

@@ -107,6 +107,7 @@ async fn seed(store: &dyn Store, args: &ReconcileBenchArgs) -> anyhow::Result<()
             trace: None,
             replica: "bench".into(),
             events: vec![NewEvent::new("recorded", "seeded by bench reconcile")],
+            record_by: None,
         };
         match store
             .operation_create(new, Instant::now() + Duration::from_secs(60))

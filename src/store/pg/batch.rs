@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::bounds::Bounds;
+use super::clock::DbClock;
 use super::conns::{Conns, Observer};
 use super::statements::{self, Append};
 use crate::domain::Operation;
@@ -78,6 +79,8 @@ pub(super) struct Writer {
     /// trip, instead of a transaction of four.
     queues: [mpsc::Sender<Job>; 2],
     conns: Arc<Conns>,
+    /// The database's clock as the intents' round trips bound it.
+    pub(super) clock: Arc<DbClock>,
     /// Writes submitted and not yet answered, on any path.
     pending: Arc<AtomicUsize>,
     /// This replica's change announcements: its own decisions are
@@ -111,9 +114,27 @@ impl Writer {
             bounds,
             observer,
         ));
-        // One connection now: the first write should not pay for it.
-        let first = conns.lend(true, Instant::now() + bounds.connect).await?;
-        first.finish::<()>(&Ok(()));
+        // One connection now: the first write should not pay for it. It
+        // reads the server's clock too: an intent is bound by it from the
+        // first (`DbClock`).
+        let clock = Arc::new(DbClock::default());
+        let mut first = conns.lend(true, Instant::now() + bounds.connect).await?;
+        let sent = Instant::now();
+        let now = conns
+            .timed(
+                RoundTrip::Ping,
+                "reading the database's clock",
+                sent + bounds.round_trip,
+                async {
+                    sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>("SELECT now()")
+                        .fetch_one(first.conn())
+                        .await
+                        .map_err(StoreError::db("reading the database's clock"))
+                },
+            )
+            .await;
+        first.finish(&now);
+        clock.observe(sent, Instant::now(), now?);
         // Bounded, and larger than the cap on mutations in flight: a full
         // queue means the database has fallen far behind, and the caller
         // is told so at once instead of waiting out its deadline.
@@ -121,13 +142,19 @@ impl Writer {
             let (tx, rx) = mpsc::channel(QUEUE);
             let rx = Arc::new(Mutex::new(rx));
             for _ in 0..per_kind {
-                tokio::spawn(writer_loop(conns.clone(), rx.clone(), stop.clone()));
+                tokio::spawn(writer_loop(
+                    conns.clone(),
+                    clock.clone(),
+                    rx.clone(),
+                    stop.clone(),
+                ));
             }
             tx
         });
         Ok(Self {
             queues,
             conns,
+            clock,
             pending: Arc::new(AtomicUsize::new(0)),
             changes,
         })
@@ -169,7 +196,7 @@ impl Writer {
         if alone {
             // Boxed: the batch state machine is large, and every write waiting
             // in the queue would otherwise carry room for it.
-            return Box::pin(try_one(&self.conns, &payload, deadline)).await;
+            return Box::pin(try_one(&self.conns, &self.clock, &payload, deadline)).await;
         }
         let (reply, rx) = oneshot::channel();
         let queue = match payload {
@@ -203,6 +230,7 @@ impl Writer {
 
 async fn writer_loop(
     conns: Arc<Conns>,
+    clock: Arc<DbClock>,
     rx: Arc<Mutex<mpsc::Receiver<Job>>>,
     stop: CancellationToken,
 ) {
@@ -222,11 +250,11 @@ async fn writer_loop(
             }
             jobs
         };
-        run_batch(&conns, jobs).await;
+        run_batch(&conns, &clock, jobs).await;
     }
 }
 
-async fn run_batch(conns: &Conns, jobs: Vec<Job>) {
+async fn run_batch(conns: &Conns, clock: &DbClock, jobs: Vec<Job>) {
     // A write whose caller's deadline already passed is not made: the
     // caller is told so, and nothing is recorded behind its back.
     let now = Instant::now();
@@ -239,7 +267,7 @@ async fn run_batch(conns: &Conns, jobs: Vec<Job>) {
         return;
     }
     let batch: Vec<(&Payload, Instant)> = live.iter().map(|j| (&j.payload, j.deadline)).collect();
-    match try_batch(conns, &batch).await {
+    match try_batch(conns, clock, &batch).await {
         Ok(results) => {
             for (job, r) in live.into_iter().zip(results) {
                 drop(job.reply.send(answer(r)));
@@ -256,7 +284,7 @@ async fn run_batch(conns: &Conns, jobs: Vec<Job>) {
             // write recognises as its own.
             tracing::debug!(error = %e, jobs = live.len(), "batch failed; writing its jobs one by one");
             for job in live {
-                let r = try_one(conns, &job.payload, job.deadline).await;
+                let r = try_one(conns, clock, &job.payload, job.deadline).await;
                 drop(job.reply.send(answer(r)));
             }
         }
@@ -264,11 +292,11 @@ async fn run_batch(conns: &Conns, jobs: Vec<Job>) {
 }
 
 /// One write as a batch of its own, unless its deadline already passed.
-async fn try_one(conns: &Conns, payload: &Payload, deadline: Instant) -> Written {
+async fn try_one(conns: &Conns, clock: &DbClock, payload: &Payload, deadline: Instant) -> Written {
     if deadline <= Instant::now() {
         return Err(expired());
     }
-    match try_batch(conns, &[(payload, deadline)]).await {
+    match try_batch(conns, clock, &[(payload, deadline)]).await {
         Ok(mut v) => v.pop().unwrap_or(Ok(None)),
         Err(e) => Err(e),
     }
@@ -312,9 +340,11 @@ fn retry_pauses() -> backon::ExponentialBackoff {
 /// unreachable, a conflict) is made again on a new connection, without
 /// the jobs whose deadline passed meanwhile (answered as expired), until
 /// none is left: each write recognises its own effect if an earlier try
-/// committed it.
+/// committed it. The intents' answers carry the server's clock: they
+/// bound it (`clock`).
 async fn try_batch(
     conns: &Conns,
+    clock: &DbClock,
     batch: &[(&Payload, Instant)],
 ) -> Result<Vec<Written>, StoreError> {
     const WHAT: &str = "writing to the ledger";
@@ -349,10 +379,17 @@ async fn try_batch(
         let payloads: Vec<&Payload> = live.iter().map(|i| batch[*i].0).collect();
         let tried = async {
             let mut lent = conns.lend(fresh, until).await?;
+            let sent = Instant::now();
             let written = conns
                 .timed(kind, WHAT, until, batch_on(lent.conn(), &payloads))
                 .await;
             lent.finish(&written);
+            if let Ok(written) = &written
+                && let Some(Ok(Some(op))) = written.first()
+                && kind == RoundTrip::Intent
+            {
+                clock.observe(sent, Instant::now(), op.created_at);
+            }
             written
         }
         .await;

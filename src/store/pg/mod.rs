@@ -9,6 +9,7 @@
 //! - `statements`: the group commit's statements and their binding.
 //! - `conns`: the store's own connections, every round trip bounded.
 //! - `bounds`: how long a round trip may take, and both ends' TCP bounds.
+//! - `clock`: the database's clock as the round trips bound it.
 //! - [`sockets`]: keepalive and the user timeout on this process's sockets.
 //! - `listen`: LISTEN/NOTIFY to the store's subscribers.
 //! - `retention`: pruning, one round at a time across replicas.
@@ -20,6 +21,7 @@
 
 mod batch;
 mod bounds;
+mod clock;
 mod conns;
 mod listen;
 mod retention;
@@ -1200,6 +1202,15 @@ impl Store for PgStore {
 
     fn round_trip_bound(&self) -> Duration {
         self.reads.bounds().round_trip
+    }
+
+    fn intent_record_by(&self, deadline: Instant) -> Option<DateTime<Utc>> {
+        // A second of margin: an intent sent by its deadline is recorded
+        // even if the bound was drawn from a slightly stale round trip.
+        self.writer
+            .clock
+            .latest_at(deadline)
+            .map(|t| t + chrono::Duration::seconds(1))
     }
 
     fn saturation(&self) -> Saturation {

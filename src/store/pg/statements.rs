@@ -68,7 +68,7 @@ static CREATE_ONE_LEAN: LazyLock<String> = LazyLock::new(|| create_one_sql(false
 static CREATE_ONE_LEAN_LOGGED: LazyLock<String> = LazyLock::new(|| create_one_sql(false, true));
 
 /// An intent row's parameters, in order: name and type.
-const INTENT_COLUMNS: [(&str, &str); 18] = [
+const INTENT_COLUMNS: [(&str, &str); 19] = [
     ("id", "uuid"),
     ("key", "text"),
     ("fp", "text"),
@@ -85,6 +85,7 @@ const INTENT_COLUMNS: [(&str, &str); 18] = [
     ("trace_parent", "text"),
     ("trace_state", "text"),
     ("key_hash", "uuid"),
+    ("record_by", "timestamptz"),
     ("intent", "jsonb"),
     ("events", "jsonb"),
 ];
@@ -191,6 +192,7 @@ fn insert_sql(guarded: bool) -> String {
             u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller, u.trace_parent,
             u.trace_state, u.intent, u.key_hash
         {from}WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t WHERE t.key_hash = u.key_hash)
+          AND now() < u.record_by
         {conflict}RETURNING {INTENDED_COLUMNS}",
         from = "FROM u\n        ",
         conflict = if guarded { "ON CONFLICT DO NOTHING\n        " } else { "" },
@@ -429,6 +431,12 @@ fn intent_json(n: &NewOperation) -> (Option<serde_json::Value>, Option<serde_jso
 
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
+/// `record_by` of an intent that may be recorded whenever it arrives.
+static WHENEVER: LazyLock<chrono::DateTime<chrono::Utc>> = LazyLock::new(|| {
+    chrono::DateTime::from_timestamp(253_402_300_799, 0)
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
+});
+
 /// A batch's rows bound column by column: each column one array
 /// parameter, or, for a batch of one, one plain parameter (the statements'
 /// one-row form, `rows_from`).
@@ -543,6 +551,7 @@ fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
                 .and_then(|t| t.tracestate().map(str::to_string))
         })
         .bind(|n| Uuid::from_bytes(key_hash(n.caller.as_deref(), &n.idempotency_key)))
+        .bind(|n| n.record_by.unwrap_or(*WHENEVER))
         .bind(|n| intent_json(n).0);
     let q = if logged {
         cols.bind(|n| intent_json(n).1).q
@@ -692,6 +701,8 @@ pub fn pgbench_script() -> String {
             "NULL::text",
             // The key's hash (the key is random: so is its hash).
             "gen_random_uuid()",
+            // The time past which it may no longer be recorded.
+            "(now() + interval '10 seconds')",
             "'{\"replica\":\"pgbench\",\"metadata\":{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\",\"caller_span_id\":\"-\"},\"derived\":[\"idempotency_key\",\"caller\",\"trace_id\",\"traceparent\"]}'::jsonb",
             // No events beyond `recorded`: the statement without the log row.
         ],
