@@ -633,31 +633,42 @@ async fn an_intent_the_server_receives_after_its_task_gave_up_on_it_is_never_rec
             .is_none(),
         "{key}: recorded before the held statement was delivered"
     );
-    // Now the server gets the held statement, and runs it.
-    proxy.resume();
+    // The sessions whose connections the service closed while they were
+    // held: the intent's is among them, its statement not yet delivered.
     let watcher = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(&direct)
         .await
         .expect("a direct connection");
-    let proxy = Arc::new(proxy);
+    let sessions_on = |ports: Vec<u16>| {
+        let watcher = watcher.clone();
+        async move {
+            let on: Vec<i32> = sqlx::query_scalar(
+                "SELECT client_port FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .fetch_all(&watcher)
+            .await
+            .expect("the server's sessions");
+            on.into_iter()
+                .filter(|p| ports.contains(&(*p as u16)))
+                .count()
+        }
+    };
+    let dropped = proxy.dropped_while_silent();
+    assert!(
+        sessions_on(dropped.clone()).await >= 1,
+        "no session of a connection closed while held: {dropped:?}"
+    );
+    // Now the server gets what was held, and runs it; each of those
+    // sessions ends once it has.
+    proxy.resume();
     eventually(
         secs(30.0),
-        "the server is done with every connection the proxy closed",
+        "the server has run what the closed connections held",
         || {
-            let (watcher, proxy) = (watcher.clone(), proxy.clone());
-            async move {
-                let ports: Vec<i32> = sqlx::query_scalar(
-                    "SELECT client_port FROM pg_stat_activity
-                     WHERE datname = current_database() AND pid <> pg_backend_pid()
-                       AND client_port IS NOT NULL",
-                )
-                .fetch_all(&watcher)
-                .await
-                .expect("the server's sessions");
-                let open = proxy.upstream_ports();
-                ports.iter().all(|p| open.contains(&(*p as u16)))
-            }
+            let on = sessions_on(dropped.clone());
+            async move { on.await == 0 }
         },
     )
     .await;

@@ -1297,6 +1297,77 @@ async fn postgres_writes_survive_their_connections_being_killed() {
     assert_eq!(rows, 2, "each intent written once");
 }
 
+/// An intent that runs on the server past the time it had to be recorded
+/// by (`record_by`: its statement held in flight until then, or the
+/// server's clock ahead of the service's bound of it) inserts nothing, and
+/// its writer is told why (not that the volume was busy), as a write that
+/// certainly did not happen; the key is free for a new intent.
+#[tokio::test]
+async fn postgres_an_intent_run_past_its_record_by_time_is_not_recorded_and_says_why() {
+    let store = pg_store().await;
+    let now = store.now().await.unwrap();
+    let late = NewOperation {
+        record_by: Some(now - chrono::Duration::seconds(1)),
+        ..new_op("late", Uuid::new_v4(), State::InProgress)
+    };
+    let refused = store
+        .operation_create(late, soon())
+        .await
+        .expect_err("an intent past its record-by time");
+    assert!(
+        refused.to_string().contains("recorded by") && !refused.may_have_written(),
+        "{refused}"
+    );
+    assert!(
+        store
+            .operation_get_by_key(Some("tester"), "late")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let again = NewOperation {
+        record_by: Some(now + chrono::Duration::seconds(60)),
+        ..new_op("late", Uuid::new_v4(), State::InProgress)
+    };
+    let recorded = create(store.as_ref(), again).await;
+    assert_eq!(recorded.idempotency_key, "late");
+}
+
+/// An intent absent from the ledger is given up for good only once no
+/// statement of it can still insert it: the database's clock is past its
+/// `record_by` by the statement bound, and no transaction begun before
+/// `record_by` that wrote anything is still running (one that inserted it
+/// may still be committing: a slow flush, a synchronous standby away).
+#[tokio::test]
+async fn postgres_an_absent_intent_is_settled_only_once_no_writer_older_than_its_record_by_runs() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let store = volume_reconciler::store::open(&url, 4).await.unwrap();
+    let mut writer = support::pg::Admin::connect(&url).await;
+    // A transaction that has written (it has an id), begun before the
+    // intent's record-by time.
+    writer.run("BEGIN").await;
+    writer.run("SELECT txid_current()").await;
+    let record_by = store.now().await.unwrap() + chrono::Duration::milliseconds(10);
+    let bound = chrono::Duration::from_std(store.round_trip_bound()).unwrap();
+    let s = store.clone();
+    support::eventually(
+        Duration::from_secs(30),
+        "the database's clock is past record_by and the bound",
+        || {
+            let s = s.clone();
+            async move { s.now().await.unwrap() >= record_by + bound }
+        },
+    )
+    .await;
+    assert!(
+        !store.intent_settled(record_by).await.unwrap(),
+        "settled while a writer older than record_by runs"
+    );
+    writer.run("ROLLBACK").await;
+    assert!(store.intent_settled(record_by).await.unwrap());
+}
+
 /// Another replica learns of a decision by NOTIFY only when somebody
 /// watches the operation: a decision nobody watches notifies nobody (at one
 /// caller a NOTIFY per decision cost ~0.1 ms), a watched one does; each

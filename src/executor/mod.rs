@@ -453,14 +453,13 @@ impl Executor {
     /// the database answers.
     ///
     /// Absent, it is given up only once no statement of it can still be
-    /// recorded. A statement can reach the server any time later (a proxy
-    /// or a network that held its bytes hands them over when it speaks
-    /// again): with `record_by`, one arriving after that time of the
-    /// database's inserts nothing, and one that began executing before it
-    /// ends within the server's statement bound, so a read that began
-    /// when the database's clock was past both does not miss it. Without
-    /// it (a store in this process, nothing held in flight), a read that
-    /// began the bound twice after the failure.
+    /// recorded (`Store::intent_settled`). A statement can reach the
+    /// server any time later (a proxy or a network that held its bytes
+    /// hands them over when it speaks again): with `record_by`, one that
+    /// arrives after that time of the database's inserts nothing, and the
+    /// store tells when every one that arrived before it has ended.
+    /// Without it (a store in this process: nothing is held in flight), a
+    /// read that began twice the round-trip bound after the failure.
     async fn intent_fate(
         &self,
         id: Uuid,
@@ -468,10 +467,7 @@ impl Executor {
         failed_at: Instant,
     ) -> Option<Operation> {
         use backon::BackoffBuilder as _;
-        let bound = 2 * self.store.round_trip_bound();
-        let settled_at = failed_at + bound;
-        let settled_db =
-            record_by.map(|t| t + chrono::Duration::from_std(bound).unwrap_or_default());
+        let settled_at = failed_at + 2 * self.store.round_trip_bound();
         let mut pauses = backon::ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(250))
             .with_max_delay(Duration::from_secs(5))
@@ -479,14 +475,13 @@ impl Executor {
             .without_max_times()
             .build();
         loop {
-            // The database's clock read before the row: the read's own
-            // snapshot is later still.
-            let settled = match settled_db {
+            // Asked before the row is read: the read's snapshot is later.
+            let settled = match record_by {
                 None => Instant::now() >= settled_at,
-                Some(by) => match self.store.now().await {
-                    Ok(now) => now >= by,
+                Some(by) => match self.store.intent_settled(by).await {
+                    Ok(settled) => settled,
                     Err(e) => {
-                        tracing::debug!(operation_id = %id, error = %e, "reading the database's clock");
+                        tracing::debug!(operation_id = %id, error = %e, "asking whether the intent can still be recorded");
                         false
                     }
                 },

@@ -49,7 +49,13 @@ struct Conn {
     /// connected): the server knows the connection by it
     /// (`pg_stat_activity.client_port`).
     upstream_port: AtomicU16,
+    /// Its client closed it while it was silent: when it speaks again, the
+    /// upstream gets what it held, then the end.
+    dropped_while_silent: AtomicBool,
 }
+
+/// What a silent connection takes in and holds, at most, per direction.
+const HOLD: usize = 1 << 20;
 
 impl FaultProxy {
     /// A proxy on a free loopback port to `upstream`.
@@ -117,6 +123,20 @@ impl FaultProxy {
         self.shared
             .open_now()
             .iter()
+            .map(|c| c.upstream_port.load(Ordering::SeqCst))
+            .filter(|p| *p != 0)
+            .collect()
+    }
+
+    /// The upstream ports of the connections their clients closed while
+    /// they were silent: the server sessions on these ports are each
+    /// handed what their connection held, and its end, once it speaks
+    /// again (then they are gone).
+    pub fn dropped_while_silent(&self) -> Vec<u16> {
+        self.shared
+            .open_now()
+            .iter()
+            .filter(|c| c.dropped_while_silent.load(Ordering::SeqCst))
             .map(|c| c.upstream_port.load(Ordering::SeqCst))
             .filter(|p| *p != 0)
             .collect()
@@ -202,6 +222,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Cancellat
             reset: CancellationToken::new(),
             closed: AtomicBool::new(false),
             upstream_port: AtomicU16::new(0),
+            dropped_while_silent: AtomicBool::new(false),
         });
         shared
             .open
@@ -250,8 +271,8 @@ async fn proxy_one(client: TcpStream, upstream: SocketAddr, conn: Arc<Conn>) {
     }
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    let up = tokio::spawn(pump(cr, sw, conn.clone()));
-    let down = tokio::spawn(pump(sr, cw, conn.clone()));
+    let up = tokio::spawn(pump(cr, sw, conn.clone(), true));
+    let down = tokio::spawn(pump(sr, cw, conn.clone(), false));
     let (up, down) = (up.await, down.await);
     if let (Ok(Some(a)), Ok(Some(b))) = (up, down) {
         // Reset: both halves of each socket back, zero linger, dropped.
@@ -263,23 +284,47 @@ async fn proxy_one(client: TcpStream, upstream: SocketAddr, conn: Arc<Conn>) {
     conn.closed.store(true, Ordering::SeqCst);
 }
 
-/// Forwards `from` to `to` until either ends, holding what it read while
-/// the connection is silent. On a reset, hands both halves back (to be
-/// closed with an RST); `None` after an ordinary end.
+/// Forwards `from` to `to` until either ends. While the connection is
+/// silent, what `from` sends is taken in and held (as the network would
+/// have it in flight), up to `HOLD` bytes, and its end too: all of it is
+/// delivered when it speaks again. `up`: `from` is the client. On a
+/// reset, hands both halves back (to be closed with an RST); `None` after
+/// an ordinary end.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     conn: Arc<Conn>,
+    up: bool,
 ) -> Option<(OwnedReadHalf, OwnedWriteHalf)> {
     let mut silent = conn.silent.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
+    let mut held = Vec::new();
+    let mut ended = false;
     loop {
-        // A silent connection reads nothing either, as a black hole.
         while *silent.borrow_and_update() {
             tokio::select! {
                 c = silent.changed() => if c.is_err() { return None },
                 _ = conn.reset.cancelled() => return Some((from, to)),
+                r = from.read(&mut buf), if !ended && held.len() < HOLD => match r {
+                    Ok(0) | Err(_) => {
+                        ended = true;
+                        if up {
+                            conn.dropped_while_silent.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    Ok(n) => held.extend_from_slice(&buf[..n]),
+                },
             }
+        }
+        if !held.is_empty() {
+            tokio::select! {
+                r = to.write_all(&held) => if r.is_err() { break },
+                _ = conn.reset.cancelled() => return Some((from, to)),
+            }
+            held.clear();
+        }
+        if ended {
+            break;
         }
         let n = tokio::select! {
             r = from.read(&mut buf) => match r {
@@ -288,12 +333,10 @@ async fn pump(
             },
             _ = conn.reset.cancelled() => return Some((from, to)),
         };
-        // Read just as it went silent: held until it speaks again.
-        while *silent.borrow_and_update() {
-            tokio::select! {
-                c = silent.changed() => if c.is_err() { return None },
-                _ = conn.reset.cancelled() => return Some((from, to)),
-            }
+        if *silent.borrow() {
+            // Read just as it went silent: held until it speaks again.
+            held.extend_from_slice(&buf[..n]);
+            continue;
         }
         tokio::select! {
             r = to.write_all(&buf[..n]) => if r.is_err() { break },

@@ -638,8 +638,9 @@ pub trait Store: Send + Sync + 'static {
         drop(observer);
     }
 
-    /// The longest one round trip to the database may take: a statement
-    /// that began executing finished this long after at the latest.
+    /// The longest one round trip to the database may take (and the
+    /// server's own bound of a statement's execution, PostgreSQL's
+    /// `statement_timeout`).
     fn round_trip_bound(&self) -> Duration {
         DbBounds::DEFAULT.round_trip
     }
@@ -652,6 +653,15 @@ pub trait Store: Send + Sync + 'static {
     /// flight).
     fn intent_record_by(&self, _deadline: Instant) -> Option<DateTime<Utc>> {
         None
+    }
+
+    /// Whether an intent bound by `record_by` that a read begun after this
+    /// answer does not find will never be recorded: no statement of it can
+    /// insert it any more, and none that could is still under way.
+    async fn intent_settled(&self, record_by: DateTime<Utc>) -> Result<bool, StoreError> {
+        let bound = chrono::Duration::from_std(2 * self.round_trip_bound())
+            .unwrap_or(chrono::Duration::MAX);
+        Ok(self.now().await? >= record_by + bound)
     }
 
     /// How full the store's pools and queues are now.

@@ -21,10 +21,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-/// How fast the two clocks may drift apart, at most: 100 parts per
-/// million (an NTP-disciplined clock stays well within it).
-const DRIFT_PPM: u32 = 100;
+/// How fast the two clocks may drift apart, at most: 1,000 parts per
+/// million (an NTP-disciplined clock stays well within it; the bound is
+/// refreshed every second or so, by the reconciler's rounds and by the
+/// intents' own round trips).
+const DRIFT_PPM: u32 = 1000;
 
+/// The tightest upper bound of the server's clock the round trips gave.
 #[derive(Debug, Default)]
 pub(super) struct DbClock {
     best: Mutex<Option<Sample>>,
@@ -89,11 +92,11 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(clock.latest_at(t0), None);
         // Sent at t0, the server read 100 s: at t0 + 5 s it reads at most
-        // 105 s (and the drift allowance, 500 µs).
+        // 105 s (and the drift allowance, 5 ms).
         clock.observe(t0, t0 + Duration::from_millis(40), at(100));
         let b = clock.latest_at(t0 + Duration::from_secs(5)).unwrap();
         assert!(
-            b >= at(105) && b <= at(105) + chrono::Duration::milliseconds(1),
+            b >= at(105) && b <= at(105) + chrono::Duration::milliseconds(6),
             "{b}"
         );
         // A round trip that bounds it less tightly (the server read 101.5 s
@@ -104,7 +107,7 @@ mod tests {
             at(101) + chrono::Duration::milliseconds(500),
         );
         let b = clock.latest_at(t0 + Duration::from_secs(5)).unwrap();
-        assert!(b <= at(105) + chrono::Duration::milliseconds(1), "{b}");
+        assert!(b <= at(105) + chrono::Duration::milliseconds(6), "{b}");
         // A tighter one replaces it.
         clock.observe(
             t0 + Duration::from_secs(2),
@@ -113,7 +116,7 @@ mod tests {
         );
         let b = clock.latest_at(t0 + Duration::from_secs(5)).unwrap();
         assert!(
-            b >= at(104) && b <= at(104) + chrono::Duration::milliseconds(1),
+            b >= at(104) && b <= at(104) + chrono::Duration::milliseconds(4),
             "{b}"
         );
     }
@@ -137,6 +140,6 @@ mod tests {
         clock.observe(t0, t0, at(0));
         let hour = Duration::from_secs(3600);
         let b = clock.latest_at(t0 + hour).unwrap();
-        assert_eq!(b, at(3600) + chrono::Duration::milliseconds(360));
+        assert_eq!(b, at(3600) + chrono::Duration::milliseconds(3600));
     }
 }

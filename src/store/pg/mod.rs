@@ -389,16 +389,34 @@ impl PgStore {
         if let Some(why) = rows::not_inserted(new, found.as_ref()) {
             return Ok(Some(why));
         }
-        // No operation has the key: its tombstone kept the intent out.
+        // No operation has the key: its tombstone kept the intent out ...
         let expired = self
             .operation_key_expired(new.caller.as_deref(), &new.idempotency_key)
             .await?;
-        Ok(expired.map(|pruned_at| {
-            Err(StoreError::KeyExpired {
+        if let Some(pruned_at) = expired {
+            return Ok(Some(Err(StoreError::KeyExpired {
                 key: new.idempotency_key.clone(),
                 pruned_at,
-            })
-        }))
+            })));
+        }
+        // ... or its guard: the database's clock read past `record_by`
+        // (this read corrects the bound it was drawn from, if the server's
+        // clock stepped forward). Nothing was recorded, and it never will
+        // be: another try with the key is a new intent.
+        if let Some(by) = new.record_by {
+            let now = self.now().await?;
+            if now >= by {
+                return Ok(Some(Err(StoreError::database(
+                    "recording the operation",
+                    DbFailure::Contention,
+                    format!(
+                        "the database's clock ({now}) was past the time the intent had to be \
+                         recorded by ({by}) when it ran; nothing was recorded"
+                    ),
+                ))));
+            }
+        }
+        Ok(None)
     }
 
     /// The operations a query returns (by id or by key: at most one).
@@ -1098,10 +1116,17 @@ impl Store for PgStore {
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        self.read(RoundTrip::Read, "reading the database's clock", |c| {
-            Box::pin(sqlx::query_scalar("SELECT now()").fetch_one(c))
-        })
-        .await
+        // The reconciler reads it every round: the intents' bound of the
+        // database's clock stays fresh (and is corrected if the server's
+        // clock stepped forward) even while no intent is written.
+        let sent = Instant::now();
+        let now = self
+            .read(RoundTrip::Read, "reading the database's clock", |c| {
+                Box::pin(sqlx::query_scalar("SELECT now()").fetch_one(c))
+            })
+            .await?;
+        self.writer.clock.observe(sent, Instant::now(), now);
+        Ok(now)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Uuid> {
@@ -1205,12 +1230,41 @@ impl Store for PgStore {
     }
 
     fn intent_record_by(&self, deadline: Instant) -> Option<DateTime<Utc>> {
-        // A second of margin: an intent sent by its deadline is recorded
-        // even if the bound was drawn from a slightly stale round trip.
+        // A second of margin, for clocks that drift apart faster than the
+        // bound allows (a clock being slewed hard).
         self.writer
             .clock
             .latest_at(deadline)
             .map(|t| t + chrono::Duration::seconds(1))
+    }
+
+    /// Settled once the database's clock is past `record_by` by the
+    /// statement bound (no statement of the intent can pass its guard any
+    /// more, and every one that did has finished executing, or been
+    /// cancelled by `statement_timeout`) and no transaction that began
+    /// before `record_by` and wrote anything is still running (one that
+    /// inserted it may still be committing: a slow flush, a synchronous
+    /// standby away). Read-only transactions (a backup's) do not hold it.
+    async fn intent_settled(&self, record_by: DateTime<Utc>) -> Result<bool, StoreError> {
+        let bound_ms = self.round_trip_bound().as_secs_f64() * 1000.0;
+        self.read(
+            RoundTrip::Read,
+            "asking whether an intent can still be recorded",
+            move |c| {
+                Box::pin(
+                    sqlx::query_scalar(
+                        "SELECT now() >= $1 + $2 * interval '1 millisecond'
+                            AND NOT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE datname = current_database()
+                                  AND backend_xid IS NOT NULL AND xact_start < $1)",
+                    )
+                    .bind(record_by)
+                    .bind(bound_ms)
+                    .fetch_one(c),
+                )
+            },
+        )
+        .await
     }
 
     fn saturation(&self) -> Saturation {
