@@ -71,48 +71,6 @@ pub(super) fn conflict_sql() -> String {
 pub(super) const EVENTS: &str = "SELECT at, kind, detail, metadata, replica FROM operation_events
      WHERE operation_id = $1 ORDER BY id";
 
-/// The metadata of a `recorded` event that the row's columns say anyway:
-/// left out of `intent` when equal, and rendered back from the columns.
-const DERIVED: [&str; 4] = ["idempotency_key", "caller", "trace_id", "traceparent"];
-
-/// The `intent` column of a new operation (PostgreSQL): its `recorded`
-/// event without what the columns say (`DERIVED`, when equal), and the
-/// replica that recorded it; `NULL` when it has no `recorded` event.
-pub(super) fn compact_recorded(n: &NewOperation) -> Option<serde_json::Value> {
-    let recorded = n
-        .events
-        .first()
-        .filter(|e| e.kind == crate::domain::event::RECORDED)?;
-    let trace = n.trace.as_ref();
-    let derived = |key: &str| -> Option<String> {
-        match key {
-            "idempotency_key" => Some(n.idempotency_key.clone()),
-            "caller" => Some(n.caller.clone().unwrap_or_else(|| "-".into())),
-            "trace_id" => trace.map(|t| t.trace_id().to_string()),
-            "traceparent" => trace.map(|t| t.traceparent()),
-            _ => None,
-        }
-    };
-    let mut metadata = serde_json::Map::new();
-    let mut dropped = Vec::new();
-    for (k, v) in &recorded.metadata {
-        if DERIVED.contains(&k.as_str()) && derived(k).as_deref() == Some(v.as_str()) {
-            dropped.push(serde_json::Value::String(k.clone()));
-        } else {
-            metadata.insert(k.clone(), serde_json::Value::String(v.clone()));
-        }
-    }
-    let mut intent = serde_json::json!({
-        "replica": n.replica,
-        "metadata": metadata,
-        "derived": dropped,
-    });
-    if recorded.detail != format!("{} recorded", n.action.as_str()) {
-        intent["detail"] = serde_json::Value::String(recorded.detail.clone());
-    }
-    Some(intent)
-}
-
 pub(super) const COUNT_BY_STATE: &str = "SELECT state, NULLIF(resolution, '') AS resolution, n
      FROM operation_counts WHERE n <> 0 ORDER BY state, resolution";
 
@@ -481,12 +439,6 @@ where
             existing: Box::new(existing),
         })
     })
-}
-
-/// JSON of our own plain structs, which cannot fail to serialize (no maps
-/// with non-string keys, no custom serializers).
-pub(super) fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
-    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
 }
 
 /// Why an operator's decision found no open operation to end.

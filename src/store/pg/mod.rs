@@ -611,8 +611,8 @@ fn resolve_sql() -> String {
 }
 
 /// One write's events as its log row holds them.
-fn events_json(events: &[NewEvent]) -> serde_json::Value {
-    statements::log_events(events).unwrap_or(serde_json::Value::Array(Vec::new()))
+fn events_json(events: &[NewEvent]) -> statements::Jsonb {
+    statements::events_or_none(events)
 }
 
 #[async_trait]
@@ -1330,7 +1330,7 @@ async fn mark_drift(
     c: &mut PgConnection,
     id: Uuid,
     replica: String,
-    events: serde_json::Value,
+    events: statements::Jsonb,
 ) -> Result<bool, sqlx::Error> {
     use sqlx::Connection as _;
     let mut tx = c.begin().await?;

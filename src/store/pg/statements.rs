@@ -11,8 +11,13 @@ use std::sync::LazyLock;
 use sqlx::postgres::{PgArguments, PgConnection, PgRow, Postgres};
 use uuid::Uuid;
 
+use serde::Serialize;
+use serde::ser::{SerializeMap as _, SerializeSeq as _};
+use serde_json::value::RawValue;
+use sqlx::types::Json;
+
 use crate::domain::NewEvent;
-use crate::store::rows::{COLUMNS, key_hash, to_json};
+use crate::store::rows::{COLUMNS, key_hash};
 use crate::store::{NewOperation, StoreError, Transition};
 
 /// The LISTEN/NOTIFY channel of change notifications: one per committed
@@ -395,24 +400,132 @@ pub(super) fn decided_again_sql() -> String {
     format!("SELECT {COLUMNS}, last_write = $2 AS mine FROM operations WHERE id = $1")
 }
 
+/// A `jsonb` parameter, serialized once straight from borrowed fields:
+/// no tree of owned `serde_json::Value`s in between (a writer builds one
+/// per row of its batch, on the path every caller of the batch waits on).
+pub(super) type Jsonb = Json<Box<RawValue>>;
+
+pub(super) fn jsonb<T: Serialize + ?Sized>(v: &T) -> Jsonb {
+    // Our own plain structs and string maps, which cannot fail to
+    // serialize (no maps with non-string keys, no custom serializers that
+    // fail).
+    Json(serde_json::value::to_raw_value(v).unwrap_or_else(|_| RawValue::NULL.to_owned()))
+}
+
+/// An event's metadata as a JSON object, its pairs in order: a later pair
+/// with the same key wins, as `jsonb` keeps the last of duplicate keys.
+pub(super) struct Metadata<'a>(pub &'a [(String, String)]);
+
+impl Serialize for Metadata<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// A write's events as its log row holds them.
+struct Logged<'a>(&'a [NewEvent]);
+
+impl Serialize for Logged<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Event<'a> {
+            kind: &'a str,
+            detail: &'a str,
+            metadata: Metadata<'a>,
+            ago_ms: f64,
+        }
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for e in self.0 {
+            seq.serialize_element(&Event {
+                kind: e.kind,
+                detail: &e.detail,
+                metadata: Metadata(&e.metadata),
+                ago_ms: e.ago.as_secs_f64() * 1000.0,
+            })?;
+        }
+        seq.end()
+    }
+}
+
 /// The log row of one write: its events as one JSON array, each with how
 /// long before the write it happened (`NULL`: no events).
-pub(super) fn log_events(events: &[NewEvent]) -> Option<serde_json::Value> {
-    (!events.is_empty()).then(|| {
-        serde_json::Value::Array(
-            events
-                .iter()
-                .map(|e| {
-                    serde_json::json!({
-                        "kind": e.kind,
-                        "detail": e.detail,
-                        "metadata": e.metadata_json(),
-                        "ago_ms": e.ago.as_secs_f64() * 1000.0,
-                    })
-                })
-                .collect(),
-        )
-    })
+pub(super) fn log_events(events: &[NewEvent]) -> Option<Jsonb> {
+    (!events.is_empty()).then(|| jsonb(&Logged(events)))
+}
+
+/// A write's events as one JSON array, empty if it has none.
+pub(super) fn events_or_none(events: &[NewEvent]) -> Jsonb {
+    jsonb(&Logged(events))
+}
+
+/// The metadata of a `recorded` event that the row's columns say anyway:
+/// left out of `intent` when equal, and rendered back from the columns.
+const DERIVED: [&str; 4] = ["idempotency_key", "caller", "trace_id", "traceparent"];
+
+/// The `intent` column of a new operation (PostgreSQL): its `recorded`
+/// event without what the columns say (`DERIVED`, when equal), and the
+/// replica that recorded it; `NULL` when it has no `recorded` event.
+fn compact_recorded(n: &NewOperation) -> Option<Jsonb> {
+    let recorded = n
+        .events
+        .first()
+        .filter(|e| e.kind == crate::domain::event::RECORDED)?;
+    let caller = n.caller.as_deref().unwrap_or("-");
+    let (trace_id, traceparent) = match n.trace.as_ref() {
+        Some(t) => (Some(t.trace_id()), Some(t.traceparent())),
+        None => (None, None),
+    };
+    let derived = |key: &str| -> Option<&str> {
+        match key {
+            "idempotency_key" => Some(&n.idempotency_key),
+            "caller" => Some(caller),
+            "trace_id" => trace_id.as_deref(),
+            "traceparent" => traceparent.as_deref(),
+            _ => None,
+        }
+    };
+    let mut dropped = Vec::new();
+    let mut kept = Vec::with_capacity(recorded.metadata.len());
+    for (k, v) in &recorded.metadata {
+        if DERIVED.contains(&k.as_str()) && derived(k) == Some(v.as_str()) {
+            dropped.push(k.as_str());
+        } else {
+            kept.push((k.as_str(), v.as_str()));
+        }
+    }
+    #[derive(Serialize)]
+    struct Intent<'a> {
+        replica: &'a str,
+        metadata: Pairs<'a>,
+        derived: Vec<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        detail: Option<&'a str>,
+    }
+    let plain = recorded.detail.strip_suffix(" recorded") == Some(n.action.as_str());
+    Some(jsonb(&Intent {
+        replica: &n.replica,
+        metadata: Pairs(&kept),
+        derived: dropped,
+        detail: (!plain).then_some(recorded.detail.as_str()),
+    }))
+}
+
+/// Pairs as a JSON object, in order (a later pair with the same key wins,
+/// as `jsonb` keeps the last of duplicate keys).
+struct Pairs<'a>(&'a [(&'a str, &'a str)]);
+
+impl Serialize for Pairs<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
 }
 
 /// The intent's own events, as the row keeps them (`intent`): the
@@ -420,12 +533,12 @@ pub(super) fn log_events(events: &[NewEvent]) -> Option<serde_json::Value> {
 /// caller, the trace, the answer-by budget: rendered back on reading, see
 /// `rows::intent_events`); events after it (Cinder's word before sending)
 /// go to a log row of their own.
-fn intent_json(n: &NewOperation) -> (Option<serde_json::Value>, Option<serde_json::Value>) {
+fn intent_json(n: &NewOperation) -> (Option<Jsonb>, Option<Jsonb>) {
     let (recorded, rest) = match n.events.split_first() {
         Some((first, rest)) if first.kind == crate::domain::event::RECORDED => (Some(first), rest),
         _ => (None, &n.events[..]),
     };
-    let intent = recorded.and_then(|_| crate::store::rows::compact_recorded(n));
+    let intent = recorded.and_then(|_| compact_recorded(n));
     (intent, log_events(rest))
 }
 
@@ -452,6 +565,22 @@ impl<'a, T> Cols<'a, T> {
             q: sqlx::query(sql),
             items,
         }
+    }
+
+    /// A column already made, one value per row.
+    fn bind_owned<U>(mut self, mut values: Vec<U>) -> Self
+    where
+        U: 'static + sqlx::Encode<'static, Postgres> + sqlx::Type<Postgres>,
+        Vec<U>: 'static + sqlx::Encode<'static, Postgres> + sqlx::Type<Postgres>,
+    {
+        self.q = match (self.items, values.pop()) {
+            ([_], Some(value)) => self.q.bind(value),
+            (_, last) => {
+                values.extend(last);
+                self.q.bind(values)
+            }
+        };
+        self
     }
 
     fn bind<U>(mut self, f: impl Fn(&T) -> U) -> Self
@@ -513,10 +642,14 @@ pub(super) async fn run_creates(
 /// The intents of a batch, `guarded` (`ON CONFLICT DO NOTHING`: batches of
 /// several rows only) or lean.
 fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
+    // Each row's JSON, made once (the two columns are bound one after the
+    // other, column by column).
+    let mut json: Vec<(Option<Jsonb>, Option<Jsonb>)> =
+        news.iter().map(|n| intent_json(n)).collect();
     // A batch of one with no events beyond `recorded` leaves the log row
     // out of its statement, and its (NULL) parameter with it.
-    let logged = match news {
-        [n] => intent_json(n).1.is_some(),
+    let logged = match &json[..] {
+        [(_, log)] => log.is_some(),
         _ => true,
     };
     let one = match (guarded, logged) {
@@ -538,7 +671,7 @@ fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
         .bind(|n| n.state.as_str().to_string())
         .bind(|n| n.server_id)
         .bind(|n| n.volume_id)
-        .bind(|n| to_json(&n.params))
+        .bind(|n| jsonb(&n.params))
         .bind(|n| n.attempts)
         .bind(|n| n.deadline_in.as_secs_f64() * 1000.0)
         .bind(|n| n.lease_owner.clone())
@@ -551,13 +684,11 @@ fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
                 .and_then(|t| t.tracestate().map(str::to_string))
         })
         .bind(|n| Uuid::from_bytes(key_hash(n.caller.as_deref(), &n.idempotency_key)))
-        .bind(|n| n.record_by.unwrap_or(*WHENEVER))
-        .bind(|n| intent_json(n).0);
-    let q = if logged {
-        cols.bind(|n| intent_json(n).1).q
-    } else {
-        cols.q
-    };
+        .bind(|n| n.record_by.unwrap_or(*WHENEVER));
+    let intents: Vec<Option<Jsonb>> = json.iter_mut().map(|(intent, _)| intent.take()).collect();
+    let logs: Vec<Option<Jsonb>> = json.into_iter().map(|(_, log)| log).collect();
+    let q = cols.bind_owned(intents);
+    let q = if logged { q.bind_owned(logs).q } else { q.q };
     Batch { q }
 }
 
@@ -575,7 +706,7 @@ pub(super) fn appends(appends: &[&Append]) -> Batch {
         .bind(
             appends
                 .iter()
-                .map(|a| log_events(&a.events).unwrap_or(serde_json::Value::Array(Vec::new())))
+                .map(|a| events_or_none(&a.events))
                 .collect::<Vec<_>>(),
         );
     Batch { q }
@@ -588,10 +719,10 @@ pub(super) fn transitions(ts: &[&Transition]) -> Batch {
         .bind(|t| t.lease_epoch)
         .bind(|t| t.state.as_str().to_string())
         .bind(|t| t.resolution.map(|r| r.as_str().to_string()))
-        .bind(|t| t.attachment.as_ref().map(to_json))
+        .bind(|t| t.attachment.as_ref().map(jsonb))
         .bind(|t| i32::from(t.add_attempt))
         .bind(|t| t.last_error.is_some())
-        .bind(|t| t.last_error.as_ref().and_then(|e| e.as_ref().map(to_json)))
+        .bind(|t| t.last_error.as_ref().and_then(|e| e.as_ref().map(jsonb)))
         .bind(|t| t.request_sent)
         .bind(|t| t.release_lease)
         .bind(|t| t.next_attempt_in.map(|d| d.as_secs_f64() * 1000.0))
