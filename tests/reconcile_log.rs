@@ -3,7 +3,7 @@
 //! can take (plain, lost response, reconciler, operator, drift), held
 //! against golden files under `tests/golden/reconcile_log/` recorded before
 //! the ledger's storage of the log changed: whatever the storage, what they
-//! show stays the same. Values that differ from run to run (ids, times,
+//! show stays the same, on PostgreSQL and on the embedded store alike. Values that differ from run to run (ids, times,
 //! durations, ports, trace ids) are normalized; the order, kinds, details,
 //! metadata keys and replicas are compared as they are.
 //!
@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use support::lifecycle::{attach, ids, secs, with_history};
-use support::{TestApp, spawn_app, with_timeout};
+use support::{Ledger, TestApp, spawn_app, with_timeout};
 use uuid::Uuid;
 use volume_reconciler::grpc::pb;
 use volume_reconciler::sim::{Fault, FaultOp, FaultRule};
@@ -205,13 +205,13 @@ fn golden(name: &str, actual: &str) {
     }
 }
 
-async fn app() -> TestApp {
-    app_settling("0s").await
+async fn app(ledger: Ledger) -> TestApp {
+    app_settling(ledger, "0s").await
 }
 
-async fn app_settling(window: &str) -> TestApp {
+async fn app_settling(ledger: Ledger, window: &str) -> TestApp {
     spawn_app(
-        with_history(support::Ledger::Postgres)
+        with_history(ledger)
             .arg("--settle-window", window)
             .arg("--verify-after", "300ms")
             .arg("--confirm-with", "nova-list"),
@@ -231,7 +231,16 @@ async fn attach_once(app: &TestApp, key: &str, s: Uuid, v: Uuid, deadline: Durat
 
 #[tokio::test]
 async fn the_log_of_a_plain_attach() {
-    let app = app().await;
+    plain(Ledger::Postgres).await;
+}
+
+#[tokio::test]
+async fn the_log_of_a_plain_attach_on_the_embedded_store() {
+    plain(Ledger::Embedded).await;
+}
+
+async fn plain(ledger: Ledger) {
+    let app = app(ledger).await;
     let (s, v) = ids();
     let id = attach_once(&app, "plain", s, v, secs(10.0)).await;
     let mut n = Normalizer::new();
@@ -260,7 +269,16 @@ async fn the_log_of_a_plain_attach() {
 
 #[tokio::test]
 async fn the_log_of_a_lost_response_and_ops_show() {
-    let app = app().await;
+    lost_response(Ledger::Postgres).await;
+}
+
+#[tokio::test]
+async fn the_log_of_a_lost_response_and_ops_show_on_the_embedded_store() {
+    lost_response(Ledger::Embedded).await;
+}
+
+async fn lost_response(ledger: Ledger) {
+    let app = app(ledger).await;
     let (s, v) = ids();
     app.sim
         .add_fault(FaultRule::new(FaultOp::Attach, Fault::CloseAfterEffect).volume(v));
@@ -274,8 +292,17 @@ async fn the_log_of_a_lost_response_and_ops_show() {
 
 #[tokio::test]
 async fn the_log_of_an_operation_the_reconciler_decides() {
+    reconciler_decides(Ledger::Postgres).await;
+}
+
+#[tokio::test]
+async fn the_log_of_an_operation_the_reconciler_decides_on_the_embedded_store() {
+    reconciler_decides(Ledger::Embedded).await;
+}
+
+async fn reconciler_decides(ledger: Ledger) {
     // Long enough for Nova's late effect to come within it.
-    let app = app_settling("6s").await;
+    let app = app_settling(ledger, "6s").await;
     let (s, v) = ids();
     // Nova attaches only after the caller's deadline: unknown, then the
     // reconciler sees it.
@@ -303,7 +330,16 @@ async fn the_log_of_an_operation_the_reconciler_decides() {
 
 #[tokio::test]
 async fn the_log_of_an_operator_decision() {
-    let app = app().await;
+    operator_decision(Ledger::Postgres).await;
+}
+
+#[tokio::test]
+async fn the_log_of_an_operator_decision_on_the_embedded_store() {
+    operator_decision(Ledger::Embedded).await;
+}
+
+async fn operator_decision(ledger: Ledger) {
+    let app = app(ledger).await;
     let (s, v) = ids();
     // Every look fails: the operation stays unknown for people.
     app.sim.add_fault(
@@ -325,7 +361,16 @@ async fn the_log_of_an_operator_decision() {
 
 #[tokio::test]
 async fn the_log_of_a_drift() {
-    let app = app().await;
+    drift(Ledger::Postgres).await;
+}
+
+#[tokio::test]
+async fn the_log_of_a_drift_on_the_embedded_store() {
+    drift(Ledger::Embedded).await;
+}
+
+async fn drift(ledger: Ledger) {
+    let app = app(ledger).await;
     let (s, v) = ids();
     let id = attach_once(&app, "drift", s, v, secs(10.0)).await;
     // Someone else's hand takes the volume off the server.
