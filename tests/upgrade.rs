@@ -42,10 +42,20 @@ fn previous_attach(n: u64) -> String {
 /// sqlx's own migrator over a copy of those files (so their checksums are
 /// the ones a database migrated by that release holds).
 async fn migrate_as_the_previous_release(url: &str) {
+    let migrator = previous_migrator("pg").await;
+    let pool = sqlx::PgPool::connect(url).await.expect("connected");
+    migrator.run(&pool).await.expect("migrated as before");
+    pool.close().await;
+}
+
+/// The previous release's migrations of `store` (`pg` or `sqlite`).
+async fn previous_migrator(store: &str) -> sqlx::migrate::Migrator {
     let dir = std::env::temp_dir().join(format!("vr-upgrade-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir(&dir).expect("a temporary folder");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/pg");
-    for f in std::fs::read_dir(&root).expect("migrations/pg") {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(store);
+    for f in std::fs::read_dir(&root).expect("the migrations") {
         let f = f.expect("an entry");
         let name = f.file_name().into_string().expect("a UTF-8 name");
         if name.as_str() < EXPAND {
@@ -56,9 +66,7 @@ async fn migrate_as_the_previous_release(url: &str) {
         .await
         .expect("the previous release's migrations");
     std::fs::remove_dir_all(&dir).expect("the temporary folder removed");
-    let pool = sqlx::PgPool::connect(url).await.expect("connected");
-    migrator.run(&pool).await.expect("migrated as before");
-    pool.close().await;
+    migrator
 }
 
 async fn new_release(url: &str) -> PgStore {
@@ -82,6 +90,133 @@ async fn previous_ids(admin: &mut Admin) -> Vec<uuid::Uuid> {
         .iter()
         .map(|t| t.parse().expect("a uuid"))
         .collect()
+}
+
+/// The embedded store runs in one process, so its upgrade is a restart on
+/// the new release: a ledger the previous release wrote (its operations,
+/// their logs one row per event, its counts kept by triggers) reads the
+/// same afterwards, counts by state without the triggers, and what the new
+/// release writes logs a row per write beside the old rows; retention
+/// prunes both.
+#[tokio::test]
+async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upgrade() {
+    use volume_reconciler::domain::{NewEvent, State};
+    use volume_reconciler::store::{PruneParams, StateCount, Transition};
+    support::init_logs();
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-upgrade-{}.db", uuid::Uuid::new_v4().simple()));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    {
+        // The previous release's ledger: its schema, an attach it decided
+        // and its four event rows, as it wrote them.
+        let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
+        previous_migrator("sqlite")
+            .await
+            .run(&pool)
+            .await
+            .expect("migrated as before");
+        sqlx::query(
+            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, resolution,
+                 server_id, volume_id, attempts, deadline_at, last_request_at, created_at,
+                 updated_at, completed_at, lease_epoch)
+             VALUES ('0193a000-0000-7000-8000-000000000001', 'before', 'f', 'attach', 'succeeded',
+                 'response', '0193a000-0000-7000-8000-0000000000aa',
+                 '0193a000-0000-7000-8000-0000000000bb', 1, 2000000, 1000100, 1000000, 1000300,
+                 1000300, 1)",
+        )
+        .execute(&pool)
+        .await
+        .expect("the previous release's operation");
+        for (n, kind) in ["recorded", "request_sent", "response", "resolved"]
+            .iter()
+            .enumerate()
+        {
+            sqlx::query(
+                "INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica)
+                 VALUES ('0193a000-0000-7000-8000-000000000001', ?, ?, ?, '{\"n\":\"1\"}', 'old')",
+            )
+            .bind(1_000_000 + 100 * n as i64)
+            .bind(kind)
+            .bind(format!("{kind} by the previous release"))
+            .execute(&pool)
+            .await
+            .expect("its events");
+        }
+        pool.close().await;
+    }
+    let store = volume_reconciler::store::open(&url, 1)
+        .await
+        .expect("the new release opens and migrates the embedded ledger");
+    let old: uuid::Uuid = "0193a000-0000-7000-8000-000000000001".parse().unwrap();
+    let log = store.operation_events(old).await.expect("its log");
+    let kinds: Vec<(&str, &str)> = log
+        .iter()
+        .map(|e| (e.kind.as_str(), e.replica.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("recorded", "old"),
+            ("request_sent", "old"),
+            ("response", "old"),
+            ("resolved", "old")
+        ]
+    );
+    assert_eq!(log[0].metadata.get("n").map(String::as_str), Some("1"));
+    // A new attach, decided: logged a row per write, read after the old.
+    let new = support::pending_attach(
+        "after",
+        "new",
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(60),
+    );
+    let id = support::record_new(store.as_ref(), new).await;
+    let op = store.operation_get(id).await.unwrap().expect("recorded");
+    let mut t = Transition::new(&op, State::Succeeded, "new");
+    t.resolution = Some(volume_reconciler::domain::Resolution::Response);
+    t.events.push(NewEvent::new("resolved", "attached"));
+    store
+        .operation_transition(
+            t,
+            tokio::time::Instant::now() + std::time::Duration::from_secs(10),
+        )
+        .await
+        .expect("decided")
+        .expect("applied");
+    let log = store.operation_events(id).await.expect("its log");
+    let kinds: Vec<&str> = log.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["recorded", "resolved"], "{log:?}");
+    // Counts by state: the old operation and the new one, counted on
+    // demand.
+    let counts = store.operation_count_by_state().await.expect("counted");
+    assert_eq!(
+        counts,
+        vec![StateCount {
+            state: "succeeded".into(),
+            resolution: Some("response".into()),
+            count: 2,
+        }]
+    );
+    // Retention prunes both kinds of log rows with their operations.
+    let mut round = store
+        .retention_begin()
+        .await
+        .expect("a round")
+        .expect("not held");
+    let pruned = round
+        .prune_batch(&PruneParams {
+            keep: std::time::Duration::ZERO,
+            keep_keys: None,
+            limit: 10,
+            ahead: std::time::Duration::from_secs(3600),
+            horizon_wait: std::time::Duration::ZERO,
+        })
+        .await
+        .expect("pruned");
+    round.end().await;
+    assert_eq!((pruned.operations, pruned.events), (2, 5), "{pruned:?}");
+    store.close().await;
+    std::fs::remove_file(&path).expect("the ledger removed");
 }
 
 #[tokio::test]

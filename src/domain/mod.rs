@@ -287,16 +287,6 @@ impl NewEvent {
         }
         self
     }
-
-    /// The metadata as a JSON object, for the ledger.
-    pub fn metadata_json(&self) -> serde_json::Value {
-        serde_json::Value::Object(
-            self.metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                .collect(),
-        )
-    }
 }
 
 /// Event kinds, one place so the log's vocabulary stays small.

@@ -71,8 +71,112 @@ pub(super) fn conflict_sql() -> String {
 pub(super) const EVENTS: &str = "SELECT at, kind, detail, metadata, replica FROM operation_events
      WHERE operation_id = $1 ORDER BY id";
 
-pub(super) const COUNT_BY_STATE: &str = "SELECT state, NULLIF(resolution, '') AS resolution, n
-     FROM operation_counts WHERE n <> 0 ORDER BY state, resolution";
+/// The metadata of a `recorded` event that the row's columns say anyway:
+/// left out of `intent` when equal, and rendered back from the columns.
+const DERIVED: [&str; 4] = ["idempotency_key", "caller", "trace_id", "traceparent"];
+
+/// The `intent` column of a new operation (both stores): its `recorded`
+/// event without what the columns say (`DERIVED`, when equal), and the
+/// replica that recorded it; `None` when it has no `recorded` event.
+/// Borrowed from the intent, serialized by each store as it binds JSON.
+pub(super) fn compact_recorded(n: &NewOperation) -> Option<RecordedIntent<'_>> {
+    let recorded = n
+        .events
+        .first()
+        .filter(|e| e.kind == crate::domain::event::RECORDED)?;
+    let caller = n.caller.as_deref().unwrap_or("-");
+    let (trace_id, traceparent) = match n.trace.as_ref() {
+        Some(t) => (Some(t.trace_id()), Some(t.traceparent())),
+        None => (None, None),
+    };
+    let derived = |key: &str| -> Option<&str> {
+        match key {
+            "idempotency_key" => Some(&n.idempotency_key),
+            "caller" => Some(caller),
+            "trace_id" => trace_id.as_deref(),
+            "traceparent" => traceparent.as_deref(),
+            _ => None,
+        }
+    };
+    let mut dropped = Vec::new();
+    let mut kept = Vec::with_capacity(recorded.metadata.len());
+    for (k, v) in &recorded.metadata {
+        if DERIVED.contains(&k.as_str()) && derived(k) == Some(v.as_str()) {
+            dropped.push(k.as_str());
+        } else {
+            kept.push((k.as_str(), v.as_str()));
+        }
+    }
+    let plain = recorded.detail.strip_suffix(" recorded") == Some(n.action.as_str());
+    Some(RecordedIntent {
+        replica: &n.replica,
+        metadata: Kept(kept),
+        derived: dropped,
+        detail: (!plain).then_some(recorded.detail.as_str()),
+    })
+}
+
+/// What the `intent` column holds.
+#[derive(serde::Serialize)]
+pub(super) struct RecordedIntent<'a> {
+    replica: &'a str,
+    metadata: Kept<'a>,
+    derived: Vec<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+}
+
+/// Pairs as a JSON object, in order: a later pair with the same key wins
+/// (PostgreSQL's `jsonb` keeps the last of duplicate keys, and so does a
+/// map read back from the text).
+pub(super) struct Pairs<'a, K>(pub &'a [(K, K)]);
+
+impl<K: AsRef<str>> serde::Serialize for Pairs<'_, K> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            map.serialize_entry(k.as_ref(), v.as_ref())?;
+        }
+        map.end()
+    }
+}
+
+/// The metadata the `intent` column keeps.
+pub(super) struct Kept<'a>(Vec<(&'a str, &'a str)>);
+
+impl serde::Serialize for Kept<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        Pairs(&self.0).serialize(s)
+    }
+}
+
+/// A write's events as its log row holds them (both stores): one JSON
+/// array, each event with how long before the write it happened.
+pub(super) struct LoggedEvents<'a>(pub &'a [crate::domain::NewEvent]);
+
+impl serde::Serialize for LoggedEvents<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq as _;
+        #[derive(serde::Serialize)]
+        struct Event<'a> {
+            kind: &'a str,
+            detail: &'a str,
+            metadata: Pairs<'a, String>,
+            ago_ms: f64,
+        }
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for e in self.0 {
+            seq.serialize_element(&Event {
+                kind: e.kind,
+                detail: &e.detail,
+                metadata: Pairs(&e.metadata),
+                ago_ms: e.ago.as_secs_f64() * 1000.0,
+            })?;
+        }
+        seq.end()
+    }
+}
 
 /// The oldest UNKNOWN operation's last request (or recording): the test on
 /// `OPEN` lets the planner use the open operations' partial index.

@@ -12,12 +12,11 @@ use sqlx::postgres::{PgArguments, PgConnection, PgRow, Postgres};
 use uuid::Uuid;
 
 use serde::Serialize;
-use serde::ser::{SerializeMap as _, SerializeSeq as _};
 use serde_json::value::RawValue;
 use sqlx::types::Json;
 
 use crate::domain::NewEvent;
-use crate::store::rows::{COLUMNS, key_hash};
+use crate::store::rows::{COLUMNS, LoggedEvents, key_hash};
 use crate::store::{NewOperation, StoreError, Transition};
 
 /// The LISTEN/NOTIFY channel of change notifications: one per committed
@@ -412,120 +411,15 @@ pub(super) fn jsonb<T: Serialize + ?Sized>(v: &T) -> Jsonb {
     Json(serde_json::value::to_raw_value(v).unwrap_or_else(|_| RawValue::NULL.to_owned()))
 }
 
-/// An event's metadata as a JSON object, its pairs in order: a later pair
-/// with the same key wins, as `jsonb` keeps the last of duplicate keys.
-pub(super) struct Metadata<'a>(pub &'a [(String, String)]);
-
-impl Serialize for Metadata<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in self.0 {
-            map.serialize_entry(k, v)?;
-        }
-        map.end()
-    }
-}
-
-/// A write's events as its log row holds them.
-struct Logged<'a>(&'a [NewEvent]);
-
-impl Serialize for Logged<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        struct Event<'a> {
-            kind: &'a str,
-            detail: &'a str,
-            metadata: Metadata<'a>,
-            ago_ms: f64,
-        }
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for e in self.0 {
-            seq.serialize_element(&Event {
-                kind: e.kind,
-                detail: &e.detail,
-                metadata: Metadata(&e.metadata),
-                ago_ms: e.ago.as_secs_f64() * 1000.0,
-            })?;
-        }
-        seq.end()
-    }
-}
-
 /// The log row of one write: its events as one JSON array, each with how
 /// long before the write it happened (`NULL`: no events).
 pub(super) fn log_events(events: &[NewEvent]) -> Option<Jsonb> {
-    (!events.is_empty()).then(|| jsonb(&Logged(events)))
+    (!events.is_empty()).then(|| jsonb(&LoggedEvents(events)))
 }
 
 /// A write's events as one JSON array, empty if it has none.
 pub(super) fn events_or_none(events: &[NewEvent]) -> Jsonb {
-    jsonb(&Logged(events))
-}
-
-/// The metadata of a `recorded` event that the row's columns say anyway:
-/// left out of `intent` when equal, and rendered back from the columns.
-const DERIVED: [&str; 4] = ["idempotency_key", "caller", "trace_id", "traceparent"];
-
-/// The `intent` column of a new operation (PostgreSQL): its `recorded`
-/// event without what the columns say (`DERIVED`, when equal), and the
-/// replica that recorded it; `NULL` when it has no `recorded` event.
-fn compact_recorded(n: &NewOperation) -> Option<Jsonb> {
-    let recorded = n
-        .events
-        .first()
-        .filter(|e| e.kind == crate::domain::event::RECORDED)?;
-    let caller = n.caller.as_deref().unwrap_or("-");
-    let (trace_id, traceparent) = match n.trace.as_ref() {
-        Some(t) => (Some(t.trace_id()), Some(t.traceparent())),
-        None => (None, None),
-    };
-    let derived = |key: &str| -> Option<&str> {
-        match key {
-            "idempotency_key" => Some(&n.idempotency_key),
-            "caller" => Some(caller),
-            "trace_id" => trace_id.as_deref(),
-            "traceparent" => traceparent.as_deref(),
-            _ => None,
-        }
-    };
-    let mut dropped = Vec::new();
-    let mut kept = Vec::with_capacity(recorded.metadata.len());
-    for (k, v) in &recorded.metadata {
-        if DERIVED.contains(&k.as_str()) && derived(k) == Some(v.as_str()) {
-            dropped.push(k.as_str());
-        } else {
-            kept.push((k.as_str(), v.as_str()));
-        }
-    }
-    #[derive(Serialize)]
-    struct Intent<'a> {
-        replica: &'a str,
-        metadata: Pairs<'a>,
-        derived: Vec<&'a str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        detail: Option<&'a str>,
-    }
-    let plain = recorded.detail.strip_suffix(" recorded") == Some(n.action.as_str());
-    Some(jsonb(&Intent {
-        replica: &n.replica,
-        metadata: Pairs(&kept),
-        derived: dropped,
-        detail: (!plain).then_some(recorded.detail.as_str()),
-    }))
-}
-
-/// Pairs as a JSON object, in order (a later pair with the same key wins,
-/// as `jsonb` keeps the last of duplicate keys).
-struct Pairs<'a>(&'a [(&'a str, &'a str)]);
-
-impl Serialize for Pairs<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in self.0 {
-            map.serialize_entry(k, v)?;
-        }
-        map.end()
-    }
+    jsonb(&LoggedEvents(events))
 }
 
 /// The intent's own events, as the row keeps them (`intent`): the
@@ -538,7 +432,7 @@ fn intent_json(n: &NewOperation) -> (Option<Jsonb>, Option<Jsonb>) {
         Some((first, rest)) if first.kind == crate::domain::event::RECORDED => (Some(first), rest),
         _ => (None, &n.events[..]),
     };
-    let intent = recorded.and_then(|_| compact_recorded(n));
+    let intent = recorded.and_then(|_| crate::store::rows::compact_recorded(n).map(|i| jsonb(&i)));
     (intent, log_events(rest))
 }
 

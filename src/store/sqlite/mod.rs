@@ -12,6 +12,7 @@
 //! timestamps (microseconds) and JSON (text) differs.
 //!
 //! - `write`: the statements inside its transactions.
+//! - `log`: the reconcile log as it reads.
 //! - `lock`: one process per database file.
 //! - `retention`: pruning in one transaction per batch.
 //!
@@ -19,6 +20,7 @@
 //! as in the PostgreSQL store; the transactions' statements are in `write`.
 
 mod lock;
+mod log;
 mod retention;
 mod write;
 
@@ -222,12 +224,7 @@ impl Store for SqliteStore {
     }
 
     async fn operation_events(&self, id: Uuid) -> Result<Vec<OperationEvent>, StoreError> {
-        let rows = sqlx::query(rows::EVENTS)
-            .bind(id.to_string())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db("reading the reconcile log"))?;
-        rows::events(id, &rows)
+        log::read(&self.pool, id).await
     }
 
     async fn operation_transition(
@@ -568,10 +565,15 @@ impl Store for SqliteStore {
     }
 
     async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
-        let rows = sqlx::query(rows::COUNT_BY_STATE)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db("counting operations"))?;
+        // One pass over the whole table, on demand (`ops stats`): nothing
+        // keeps counts as the ledger changes.
+        let rows = sqlx::query(
+            "SELECT state, resolution, count(*) AS n FROM operations
+             GROUP BY state, resolution ORDER BY state, resolution",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db("counting operations"))?;
         rows::counts(&rows)
     }
 
@@ -733,8 +735,14 @@ impl SqliteStore {
                     })
                     .map(Err);
             }
-            // An intent's events name it by its operation's id.
-            insert_events(&mut tx, new.id, &new.replica, Some(new.id), &new.events).await?;
+            // The intent's `recorded` event is in its row (`intent`); the
+            // events after it (Cinder's word before sending) are logged
+            // under the operation's id as their write.
+            let after_recorded = match new.events.split_first() {
+                Some((first, rest)) if first.kind == event::RECORDED => rest,
+                _ => &new.events[..],
+            };
+            insert_events(&mut tx, new.id, &new.replica, Some(new.id), after_recorded).await?;
             let op = get_in(&mut tx, new.id)
                 .await?
                 .ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;

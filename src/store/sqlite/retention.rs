@@ -59,12 +59,18 @@ impl PruneRound for SqliteRound {
             .await
             .map_err(db(WHAT))?;
             counts.tombstones_written += written.rows_affected();
-            let events = sqlx::query("DELETE FROM operation_events WHERE operation_id = ?")
+            // Its log: the rows of before the log became a row per write,
+            // and the rows since (the one count of both, as PostgreSQL's).
+            for table in ["operation_events", "operation_log"] {
+                let events = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DELETE FROM {table} WHERE operation_id = ?"
+                )))
                 .bind(id)
                 .execute(&mut *tx)
                 .await
                 .map_err(db(WHAT))?;
-            counts.events += events.rows_affected();
+                counts.events += events.rows_affected();
+            }
             let op =
                 sqlx::query("DELETE FROM operations WHERE id = ? AND completed_at IS NOT NULL")
                     .bind(id)

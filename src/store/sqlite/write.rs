@@ -35,8 +35,9 @@ pub(super) fn corrupt(id: &str, reason: impl Into<String>) -> StoreError {
     }
 }
 
-/// Logs events of operation `id`; `write` names the write that logs
-/// them when it is one that may be repeated (as in PostgreSQL).
+/// Logs events of operation `id`: one log row for the write, `write`
+/// naming it when it is one that may be repeated (as in PostgreSQL: made
+/// again, it logs nothing more); none without events.
 pub(super) async fn insert_events(
     tx: &mut Transaction<'static, Sqlite>,
     id: Uuid,
@@ -44,19 +45,21 @@ pub(super) async fn insert_events(
     write: Option<Uuid>,
     events: &[NewEvent],
 ) -> Result<(), StoreError> {
-    for e in events {
-        sqlx::query("INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica, write_id) VALUES (?, ?, ?, ?, ?, ?, ?)")
-            .bind(id.to_string())
-            .bind(now_us() - e.ago.as_micros() as i64)
-            .bind(e.kind)
-            .bind(&e.detail)
-            .bind(e.metadata_json().to_string())
-            .bind(replica)
-            .bind(write.map(|w| w.to_string()))
-            .execute(&mut **tx)
-            .await
-            .map_err(db("appending to the reconcile log"))?;
+    if events.is_empty() {
+        return Ok(());
     }
+    sqlx::query(
+        "INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+         VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+    )
+    .bind(id.to_string())
+    .bind(write.unwrap_or_else(Uuid::now_v7).to_string())
+    .bind(now_us())
+    .bind(replica)
+    .bind(to_json(&rows::LoggedEvents(events)))
+    .execute(&mut **tx)
+    .await
+    .map_err(db("appending to the reconcile log"))?;
     Ok(())
 }
 
@@ -88,8 +91,8 @@ pub(super) async fn insert_intent(
     let inserted = sqlx::query(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
-            lease_expires_at, caller, trace_parent, trace_state)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            lease_expires_at, caller, trace_parent, trace_state, intent)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT DO NOTHING",
     )
     .bind(new.id.to_string())
@@ -110,6 +113,7 @@ pub(super) async fn insert_intent(
     .bind(&new.caller)
     .bind(new.trace.as_ref().map(|t| t.traceparent()))
     .bind(new.trace.as_ref().and_then(|t| t.tracestate()))
+    .bind(rows::compact_recorded(new).map(|i| to_json(&i)))
     .execute(&mut **tx)
     .await
     .map_err(db("recording the operation"))?;
