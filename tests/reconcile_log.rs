@@ -2,8 +2,9 @@
 //! `ops show` and the `WatchOperation` stream — for each path an operation
 //! can take (plain, lost response, reconciler, operator, drift), held
 //! against golden files under `tests/golden/reconcile_log/` recorded before
-//! the ledger's storage of the log changed: whatever the storage, what they
-//! show stays the same, on PostgreSQL and on the embedded store alike. Values that differ from run to run (ids, times,
+//! the ledger's storage of the log changed: whatever the storage, what
+//! they show stays the same, on PostgreSQL and on the embedded store
+//! alike. Values that differ from run to run (ids, times,
 //! durations, ports, trace ids) are normalized; the order, kinds, details,
 //! metadata keys and replicas are compared as they are.
 //!

@@ -1972,8 +1972,9 @@ async fn postgres_no_event_outlives_its_operation() {
     let mut admin = support::pg::Admin::connect(&url).await;
     admin
         .run(&format!(
-            "WITH o AS (DELETE FROM operations WHERE id = '{}' RETURNING id)
-             DELETE FROM operation_events WHERE operation_id IN (SELECT id FROM o)",
+            "WITH o AS (DELETE FROM operations WHERE id = '{}' RETURNING id),
+                  e AS (DELETE FROM operation_events WHERE operation_id IN (SELECT id FROM o))
+             DELETE FROM operation_log WHERE operation_id IN (SELECT id FROM o)",
             gone.id
         ))
         .await;
@@ -2005,7 +2006,8 @@ async fn postgres_no_event_outlives_its_operation() {
     );
     let orphans = admin
         .number(&format!(
-            "SELECT count(*) FROM operation_events WHERE operation_id = '{}'",
+            "SELECT (SELECT count(*) FROM operation_events WHERE operation_id = '{0}')
+                  + (SELECT count(*) FROM operation_log WHERE operation_id = '{0}')",
             gone.id
         ))
         .await;

@@ -9,7 +9,9 @@
 //! serves on the same database. The new release reads what the previous
 //! one wrote, both keep one key one operation and one open operation per
 //! volume, and a later release's migration does not stop this one from
-//! starting (docs/operating.md, "Upgrading").
+//! starting (docs/operating.md, "Upgrading"). And the embedded store's
+//! upgrade, a restart: a ledger the previous release wrote reads the same
+//! after it.
 
 mod support;
 
@@ -107,8 +109,9 @@ async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upg
         .join(format!("vr-upgrade-{}.db", uuid::Uuid::new_v4().simple()));
     let url = format!("sqlite://{}?mode=rwc", path.display());
     {
-        // The previous release's ledger: its schema, an attach it decided
-        // and its four event rows, as it wrote them.
+        // The previous release's ledger: its schema, and an attach it
+        // recorded and sent, its lease lapsed (the replica was stopped for
+        // the upgrade), its two event rows as it wrote them.
         let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
         previous_migrator("sqlite")
             .await
@@ -116,21 +119,18 @@ async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upg
             .await
             .expect("migrated as before");
         sqlx::query(
-            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, resolution,
-                 server_id, volume_id, attempts, deadline_at, last_request_at, created_at,
-                 updated_at, completed_at, lease_epoch)
-             VALUES ('0193a000-0000-7000-8000-000000000001', 'before', 'f', 'attach', 'succeeded',
-                 'response', '0193a000-0000-7000-8000-0000000000aa',
-                 '0193a000-0000-7000-8000-0000000000bb', 1, 2000000, 1000100, 1000000, 1000300,
-                 1000300, 1)",
+            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
+                 volume_id, attempts, deadline_at, last_request_at, created_at, updated_at,
+                 lease_owner, lease_expires_at, lease_epoch)
+             VALUES ('0193a000-0000-7000-8000-000000000001', 'before', 'f', 'attach',
+                 'in_progress', '0193a000-0000-7000-8000-0000000000aa',
+                 '0193a000-0000-7000-8000-0000000000bb', 1, 2000000, 1000100, 1000000, 1000100,
+                 'old', 1000200, 1)",
         )
         .execute(&pool)
         .await
         .expect("the previous release's operation");
-        for (n, kind) in ["recorded", "request_sent", "response", "resolved"]
-            .iter()
-            .enumerate()
-        {
+        for (n, kind) in ["recorded", "request_sent"].iter().enumerate() {
             sqlx::query(
                 "INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica)
                  VALUES ('0193a000-0000-7000-8000-000000000001', ?, ?, ?, '{\"n\":\"1\"}', 'old')",
@@ -148,6 +148,25 @@ async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upg
         .await
         .expect("the new release opens and migrates the embedded ledger");
     let old: uuid::Uuid = "0193a000-0000-7000-8000-000000000001".parse().unwrap();
+    // The new release decides it (a row per write), after what the
+    // previous one logged.
+    let op = store.operation_get(old).await.unwrap().expect("kept");
+    let mut t = Transition::new(&op, State::Succeeded, "new");
+    t.resolution = Some(volume_reconciler::domain::Resolution::Reobserved);
+    t.events
+        .push(NewEvent::new("observed", "in the attachment list"));
+    t.events.push(NewEvent::new("resolved", "attached"));
+    let decide = |t| async {
+        store
+            .operation_transition(
+                t,
+                tokio::time::Instant::now() + std::time::Duration::from_secs(10),
+            )
+            .await
+            .expect("decided")
+            .expect("applied")
+    };
+    decide(t).await;
     let log = store.operation_events(old).await.expect("its log");
     let kinds: Vec<(&str, &str)> = log
         .iter()
@@ -158,12 +177,13 @@ async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upg
         [
             ("recorded", "old"),
             ("request_sent", "old"),
-            ("response", "old"),
-            ("resolved", "old")
+            ("observed", "new"),
+            ("resolved", "new")
         ]
     );
     assert_eq!(log[0].metadata.get("n").map(String::as_str), Some("1"));
-    // A new attach, decided: logged a row per write, read after the old.
+    // A new attach, decided: its `recorded` event from its row, then its
+    // decision's row.
     let new = support::pending_attach(
         "after",
         "new",
@@ -175,29 +195,29 @@ async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upg
     let mut t = Transition::new(&op, State::Succeeded, "new");
     t.resolution = Some(volume_reconciler::domain::Resolution::Response);
     t.events.push(NewEvent::new("resolved", "attached"));
-    store
-        .operation_transition(
-            t,
-            tokio::time::Instant::now() + std::time::Duration::from_secs(10),
-        )
-        .await
-        .expect("decided")
-        .expect("applied");
+    decide(t).await;
     let log = store.operation_events(id).await.expect("its log");
     let kinds: Vec<&str> = log.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(kinds, ["recorded", "resolved"], "{log:?}");
-    // Counts by state: the old operation and the new one, counted on
-    // demand.
+    // Counts by state, on demand: the two decisions.
     let counts = store.operation_count_by_state().await.expect("counted");
     assert_eq!(
         counts,
-        vec![StateCount {
-            state: "succeeded".into(),
-            resolution: Some("response".into()),
-            count: 2,
-        }]
+        vec![
+            StateCount {
+                state: "succeeded".into(),
+                resolution: Some("reobserved".into()),
+                count: 1,
+            },
+            StateCount {
+                state: "succeeded".into(),
+                resolution: Some("response".into()),
+                count: 1,
+            }
+        ]
     );
-    // Retention prunes both kinds of log rows with their operations.
+    // Retention prunes both kinds of log rows with their operations: the
+    // old one's two event rows and its decision's row, the new one's row.
     let mut round = store
         .retention_begin()
         .await
@@ -214,7 +234,7 @@ async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upg
         .await
         .expect("pruned");
     round.end().await;
-    assert_eq!((pruned.operations, pruned.events), (2, 5), "{pruned:?}");
+    assert_eq!((pruned.operations, pruned.events), (2, 4), "{pruned:?}");
     store.close().await;
     std::fs::remove_file(&path).expect("the ledger removed");
 }

@@ -572,8 +572,6 @@ pub trait Store: Send + Sync + 'static {
         keep: &[Uuid],
     ) -> Result<u64, StoreError>;
 
-    /// Operations by state and resolution, kept as they change (never a
-    /// scan of the ledger: /metrics asks at every scrape).
     /// Every operation of the ledger by state and resolution: one pass over
     /// the whole table, on demand (`ops stats`), never at scrape.
     async fn operation_count_by_state(&self) -> Result<Vec<StateCount>, StoreError>;

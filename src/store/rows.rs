@@ -66,8 +66,8 @@ pub(super) fn conflict_sql() -> String {
     )
 }
 
-/// An operation's reconcile log, oldest first (the embedded store's: one
-/// row per event).
+/// The events of an operation recorded before the log became a row per
+/// write (both stores: one row per event), oldest first.
 pub(super) const EVENTS: &str = "SELECT at, kind, detail, metadata, replica FROM operation_events
      WHERE operation_id = $1 ORDER BY id";
 

@@ -610,11 +610,6 @@ fn resolve_sql() -> String {
     )
 }
 
-/// One write's events as its log row holds them.
-fn events_json(events: &[NewEvent]) -> statements::Jsonb {
-    statements::events_or_none(events)
-}
-
 #[async_trait]
 impl Store for PgStore {
     fn operation_create(
@@ -931,7 +926,7 @@ impl Store for PgStore {
         events: Vec<NewEvent>,
     ) -> Result<(), StoreError> {
         const WHAT: &str = "marking drift";
-        let (replica, events) = (replica.to_string(), events_json(&events));
+        let (replica, events) = (replica.to_string(), statements::events_array(&events));
         let marked = self
             .write_once(RoundTrip::Reconcile, WHAT, move |c| {
                 Box::pin(mark_drift(c, id, replica.clone(), events.clone()))

@@ -418,15 +418,14 @@ pub(super) fn log_events(events: &[NewEvent]) -> Option<Jsonb> {
 }
 
 /// A write's events as one JSON array, empty if it has none.
-pub(super) fn events_or_none(events: &[NewEvent]) -> Jsonb {
+pub(super) fn events_array(events: &[NewEvent]) -> Jsonb {
     jsonb(&LoggedEvents(events))
 }
 
 /// The intent's own events, as the row keeps them (`intent`): the
 /// `recorded` event without what the columns say anyway (the key, the
-/// caller, the trace, the answer-by budget: rendered back on reading, see
-/// `rows::intent_events`); events after it (Cinder's word before sending)
-/// go to a log row of their own.
+/// caller, the trace: rendered back on reading, see `LOG`); events after
+/// it (Cinder's word before sending) go to a log row of their own.
 fn intent_json(n: &NewOperation) -> (Option<Jsonb>, Option<Jsonb>) {
     let (recorded, rest) = match n.events.split_first() {
         Some((first, rest)) if first.kind == crate::domain::event::RECORDED => (Some(first), rest),
@@ -467,6 +466,7 @@ impl<'a, T> Cols<'a, T> {
         U: 'static + sqlx::Encode<'static, Postgres> + sqlx::Type<Postgres>,
         Vec<U>: 'static + sqlx::Encode<'static, Postgres> + sqlx::Type<Postgres>,
     {
+        debug_assert_eq!(values.len(), self.items.len(), "a value per row");
         self.q = match (self.items, values.pop()) {
             ([_], Some(value)) => self.q.bind(value),
             (_, last) => {
@@ -600,7 +600,7 @@ pub(super) fn appends(appends: &[&Append]) -> Batch {
         .bind(
             appends
                 .iter()
-                .map(|a| events_or_none(&a.events))
+                .map(|a| events_array(&a.events))
                 .collect::<Vec<_>>(),
         );
     Batch { q }

@@ -49,6 +49,7 @@ type IntentRow = (
     Option<String>,
 );
 
+/// Operation `id`'s reconcile log, oldest first, read in one snapshot.
 pub(super) async fn read(pool: &SqlitePool, id: Uuid) -> Result<Vec<OperationEvent>, StoreError> {
     let key = id.to_string();
     // One snapshot for the three reads.
@@ -87,7 +88,9 @@ pub(super) async fn read(pool: &SqlitePool, id: Uuid) -> Result<Vec<OperationEve
             serde_json::from_str(&events).map_err(|e| corrupt(&key, format!("log row: {e}")))?;
         for e in events {
             log.push(OperationEvent {
-                at: instant(&key, at - (e.ago_ms * 1000.0).round() as i64)?,
+                // Rounded as PostgreSQL multiplies an interval (half to
+                // even), so both stores put an event at the same instant.
+                at: instant(&key, at - (e.ago_ms * 1000.0).round_ties_even() as i64)?,
                 kind: e.kind,
                 detail: e.detail,
                 metadata: e.metadata,
@@ -134,6 +137,8 @@ fn recorded(key: &str, row: IntentRow) -> Result<Option<OperationEvent>, StoreEr
     }))
 }
 
+/// A stored instant (µs since the epoch) of operation `key`'s log; one out
+/// of range is a corrupt row, named.
 fn instant(key: &str, us: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_micros(us).ok_or_else(|| corrupt(key, format!("log time {us} µs")))
 }

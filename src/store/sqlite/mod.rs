@@ -742,7 +742,15 @@ impl SqliteStore {
                 Some((first, rest)) if first.kind == event::RECORDED => rest,
                 _ => &new.events[..],
             };
-            insert_events(&mut tx, new.id, &new.replica, Some(new.id), after_recorded).await?;
+            // Under the lease holder's name, as PostgreSQL logs them.
+            insert_events(
+                &mut tx,
+                new.id,
+                &new.lease_owner,
+                Some(new.id),
+                after_recorded,
+            )
+            .await?;
             let op = get_in(&mut tx, new.id)
                 .await?
                 .ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;

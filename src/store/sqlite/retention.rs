@@ -60,15 +60,16 @@ impl PruneRound for SqliteRound {
             .map_err(db(WHAT))?;
             counts.tombstones_written += written.rows_affected();
             // Its log: the rows of before the log became a row per write,
-            // and the rows since (the one count of both, as PostgreSQL's).
-            for table in ["operation_events", "operation_log"] {
-                let events = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "DELETE FROM {table} WHERE operation_id = ?"
-                )))
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db(WHAT))?;
+            // and the rows since (one count of both, as PostgreSQL's).
+            for delete in [
+                "DELETE FROM operation_events WHERE operation_id = ?",
+                "DELETE FROM operation_log WHERE operation_id = ?",
+            ] {
+                let events = sqlx::query(delete)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(WHAT))?;
                 counts.events += events.rows_affected();
             }
             let op =
