@@ -62,6 +62,11 @@ pub struct Metrics {
     pub requests_without_deadline: Counter,
     pub nova_outbound_deadline: Histogram,
     pub nova_latency: Family<NovaLabels, Histogram>,
+    /// Cinder's volume reads by what they were for (`operation`: the
+    /// pre-check, waiting for a volume being created, the confirmation,
+    /// naming the attachment, the verifier's look) and outcome: with Cinder
+    /// confirming, one is on every call's path twice.
+    pub cinder_latency: Family<NovaLabels, Histogram>,
     /// Decisions this replica committed (terminal states), counted once
     /// each, after the commit (`Metrics::decided`: its one call site is
     /// the executor's).
@@ -152,6 +157,7 @@ impl Metrics {
             requests_without_deadline: Counter::default(),
             nova_outbound_deadline: Histogram::new(seconds_buckets()),
             nova_latency: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
+            cinder_latency: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
             decisions: Family::default(),
             open_operations: Family::default(),
             oldest_unknown_age: Gauge::default(),
@@ -258,6 +264,11 @@ impl Metrics {
             "nova_request_duration_seconds",
             "Nova request latency by operation and outcome class",
             self.nova_latency.clone(),
+        );
+        r.register(
+            "cinder_request_duration_seconds",
+            "Cinder volume read latency by what it was for (precheck, wait_ready, confirm, name_attachment, verify) and outcome class",
+            self.cinder_latency.clone(),
         );
         r.register(
             "nova_slot_wait_seconds",
@@ -474,6 +485,17 @@ impl Metrics {
 
     pub fn nova(&self, operation: &str, outcome: &str, secs: f64) {
         self.nova_latency
+            .get_or_create(&NovaLabels {
+                operation: operation.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .observe(secs);
+    }
+
+    /// A Cinder volume read: `operation` says what it was for, `outcome` is
+    /// `ok` or its error's kind.
+    pub fn cinder(&self, operation: &str, outcome: &str, secs: f64) {
+        self.cinder_latency
             .get_or_create(&NovaLabels {
                 operation: operation.to_string(),
                 outcome: outcome.to_string(),

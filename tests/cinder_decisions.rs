@@ -424,9 +424,14 @@ async fn verification_asks_cinder_and_reports_an_attachment_removed_behind_the_s
             }
         })
         .await;
-        assert!(
-            app.sim.cinder_read_count(v) > reads_before,
-            "the verifier asked Cinder"
+        let verifier_reads = app.sim.cinder_read_count(v) - reads_before;
+        assert!(verifier_reads > 0, "the verifier asked Cinder");
+        // Each of its reads timed as the verifier's, as the simulator
+        // counted them.
+        assert_eq!(
+            cinder_reads(&app, "verify", "ok").await,
+            verifier_reads as f64,
+            "{store:?}"
         );
         let log = app.store.operation_events(id).await.unwrap();
         let drift = log
@@ -440,4 +445,54 @@ async fn verification_asks_cinder_and_reports_an_attachment_removed_behind_the_s
         );
         app.stop().await;
     }
+}
+
+/// The count of `volume_reconciler_cinder_request_duration_seconds` for
+/// reads made for `what` that ended in `outcome` (0 when none yet).
+async fn cinder_reads(app: &TestApp, what: &str, outcome: &str) -> f64 {
+    let want = format!(
+        "volume_reconciler_cinder_request_duration_seconds_count{{operation=\"{what}\",outcome=\"{outcome}\"}}"
+    );
+    support::lifecycle::metric(
+        app,
+        "volume_reconciler_cinder_request_duration_seconds_count",
+    )
+    .await
+    .into_iter()
+    .find(|(k, _)| *k == want)
+    .map_or(0.0, |(_, v)| v)
+}
+
+/// With Cinder confirming, two of its reads are on every attach's path:
+/// each is timed by what it was for and how it ended, so a slow or failing
+/// Cinder shows on `/metrics` before it shows as slow attaches. (Metrics do
+/// not depend on the store: PostgreSQL only.)
+#[tokio::test]
+async fn every_cinder_read_is_timed_by_what_it_was_for_and_how_it_ended() {
+    let app = app(Store::Postgres, SimConfig::default()).await;
+    let (s, v) = ids();
+    let op = attach_ok(&app, "timed", s, v, 10).await;
+    assert_eq!(op.state, pb::State::Succeeded as i32);
+    assert_eq!(cinder_reads(&app, "precheck", "ok").await, 1.0);
+    assert_eq!(cinder_reads(&app, "confirm", "ok").await, 1.0);
+
+    // Cinder refuses the pre-check's read: Nova decides, Cinder confirms.
+    let (s2, v2) = ids();
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Cinder,
+            Fault::Status {
+                code: 503,
+                effect: false,
+            },
+        )
+        .volume(v2),
+    );
+    let op = attach_ok(&app, "refused", s2, v2, 10).await;
+    assert_eq!(op.state, pb::State::Succeeded as i32);
+    assert_eq!(app.sim.attach_requests(v2), 1, "Nova was asked");
+    assert_eq!(cinder_reads(&app, "precheck", "rejected").await, 1.0);
+    assert_eq!(cinder_reads(&app, "precheck", "ok").await, 1.0);
+    assert_eq!(cinder_reads(&app, "confirm", "ok").await, 2.0);
+    app.stop().await;
 }

@@ -74,6 +74,24 @@ pub(crate) enum CinderSays {
 }
 
 impl Executor {
+    /// A Cinder read, timed into `cinder_request_duration_seconds` under
+    /// what it is for (`what`) and its outcome.
+    pub(crate) async fn cinder_timed<T>(
+        &self,
+        what: &'static str,
+        read: impl std::future::Future<Output = Result<T, CinderError>>,
+    ) -> Result<T, CinderError> {
+        let started = Instant::now();
+        let result = read.await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.kind.as_str(),
+        };
+        self.metrics
+            .cinder(what, outcome, started.elapsed().as_secs_f64());
+        result
+    }
+
     /// The Cinder client when attaches and detaches are confirmed with it.
     /// A mode that cannot be known now (no Keystone token) is logged in the
     /// run and treated as "no Cinder": Nova's list decides.
@@ -111,7 +129,10 @@ impl Executor {
             return Precheck::Send;
         };
         let rid = RequestId::for_operation(new.id);
-        let (pre, ev) = match cinder.volume_as(&rid, new.volume_id, until).await {
+        let (pre, ev) = match self
+            .cinder_timed("precheck", cinder.volume_as(&rid, new.volume_id, until))
+            .await
+        {
             Ok(v) => {
                 let pre = match new.action {
                     Action::Attach => precheck_attach(new.id, new.server_id, &v),
@@ -165,7 +186,13 @@ impl Executor {
             // No Cinder to ask any more: Nova decides.
             let cinder = self.cinder(&mut run.events, until).await?;
             let rid = RequestId::for_operation(run.op.id);
-            match cinder.volume_as(&rid, run.op.volume_id, until).await {
+            match self
+                .cinder_timed(
+                    "wait_ready",
+                    cinder.volume_as(&rid, run.op.volume_id, until),
+                )
+                .await
+            {
                 Ok(v)
                     if !matches!(v.status, VolumeStatus::Creating | VolumeStatus::Downloading) =>
                 {
@@ -206,7 +233,10 @@ impl Executor {
         };
         let rid = RequestId::for_operation(run.op.id);
         let server = run.op.server_id;
-        match cinder.volume_as(&rid, run.op.volume_id, until).await {
+        match self
+            .cinder_timed("confirm", cinder.volume_as(&rid, run.op.volume_id, until))
+            .await
+        {
             Ok(v) => {
                 push_observation(run, volume_event("confirming", &v, server));
                 match run.op.action {
@@ -254,7 +284,13 @@ impl Executor {
         };
         let rid = RequestId::for_operation(run.op.id);
         let server = run.op.server_id;
-        match cinder.volume_as(&rid, run.op.volume_id, until).await {
+        match self
+            .cinder_timed(
+                "name_attachment",
+                cinder.volume_as(&rid, run.op.volume_id, until),
+            )
+            .await
+        {
             Ok(v) => {
                 push_observation(run, volume_event("naming the attachment", &v, server));
                 Ok(v.attached_to(server).map(|a| a.attachment_id.clone()))

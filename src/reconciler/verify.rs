@@ -247,7 +247,9 @@ impl Reconciler {
         let mut ignored = Vec::new();
         let cinder = self.exec.cinder(&mut ignored, until).await?;
         // Under the operation's trace, as the list would be.
-        let look = cinder.volume(op.volume_id, until);
+        let look = self
+            .exec
+            .cinder_timed("verify", cinder.volume(op.volume_id, until));
         match crate::telemetry::context::within_opt(super::look_trace([op]), look).await {
             Ok(v) => Some(v.attached_to(op.server_id).is_some()),
             Err(e) if e.kind == crate::nova::CinderErrorKind::VolumeNotFound => Some(false),
