@@ -65,7 +65,7 @@ pub struct Metrics {
     /// Cinder's volume reads by what they were for (`operation`: the
     /// pre-check, waiting for a volume being created, the confirmation,
     /// naming the attachment, the verifier's look) and outcome: with Cinder
-    /// confirming, one is on every call's path twice.
+    /// confirming, two are on every attach's path.
     pub cinder_latency: Family<NovaLabels, Histogram>,
     /// Decisions this replica committed (terminal states), counted once
     /// each, after the commit (`Metrics::decided`: its one call site is
