@@ -1572,6 +1572,81 @@ async fn postgres_writers_find_rows_by_key_on_a_fresh_ledger() {
     store.close().await;
 }
 
+/// The decided invariant (terminal ⇔ decided time ⇔ resolution) is the
+/// database's, whoever writes the row: of every state with and without a
+/// decided time and a resolution (20 rows), exactly those that keep it are
+/// accepted, on insert and on update, and the others are refused as a
+/// CHECK violation naming it. It is the table's one CHECK, and validated:
+/// the rows written before it moved into a function were checked too.
+#[tokio::test]
+async fn postgres_refuses_every_row_that_breaks_the_decided_invariant_whoever_writes_it() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    let store = volume_reconciler::store::open(&url, 2).await.unwrap();
+    let mut admin = support::pg::Admin::connect(&url).await;
+    let states = ["pending", "in_progress", "unknown", "succeeded", "failed"];
+    let mut accepted = 0;
+    for (i, state) in states.iter().enumerate() {
+        let terminal = matches!(*state, "succeeded" | "failed");
+        for decided in [false, true] {
+            for resolved in [false, true] {
+                let keeps = terminal == decided && decided == resolved;
+                let completed_at = if decided { "now()" } else { "NULL" };
+                let resolution = if resolved { "'operator'" } else { "NULL" };
+                let name = format!("{state}-{decided}-{resolved}");
+                let insert = format!(
+                    "INSERT INTO operations (id, idempotency_key, fingerprint, action, state,
+                        resolution, server_id, volume_id, deadline_at, completed_at)
+                     VALUES (gen_random_uuid(), 'insert-{name}', 'f', 'attach', '{state}',
+                        {resolution}, gen_random_uuid(), gen_random_uuid(), now(), {completed_at})"
+                );
+                // Each update starts from an open row of its own.
+                admin
+                    .run(&format!(
+                        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state,
+                            server_id, volume_id, deadline_at)
+                         VALUES ('00000000-0000-0000-0000-{i:06}{:06}', 'update-{name}', 'f',
+                            'attach', 'in_progress', gen_random_uuid(), gen_random_uuid(), now())",
+                        u8::from(decided) * 2 + u8::from(resolved)
+                    ))
+                    .await;
+                let update = format!(
+                    "UPDATE operations SET state = '{state}', resolution = {resolution},
+                        completed_at = {completed_at} WHERE idempotency_key = 'update-{name}'"
+                );
+                for sql in [insert, update] {
+                    if keeps {
+                        admin.run(&sql).await;
+                        accepted += 1;
+                    } else {
+                        assert_eq!(
+                            admin.refusal(&sql).await,
+                            (
+                                "23514".to_string(),
+                                "operations_decided_invariant".to_string()
+                            ),
+                            "{name}: {sql}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Open states without either, decided states with both; each twice.
+    assert_eq!(accepted, 2 * states.len());
+    assert_eq!(
+        admin
+            .texts(
+                "SELECT conname::text || ' ' || convalidated::text FROM pg_constraint
+                 WHERE conrelid = 'operations'::regclass AND contype = 'c'"
+            )
+            .await,
+        ["operations_decided_invariant true"],
+        "one CHECK on operations, validated"
+    );
+    store.close().await;
+}
+
 /// Every index of `operations` earns its place: the table has exactly the
 /// indexes the store names, each with a statement of the service's that a
 /// generic plan reads through it (on a ledger of 20,000 decided and 50 open

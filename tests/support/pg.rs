@@ -313,6 +313,22 @@ impl Admin {
         }
     }
 
+    /// Runs a statement the database must refuse, and says how: its
+    /// SQLSTATE and the constraint it named ('' when none).
+    pub async fn refusal(&mut self, sql: &str) -> (String, String) {
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+            .execute(&mut self.0)
+            .await
+        {
+            Ok(_) => panic!("the database accepted: {sql}"),
+            Err(sqlx::Error::Database(e)) => (
+                e.code().map(|c| c.into_owned()).unwrap_or_default(),
+                e.constraint().unwrap_or_default().to_string(),
+            ),
+            Err(e) => panic!("{e}: {sql}"),
+        }
+    }
+
     /// The number a query returns (a `count(*)` and the like).
     pub async fn number(&mut self, sql: &str) -> i64 {
         match sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
