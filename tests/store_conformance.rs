@@ -890,6 +890,74 @@ async fn appended_events_land_in_order_even_when_batched(store: Arc<dyn Store>) 
 /// The same write twice, as the group commit re-runs a batch whose
 /// acknowledgement was lost: applied once, answered with its row both
 /// times; a different write is still fenced.
+/// What a write answers with is the row as a read then finds it: the
+/// writes return only what the database set and build the rest from what
+/// they wrote (an intent; a transition on its base), so a column they
+/// forget would differ here. Each kind of change: an intent with and
+/// without an attempt, a retry that counts one and records an error, an
+/// escalation, a decision with its attachment and what a later look should
+/// find, one that releases the lease.
+async fn what_a_write_answers_is_the_row_a_read_finds(store: Arc<dyn Store>) {
+    let read = |id| {
+        let store = store.clone();
+        async move { store.operation_get(id).await.unwrap().expect("recorded") }
+    };
+    let pending = create(
+        store.as_ref(),
+        new_op("answers-pending", Uuid::new_v4(), State::Pending),
+    )
+    .await;
+    assert_eq!(pending, read(pending.id).await, "a pending intent");
+    let op = create(
+        store.as_ref(),
+        new_op("answers", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    assert_eq!(op, read(op.id).await, "an intent sent at once");
+
+    let mut retry = Transition::new(&op, State::InProgress, "r0");
+    retry.add_attempt = true;
+    retry.request_sent = true;
+    retry.last_error = Some(Some(OperationError::new(
+        volume_reconciler::domain::Reason::NovaTimeout,
+        "503 from Nova",
+    )));
+    retry.next_attempt_in = Some(Duration::from_millis(250));
+    retry.events = vec![NewEvent::new("request_sent", "again").with("attempt", 2)];
+    let op = store
+        .operation_transition(retry, soon())
+        .await
+        .unwrap()
+        .expect("applies");
+    assert_eq!(op, read(op.id).await, "a retry with its error");
+
+    let mut escalate = Transition::new(&op, State::Unknown, "r0");
+    escalate.escalation = Some("needs a person".into());
+    escalate.last_error = Some(None);
+    let op = store
+        .operation_transition(escalate, soon())
+        .await
+        .unwrap()
+        .expect("applies");
+    assert_eq!(op, read(op.id).await, "an escalation");
+
+    let mut decide = finish(&op, State::Succeeded);
+    decide.attachment = Some(volume_reconciler::domain::AttachmentInfo {
+        id: "att-1".into(),
+        device: Some("/dev/vdc".into()),
+        tag: Some("data".into()),
+        delete_on_termination: true,
+    });
+    decide.verify_expect = Some(true);
+    let done = store
+        .operation_transition(decide, soon())
+        .await
+        .unwrap()
+        .expect("decided");
+    assert!(done.completed_at.is_some() && done.lease_owner.is_none());
+    assert_eq!(done, read(done.id).await, "a decision");
+}
+
 async fn a_write_made_twice_applies_once(store: Arc<dyn Store>) {
     let new = new_op("twice", Uuid::new_v4(), State::InProgress);
     let first = create(store.as_ref(), new.clone()).await;
@@ -1204,6 +1272,7 @@ conformance!(
     every_decision_of_a_concurrent_burst_is_notified,
     appended_events_land_in_order_even_when_batched,
     a_write_made_twice_applies_once,
+    what_a_write_answers_is_the_row_a_read_finds,
     state_counts_follow_every_change,
     the_oldest_unknown_operation_is_found,
     a_burst_of_intents_with_conflicts_records_every_other_row,

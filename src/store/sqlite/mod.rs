@@ -234,7 +234,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Operation>, StoreError> {
         within(deadline, "recording a state change", async {
             let mut tx = self.begin().await?;
-            if !update_fenced(&mut tx, &t).await? {
+            let Some(op) = update_fenced(&mut tx, &t).await? else {
                 // Fenced out, or this very write was made before (same
                 // write, same epoch): then its row as it left it.
                 let made = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -250,12 +250,11 @@ impl Store for SqliteStore {
                     .await
                     .map_err(db("recording a state change"))?;
                 return made.as_ref().map(rows::operation).transpose();
-            }
+            };
             insert_events(&mut tx, t.id, &t.replica, Some(t.write_id), &t.events).await?;
-            let op = get_in(&mut tx, t.id).await?;
             tx.commit().await.map_err(db("recording a state change"))?;
             self.notify(t.id);
-            Ok(op)
+            Ok(Some(op))
         })
         .await
     }
@@ -712,7 +711,7 @@ impl SqliteStore {
                     pruned_at,
                 });
             }
-            if !insert_intent(&mut tx, &new).await? {
+            let Some(op) = insert_intent(&mut tx, &new).await? else {
                 // The key exists (a replay joins even while its volume is
                 // busy with itself), or the volume is busy.
                 let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
@@ -734,7 +733,7 @@ impl SqliteStore {
                         ))
                     })
                     .map(Err);
-            }
+            };
             // The intent's `recorded` event is in its row (`intent`); the
             // events after it (Cinder's word before sending) are logged
             // under the operation's id as their write.
@@ -751,9 +750,6 @@ impl SqliteStore {
                 after_recorded,
             )
             .await?;
-            let op = get_in(&mut tx, new.id)
-                .await?
-                .ok_or_else(|| corrupt(&new.id.to_string(), "inserted row vanished"))?;
             Ok(Ok((tx, op)))
         })
         .await?;

@@ -81,19 +81,36 @@ pub(super) async fn tombstone_of(
     .transpose()
 }
 
-/// Inserts an intent row; `false` when a unique key (its key, its
-/// volume's one open operation, its id) stood in the way.
+/// A time the store wrote (microseconds since the Unix epoch), read back.
+fn time(id: Uuid, us: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_micros(us).ok_or_else(|| {
+        corrupt(
+            &id.to_string(),
+            format!("timestamp {us} µs is out of range"),
+        )
+    })
+}
+
+fn time_opt(id: Uuid, us: Option<i64>) -> Result<Option<DateTime<Utc>>, StoreError> {
+    us.map(|us| time(id, us)).transpose()
+}
+
+/// Inserts an intent row and answers with it (what the statement set, the
+/// rest from the intent: nothing is read back); `None` when a unique key
+/// (its key, its volume's one open operation, its id) stood in the way.
 pub(super) async fn insert_intent(
     tx: &mut Transaction<'static, Sqlite>,
     new: &NewOperation,
-) -> Result<bool, StoreError> {
+) -> Result<Option<Operation>, StoreError> {
+    use sqlx::Row as _;
     let now = now_us();
-    let inserted = sqlx::query(
+    let row = sqlx::query(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
             lease_expires_at, caller, trace_parent, trace_state, intent)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT DO NOTHING",
+         ON CONFLICT DO NOTHING
+         RETURNING created_at, deadline_at, last_request_at, lease_expires_at",
     )
     .bind(new.id.to_string())
     .bind(&new.idempotency_key)
@@ -114,20 +131,31 @@ pub(super) async fn insert_intent(
     .bind(new.trace.as_ref().map(|t| t.traceparent()))
     .bind(new.trace.as_ref().and_then(|t| t.tracestate()))
     .bind(rows::compact_recorded(new).map(|i| to_json(&i)))
-    .execute(&mut **tx)
+    .fetch_optional(&mut **tx)
     .await
     .map_err(db("recording the operation"))?;
-    Ok(inserted.rows_affected() == 1)
+    let Some(row) = row else { return Ok(None) };
+    const WHAT: &str = "reading what an intent's write set";
+    let id = new.id;
+    Ok(Some(new.recorded_as(
+        time(id, row.try_get("created_at").map_err(db(WHAT))?)?,
+        time(id, row.try_get("deadline_at").map_err(db(WHAT))?)?,
+        time_opt(id, row.try_get("last_request_at").map_err(db(WHAT))?)?,
+        time_opt(id, row.try_get("lease_expires_at").map_err(db(WHAT))?)?,
+    )))
 }
 
 /// A transition's update, fenced by its epoch and by its write (one
-/// already made is not made again); `false` when it changed nothing.
+/// already made is not made again), answering with the row it left (what
+/// the statement set, the rest from the transition's base: nothing is read
+/// back); `None` when it changed nothing.
 pub(super) async fn update_fenced(
     tx: &mut Transaction<'static, Sqlite>,
     t: &Transition,
-) -> Result<bool, StoreError> {
+) -> Result<Option<Operation>, StoreError> {
+    use sqlx::Row as _;
     let now = now_us();
-    let result = sqlx::query(sqlx::AssertSqlSafe(format!(
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE operations SET
             state = ?3,
             resolution = ?4,
@@ -144,7 +172,9 @@ pub(super) async fn update_fenced(
             escalation = COALESCE(?16, escalation),
             updated_at = ?10,
             last_write = ?15
-         WHERE id = ?1 AND lease_epoch = ?2 AND {OPEN} AND last_write IS NOT ?15"
+         WHERE id = ?1 AND lease_epoch = ?2 AND {OPEN} AND last_write IS NOT ?15
+         RETURNING attempts, last_request_at, updated_at, completed_at, lease_owner,
+            lease_expires_at, escalated_at"
     )))
     .bind(t.id.to_string())
     .bind(t.lease_epoch)
@@ -162,10 +192,21 @@ pub(super) async fn update_fenced(
     .bind(t.verify_expect)
     .bind(t.write_id.to_string())
     .bind(t.escalation.as_deref())
-    .execute(&mut **tx)
+    .fetch_optional(&mut **tx)
     .await
     .map_err(db("recording a state change"))?;
-    Ok(result.rows_affected() == 1)
+    let Some(row) = row else { return Ok(None) };
+    const WHAT: &str = "reading what a decision's write set";
+    let id = t.id;
+    Ok(Some(t.applied(
+        row.try_get("attempts").map_err(db(WHAT))?,
+        time_opt(id, row.try_get("last_request_at").map_err(db(WHAT))?)?,
+        time(id, row.try_get("updated_at").map_err(db(WHAT))?)?,
+        time_opt(id, row.try_get("completed_at").map_err(db(WHAT))?)?,
+        row.try_get("lease_owner").map_err(db(WHAT))?,
+        time_opt(id, row.try_get("lease_expires_at").map_err(db(WHAT))?)?,
+        time_opt(id, row.try_get("escalated_at").map_err(db(WHAT))?)?,
+    )))
 }
 
 pub(super) async fn get_in(
