@@ -52,6 +52,12 @@ async fn migrate_as_the_previous_release(url: &str) {
 
 /// The previous release's migrations of `store` (`pg` or `sqlite`).
 async fn previous_migrator(store: &str) -> sqlx::migrate::Migrator {
+    migrations_before(store, EXPAND).await
+}
+
+/// The migrations of `store` numbered before `boundary`, as sqlx reads
+/// them (the schema a release that stopped there left).
+async fn migrations_before(store: &str, boundary: &str) -> sqlx::migrate::Migrator {
     let dir = std::env::temp_dir().join(format!("vr-upgrade-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir(&dir).expect("a temporary folder");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -60,7 +66,7 @@ async fn previous_migrator(store: &str) -> sqlx::migrate::Migrator {
     for f in std::fs::read_dir(&root).expect("the migrations") {
         let f = f.expect("an entry");
         let name = f.file_name().into_string().expect("a UTF-8 name");
-        if name.as_str() < EXPAND {
+        if name.as_str() < boundary {
             std::fs::copy(f.path(), dir.join(&name)).expect("copied");
         }
     }
@@ -235,6 +241,215 @@ async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upg
         .expect("pruned");
     round.end().await;
     assert_eq!((pruned.operations, pruned.events), (2, 4), "{pruned:?}");
+    store.close().await;
+    std::fs::remove_file(&path).expect("the ledger removed");
+}
+
+/// The embedded ledger's rebuild (#30's decisions 3 and 4: one CHECK,
+/// the indexes that earn their place) keeps every row as it was, `seq`
+/// included, and every log; new operations number on after the old ones;
+/// the invariant still refuses a terminal row without its decision time.
+#[tokio::test]
+async fn an_embedded_ledger_keeps_every_row_and_log_through_its_rebuild() {
+    support::init_logs();
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-rebuild-{}.db", uuid::Uuid::new_v4().simple()));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    const ROWS: &str = "SELECT json_array(seq, id, idempotency_key, fingerprint, action, state,
+        resolution, server_id, volume_id, request, attachment, attempts, last_error, deadline_at,
+        last_request_at, created_at, updated_at, completed_at, lease_owner, lease_expires_at,
+        lease_epoch, next_attempt_at, drifted, passes, caller, last_write, escalated_at,
+        escalation, verify_expect, trace_parent, trace_state, intent) FROM operations ORDER BY seq";
+    // The ledger as the release before the rebuild left it: one operation
+    // decided (its log a row per write, an older event row too), one
+    // still open, one escalated with its error, one pruned (a gap in
+    // `seq`), every column set somewhere.
+    let ids: Vec<uuid::Uuid> = (1..=5)
+        .map(|n| {
+            format!("0193b000-0000-7000-8000-00000000000{n}")
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let before = {
+        let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
+        migrations_before("sqlite", "20261209000001")
+            .await
+            .run(&pool)
+            .await
+            .expect("migrated as before");
+        for (n, (state, resolution, completed, escalation)) in [
+            ("succeeded", "'response'", "3000000", "NULL"),
+            ("succeeded", "'reobserved'", "3100000", "NULL"),
+            ("unknown", "NULL", "NULL", "NULL"),
+            ("in_progress", "NULL", "NULL", "'needs a person'"),
+            ("failed", "'operator'", "3200000", "NULL"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let sql = format!(
+                "INSERT INTO operations (id, idempotency_key, fingerprint, action, state,
+                    resolution, server_id, volume_id, request, attachment, attempts, last_error,
+                    deadline_at, last_request_at, created_at, updated_at, completed_at,
+                    lease_owner, lease_expires_at, lease_epoch, next_attempt_at, drifted, passes,
+                    caller, last_write, escalated_at, escalation, verify_expect, trace_parent,
+                    trace_state, intent)
+                 VALUES ('{id}', 'key-{n}', 'f{n}', 'attach', '{state}', {resolution},
+                    '0193b000-0000-7000-8000-0000000000aa', '0193b000-0000-7000-8000-0000000000b{n}',
+                    '{{\"device\":\"/dev/vdb\"}}', '{{\"id\":\"att-{n}\"}}', {n}, 
+                    '{{\"reason\":\"NOVA_TIMEOUT\",\"message\":\"timed out\"}}',
+                    2000000, 1000100, 1000000, 1000200, {completed}, 'old', 9000000, 2, 1000300,
+                    {drifted}, 3, 'tenant-a', '0193b000-0000-7000-8000-0000000000c{n}',
+                    {escalated_at}, {escalation}, {verify}, '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01',
+                    'k=v', '{{\"replica\":\"old\"}}')",
+                id = ids[n],
+                drifted = n % 2,
+                escalated_at = if escalation == "NULL" { "NULL" } else { "1000400" },
+                verify = if completed == "NULL" { "NULL" } else { "1" },
+            );
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(&pool)
+                .await
+                .unwrap_or_else(|e| panic!("{e}: {sql}"));
+            sqlx::query(
+                "INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+                 VALUES (?, ?, 1000100, 'old', '[{\"kind\":\"request_sent\",\"detail\":\"POST attach\",\"metadata\":{},\"ago_ms\":0}]')",
+            )
+            .bind(ids[n].to_string())
+            .bind(uuid::Uuid::new_v4().to_string())
+            .execute(&pool)
+            .await
+            .expect("its log row");
+        }
+        sqlx::query(
+            "INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica)
+             VALUES (?, 1000050, 'claimed', 'an older event row', '{}', 'older')",
+        )
+        .bind(ids[0].to_string())
+        .execute(&pool)
+        .await
+        .expect("an older event row");
+        // Pruned: one from the middle, and the newest (the sequence
+        // remembers it).
+        for id in [ids[1], ids[4]] {
+            for table in ["operation_log", "operations"] {
+                let column = if table == "operations" {
+                    "id"
+                } else {
+                    "operation_id"
+                };
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DELETE FROM {table} WHERE {column} = ?"
+                )))
+                .bind(id.to_string())
+                .execute(&pool)
+                .await
+                .expect("an operation pruned");
+            }
+        }
+        let before: Vec<String> = sqlx::query_scalar(ROWS).fetch_all(&pool).await.unwrap();
+        pool.close().await;
+        before
+    };
+    assert_eq!(before.len(), 3);
+    let store = volume_reconciler::store::open(&url, 1)
+        .await
+        .expect("the new release opens and rebuilds the embedded ledger");
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
+    let after: Vec<String> = sqlx::query_scalar(ROWS).fetch_all(&pool).await.unwrap();
+    assert_eq!(after, before, "every row, every column, its seq");
+    for id in [ids[0], ids[2], ids[3]] {
+        let kinds: Vec<String> = store
+            .operation_events(id)
+            .await
+            .expect("its log")
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        let expected: &[&str] = if id == ids[0] {
+            &["recorded", "claimed", "request_sent"]
+        } else {
+            &["recorded", "request_sent"]
+        };
+        assert_eq!(kinds, expected, "{id}");
+    }
+    // A new operation numbers after the old ones (no pruned one's seq is
+    // handed out again).
+    let new = support::pending_attach(
+        "after",
+        "new",
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(60),
+    );
+    let id = support::record_new(store.as_ref(), new).await;
+    let seqs: Vec<i64> = sqlx::query_scalar("SELECT seq FROM operations ORDER BY seq")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(seqs, [1, 3, 4, 6], "{id}");
+    let refused = sqlx::query("UPDATE operations SET state = 'failed' WHERE id = ?")
+        .bind(id.to_string())
+        .execute(&pool)
+        .await
+        .expect_err("a terminal state without its decision time");
+    assert!(
+        refused.to_string().contains("operations_decided_invariant"),
+        "{refused}"
+    );
+    pool.close().await;
+    store.close().await;
+    std::fs::remove_file(&path).expect("the ledger removed");
+}
+
+/// An embedded ledger from the first releases (before the rebuild of
+/// migration `20261202000001`) upgrades with its reconcile log: the
+/// rebuilds drop the table the log rows reference, which SQLite refused
+/// ("FOREIGN KEY constraint failed") as soon as there was one row, until
+/// the store ran its migrations with foreign keys off and checked them all
+/// afterwards.
+#[tokio::test]
+async fn an_embedded_ledger_of_the_first_releases_upgrades_with_its_log() {
+    support::init_logs();
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-first-{}.db", uuid::Uuid::new_v4().simple()));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    {
+        let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
+        migrations_before("sqlite", "20261202000001")
+            .await
+            .run(&pool)
+            .await
+            .expect("migrated as the first releases did");
+        sqlx::raw_sql(
+            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
+                 volume_id, attempts, deadline_at, created_at, updated_at)
+             VALUES ('0193c000-0000-7000-8000-000000000001', 'first', 'f', 'attach', 'unknown',
+                 '0193c000-0000-7000-8000-0000000000aa', '0193c000-0000-7000-8000-0000000000bb',
+                 1, 2000000, 1000000, 1000100);
+             INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica)
+             VALUES ('0193c000-0000-7000-8000-000000000001', 1000000, 'recorded', 'first', '{}', 'first'),
+                    ('0193c000-0000-7000-8000-000000000001', 1000100, 'request_sent', 'POST', '{}', 'first')",
+        )
+        .execute(&pool)
+        .await
+        .expect("an operation and its log");
+        pool.close().await;
+    }
+    let store = volume_reconciler::store::open(&url, 1)
+        .await
+        .expect("the ledger of the first releases upgrades");
+    let id: uuid::Uuid = "0193c000-0000-7000-8000-000000000001".parse().unwrap();
+    let op = store.operation_get(id).await.unwrap().expect("kept");
+    assert_eq!((op.state, op.attempts), (State::Unknown, 1));
+    let kinds: Vec<String> = store
+        .operation_events(id)
+        .await
+        .expect("its log")
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["recorded", "request_sent"]);
     store.close().await;
     std::fs::remove_file(&path).expect("the ledger removed");
 }

@@ -63,12 +63,146 @@ column!(Sqlite, Time, i64, |us: i64| {
 });
 column!(Sqlite, Json, String, |t| Ok(Json::Text(t)));
 
+/// The operations a claim may take (`?1` now, `?2` how many): open, not
+/// leased or the lease expired, due, not left to people; by
+/// `operations_open`.
+static CLAIMABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT id, lease_owner FROM operations
+         WHERE {OPEN}
+           AND (lease_expires_at IS NULL OR lease_expires_at < ?1)
+           AND (next_attempt_at IS NULL OR next_attempt_at <= ?1)
+           AND escalated_at IS NULL
+         ORDER BY next_attempt_at IS NOT NULL, next_attempt_at, seq
+         LIMIT ?2"
+    )
+});
+
+/// The open operations a replica holds (`?1`), by `operations_open`.
+static LEASED_BY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("SELECT id FROM operations WHERE lease_owner = ?1 AND {OPEN}")
+});
+
+/// Open work by state (the gauge at scrape), by `operations_open`.
+static OPEN_BY_STATE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT state, NULL AS resolution, count(*) AS n FROM operations
+         WHERE {OPEN} GROUP BY state ORDER BY state"
+    )
+});
+
+/// The decisions due for verification stage `?1` after its cursor,
+/// decided at or before `?2`, in decision order (`FROM` on): by
+/// `operations_decided`.
+const DUE_FOR_VERIFICATION: &str = "operations, verification_cursors c
+     WHERE c.stage = ?1 AND verify_expect IS NOT NULL
+       AND (completed_at > c.decided_at OR (completed_at = c.decided_at AND id > c.last_id))
+       AND completed_at <= ?2
+     ORDER BY completed_at, id";
+
+/// When a volume's latest operation was recorded (`?1`), by
+/// `operations_volume`.
+const LATEST_OF_VOLUME: &str =
+    "SELECT created_at FROM operations WHERE volume_id = ?1 ORDER BY seq DESC LIMIT 1";
+
+/// `operation_list`'s statement: PostgreSQL's (`crate::store::list_statement`),
+/// its parameters written `?n`.
+fn list_statement(filter: &OperationFilter, after: Option<i64>, limit: u32) -> String {
+    super::list_statement(filter, after, limit).replace('$', "?")
+}
+
+/// Every index of `operations`, with a statement of the store's that reads
+/// through it: each index earns its place by a query, and a plan test
+/// (`tests/store_conformance.rs`) holds each statement to its index and the
+/// table to exactly these indexes (SQLite's own for `id UNIQUE` included).
+pub fn index_queries() -> Vec<(&'static str, String)> {
+    let by = |server_id, volume_id| OperationFilter {
+        server_id,
+        volume_id,
+        ..Default::default()
+    };
+    let any = Some(Uuid::nil());
+    vec![
+        // Reads and decisions by id.
+        ("sqlite_autoindex_operations_1", rows::by_id_sql()),
+        // A caller's key: replays, and why an intent was not inserted.
+        ("operations_caller_key", rows::by_key_sql()),
+        // The open operations: one per volume (the guarantee), the claims,
+        // a replica's leases, the gauge of open work, the oldest UNKNOWN.
+        ("operations_open", CLAIMABLE.clone()),
+        ("operations_open", LEASED_BY.clone()),
+        ("operations_open", OPEN_BY_STATE.clone()),
+        ("operations_open", rows::OLDEST_UNKNOWN.clone()),
+        // Pages by server, and by volume; a volume's latest operation.
+        (
+            "operations_server",
+            list_statement(&by(any, None), None, 50),
+        ),
+        (
+            "operations_volume",
+            list_statement(&by(None, any), None, 50),
+        ),
+        ("operations_volume", LATEST_OF_VOLUME.to_string()),
+        // Decisions by time: the verifier's cursor, retention's oldest.
+        (
+            "operations_decided",
+            format!("SELECT {COLUMNS} FROM {DUE_FOR_VERIFICATION} LIMIT ?3"),
+        ),
+        ("operations_decided", retention::VICTIMS.to_string()),
+        ("operations_decided", retention::OLDEST_DECIDED.to_string()),
+    ]
+}
+
 pub struct SqliteStore {
     pool: SqlitePool,
     changes: broadcast::Sender<Uuid>,
     lock: Mutex<Option<File>>,
     /// One retention round at a time in the process.
     retention: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Applies the embedded migrations with foreign keys off, then checks every
+/// foreign key before the store serves. A migration that rebuilds a table
+/// the log rows reference (SQLite cannot change a table's constraints in
+/// place: a new table, the rows copied, the old one dropped, the new one
+/// renamed) would otherwise fail on the drop as soon as the table has log
+/// rows, and SQLite ignores the switch inside a migration's transaction.
+async fn migrate(pool: &SqlitePool) -> anyhow::Result<()> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the embedded database to migrate it: {e}"))?;
+    sqlx::query("PRAGMA foreign_keys = OFF")
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| anyhow::anyhow!("migrating the embedded database: {e}"))?;
+    // `run` on a connection (not a pool) is `run_direct` with nothing
+    // skipped; `run` itself makes the future `!Send` here (sqlx's note on
+    // `run_direct`: its `Acquire` bound is "not general enough").
+    let migrated = MIGRATOR
+        .run_direct(None, &mut *conn, false)
+        .await
+        .map_err(|e| anyhow::anyhow!("applying embedded migrations: {e}"));
+    // Whatever the migrations did, foreign keys are enforced again before
+    // the connection goes back to the pool (it is the store's only one).
+    sqlx::query("PRAGMA foreign_keys = ON")
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| anyhow::anyhow!("migrating the embedded database: {e}"))?;
+    migrated?;
+    let broken: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT \"table\", rowid, parent FROM pragma_foreign_key_check")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| anyhow::anyhow!("checking the embedded database's foreign keys: {e}"))?;
+    if let Some((table, rowid, parent)) = broken.first() {
+        anyhow::bail!(
+            "the embedded database is inconsistent after its migrations: {} row(s) point at \
+             nothing, the first {table} rowid {rowid} (its {parent} is missing)",
+            broken.len()
+        );
+    }
+    Ok(())
 }
 
 impl SqliteStore {
@@ -97,10 +231,7 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(|e| anyhow::anyhow!("cannot open the embedded database {url}: {e}"))?;
-        MIGRATOR
-            .run(&pool)
-            .await
-            .map_err(|e| anyhow::anyhow!("applying embedded migrations: {e}"))?;
+        migrate(&pool).await?;
         let (changes, _) = broadcast::channel(4096);
         Ok(Self {
             pool,
@@ -196,27 +327,27 @@ impl Store for SqliteStore {
         after: Option<i64>,
         limit: u32,
     ) -> Result<OperationPage, StoreError> {
-        let sql = format!(
-            "SELECT {COLUMNS}, seq FROM operations
-             WHERE (?1 IS NULL OR state = ?1)
-               AND (?2 IS NULL OR server_id = ?2)
-               AND (?3 IS NULL OR volume_id = ?3)
-               AND (?4 IS NULL OR seq < ?4)
-               AND (?5 = 0 OR drifted = 1)
-               AND (?7 = 0 OR escalated_at IS NOT NULL)
-               AND (?8 IS NULL OR COALESCE(caller, '') = ?8)
-             ORDER BY seq DESC
-             LIMIT ?6"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(filter.state.map(|s| s.as_str()))
-            .bind(filter.server_id.map(|s| s.to_string()))
-            .bind(filter.volume_id.map(|s| s.to_string()))
-            .bind(after)
-            .bind(i64::from(filter.drifted_only))
-            .bind(i64::from(limit) + 1)
-            .bind(i64::from(filter.escalated_only))
-            .bind(filter.caller.as_deref())
+        // The statement PostgreSQL runs, written for SQLite (`?n`): a
+        // filter's condition only when it is set, so that each listing
+        // finds its page through its index (`index_queries`).
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(list_statement(filter, after, limit)));
+        // Bound in the order `list_statement` numbers them.
+        if let Some(state) = filter.state {
+            q = q.bind(state.as_str());
+        }
+        if let Some(server) = filter.server_id {
+            q = q.bind(server.to_string());
+        }
+        if let Some(volume) = filter.volume_id {
+            q = q.bind(volume.to_string());
+        }
+        if let Some(after) = after {
+            q = q.bind(after);
+        }
+        if let Some(caller) = &filter.caller {
+            q = q.bind(caller.clone());
+        }
+        let rows = q
             .fetch_all(&self.pool)
             .await
             .map_err(db("listing operations"))?;
@@ -282,20 +413,13 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Operation>, StoreError> {
         let mut tx = self.begin().await?;
         let now = now_us();
-        let ids: Vec<(String, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT id, lease_owner FROM operations
-             WHERE {OPEN}
-               AND (lease_expires_at IS NULL OR lease_expires_at < ?1)
-               AND (next_attempt_at IS NULL OR next_attempt_at <= ?1)
-               AND escalated_at IS NULL
-             ORDER BY next_attempt_at IS NOT NULL, next_attempt_at, seq
-             LIMIT ?2"
-        )))
-        .bind(now)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("claiming operations"))?;
+        let ids: Vec<(String, Option<String>)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(CLAIMABLE.as_str()))
+                .bind(now)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("claiming operations"))?;
         let mut out = Vec::with_capacity(ids.len());
         for (id, prev_owner) in ids {
             sqlx::query(
@@ -408,14 +532,9 @@ impl Store for SqliteStore {
         delay: Duration,
     ) -> Result<Option<DateTime<chrono::Utc>>, StoreError> {
         const WHAT: &str = "reading the verification backlog";
-        let oldest: Option<i64> = sqlx::query_scalar(
-            "SELECT completed_at FROM operations, verification_cursors c
-             WHERE c.stage = ?1 AND verify_expect IS NOT NULL
-               AND (completed_at > c.decided_at OR (completed_at = c.decided_at AND id > c.last_id))
-               AND completed_at <= ?2
-             ORDER BY completed_at, id
-             LIMIT 1",
-        )
+        let oldest: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT completed_at FROM {DUE_FOR_VERIFICATION} LIMIT 1"
+        )))
         .bind(i64::from(stage))
         .bind(now_us() - delay.as_micros() as i64)
         .fetch_optional(&self.pool)
@@ -438,12 +557,7 @@ impl Store for SqliteStore {
         const WHAT: &str = "taking decisions to verify";
         let mut tx = self.begin().await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM operations, verification_cursors c
-             WHERE c.stage = ?1 AND verify_expect IS NOT NULL
-               AND (completed_at > c.decided_at OR (completed_at = c.decided_at AND id > c.last_id))
-               AND completed_at <= ?2
-             ORDER BY completed_at, id
-             LIMIT ?3"
+            "SELECT {COLUMNS} FROM {DUE_FOR_VERIFICATION} LIMIT ?3"
         )))
         .bind(i64::from(stage))
         .bind(now_us() - delay.as_micros() as i64)
@@ -536,13 +650,11 @@ impl Store for SqliteStore {
         keep: &[Uuid],
     ) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
-        let mut ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT id FROM operations WHERE lease_owner = ? AND {OPEN}"
-        )))
-        .bind(replica)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("releasing leases"))?;
+        let mut ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(LEASED_BY.as_str()))
+            .bind(replica)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("releasing leases"))?;
         let keep: Vec<String> = keep.iter().map(Uuid::to_string).collect();
         ids.retain(|id| !keep.contains(id));
         for id in &ids {
@@ -577,13 +689,10 @@ impl Store for SqliteStore {
     }
 
     async fn operation_open_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT state, NULL AS resolution, count(*) AS n FROM operations
-             WHERE {OPEN} GROUP BY state ORDER BY state"
-        )))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db("counting the open operations"))?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(OPEN_BY_STATE.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("counting the open operations"))?;
         rows::counts(&rows)
     }
 
@@ -607,13 +716,11 @@ impl Store for SqliteStore {
     ) -> Result<Vec<(Uuid, chrono::DateTime<chrono::Utc>)>, StoreError> {
         let mut out = Vec::new();
         for v in volumes {
-            let latest: Option<i64> = sqlx::query_scalar(
-                "SELECT created_at FROM operations WHERE volume_id = ? ORDER BY seq DESC LIMIT 1",
-            )
-            .bind(v.to_string())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db("reading volumes' latest operations"))?;
+            let latest: Option<i64> = sqlx::query_scalar(LATEST_OF_VOLUME)
+                .bind(v.to_string())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db("reading volumes' latest operations"))?;
             if let Some(us) = latest {
                 let at = DateTime::from_timestamp_micros(us)
                     .ok_or_else(|| corrupt(&v.to_string(), format!("timestamp {us} µs")))?;
@@ -653,12 +760,10 @@ impl Store for SqliteStore {
     async fn retention_oldest_decided(
         &self,
     ) -> Result<Option<chrono::DateTime<chrono::Utc>>, StoreError> {
-        let us: Option<i64> = sqlx::query_scalar(
-            "SELECT min(completed_at) FROM operations WHERE completed_at IS NOT NULL",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .map_err(db("reading the oldest decision"))?;
+        let us: Option<i64> = sqlx::query_scalar(retention::OLDEST_DECIDED)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("reading the oldest decision"))?;
         us.map(|us| instant_of(us, "operations", "completed_at"))
             .transpose()
     }

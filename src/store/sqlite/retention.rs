@@ -27,6 +27,14 @@ pub(super) fn begin(pool: &SqlitePool, lock: &Arc<Mutex<()>>) -> Option<Box<dyn 
 
 /// The cutoff in microseconds: `keep` before now, as if the clock read
 /// `ahead` later.
+/// The oldest decisions before `?1`, at most `?2`: by `operations_decided`.
+pub(super) const VICTIMS: &str = "SELECT id, caller, idempotency_key, completed_at FROM operations
+     WHERE completed_at IS NOT NULL AND completed_at < ?1 ORDER BY completed_at LIMIT ?2";
+
+/// When the oldest decision was made: by `operations_decided`.
+pub(super) const OLDEST_DECIDED: &str =
+    "SELECT min(completed_at) FROM operations WHERE completed_at IS NOT NULL";
+
 fn cutoff_us(keep: std::time::Duration, ahead: std::time::Duration) -> i64 {
     now_us() + ahead.as_micros() as i64 - keep.as_micros() as i64
 }
@@ -36,15 +44,12 @@ impl PruneRound for SqliteRound {
     async fn prune_batch(&mut self, p: &PruneParams) -> Result<PruneCounts, StoreError> {
         const WHAT: &str = "retention: pruning decided operations";
         let mut tx = self.pool.begin().await.map_err(db(WHAT))?;
-        let victims: Vec<(String, Option<String>, String, i64)> = sqlx::query_as(
-            "SELECT id, caller, idempotency_key, completed_at FROM operations
-             WHERE completed_at IS NOT NULL AND completed_at < ? ORDER BY completed_at LIMIT ?",
-        )
-        .bind(cutoff_us(p.keep, p.ahead))
-        .bind(i64::from(p.limit))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db(WHAT))?;
+        let victims: Vec<(String, Option<String>, String, i64)> = sqlx::query_as(VICTIMS)
+            .bind(cutoff_us(p.keep, p.ahead))
+            .bind(i64::from(p.limit))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db(WHAT))?;
         let mut counts = PruneCounts::default();
         let now = now_us();
         for (id, caller, key, decided) in &victims {
