@@ -454,6 +454,43 @@ async fn an_embedded_ledger_of_the_first_releases_upgrades_with_its_log() {
     std::fs::remove_file(&path).expect("the ledger removed");
 }
 
+/// The embedded store migrates with foreign keys off, so it checks them
+/// all afterwards: a ledger whose log names an operation that is not there
+/// is refused at start with what points at nothing, not served.
+#[tokio::test]
+async fn an_embedded_ledger_whose_log_points_at_nothing_is_refused_after_its_migration() {
+    support::init_logs();
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-dangling-{}.db", uuid::Uuid::new_v4().simple()));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    {
+        let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
+        migrations_before("sqlite", "20261209000001")
+            .await
+            .run(&pool)
+            .await
+            .expect("migrated as the previous release did");
+        sqlx::raw_sql(
+            "PRAGMA foreign_keys = OFF;
+             INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+             VALUES ('0193d000-0000-7000-8000-000000000001', 'w', 1, 'r', '[]')",
+        )
+        .execute(&pool)
+        .await
+        .expect("a log row of no operation");
+        pool.close().await;
+    }
+    let refused = match volume_reconciler::store::open(&url, 1).await {
+        Ok(_) => panic!("a ledger with a log row of no operation was served"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        refused.contains("inconsistent") && refused.contains("operation_log"),
+        "{refused}"
+    );
+    std::fs::remove_file(&path).expect("the ledger removed");
+}
+
 #[tokio::test]
 async fn the_previous_release_keeps_working_while_the_new_one_serves_on_the_expanded_ledger() {
     support::init_logs();

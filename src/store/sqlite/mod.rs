@@ -161,8 +161,27 @@ pub struct SqliteStore {
     retention: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
-/// Applies the embedded migrations with foreign keys off, then checks every
-/// foreign key before the store serves. A migration that rebuilds a table
+/// How many migrations the database records as applied (none on a new
+/// file).
+async fn applied_migrations(conn: &mut sqlx::SqliteConnection) -> anyhow::Result<i64> {
+    let what = |e| anyhow::anyhow!("reading the embedded database's migrations: {e}");
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(what)?;
+    if exists == 0 {
+        return Ok(0);
+    }
+    sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(what)
+}
+
+/// Applies the embedded migrations with foreign keys off, then, when any
+/// ran, checks every foreign key before the store serves. A migration that rebuilds a table
 /// the log rows reference (SQLite cannot change a table's constraints in
 /// place: a new table, the rows copied, the old one dropped, the new one
 /// renamed) would otherwise fail on the drop as soon as the table has log
@@ -172,6 +191,7 @@ async fn migrate(pool: &SqlitePool) -> anyhow::Result<()> {
         .acquire()
         .await
         .map_err(|e| anyhow::anyhow!("opening the embedded database to migrate it: {e}"))?;
+    let before = applied_migrations(&mut conn).await?;
     sqlx::query("PRAGMA foreign_keys = OFF")
         .execute(&mut *conn)
         .await
@@ -190,6 +210,11 @@ async fn migrate(pool: &SqlitePool) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("migrating the embedded database: {e}"))?;
     migrated?;
+    let after = applied_migrations(&mut conn).await?;
+    if after == before {
+        // Nothing migrated: nothing ran without its foreign keys.
+        return Ok(());
+    }
     let broken: Vec<(String, i64, String)> =
         sqlx::query_as("SELECT \"table\", rowid, parent FROM pragma_foreign_key_check")
             .fetch_all(&mut *conn)
