@@ -77,6 +77,21 @@ async fn migrations_before(store: &str, boundary: &str) -> sqlx::migrate::Migrat
     migrator
 }
 
+/// A new embedded ledger file, migrated as the releases before `boundary`
+/// left it: its path, its URL, and a pool on it to write as they did.
+async fn embedded_ledger_before(boundary: &str) -> (std::path::PathBuf, String, sqlx::SqlitePool) {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vr-upgrade-{}.db", uuid::Uuid::new_v4().simple()));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
+    migrations_before("sqlite", boundary)
+        .await
+        .run(&pool)
+        .await
+        .expect("migrated as those releases did");
+    (path, url, pool)
+}
+
 async fn new_release(url: &str) -> PgStore {
     PgStore::connect(&PgSettings {
         url: url.into(),
@@ -111,19 +126,11 @@ async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upg
     use volume_reconciler::domain::{NewEvent, State};
     use volume_reconciler::store::{PruneParams, StateCount, Transition};
     support::init_logs();
-    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("vr-upgrade-{}.db", uuid::Uuid::new_v4().simple()));
-    let url = format!("sqlite://{}?mode=rwc", path.display());
+    // The previous release's ledger: its schema, and an attach it recorded
+    // and sent, its lease lapsed (the replica was stopped for the upgrade),
+    // its two event rows as it wrote them.
+    let (path, url, pool) = embedded_ledger_before(EXPAND).await;
     {
-        // The previous release's ledger: its schema, and an attach it
-        // recorded and sent, its lease lapsed (the replica was stopped for
-        // the upgrade), its two event rows as it wrote them.
-        let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
-        previous_migrator("sqlite")
-            .await
-            .run(&pool)
-            .await
-            .expect("migrated as before");
         sqlx::query(
             "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
                  volume_id, attempts, deadline_at, last_request_at, created_at, updated_at,
@@ -252,9 +259,7 @@ async fn an_embedded_ledger_of_the_previous_release_reads_the_same_after_the_upg
 #[tokio::test]
 async fn an_embedded_ledger_keeps_every_row_and_log_through_its_rebuild() {
     support::init_logs();
-    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("vr-rebuild-{}.db", uuid::Uuid::new_v4().simple()));
-    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let (path, url, pool) = embedded_ledger_before("20261209000001").await;
     const ROWS: &str = "SELECT json_array(seq, id, idempotency_key, fingerprint, action, state,
         resolution, server_id, volume_id, request, attachment, attempts, last_error, deadline_at,
         last_request_at, created_at, updated_at, completed_at, lease_owner, lease_expires_at,
@@ -272,12 +277,6 @@ async fn an_embedded_ledger_keeps_every_row_and_log_through_its_rebuild() {
         })
         .collect();
     let before = {
-        let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
-        migrations_before("sqlite", "20261209000001")
-            .await
-            .run(&pool)
-            .await
-            .expect("migrated as before");
         for (n, (state, resolution, completed, escalation)) in [
             ("succeeded", "'response'", "3000000", "NULL"),
             ("succeeded", "'reobserved'", "3100000", "NULL"),
@@ -411,16 +410,8 @@ async fn an_embedded_ledger_keeps_every_row_and_log_through_its_rebuild() {
 #[tokio::test]
 async fn an_embedded_ledger_of_the_first_releases_upgrades_with_its_log() {
     support::init_logs();
-    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("vr-first-{}.db", uuid::Uuid::new_v4().simple()));
-    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let (path, url, pool) = embedded_ledger_before("20261202000001").await;
     {
-        let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
-        migrations_before("sqlite", "20261202000001")
-            .await
-            .run(&pool)
-            .await
-            .expect("migrated as the first releases did");
         sqlx::raw_sql(
             "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
                  volume_id, attempts, deadline_at, created_at, updated_at)
@@ -460,16 +451,8 @@ async fn an_embedded_ledger_of_the_first_releases_upgrades_with_its_log() {
 #[tokio::test]
 async fn an_embedded_ledger_whose_log_points_at_nothing_is_refused_after_its_migration() {
     support::init_logs();
-    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("vr-dangling-{}.db", uuid::Uuid::new_v4().simple()));
-    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let (path, url, pool) = embedded_ledger_before("20261209000001").await;
     {
-        let pool = sqlx::SqlitePool::connect(&url).await.expect("opened");
-        migrations_before("sqlite", "20261209000001")
-            .await
-            .run(&pool)
-            .await
-            .expect("migrated as the previous release did");
         sqlx::raw_sql(
             "PRAGMA foreign_keys = OFF;
              INSERT INTO operation_log (operation_id, write_id, at, replica, events)
