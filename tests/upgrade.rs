@@ -411,22 +411,20 @@ async fn an_embedded_ledger_keeps_every_row_and_log_through_its_rebuild() {
 async fn an_embedded_ledger_of_the_first_releases_upgrades_with_its_log() {
     support::init_logs();
     let (path, url, pool) = embedded_ledger_before("20261202000001").await;
-    {
-        sqlx::raw_sql(
-            "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
-                 volume_id, attempts, deadline_at, created_at, updated_at)
-             VALUES ('0193c000-0000-7000-8000-000000000001', 'first', 'f', 'attach', 'unknown',
-                 '0193c000-0000-7000-8000-0000000000aa', '0193c000-0000-7000-8000-0000000000bb',
-                 1, 2000000, 1000000, 1000100);
-             INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica)
-             VALUES ('0193c000-0000-7000-8000-000000000001', 1000000, 'recorded', 'first', '{}', 'first'),
-                    ('0193c000-0000-7000-8000-000000000001', 1000100, 'request_sent', 'POST', '{}', 'first')",
-        )
-        .execute(&pool)
-        .await
-        .expect("an operation and its log");
-        pool.close().await;
-    }
+    sqlx::raw_sql(
+        "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id,
+             volume_id, attempts, deadline_at, created_at, updated_at)
+         VALUES ('0193c000-0000-7000-8000-000000000001', 'first', 'f', 'attach', 'unknown',
+             '0193c000-0000-7000-8000-0000000000aa', '0193c000-0000-7000-8000-0000000000bb',
+             1, 2000000, 1000000, 1000100);
+         INSERT INTO operation_events (operation_id, at, kind, detail, metadata, replica)
+         VALUES ('0193c000-0000-7000-8000-000000000001', 1000000, 'recorded', 'first', '{}', 'first'),
+                ('0193c000-0000-7000-8000-000000000001', 1000100, 'request_sent', 'POST', '{}', 'first')",
+    )
+    .execute(&pool)
+    .await
+    .expect("an operation and its log");
+    pool.close().await;
     let store = volume_reconciler::store::open(&url, 1)
         .await
         .expect("the ledger of the first releases upgrades");
@@ -452,17 +450,15 @@ async fn an_embedded_ledger_of_the_first_releases_upgrades_with_its_log() {
 async fn an_embedded_ledger_whose_log_points_at_nothing_is_refused_after_its_migration() {
     support::init_logs();
     let (path, url, pool) = embedded_ledger_before("20261209000001").await;
-    {
-        sqlx::raw_sql(
-            "PRAGMA foreign_keys = OFF;
-             INSERT INTO operation_log (operation_id, write_id, at, replica, events)
-             VALUES ('0193d000-0000-7000-8000-000000000001', 'w', 1, 'r', '[]')",
-        )
-        .execute(&pool)
-        .await
-        .expect("a log row of no operation");
-        pool.close().await;
-    }
+    sqlx::raw_sql(
+        "PRAGMA foreign_keys = OFF;
+         INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+         VALUES ('0193d000-0000-7000-8000-000000000001', 'w', 1, 'r', '[]')",
+    )
+    .execute(&pool)
+    .await
+    .expect("a log row of no operation");
+    pool.close().await;
     let refused = match volume_reconciler::store::open(&url, 1).await {
         Ok(_) => panic!("a ledger with a log row of no operation was served"),
         Err(e) => format!("{e:#}"),
