@@ -181,11 +181,12 @@ async fn applied_migrations(conn: &mut sqlx::SqliteConnection) -> anyhow::Result
 }
 
 /// Applies the embedded migrations with foreign keys off, then, when any
-/// ran, checks every foreign key before the store serves. A migration that rebuilds a table
-/// the log rows reference (SQLite cannot change a table's constraints in
-/// place: a new table, the rows copied, the old one dropped, the new one
-/// renamed) would otherwise fail on the drop as soon as the table has log
-/// rows, and SQLite ignores the switch inside a migration's transaction.
+/// ran, checks every foreign key before the store serves. A migration that
+/// rebuilds a table the log rows reference (SQLite cannot change a table's
+/// constraints in place: a new table, the rows copied, the old one dropped,
+/// the new one renamed) would otherwise fail on the drop as soon as the
+/// table has log rows, and SQLite ignores the switch inside a migration's
+/// transaction.
 async fn migrate(pool: &SqlitePool) -> anyhow::Result<()> {
     let mut conn = pool
         .acquire()
