@@ -106,9 +106,20 @@ const LATEST_OF_VOLUME: &str =
     "SELECT created_at FROM operations WHERE volume_id = ?1 ORDER BY seq DESC LIMIT 1";
 
 /// `operation_list`'s statement: PostgreSQL's (`crate::store::list_statement`),
-/// its parameters written `?n`.
+/// its parameters written `?n`. Filtered by an open state and not by
+/// server, it reads the open operations' index: SQLite's planner would
+/// rather walk the whole table backwards by `seq` than scan a partial
+/// index and sort the few rows it holds.
 fn list_statement(filter: &OperationFilter, after: Option<i64>, limit: u32) -> String {
-    super::list_statement(filter, after, limit).replace('$', "?")
+    let sql = super::list_statement(filter, after, limit).replace('$', "?");
+    match filter.state {
+        Some(state) if !state.is_terminal() && filter.server_id.is_none() => sql.replacen(
+            "FROM operations ",
+            "FROM operations INDEXED BY operations_open ",
+            1,
+        ),
+        _ => sql,
+    }
 }
 
 /// Every index of `operations`, with a statement of the store's that reads
@@ -143,6 +154,18 @@ pub fn index_queries() -> Vec<(&'static str, String)> {
             list_statement(&by(None, any), None, 50),
         ),
         ("operations_volume", LATEST_OF_VOLUME.to_string()),
+        // Pages of the open operations in a state.
+        (
+            "operations_open",
+            list_statement(
+                &OperationFilter {
+                    state: Some(State::Unknown),
+                    ..Default::default()
+                },
+                None,
+                50,
+            ),
+        ),
         // Decisions by time: the verifier's cursor, retention's oldest.
         (
             "operations_decided",
