@@ -81,14 +81,10 @@ pub(super) async fn tombstone_of(
     .transpose()
 }
 
-/// A time the store wrote (microseconds since the Unix epoch), read back.
+/// A time the store wrote (microseconds since the Unix epoch), read back
+/// for operation `id`.
 fn time(id: Uuid, us: i64) -> Result<DateTime<Utc>, StoreError> {
-    DateTime::from_timestamp_micros(us).ok_or_else(|| {
-        corrupt(
-            &id.to_string(),
-            format!("timestamp {us} µs is out of range"),
-        )
-    })
+    super::instant_of(us, &id.to_string(), "timestamp")
 }
 
 fn time_opt(id: Uuid, us: Option<i64>) -> Result<Option<DateTime<Utc>>, StoreError> {
