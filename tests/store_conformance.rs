@@ -2164,6 +2164,127 @@ async fn postgres_a_write_is_not_rerun_after_its_deadline() {
     store.close().await;
 }
 
+/// PostgreSQL only: while a batch of decisions is in flight, the second
+/// writer of its kind sends the writes queued behind it only once they are
+/// a batch worth sending (`SECOND_BATCH`, 16), or once the first is
+/// answered: a few writes wait for the one in flight instead of paying a
+/// statement of their own, and sixteen go at once, beside it, in one
+/// statement (one transaction id on every row). Ground truth: the rows'
+/// `xmin` and the row lock that holds the first batch.
+#[tokio::test]
+async fn postgres_a_second_batch_goes_beside_the_first_only_once_it_is_large() {
+    support::init_logs();
+    let url = support::pg::fresh_database().await;
+    // Sixteen connections: two writers per kind.
+    let store = volume_reconciler::store::open(&url, 16).await.unwrap();
+    let mut ops = Vec::new();
+    for i in 0..18 {
+        ops.push(
+            create(
+                store.as_ref(),
+                new_op(&format!("batch-{i}"), Uuid::new_v4(), State::InProgress),
+            )
+            .await,
+        );
+    }
+    let (inline, queued, rest) = (ops[0].clone(), ops[1].clone(), ops[2..].to_vec());
+    let mut lock = support::pg::Admin::connect(&url).await;
+    lock.run(&format!(
+        "BEGIN; SELECT 1 FROM operations WHERE id IN ('{}', '{}') FOR UPDATE",
+        inline.id, queued.id
+    ))
+    .await;
+    let waiting_on_the_lock = |n: i64| {
+        let url = url.clone();
+        move || {
+            let url = url.clone();
+            async move {
+                support::pg::Admin::connect(&url)
+                    .await
+                    .number(
+                        "SELECT count(*) FROM pg_stat_activity
+                         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    )
+                    .await
+                    == n
+            }
+        }
+    };
+    let decide = |op: &volume_reconciler::domain::Operation| {
+        let (store, t) = (store.clone(), Transition::new(op, State::InProgress, "r0"));
+        tokio::spawn(async move { store.operation_transition(t, soon()).await })
+    };
+    // The first write alone runs inline; the second, queued behind it,
+    // is the first writer's batch: both wait on the row lock.
+    let first = decide(&inline);
+    support::eventually(
+        Duration::from_secs(20),
+        "the inline write waits on the row lock",
+        waiting_on_the_lock(1),
+    )
+    .await;
+    let in_flight = decide(&queued);
+    support::eventually(
+        Duration::from_secs(20),
+        "the first writer's batch waits on the row lock",
+        waiting_on_the_lock(2),
+    )
+    .await;
+
+    // Three writes: not a batch worth sending beside the one in flight.
+    let few: Vec<_> = rest[..3].iter().map(decide).collect();
+    let few = futures_util::future::join_all(few);
+    tokio::pin!(few);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), &mut few)
+            .await
+            .is_err(),
+        "three writes were sent beside a batch in flight (without the rule they land in milliseconds)"
+    );
+    // Thirteen more make sixteen: they go at once, as one statement,
+    // while the first batch still waits on its lock.
+    let more: Vec<_> = rest[3..].iter().map(decide).collect();
+    // Within 20 s: less than the writes' own deadline (30 s), which would
+    // end the first batch's wait on the lock.
+    let (mut landed, more) = tokio::time::timeout(
+        Duration::from_secs(20),
+        futures_util::future::join(few, futures_util::future::join_all(more)),
+    )
+    .await
+    .expect("sixteen queued writes go beside the batch in flight");
+    landed.extend(more);
+    assert_eq!(landed.len(), 16);
+    for written in landed {
+        written
+            .unwrap()
+            .expect("a write of the second batch")
+            .expect("applies");
+    }
+    assert!(
+        !in_flight.is_finished() && !first.is_finished(),
+        "the first batch still waits on its lock"
+    );
+    let ids: Vec<String> = rest.iter().map(|op| format!("'{}'", op.id)).collect();
+    let statements = support::pg::Admin::connect(&url)
+        .await
+        .number(&format!(
+            "SELECT count(DISTINCT xmin::text) FROM operations WHERE id IN ({})",
+            ids.join(", ")
+        ))
+        .await;
+    assert_eq!(statements, 1, "the sixteen writes are one statement");
+
+    lock.run("COMMIT").await;
+    for blocked in [first, in_flight] {
+        blocked
+            .await
+            .unwrap()
+            .expect("a blocked write lands once the lock is gone")
+            .expect("applies");
+    }
+    store.close().await;
+}
+
 /// PostgreSQL only: operation_events has no foreign key (it cost a lookup
 /// and a lock per event row); the writers keep what it guarded. An append
 /// or a drift mark for an operation that is gone (pruned between a

@@ -191,8 +191,9 @@ impl Cluster {
             "0s",
             "--drain-timeout",
             "2s",
+            // The default: the ledger writers as shipped (two per kind).
             "--db-max-connections",
-            "8",
+            "16",
             "--auth-tokens",
             &tokens.join(","),
             // One argument: a value that starts with '-' would read as a flag.

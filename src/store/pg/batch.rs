@@ -34,7 +34,7 @@ use std::time::Duration;
 use backon::BackoffBuilder as _;
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use tokio::sync::{Mutex, broadcast, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -92,6 +92,13 @@ pub(super) struct Writer {
 /// Largest batch: bounds a transaction's length and the NOTIFY payload.
 const MAX_BATCH: usize = 128;
 
+/// The size at which a batch is sent while another of its kind is in
+/// flight. At c=64 batches hold 13-15 writes; measured on the service with
+/// two writers per kind (BENCHMARKS.md, stop 45): 8 gained less than 16 and
+/// 32, and two batches in flight at any size ("four writers", stop 44)
+/// gained nothing.
+const SECOND_BATCH: usize = 16;
+
 /// Writes waiting for a writer, at most.
 const QUEUE: usize = 32_768;
 
@@ -140,12 +147,16 @@ impl Writer {
         // is told so at once instead of waiting out its deadline.
         let queues = [(); 2].map(|()| {
             let (tx, rx) = mpsc::channel(QUEUE);
-            let rx = Arc::new(Mutex::new(rx));
+            let kind = Arc::new(Kind {
+                rx: Mutex::new(rx),
+                in_flight: AtomicUsize::new(0),
+                answered: Notify::new(),
+            });
             for _ in 0..per_kind {
                 tokio::spawn(writer_loop(
                     conns.clone(),
                     clock.clone(),
-                    rx.clone(),
+                    kind.clone(),
                     stop.clone(),
                 ));
             }
@@ -228,29 +239,73 @@ impl Writer {
     }
 }
 
+/// One kind's queue, shared by its writers.
+struct Kind {
+    rx: Mutex<mpsc::Receiver<Job>>,
+    /// Batches of this kind sent and not yet answered.
+    in_flight: AtomicUsize,
+    /// Told each time a batch of this kind is answered.
+    answered: Notify,
+}
+
 async fn writer_loop(
     conns: Arc<Conns>,
     clock: Arc<DbClock>,
-    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    kind: Arc<Kind>,
     stop: CancellationToken,
 ) {
     loop {
         let jobs = {
-            let mut rx = rx.lock().await;
+            let mut rx = kind.rx.lock().await;
             let first = tokio::select! {
                 _ = stop.cancelled() => return,
                 j = rx.recv() => match j { Some(j) => j, None => return },
             };
             let mut jobs = vec![first];
-            while jobs.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(j) => jobs.push(j),
-                    Err(_) => break,
+            drain(&mut rx, &mut jobs);
+            // Another batch of this kind in flight (waiting on its commit's
+            // flush, mostly): this one goes once it holds `SECOND_BATCH`
+            // writes, or when that one is answered, whichever comes first.
+            // So two batches overlap only when both are large; a small one
+            // beside a large one would cost the database more per write
+            // (its fixed cost) than the overlap gives back.
+            if jobs.len() < SECOND_BATCH {
+                let answered = kind.answered.notified();
+                tokio::pin!(answered);
+                // Registered before the check: an answer between the check
+                // and the wait is not missed.
+                answered.as_mut().enable();
+                while jobs.len() < SECOND_BATCH && kind.in_flight.load(Ordering::SeqCst) > 0 {
+                    tokio::select! {
+                        _ = &mut answered => break,
+                        j = rx.recv() => match j {
+                            Some(j) => {
+                                jobs.push(j);
+                                drain(&mut rx, &mut jobs);
+                            }
+                            None => break,
+                        },
+                        // Stopping: what was taken is written, not dropped.
+                        _ = stop.cancelled() => break,
+                    }
                 }
             }
+            kind.in_flight.fetch_add(1, Ordering::SeqCst);
             jobs
         };
         run_batch(&conns, &clock, jobs).await;
+        kind.in_flight.fetch_sub(1, Ordering::SeqCst);
+        kind.answered.notify_waiters();
+    }
+}
+
+/// Whatever else is waiting, up to a full batch.
+fn drain(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>) {
+    while jobs.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(j) => jobs.push(j),
+            Err(_) => break,
+        }
     }
 }
 

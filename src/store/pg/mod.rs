@@ -259,15 +259,19 @@ impl PgStore {
             .clone()
             .options(session.iter().map(|(k, v)| (*k, v.as_str())));
         let writer_options = options.clone().options(WRITER_SETTINGS.iter().copied());
-        // One writer per kind of write (intents; decisions) per 16
-        // connections, at most two each: a batch forms while the other
-        // kind's commits, and batches stay large. More writers make smaller
-        // batches, and a batch's fixed cost (executor start-up, triggers,
-        // commit) is most of a small one's: at c=64, four general writers
-        // did 2,100 ops/s, two 2,750 (BENCHMARKS.md "Less work per call").
-        // They hold connections of their own (writers + 1); the heartbeat
-        // and the change listener one each; the reads the rest.
-        let writers = 2 * (settings.max_connections / 16).clamp(1, 2);
+        // Two writers per kind of write (intents; decisions) from 16
+        // connections up (the default), one below: a batch forms while the other kind's
+        // (and, once it is large, the other writer's of its kind) commits.
+        // A writer sends a batch while another of its kind is in flight
+        // only once it is large (`batch::SECOND_BATCH`): more, smaller
+        // batches cost more than they overlap, since a batch's fixed cost
+        // (executor start-up, commit) is most of a small one's (at c=64,
+        // four writers that took whatever waited did no better than two,
+        // BENCHMARKS.md stop 44; four that wait for 16 writes did 7-10 %
+        // better, stop 45). They hold connections of their own (writers +
+        // 1); the heartbeat and the change listener one each; the reads the
+        // rest.
+        let writers = 2 * (settings.max_connections / 8).clamp(1, 2);
         let reads_size = settings.max_connections.saturating_sub(writers + 3).max(3) as usize;
         let observer = Observer::default();
         let reads = Conns::new(
