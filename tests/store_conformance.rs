@@ -72,6 +72,21 @@ fn new_op_of(caller: &str, key: &str, volume: Uuid) -> NewOperation {
     }
 }
 
+/// `n` new in-progress operations keyed `{prefix}{i}`, each on a volume of
+/// its own.
+async fn create_in_progress(
+    store: &dyn Store,
+    prefix: &str,
+    n: usize,
+) -> Vec<volume_reconciler::domain::Operation> {
+    let mut ops = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = format!("{prefix}{i}");
+        ops.push(create(store, new_op(&key, Uuid::new_v4(), State::InProgress)).await);
+    }
+    ops
+}
+
 async fn create(store: &dyn Store, new: NewOperation) -> volume_reconciler::domain::Operation {
     match store.operation_create(new, soon()).await.unwrap() {
         CreateOutcome::Created(op) => op,
@@ -787,16 +802,7 @@ async fn changes_are_notified(store: Arc<dyn Store>) {
 }
 
 async fn every_decision_of_a_concurrent_burst_is_notified(store: Arc<dyn Store>) {
-    let mut ops = Vec::new();
-    for i in 0..40 {
-        ops.push(
-            create(
-                store.as_ref(),
-                new_op(&format!("burst-{i}"), Uuid::new_v4(), State::InProgress),
-            )
-            .await,
-        );
-    }
+    let ops = create_in_progress(store.as_ref(), "burst-", 40).await;
     let mut rx = store.subscribe();
     let mut tasks = Vec::new();
     for op in ops {
@@ -829,16 +835,7 @@ async fn every_decision_of_a_concurrent_burst_is_notified(store: Arc<dyn Store>)
 }
 
 async fn appended_events_land_in_order_even_when_batched(store: Arc<dyn Store>) {
-    let mut ops = Vec::new();
-    for i in 0..20 {
-        ops.push(
-            create(
-                store.as_ref(),
-                new_op(&format!("append-{i}"), Uuid::new_v4(), State::InProgress),
-            )
-            .await,
-        );
-    }
+    let ops = create_in_progress(store.as_ref(), "append-", 20).await;
     // Concurrent appends (as a verification round makes them) share the
     // group commit; each operation's events keep their order.
     let mut tasks = Vec::new();
@@ -2081,12 +2078,7 @@ async fn postgres_a_write_is_not_rerun_after_its_deadline() {
 
     // A write held up by a row lock stays in flight on the inline path, so
     // the writes after it take the queue and the writer task.
-    let mut lock = support::pg::Admin::connect(&url).await;
-    lock.run(&format!(
-        "BEGIN; SELECT 1 FROM operations WHERE id = '{}' FOR UPDATE",
-        blocker.id
-    ))
-    .await;
+    let lock = lock_rows(&url, &[blocker.id]).await;
     let blocked = {
         let (store, t) = (
             store.clone(),
@@ -2094,24 +2086,7 @@ async fn postgres_a_write_is_not_rerun_after_its_deadline() {
         );
         tokio::spawn(async move { store.operation_transition(t, soon()).await })
     };
-    support::eventually(
-        Duration::from_secs(20),
-        "the first write waits on the row lock",
-        || {
-            let url = url.clone();
-            async move {
-                support::pg::Admin::connect(&url)
-                    .await
-                    .number(
-                        "SELECT count(*) FROM pg_stat_activity
-                         WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                    )
-                    .await
-                    == 1
-            }
-        },
-    )
-    .await;
+    until_waiting_on_locks(&url, 1, "the first write").await;
     // Through the queue: the writer opens a connection of its own, which
     // the next queued write reuses.
     let other = store
@@ -2155,13 +2130,53 @@ async fn postgres_a_write_is_not_rerun_after_its_deadline() {
     let events = store.operation_events(victim.id).await.unwrap();
     assert!(!events.iter().any(request_sent(2)), "{events:?}");
 
-    lock.run("COMMIT").await;
-    blocked
-        .await
-        .unwrap()
-        .expect("the blocked write lands once the lock is gone")
-        .expect("applies");
+    release_and_land(lock, vec![blocked]).await;
     store.close().await;
+}
+
+/// A transaction left open holding the rows `ids` locked.
+async fn lock_rows(url: &str, ids: &[Uuid]) -> support::pg::Admin {
+    let mut lock = support::pg::Admin::connect(url).await;
+    let ids: Vec<String> = ids.iter().map(|id| format!("'{id}'")).collect();
+    lock.run(&format!(
+        "BEGIN; SELECT 1 FROM operations WHERE id IN ({}) FOR UPDATE",
+        ids.join(", ")
+    ))
+    .await;
+    lock
+}
+
+/// Until `n` sessions of the database wait for a lock (`what` does, the
+/// last of them).
+async fn until_waiting_on_locks(url: &str, n: i64, what: &str) {
+    support::eventually(
+        Duration::from_secs(20),
+        &format!("{what} waits on the row lock"),
+        || async move {
+            support::pg::Admin::connect(url)
+                .await
+                .waiting_on_locks()
+                .await
+                == n
+        },
+    )
+    .await;
+}
+
+type Blocked =
+    tokio::task::JoinHandle<Result<Option<volume_reconciler::domain::Operation>, StoreError>>;
+
+/// Ends the transaction that holds `blocked` writes on its row locks; each
+/// then lands and applies.
+async fn release_and_land(mut lock: support::pg::Admin, blocked: Vec<Blocked>) {
+    lock.run("COMMIT").await;
+    for write in blocked {
+        write
+            .await
+            .unwrap()
+            .expect("a blocked write lands once the lock is gone")
+            .expect("applies");
+    }
 }
 
 /// PostgreSQL only: while a batch of decisions is in flight, the second
@@ -2177,59 +2192,23 @@ async fn postgres_a_second_batch_goes_beside_the_first_only_once_it_is_large() {
     let url = support::pg::fresh_database().await;
     // Sixteen connections: two writers per kind.
     let store = volume_reconciler::store::open(&url, 16).await.unwrap();
-    let mut ops = Vec::new();
-    for i in 0..18 {
-        ops.push(
-            create(
-                store.as_ref(),
-                new_op(&format!("batch-{i}"), Uuid::new_v4(), State::InProgress),
-            )
-            .await,
-        );
-    }
+    let ops = create_in_progress(store.as_ref(), "batch-", 18).await;
     let (inline, queued, rest) = (ops[0].clone(), ops[1].clone(), ops[2..].to_vec());
-    let mut lock = support::pg::Admin::connect(&url).await;
-    lock.run(&format!(
-        "BEGIN; SELECT 1 FROM operations WHERE id IN ('{}', '{}') FOR UPDATE",
-        inline.id, queued.id
-    ))
-    .await;
-    let waiting_on_the_lock = |n: i64| {
-        let url = url.clone();
-        move || {
-            let url = url.clone();
-            async move {
-                support::pg::Admin::connect(&url)
-                    .await
-                    .number(
-                        "SELECT count(*) FROM pg_stat_activity
-                         WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                    )
-                    .await
-                    == n
-            }
-        }
-    };
+    let lock = lock_rows(&url, &[inline.id, queued.id]).await;
     let decide = |op: &volume_reconciler::domain::Operation| {
         let (store, t) = (store.clone(), Transition::new(op, State::InProgress, "r0"));
         tokio::spawn(async move { store.operation_transition(t, soon()).await })
     };
     // The first write alone runs inline; the second, queued behind it,
     // is the first writer's batch: both wait on the row lock.
-    let first = decide(&inline);
-    support::eventually(
-        Duration::from_secs(20),
-        "the inline write waits on the row lock",
-        waiting_on_the_lock(1),
-    )
-    .await;
-    let in_flight = decide(&queued);
-    support::eventually(
-        Duration::from_secs(20),
-        "the first writer's batch waits on the row lock",
-        waiting_on_the_lock(2),
-    )
-    .await;
+    let mut blocked = Vec::new();
+    for (op, what) in [
+        (&inline, "the inline write"),
+        (&queued, "the first writer's batch"),
+    ] {
+        blocked.push(decide(op));
+        until_waiting_on_locks(&url, blocked.len() as i64, what).await;
+    }
 
     // Three writes: not a batch worth sending beside the one in flight.
     let few: Vec<_> = rest[..3].iter().map(decide).collect();
@@ -2261,7 +2240,7 @@ async fn postgres_a_second_batch_goes_beside_the_first_only_once_it_is_large() {
             .expect("applies");
     }
     assert!(
-        !in_flight.is_finished() && !first.is_finished(),
+        blocked.iter().all(|b| !b.is_finished()),
         "the first batch still waits on its lock"
     );
     let ids: Vec<String> = rest.iter().map(|op| format!("'{}'", op.id)).collect();
@@ -2274,14 +2253,7 @@ async fn postgres_a_second_batch_goes_beside_the_first_only_once_it_is_large() {
         .await;
     assert_eq!(statements, 1, "the sixteen writes are one statement");
 
-    lock.run("COMMIT").await;
-    for blocked in [first, in_flight] {
-        blocked
-            .await
-            .unwrap()
-            .expect("a blocked write lands once the lock is gone")
-            .expect("applies");
-    }
+    release_and_land(lock, blocked).await;
     store.close().await;
 }
 

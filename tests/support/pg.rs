@@ -329,6 +329,15 @@ impl Admin {
         }
     }
 
+    /// Sessions of this database waiting for a lock now.
+    pub async fn waiting_on_locks(&mut self) -> i64 {
+        self.number(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await
+    }
+
     /// The number a query returns (a `count(*)` and the like).
     pub async fn number(&mut self, sql: &str) -> i64 {
         match sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
