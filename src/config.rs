@@ -166,8 +166,8 @@ pub struct ServeArgs {
     )]
     pub database_url: String,
     /// PostgreSQL connections of this replica, at most (6 at least): the
-    /// ledger writers' own (one for intents and one for decisions per 16,
-    /// at most two each, plus one for a lone write) and a pool for the rest
+    /// ledger writers' own (two for intents and two for decisions from 16,
+    /// one each below, plus one for a lone write) and a pool for the rest
     /// (reads, the reconciler, the listener).
     #[arg(
         long,

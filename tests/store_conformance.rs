@@ -2183,21 +2183,26 @@ async fn release_and_land(mut lock: support::pg::Admin, blocked: Vec<Blocked>) {
 /// writer of its kind sends the writes queued behind it only once they are
 /// a batch worth sending (`SECOND_BATCH`, 16), or once the first is
 /// answered: a few writes wait for the one in flight instead of paying a
-/// statement of their own, and sixteen go at once, beside it, in one
-/// statement (one transaction id on every row). Ground truth: the rows'
-/// `xmin` and the row lock that holds the first batch.
+/// statement of their own, sixteen go at once, beside it, in one
+/// statement (one transaction id on every row), one whose deadline comes
+/// first is answered at it, and two more go once the first is answered. Ground truth: the rows' `xmin` and the row lock that
+/// holds the first batch.
 #[tokio::test]
 async fn postgres_a_second_batch_goes_beside_the_first_only_once_it_is_large() {
     support::init_logs();
     let url = support::pg::fresh_database().await;
     // Sixteen connections: two writers per kind.
     let store = volume_reconciler::store::open(&url, 16).await.unwrap();
-    let ops = create_in_progress(store.as_ref(), "batch-", 18).await;
-    let (inline, queued, rest) = (ops[0].clone(), ops[1].clone(), ops[2..].to_vec());
+    let ops = create_in_progress(store.as_ref(), "batch-", 21).await;
+    let (inline, queued, hurried) = (ops[0].clone(), ops[1].clone(), ops[20].clone());
+    let (rest, last) = (ops[2..18].to_vec(), ops[18..20].to_vec());
     let lock = lock_rows(&url, &[inline.id, queued.id]).await;
+    // Deadlines far beyond the test's own waits: the first batch waits on
+    // its lock until the test lets it go, never until its deadline.
     let decide = |op: &volume_reconciler::domain::Operation| {
         let (store, t) = (store.clone(), Transition::new(op, State::InProgress, "r0"));
-        tokio::spawn(async move { store.operation_transition(t, soon()).await })
+        let deadline = Instant::now() + Duration::from_secs(300);
+        tokio::spawn(async move { store.operation_transition(t, deadline).await })
     };
     // The first write alone runs inline; the second, queued behind it,
     // is the first writer's batch: both wait on the row lock.
@@ -2223,10 +2228,8 @@ async fn postgres_a_second_batch_goes_beside_the_first_only_once_it_is_large() {
     // Thirteen more make sixteen: they go at once, as one statement,
     // while the first batch still waits on its lock.
     let more: Vec<_> = rest[3..].iter().map(decide).collect();
-    // Within 20 s: less than the writes' own deadline (30 s), which would
-    // end the first batch's wait on the lock.
     let (mut landed, more) = tokio::time::timeout(
-        Duration::from_secs(20),
+        Duration::from_secs(30),
         futures_util::future::join(few, futures_util::future::join_all(more)),
     )
     .await
@@ -2253,7 +2256,45 @@ async fn postgres_a_second_batch_goes_beside_the_first_only_once_it_is_large() {
         .await;
     assert_eq!(statements, 1, "the sixteen writes are one statement");
 
+    // A write held for the batch in flight whose deadline comes first: its
+    // caller is answered at the deadline (the store bounds every write by
+    // it), and nothing is written.
+    let answered = tokio::time::timeout(
+        Duration::from_secs(20),
+        store.operation_transition(
+            Transition::new(&hurried, State::InProgress, "r0"),
+            Instant::now() + Duration::from_secs(2),
+        ),
+    )
+    .await
+    .expect("a held write is answered at its deadline");
+    assert!(
+        matches!(answered, Err(StoreError::DeadlineExceeded { .. })),
+        "{answered:?}"
+    );
+
+    // Two more wait for the first batch again, and go once it is answered.
+    let last = futures_util::future::join_all(last.iter().map(decide));
+    tokio::pin!(last);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), &mut last)
+            .await
+            .is_err(),
+        "two writes were sent beside a batch in flight"
+    );
     release_and_land(lock, blocked).await;
+    let last = tokio::time::timeout(Duration::from_secs(30), last)
+        .await
+        .expect("the writes held for the first batch go once it is answered");
+    for written in last {
+        written.unwrap().expect("a held write").expect("applies");
+    }
+    // The expired write went out with them, or before: not written.
+    let now = store.operation_get(hurried.id).await.unwrap().unwrap();
+    assert_eq!(
+        now.updated_at, hurried.updated_at,
+        "an expired write is not written"
+    );
     store.close().await;
 }
 

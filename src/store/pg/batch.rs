@@ -255,7 +255,7 @@ async fn writer_loop(
     stop: CancellationToken,
 ) {
     loop {
-        let jobs = {
+        let (jobs, in_flight) = {
             let mut rx = kind.rx.lock().await;
             let first = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -264,11 +264,13 @@ async fn writer_loop(
             let mut jobs = vec![first];
             drain(&mut rx, &mut jobs);
             // Another batch of this kind in flight (waiting on its commit's
-            // flush, mostly): this one goes once it holds `SECOND_BATCH`
-            // writes, or when that one is answered, whichever comes first.
-            // So two batches overlap only when both are large; a small one
-            // beside a large one would cost the database more per write
-            // (its fixed cost) than the overlap gives back.
+            // flush, mostly): this one goes beside it only once it holds
+            // `SECOND_BATCH` writes, else when that one is answered, as
+            // with one writer. A small batch beside another would cost the
+            // database more per write (its fixed cost) than the overlap
+            // gives back. (A caller whose deadline comes meanwhile is
+            // answered by the store's bound on every write; `run_batch`
+            // then skips its write.)
             if jobs.len() < SECOND_BATCH {
                 let answered = kind.answered.notified();
                 tokio::pin!(answered);
@@ -290,12 +292,30 @@ async fn writer_loop(
                     }
                 }
             }
-            kind.in_flight.fetch_add(1, Ordering::SeqCst);
-            jobs
+            // Counted before the queue is let go: the other writer, next
+            // to take it, sees this batch in flight.
+            (jobs, InFlight::start(&kind))
         };
         run_batch(&conns, &clock, jobs).await;
-        kind.in_flight.fetch_sub(1, Ordering::SeqCst);
-        kind.answered.notify_waiters();
+        drop(in_flight);
+    }
+}
+
+/// A batch of a kind in flight: its end (even by a panic) is counted and
+/// told to the kind's other writer, which may be waiting for it.
+struct InFlight<'a>(&'a Kind);
+
+impl<'a> InFlight<'a> {
+    fn start(kind: &'a Kind) -> Self {
+        kind.in_flight.fetch_add(1, Ordering::SeqCst);
+        Self(kind)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.answered.notify_waiters();
     }
 }
 

@@ -267,7 +267,7 @@ impl PgStore {
         // batches cost more than they overlap, since a batch's fixed cost
         // (executor start-up, commit) is most of a small one's (at c=64,
         // four writers that took whatever waited did no better than two,
-        // BENCHMARKS.md stop 44; four that wait for 16 writes did 7-10 %
+        // BENCHMARKS.md stop 44; four that wait for 16 writes did 7-9 %
         // better, stop 45). They hold connections of their own (writers +
         // 1); the heartbeat and the change listener one each; the reads the
         // rest.
