@@ -2163,6 +2163,17 @@ async fn until_waiting_on_locks(url: &str, n: i64, what: &str) {
     .await;
 }
 
+/// `writes` are still unanswered 2 s on: held for the batch in flight
+/// (sent beside it, they would land in milliseconds).
+async fn still_waiting<F: std::future::Future + Unpin>(writes: &mut F, what: &str) {
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), writes)
+            .await
+            .is_err(),
+        "{what} were sent beside a batch in flight"
+    );
+}
+
 type Blocked =
     tokio::task::JoinHandle<Result<Option<volume_reconciler::domain::Operation>, StoreError>>;
 
@@ -2216,15 +2227,9 @@ async fn postgres_a_second_batch_goes_beside_the_first_only_once_it_is_large() {
     }
 
     // Three writes: not a batch worth sending beside the one in flight.
-    let few: Vec<_> = rest[..3].iter().map(decide).collect();
-    let few = futures_util::future::join_all(few);
+    let few = futures_util::future::join_all(rest[..3].iter().map(decide));
     tokio::pin!(few);
-    assert!(
-        tokio::time::timeout(Duration::from_secs(2), &mut few)
-            .await
-            .is_err(),
-        "three writes were sent beside a batch in flight (without the rule they land in milliseconds)"
-    );
+    still_waiting(&mut few, "three writes").await;
     // Thirteen more make sixteen: they go at once, as one statement,
     // while the first batch still waits on its lock.
     let more: Vec<_> = rest[3..].iter().map(decide).collect();
@@ -2276,12 +2281,7 @@ async fn postgres_a_second_batch_goes_beside_the_first_only_once_it_is_large() {
     // Two more wait for the first batch again, and go once it is answered.
     let last = futures_util::future::join_all(last.iter().map(decide));
     tokio::pin!(last);
-    assert!(
-        tokio::time::timeout(Duration::from_secs(2), &mut last)
-            .await
-            .is_err(),
-        "two writes were sent beside a batch in flight"
-    );
+    still_waiting(&mut last, "two writes").await;
     release_and_land(lock, blocked).await;
     let last = tokio::time::timeout(Duration::from_secs(30), last)
         .await

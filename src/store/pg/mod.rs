@@ -260,8 +260,9 @@ impl PgStore {
             .options(session.iter().map(|(k, v)| (*k, v.as_str())));
         let writer_options = options.clone().options(WRITER_SETTINGS.iter().copied());
         // Two writers per kind of write (intents; decisions) from 16
-        // connections up (the default), one below: a batch forms while the other kind's
-        // (and, once it is large, the other writer's of its kind) commits.
+        // connections up (the default), one below: a batch forms while the
+        // other kind's (and, once it is large, the other writer's of its
+        // kind) commits.
         // A writer sends a batch while another of its kind is in flight
         // only once it is large (`batch::SECOND_BATCH`): more, smaller
         // batches cost more than they overlap, since a batch's fixed cost
