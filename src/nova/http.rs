@@ -198,6 +198,36 @@ impl CatalogService {
     }
 }
 
+/// `base` (`base_text`, parsed) followed by `path`
+/// (`/servers/...`, perhaps a `?query`), as `Url::parse` would make their
+/// concatenation; `None` for what does not fit that shape (a base with a
+/// query or fragment, or no host; a path not starting with `/`).
+fn under(base_text: &str, base: &reqwest::Url, path: &str) -> Option<reqwest::Url> {
+    if !path.starts_with('/')
+        || path.contains('#')
+        || base.query().is_some()
+        || base.fragment().is_some()
+        || base.cannot_be_a_base()
+        || !base.has_host()
+    {
+        return None;
+    }
+    let (path, query) = match path.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path, None),
+    };
+    // A base without a path parses with the path `/`, which the
+    // concatenation does not have.
+    let prefix = match base.path() {
+        "/" if !base_text.ends_with('/') => "",
+        p => p,
+    };
+    let mut url = base.clone();
+    url.set_path(&format!("{prefix}{path}"));
+    url.set_query(query);
+    Some(url)
+}
+
 /// One OpenStack service as a client sees it: the shared HTTP client and
 /// Keystone, its own endpoint, its own cap on concurrent requests, and the
 /// headers every request to it carries (its microversion).
@@ -209,6 +239,9 @@ pub(crate) struct Service {
     slots: Arc<Semaphore>,
     max_concurrent: usize,
     slot_wait: Option<SlotWaitObserver>,
+    /// The base URL as last parsed: a request's URL is made from it
+    /// without parsing its host again (`url_of`).
+    parsed_base: std::sync::Mutex<Option<(String, reqwest::Url)>>,
 }
 
 impl Service {
@@ -228,6 +261,7 @@ impl Service {
             slots: Arc::new(Semaphore::new(max_concurrent)),
             max_concurrent,
             slot_wait: None,
+            parsed_base: std::sync::Mutex::new(None),
         }
     }
 
@@ -235,6 +269,29 @@ impl Service {
     /// at start).
     pub fn set_headers(&mut self, headers: Vec<(&'static str, String)>) {
         self.headers = headers;
+    }
+
+    /// `base` followed by `path`, parsed. Parsing the whole string runs
+    /// the host through IDNA, a third of what the URL costs a call; the
+    /// base is parsed once, and the path and query set on a copy: the same
+    /// URL (`tests::a_url_made_from_the_parsed_base_is_the_whole_url_parsed`).
+    /// `None` when the base does not parse or the path does not fit that
+    /// shape: the caller then hands reqwest the whole string, as before.
+    fn url_of(&self, base: &str, path: &str) -> Option<reqwest::Url> {
+        // A poisoned lock only means another call panicked while it held
+        // it: the base it guards is still a parsed URL or nothing.
+        let mut cached = self
+            .parsed_base
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cached.as_ref().is_none_or(|(b, _)| b != base) {
+            *cached = reqwest::Url::parse(base)
+                .ok()
+                .map(|parsed| (base.to_string(), parsed));
+        }
+        cached
+            .as_ref()
+            .and_then(|(text, parsed)| under(text, parsed, path))
     }
 
     /// `GET url_of(base)`: a document beside the service's API rather than
@@ -428,9 +485,12 @@ impl Service {
                 }
             };
             let url = format!("{base}{path}");
+            let request = match self.url_of(&base, path) {
+                Some(parsed) => self.http.request(method.clone(), parsed),
+                None => self.http.request(method.clone(), &url),
+            };
             let mut req = with_trace(
-                self.http
-                    .request(method.clone(), &url)
+                request
                     .header("Accept", "application/json")
                     .header("X-OpenStack-Request-ID", request_id),
             );
@@ -628,6 +688,55 @@ impl Exchange<'_> {
             may_have_reached: true,
             // A cause may quote the body.
             cause: super::error::fault::clean_text(&cause),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_made_from_the_parsed_base_is_the_whole_url_parsed() {
+        let bases = [
+            "http://127.0.0.1:8774/v2.1",
+            "http://127.0.0.1:8774",
+            "http://127.0.0.1:8774/",
+            "https://nova.example.com/compute/v2.1/",
+            "https://user:pw@[::1]:8774/v2.1",
+            "http://NOVA.Example.com:80/v2.1",
+            "http://bücher.example/v2.1",
+            "http://h/a%20b/v2.1",
+            "http://h/v2.1/../v2",
+        ];
+        let paths = [
+            "/servers/4b3c1a2e-1111-4222-8333-944455556666/os-volume_attachments",
+            "/servers/x/os-volume_attachments/0f0e0d0c-0b0a-4908-8706-050403020100",
+            "/servers/x/os-volume_attachments?limit=1000&marker=a%2Fb",
+            "/os-volumes/a b/é?q=ü ü",
+            "/servers/../flavors",
+            "/",
+            "?q",
+            "/servers#frag",
+            "",
+        ];
+        let mut made = 0;
+        for base in bases {
+            let parsed = reqwest::Url::parse(base).expect("a test base parses");
+            for path in paths {
+                let whole = reqwest::Url::parse(&format!("{base}{path}")).expect("parses");
+                if let Some(u) = under(base, &parsed, path) {
+                    made += 1;
+                    assert_eq!(u.as_str(), whole.as_str(), "{base} + {path}");
+                }
+            }
+        }
+        // Not vacuous: every path that starts with `/` and has no fragment
+        // is made from the base, for every base.
+        assert_eq!(made, bases.len() * 6);
+        for base in ["http://h/v2.1?x=1", "mailto:nova@example.com"] {
+            let parsed = reqwest::Url::parse(base).expect("parses");
+            assert!(under(base, &parsed, "/servers").is_none(), "{base}");
         }
     }
 }

@@ -4,10 +4,12 @@
 //! its ledger).
 //!
 //! - `context.rs`: the trace context an operation's task runs under.
+//! - `fields.rs`: span fields as JSON, written without a map per span.
 //! - `otlp.rs` (cargo feature `otlp`): operation spans exported to an
 //!   OTLP collector (`OTEL_EXPORTER_OTLP_ENDPOINT`).
 
 pub mod context;
+pub mod fields;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 
@@ -60,6 +62,7 @@ pub fn init_to_file(format: LogFormat, filter: &str, path: &std::path::Path) {
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
+            .fmt_fields(fields::SpanJsonFields)
             .try_init(),
         LogFormat::Human | LogFormat::Auto => builder.with_target(false).try_init(),
     };
@@ -84,6 +87,7 @@ pub fn init(format: LogFormat, filter: &str) {
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
+            .fmt_fields(fields::SpanJsonFields)
             .try_init()
     } else {
         builder.with_target(false).try_init()
