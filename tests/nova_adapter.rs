@@ -353,6 +353,74 @@ async fn a_refused_connection_was_never_sent() {
     assert!(e.cause.to_lowercase().contains("connect"), "{}", e.cause);
 }
 
+/// Answers every request on its port with `answer` (then closes), and
+/// counts the connections it accepted.
+async fn raw_http(answer: String) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                // The request's head and body come in one read here; what
+                // the server answers does not depend on them.
+                if conn.read(&mut buf).await.is_ok() {
+                    // The client may already have gone: nothing to do then.
+                    drop(conn.write_all(answer.as_bytes()).await);
+                }
+            });
+        }
+    });
+    (port, accepted)
+}
+
+#[tokio::test]
+async fn a_redirect_is_not_followed_and_its_error_says_where_it_pointed() {
+    support::init_logs();
+    // Where a redirect points: a peer that must never hear the request
+    // (it would get the token, and a POST turned into a GET).
+    let (elsewhere, reached) = raw_http("HTTP/1.1 204 No Content\r\n\r\n".into()).await;
+    let (s, v) = ids();
+    let target = format!("http://127.0.0.1:{elsewhere}/v2.1/servers/{s}/os-volume_attachments");
+    for code in [301, 302, 303, 307, 308] {
+        let (front, asked) = raw_http(format!(
+            "HTTP/1.1 {code} Moved\r\nLocation: {target}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ))
+        .await;
+        let client = NovaClient::new(NovaConfig {
+            endpoint: NovaEndpoint::Direct(format!("http://127.0.0.1:{front}/v2.1")),
+            microversion: "2.89".parse().expect("a microversion"),
+            ..NovaConfig::default()
+        });
+        let e = client
+            .attach(s, v, &RequestParams::default(), in_secs(5.0))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.kind.clone(), e.status),
+            (NovaErrorKind::Foreign, Some(code)),
+            "{e}"
+        );
+        assert!(e.outcome_unknown(), "{e}");
+        let said = e.to_string();
+        assert!(
+            said.contains(&target) && said.contains("not followed"),
+            "{said}"
+        );
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a redirect was followed"
+    );
+}
+
 #[tokio::test]
 async fn novas_own_errors_are_classified_by_meaning() {
     let (h, client) = sim_and_client(SimConfig::default(), "2.89").await;

@@ -150,6 +150,16 @@ impl Exchange<'_> {
             e.message = fault.message;
             return e;
         }
+        if (300..400).contains(&status) {
+            return self.error(
+                NovaErrorKind::Foreign,
+                Stage::Decode,
+                format!(
+                    "HTTP {status}, a redirect to {}, not followed: Nova's API does not redirect, so something in front of it answered (a proxy, or a URL to correct, such as http for https); whether the request reached Nova is unknown",
+                    self.raw.location.as_deref().unwrap_or("nowhere (no Location)")
+                ),
+            );
+        }
         self.error(
             NovaErrorKind::Foreign,
             Stage::Decode,
@@ -312,6 +322,7 @@ pub(crate) fn judged(
         request_id: Some("req-sample".into()),
         content_type: Some(content_type.into()),
         api_version: None,
+        location: None,
     };
     let (method, path) = match call {
         Judged::Attach(_) => ("POST", format!("/servers/{server}/os-volume_attachments")),
@@ -348,6 +359,7 @@ mod tests {
             request_id: Some("req-1".into()),
             content_type: Some(content_type.into()),
             api_version: None,
+            location: None,
         }
     }
 

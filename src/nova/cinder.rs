@@ -480,6 +480,7 @@ mod tests {
             request_id: Some("req-1".into()),
             content_type: None,
             api_version: None,
+            location: None,
         };
         let kind = |r: &RawResponse| {
             refusal(&Exchange {

@@ -124,6 +124,14 @@ impl Default for NovaConfig {
 /// Builds the shared HTTP client. Deliberately no `timeout`, no
 /// `read_timeout`: the only bound of a request is its deadline. The connect
 /// bound covers TCP (and TLS for https) and nothing after it.
+///
+/// Redirects are not followed. Nova, Cinder and Keystone answer their APIs
+/// without them; a redirect comes from something in front (a proxy, an
+/// `http` URL rewritten to `https`), and following it would send the
+/// token (`X-Auth-Token`, which reqwest does not strip across hosts) or
+/// Keystone's credentials wherever it points, and turn a POST into a GET
+/// on 301, 302 and 303. A 3xx is an answer that is not the service's:
+/// its error names where it pointed.
 pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
     let connect = if https {
         cfg.connect_timeout + cfg.tls_handshake_timeout
@@ -135,6 +143,7 @@ pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
         .connect_timeout(connect)
         .pool_max_idle_per_host(cfg.max_concurrent_per_host)
         .tcp_nodelay(true)
+        .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("volume-reconciler/", env!("CARGO_PKG_VERSION")));
     if let Some(ca) = &cfg.tls.ca {
         builder = builder.tls_certs_only(ca.certs.iter().cloned());

@@ -166,6 +166,8 @@ pub(crate) struct RawResponse {
     /// The microversion the service says it answered with
     /// (`OpenStack-API-Version`, e.g. `compute 2.89`).
     pub api_version: Option<String>,
+    /// `Location` of a redirect (not followed), for its error.
+    pub location: Option<String>,
 }
 
 /// Where the service is: a URL given directly, or the token's catalog.
@@ -632,6 +634,7 @@ impl Call {
             header("x-openstack-request-id").or_else(|| header("x-compute-request-id"));
         let content_type = header("content-type");
         let api_version = header("openstack-api-version");
+        let location = header("location");
         let (kind, cause) = match read_body(resp, self.deadline, MAX_BODY_BYTES).await {
             Ok(body) => {
                 return Ok(RawResponse {
@@ -640,6 +643,7 @@ impl Call {
                     request_id,
                     content_type,
                     api_version,
+                    location,
                 });
             }
             Err(BodyError::Deadline(got)) => (
