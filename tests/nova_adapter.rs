@@ -13,8 +13,8 @@ use uuid::Uuid;
 use volume_reconciler::domain::RequestParams;
 use volume_reconciler::nova::types::{AttachBody, AttachmentEnvelope, AttachmentList};
 use volume_reconciler::nova::{
-    AttachAnswer, Credential, KeystoneConfig, NovaClient, NovaConfig, NovaEndpoint, NovaErrorKind,
-    Rejection, Secret, Stage,
+    AttachAnswer, Credential, KeystoneConfig, NovaClient, NovaConfig, NovaEndpoint, NovaError,
+    NovaErrorKind, Rejection, Secret, Stage,
 };
 use volume_reconciler::sim::{self, Fault, FaultOp, FaultRule, SimConfig, SimHandle};
 
@@ -37,6 +37,14 @@ fn in_secs(s: f64) -> Instant {
 
 fn ids() -> (Uuid, Uuid) {
     (Uuid::new_v4(), Uuid::new_v4())
+}
+
+/// An attach with default parameters and 5 s that must fail: its error.
+async fn attach_fails(client: &NovaClient, s: Uuid, v: Uuid) -> NovaError {
+    client
+        .attach(s, v, &RequestParams::default(), in_secs(5.0))
+        .await
+        .unwrap_err()
 }
 
 #[test]
@@ -273,10 +281,7 @@ async fn a_body_cut_off_midway_is_a_lost_response_at_the_body_stage() {
     let (s, v) = ids();
     h.sim
         .add_fault(FaultRule::new(FaultOp::Attach, Fault::TruncateBody { effect: true }).volume(v));
-    let e = client
-        .attach(s, v, &RequestParams::default(), in_secs(5.0))
-        .await
-        .unwrap_err();
+    let e = attach_fails(&client, s, v).await;
     assert_eq!(
         (e.kind.clone(), e.stage),
         (NovaErrorKind::ResponseLost, Stage::ReadBody),
@@ -297,10 +302,7 @@ async fn a_success_whose_body_breaks_the_contract_is_undecodable_and_unknown() {
     let (s, v) = ids();
     h.sim
         .add_fault(FaultRule::new(FaultOp::Attach, Fault::GarbageBody).volume(v));
-    let e = client
-        .attach(s, v, &RequestParams::default(), in_secs(5.0))
-        .await
-        .unwrap_err();
+    let e = attach_fails(&client, s, v).await;
     assert_eq!(
         (e.kind.clone(), e.stage),
         (NovaErrorKind::Undecodable, Stage::Decode),
@@ -319,10 +321,7 @@ async fn a_connection_closed_after_the_effect_is_a_lost_response() {
     let (s, v) = ids();
     h.sim
         .add_fault(FaultRule::new(FaultOp::Attach, Fault::CloseAfterEffect).volume(v));
-    let e = client
-        .attach(s, v, &RequestParams::default(), in_secs(5.0))
-        .await
-        .unwrap_err();
+    let e = attach_fails(&client, s, v).await;
     assert_eq!(e.kind, NovaErrorKind::ResponseLost, "{e}");
     assert_eq!(e.stage, Stage::AwaitHeaders);
     assert!(e.outcome_unknown());
@@ -343,10 +342,7 @@ async fn a_refused_connection_was_never_sent() {
         ..NovaConfig::default()
     });
     let (s, v) = ids();
-    let e = client
-        .attach(s, v, &RequestParams::default(), in_secs(5.0))
-        .await
-        .unwrap_err();
+    let e = attach_fails(&client, s, v).await;
     assert_eq!(e.kind, NovaErrorKind::ConnectFailed, "{e}");
     assert_eq!(e.stage, Stage::Connect);
     assert!(!e.may_have_reached && !e.outcome_unknown());
@@ -397,10 +393,7 @@ async fn a_redirect_is_not_followed_and_its_error_says_where_it_pointed() {
             microversion: "2.89".parse().expect("a microversion"),
             ..NovaConfig::default()
         });
-        let e = client
-            .attach(s, v, &RequestParams::default(), in_secs(5.0))
-            .await
-            .unwrap_err();
+        let e = attach_fails(&client, s, v).await;
         assert_eq!(
             (e.kind.clone(), e.status),
             (NovaErrorKind::Foreign, Some(code)),
@@ -852,10 +845,7 @@ async fn a_proxys_own_401_is_not_replayed_as_keystonemiddlewares() {
         )
         .volume(v),
     );
-    let e = client
-        .attach(s, v, &RequestParams::default(), in_secs(5.0))
-        .await
-        .unwrap_err();
+    let e = attach_fails(&client, s, v).await;
     assert_eq!(
         (e.kind.clone(), e.status),
         (NovaErrorKind::Foreign, Some(401)),
