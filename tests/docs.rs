@@ -243,7 +243,7 @@ fn broken_links(
 /// The Markdown files the test covers: the top level's and `docs/`'s.
 fn markdown_files() -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for dir in ["", "docs"] {
+    for dir in ["", "docs", "docs/benchmarks"] {
         for entry in std::fs::read_dir(Path::new(ROOT).join(dir)).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "md") {
