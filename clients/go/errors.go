@@ -86,7 +86,9 @@ func newError(method string, st *status.Status, attempts int) *Error {
 }
 
 // operationError is the error of an operation the ledger recorded as
-// FAILED (what Wait returns with it).
+// FAILED (what Wait returns with it): its recorded reason, message and
+// metadata, under FAILED_PRECONDITION, the service's code for a failed
+// operation in general (the reason says which failure it was).
 func operationError(method string, op *reconcilerv1.Operation) *Error {
 	last := op.GetLastError()
 	meta := map[string]string{"operation_id": op.GetId()}
