@@ -62,7 +62,6 @@ func TestTheDocsFirstAttachBuildsThroughGoGetAndAttaches(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(main), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	run("go", "mod", "tidy")
 	out := run("go", "run", ".")
 	if !strings.Contains(out, "STATE_SUCCEEDED RESOLUTION_RESPONSE") {
 		t.Fatalf("the docs' program printed:\n%s", out)
