@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | the volume on the server | SUCCEEDED | another attachment than the one it was to remove: SUCCEEDED; else wait for the settle window, then re-send or FAILED |
 //! | the volume not on it | wait for the settle window, then re-send or FAILED | SUCCEEDED |
-//! | the server does not exist (404) | FAILED `NOVA_SERVER_NOT_FOUND` | SUCCEEDED |
+//! | the server does not exist (the list's 404 naming it, and GET /servers/{id} agrees) | FAILED `NOVA_SERVER_NOT_FOUND` | SUCCEEDED |
 //! | the look failed | back off; past deadline + settle window: escalate | same |
 //!
 //! A SUCCEEDED found this way is confirmed with Cinder first, as the
@@ -43,7 +43,7 @@ impl Reconciler {
                 run.events.push(
                     NewEvent::new(
                         event::OBSERVED,
-                        "reconciler: the server no longer exists (404)",
+                        "reconciler: the server no longer exists (Nova's 404 naming it, for the list and for GET /servers/{id})",
                     )
                     .with("present", false),
                 );
