@@ -33,7 +33,7 @@ use crate::nova::{
     CaBundle, ConfirmWith, Credential, KeystoneConfig, Microversion, NovaConfig, NovaEndpoint,
     Secret, TlsTrust,
 };
-use crate::reconciler::ReconcilerSettings;
+use crate::reconciler::{MAX_WINDOW, ReconcilerSettings};
 use crate::retention::RetentionSettings;
 
 /// The gRPC listen address by default; also where the clients look first.
@@ -560,6 +560,7 @@ impl ServeArgs {
                 render_duration(self.verify_after)
             ));
         }
+        problems.extend(self.window_problems());
         problems.extend(self.retention_settings().problems());
         if self.db_statement_timeout < Duration::from_millis(100)
             || self.db_statement_timeout > Duration::from_secs(600)
@@ -581,6 +582,30 @@ impl ServeArgs {
         } else {
             anyhow::bail!("invalid settings:\n  {}", problems.join("\n  "))
         }
+    }
+
+    /// Settle and verification windows past [`MAX_WINDOW`]: refused, each
+    /// naming its flag, rather than read as something else (they were
+    /// once read as 0 past chrono's range: "decide at once").
+    fn window_problems(&self) -> Vec<String> {
+        [
+            ("--settle-window-attach", Some(self.settle_window_attach)),
+            ("--settle-window-detach", Some(self.settle_window_detach)),
+            ("--settle-window", self.settle_window),
+            ("--verify-after", Some(self.verify_after)),
+            ("--verify-window", Some(self.verify_window)),
+        ]
+        .into_iter()
+        .filter_map(|(flag, d)| Some((flag, d?)))
+        .filter(|(_, d)| *d > MAX_WINDOW)
+        .map(|(flag, d)| {
+            format!(
+                "{flag} ({}) must be at most {}: a window is how long Nova may still act on a request whose answer was lost (Nova's own timeouts are minutes)",
+                render_duration(d),
+                render_duration(MAX_WINDOW)
+            )
+        })
+        .collect()
     }
 
     /// The bounds of each round trip to PostgreSQL.
@@ -943,6 +968,36 @@ mod tests {
                 "{bad} was accepted"
             );
         }
+    }
+
+    #[test]
+    fn a_window_past_a_year_is_refused_naming_its_flag() {
+        let check = |flags: &[&str]| {
+            let mut argv = vec!["--nova-url", "http://n"];
+            argv.extend(flags);
+            ServeArgs::from_args(argv).unwrap().validate()
+        };
+        // 600 million years is past chrono's range (it was read as 0,
+        // "decide at once"); 1,000 years is within it, and still a typo.
+        for flag in [
+            "--settle-window-attach",
+            "--settle-window-detach",
+            "--settle-window",
+            "--verify-window",
+        ] {
+            for value in ["600000000years", "1000years"] {
+                let err = check(&[flag, value]).unwrap_err().to_string();
+                assert!(err.contains(&format!("{flag} (")), "{flag} {value}: {err}");
+            }
+        }
+        let err = check(&["--verify-after", "2years", "--verify-window", "3years"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--verify-after (") && err.contains("--verify-window ("),
+            "{err}"
+        );
+        check(&["--settle-window", "366days", "--verify-window", "366days"]).unwrap();
     }
 
     #[test]

@@ -1012,10 +1012,12 @@ async fn a_novas_404_for_a_server_that_exists_does_not_decide_a_detach() {
 }
 
 /// A server that is really gone, whose look fails (something in front
-/// answers `GET /servers/{id}` with a 502 page): the 404 alone decides
-/// nothing; the attachment list, Nova's 404 for the server, does.
+/// answers `GET /servers/{id}` with a 502 page): neither the detach's 404
+/// nor the list's decides alone — "the server is gone" needs a look at the
+/// server that agrees — so the detach is UNKNOWN at the caller's deadline;
+/// once the look answers, a reconciler pass decides it SUCCEEDED.
 #[tokio::test]
-async fn a_detach_from_a_deleted_server_whose_look_fails_is_decided_by_the_list() {
+async fn a_detach_from_a_deleted_server_whose_look_fails_waits_for_a_look_that_agrees() {
     let app = spawn_app(with_history().arg("--confirm-with", "nova-list")).await;
     let (s, v) = ids();
     app.sim.seed_attachment(s, v);
@@ -1028,21 +1030,168 @@ async fn a_detach_from_a_deleted_server_whose_look_fails_is_decided_by_the_list(
         .server(s)
         .always(),
     );
-    let op = app
+    let err = app
         .raw()
         .detach_volume(with_timeout(detach("gone-1", s, v), Duration::from_secs(4)))
         .await
-        .expect("the list shows the server gone")
-        .into_inner();
-    assert_eq!(
-        (op.state, op.resolution),
-        (
-            pb::State::Succeeded as i32,
-            pb::Resolution::Reobserved as i32
-        )
+        .expect_err("no look at the server agreed");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "OUTCOME_UNKNOWN", "{meta:?}");
+    let id: Uuid = meta["operation_id"].parse().unwrap();
+    assert_eq!(row(&app, &meta["operation_id"]).await.state, State::Unknown);
+    assert!(
+        server_looks(&app, s) >= 2,
+        "the detach's 404 and the list's were each checked"
     );
-    assert_eq!(server_looks(&app, s), 1);
+    assert_eq!(app.sim.detach_requests(v), 1, "never sent again");
+    app.sim.clear_faults();
+    let r = support::lifecycle::reconcile_until(
+        &app,
+        id,
+        Duration::from_secs(20),
+        "the reconciler decides once the look agrees",
+        |op| op.state.is_terminal(),
+    )
+    .await;
+    assert_eq!(
+        (r.state, r.resolution),
+        (State::Succeeded, Some(Resolution::Reconciler))
+    );
     assert!(!app.sim.is_attached(s, v));
+    app.stop().await;
+}
+
+/// Nova's 404 fault for `instance`.
+fn instance_not_found(instance: Uuid) -> String {
+    format!(
+        r#"{{"itemNotFound": {{"code": 404, "message": "Instance {instance} could not be found."}}}}"#
+    )
+}
+
+/// A detach answered 500 with nothing done; the attachment list then
+/// answers Nova's 404 naming another instance, while `GET /servers/{id}`
+/// shows this one. That 404 is no word about this server: the detach is
+/// not decided (UNKNOWN at the caller's deadline), no reconciler pass
+/// decides it either, and the ledger agrees with Nova, which still holds
+/// the attachment.
+#[tokio::test]
+async fn a_list_404_naming_another_instance_does_not_decide_a_detach() {
+    let app = spawn_app(with_history().arg("--confirm-with", "nova-list")).await;
+    let (s, v) = ids();
+    app.sim.seed_attachment(s, v);
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Detach,
+            Fault::Status {
+                code: 500,
+                effect: false,
+            },
+        )
+        .volume(v),
+    );
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::List,
+            page(
+                404,
+                "application/json; charset=UTF-8",
+                &instance_not_found(Uuid::new_v4()),
+                false,
+            ),
+        )
+        .server(s)
+        .always(),
+    );
+    let err = app
+        .raw()
+        .detach_volume(with_timeout(
+            detach("other-404", s, v),
+            Duration::from_secs(4),
+        ))
+        .await
+        .expect_err("nothing about this server was said");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(
+        (err.code(), reason.as_str()),
+        (Code::DeadlineExceeded, "OUTCOME_UNKNOWN"),
+        "{meta:?}"
+    );
+    let id: Uuid = meta["operation_id"].parse().unwrap();
+    assert_eq!(row(&app, &meta["operation_id"]).await.state, State::Unknown);
+    assert!(app.sim.is_attached(s, v), "Nova still holds the attachment");
+    assert_eq!(app.sim.detach_requests(v), 1, "never sent again");
+    // The reconciler reads the same list: it looks, and leaves it open.
+    let op = app
+        .raw()
+        .reconcile_operation(with_timeout(
+            pb::ReconcileOperationRequest {
+                operation_id: id.to_string(),
+            },
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect("one pass")
+        .into_inner();
+    assert_eq!(op.state, pb::State::Unknown as i32, "{op:?}");
+    let events = app.store.operation_events(id).await.unwrap();
+    assert!(
+        events.iter().any(|e| e.kind == "observed"
+            && e.detail.starts_with("observation failed")
+            && e.metadata
+                .get("nova_message")
+                .is_some_and(|m| !m.contains(&s.to_string()))),
+        "the reconciler's look failed on the other instance's 404: {events:?}"
+    );
+    assert_eq!(row(&app, &meta["operation_id"]).await.state, State::Unknown);
+    assert!(app.sim.is_attached(s, v));
+    app.stop().await;
+}
+
+/// The list's 404 names this server, but `GET /servers/{id}` shows it (a
+/// list routed to a cell that does not hold it): the look that must agree
+/// does not, so a detach answered 500 is not SUCCEEDED: it is left
+/// UNKNOWN, as Nova holds it.
+#[tokio::test]
+async fn a_list_404_for_a_server_that_a_look_shows_decides_nothing() {
+    let app = spawn_app(with_history().arg("--confirm-with", "nova-list")).await;
+    let (s, v) = ids();
+    app.sim.seed_attachment(s, v);
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Detach,
+            Fault::Status {
+                code: 500,
+                effect: false,
+            },
+        )
+        .volume(v),
+    );
+    app.sim.add_fault(
+        FaultRule::new(
+            FaultOp::List,
+            page(
+                404,
+                "application/json; charset=UTF-8",
+                &instance_not_found(s),
+                false,
+            ),
+        )
+        .server(s)
+        .always(),
+    );
+    let err = app
+        .raw()
+        .detach_volume(with_timeout(
+            detach("shown-404", s, v),
+            Duration::from_secs(4),
+        ))
+        .await
+        .expect_err("the look at the server did not agree");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "OUTCOME_UNKNOWN", "{meta:?}");
+    assert_eq!(row(&app, &meta["operation_id"]).await.state, State::Unknown);
+    assert!(app.sim.is_attached(s, v), "Nova still holds the attachment");
+    assert!(server_looks(&app, s) >= 1, "the server was looked at");
     app.stop().await;
 }
 

@@ -955,7 +955,11 @@ async fn certificate_callers_get_their_role_from_their_common_name_then_their_un
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(owned.caller, "orchestrator-a");
+    assert!(
+        owned.caller.starts_with("orchestrator-a#"),
+        "named by its CN and its issuer and subject: {}",
+        owned.caller
+    );
     let cases = [
         (
             "oncall",
@@ -994,9 +998,10 @@ async fn certificate_callers_get_their_role_from_their_common_name_then_their_un
             assert_eq!(row.state, volume_reconciler::domain::State::Failed);
             let audit = app.store.operation_events(pending).await.unwrap();
             assert!(
-                audit
-                    .iter()
-                    .any(|e| e.metadata.get("caller").map(String::as_str) == Some(name)),
+                audit.iter().any(|e| e
+                    .metadata
+                    .get("caller")
+                    .is_some_and(|c| c.starts_with(&format!("{name}#")))),
                 "the decision names its maker: {audit:#?}"
             );
             assert_eq!(seen.unwrap().into_inner().id, owned.id, "{name} reads all");
@@ -1009,6 +1014,79 @@ async fn certificate_callers_get_their_role_from_their_common_name_then_their_un
             assert_eq!(e.code(), Code::NotFound, "{name} reads its own only: {e:?}");
         }
     }
+    app.stop().await;
+}
+
+/// Two certificates with one CN — one from a second CA of the trusted
+/// bundle, one with another unit in its subject — are other callers than
+/// the first: the same key is each one's own operation, and neither reads
+/// the other's. (Named by the CN alone they were one caller: the second
+/// was refused the key as reused with other parameters, and read the
+/// first's operation.) A renewal of the first — a new key, the same
+/// subject, the same CA — is still the first caller: a replay joins.
+#[tokio::test]
+async fn certificates_with_one_common_name_are_one_caller_only_for_one_subject_of_one_ca() {
+    let pki = support::pki::Pki::new();
+    let second_ca = support::pki::Ca::new("second client CA");
+    let bundle = pki.dir.join("client-cas.pem");
+    std::fs::write(
+        &bundle,
+        format!(
+            "{}{}",
+            support::pki::Pki::read(&pki.client_ca),
+            second_ca.cert.pem()
+        ),
+    )
+    .unwrap();
+    let app = spawn_app(
+        AppOptions::default()
+            .arg("--tls-cert", &pki.server_cert)
+            .arg("--tls-key", &pki.server_key)
+            .arg("--tls-client-ca", &bundle.to_string_lossy()),
+    )
+    .await;
+    let request = attach_req("k");
+    let replay = || with_timeout(request.get_ref().clone(), Duration::from_secs(10));
+    let mut first = cert_client(&app, &pki, &pki.clients.client("twin")).await;
+    let own = first.attach_volume(replay()).await.unwrap().into_inner();
+    assert!(own.caller.starts_with("twin#"), "{}", own.caller);
+    for (why, cert) in [
+        ("another CA", second_ca.client("twin")),
+        ("another unit", pki.clients.client_in("twin", &["payments"])),
+    ] {
+        let mut other = cert_client(&app, &pki, &cert).await;
+        let theirs = other
+            .attach_volume(attach_req("k"))
+            .await
+            .unwrap_or_else(|e| panic!("{why}: the key is its own: {e:?}"))
+            .into_inner();
+        assert_ne!(theirs.id, own.id, "{why}");
+        assert_ne!(theirs.caller, own.caller, "{why}");
+        let row = app
+            .store
+            .operation_get(theirs.id.parse().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.caller.as_deref(), Some(theirs.caller.as_str()), "{why}");
+        let e = other.get_operation(get_req(&own.id)).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{why}: not its to read: {e:?}");
+        let e = first.get_operation(get_req(&theirs.id)).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{why}: {e:?}");
+    }
+    let mut renewed = cert_client(&app, &pki, &pki.clients.client("twin")).await;
+    let joined = renewed.attach_volume(replay()).await.unwrap().into_inner();
+    assert_eq!(
+        (joined.id.as_str(), joined.caller.as_str()),
+        (own.id.as_str(), own.caller.as_str()),
+        "a renewed certificate is the same caller"
+    );
+    assert_eq!(
+        app.sim
+            .attach_requests(request.get_ref().volume_id.parse().unwrap()),
+        1,
+        "one attach reached Nova for the key"
+    );
     app.stop().await;
 }
 

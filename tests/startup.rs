@@ -416,6 +416,48 @@ async fn invalid_nova_settings_stop_the_start_naming_the_flag() {
     sim.stop().await;
 }
 
+/// A settle or verification window past chrono's range was read as 0 —
+/// "decide at once" — by a `serve` that started; it must not start, and
+/// must say which flag (and its environment variable) is wrong.
+#[tokio::test]
+async fn an_out_of_range_window_stops_the_start_naming_the_flag() {
+    let (grpc, admin) = (free_addr(), free_addr());
+    let base = [
+        "serve",
+        "--database-url",
+        &sqlite_url(),
+        "--listen",
+        &grpc.to_string(),
+        "--admin-listen",
+        &admin.to_string(),
+        "--nova-url",
+        "http://127.0.0.1:9/v2.1",
+    ]
+    .map(str::to_string);
+    for (flag, env) in [
+        (
+            "--settle-window-detach",
+            "VOLUME_RECONCILER_SETTLE_WINDOW_DETACH",
+        ),
+        ("--verify-window", "VOLUME_RECONCILER_VERIFY_WINDOW"),
+    ] {
+        let mut args: Vec<&str> = base.iter().map(String::as_str).collect();
+        args.extend([flag, "600000000years"]);
+        let mut by_env = command(&base.iter().map(String::as_str).collect::<Vec<_>>());
+        by_env.env(env, "600000000years");
+        for c in [command(&args), by_env] {
+            let (out, took) = run(c).await;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{flag} must not start:\n{stderr}");
+            assert!(took < Duration::from_secs(30), "{flag}: took {took:?}");
+            assert!(
+                stderr.contains(&format!("{flag} (")) && stderr.contains("must be at most"),
+                "{flag}: not named in:\n{stderr}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn latest_resolves_to_the_clouds_maximum_from_its_version_document() {
     let app =

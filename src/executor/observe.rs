@@ -13,8 +13,9 @@ use super::run::{Run, Seen};
 
 impl Executor {
     /// Lists the server's attachments (bounded by `until`) and reports
-    /// whether the volume is there. A server that no longer exists (404)
-    /// holds nothing: the volume is not on it.
+    /// whether the volume is there. A server that no longer exists (Nova's
+    /// 404 naming it, for the list and for a look at the server) holds
+    /// nothing: the volume is not on it.
     pub(crate) async fn observe(&self, run: &mut Run, until: Instant) -> Result<Seen, NovaError> {
         let started = Instant::now();
         let rid = RequestId::for_operation(run.op.id);
@@ -48,7 +49,7 @@ impl Executor {
                 run.last_seen = Some(false);
                 let ev = NewEvent::new(
                     event::OBSERVED,
-                    "the server no longer exists (404): the volume is not on it",
+                    "the server no longer exists (Nova's 404 naming it, for the list and for GET /servers/{id}): the volume is not on it",
                 )
                 .with("present", false)
                 .with_all(&e.metadata());

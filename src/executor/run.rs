@@ -67,7 +67,8 @@ impl Decision {
 pub(crate) enum Seen {
     Attached(AttachmentInfo),
     Absent,
-    /// The server no longer exists (404): nothing is on it.
+    /// The server no longer exists: Nova's 404 naming it, for the list
+    /// and for a look at the server (`NovaClient::list_as`). Nothing is on it.
     ServerGone,
 }
 

@@ -10,8 +10,9 @@
 //!   then only admits the connection). Tokens are never logged.
 //! - **Client certificates** (mutual TLS, `--tls-client-ca`, no tokens):
 //!   the caller is named by its certificate's subject common name (the last
-//!   CN), as Kubernetes names users; a certificate without a usable CN is
-//!   refused. Its role comes from `--tls-client-roles` ([`CertRoles`]): an
+//!   CN) and a hash of its whole issuer and subject names
+//!   ([`certificate_caller_name`]): `CN#` and 32 hex digits; a certificate
+//!   without a usable CN is refused. Its role comes from `--tls-client-roles` ([`CertRoles`]): an
 //!   entry for its CN first, else an entry for one of its subject's OUs,
 //!   else `orchestrator`. Without that flag every certificate caller is an
 //!   orchestrator (warned at start), never an operator.
@@ -36,7 +37,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::domain::Reason;
-use crate::tls::certificate::subject_of;
+use crate::tls::certificate::{issuer_and_subject_of, subject_of};
 use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
@@ -385,16 +386,46 @@ impl AuthPolicy {
     }
 
     /// The caller a verified client certificate (DER) names, or why it
-    /// names none.
+    /// names none: see [`certificate_caller_name`].
     pub fn certificate_caller(&self, cert: &[u8]) -> Result<Caller, String> {
         let subject = subject_of(cert).ok_or("the client certificate's subject cannot be read")?;
-        let name = subject.common_name.ok_or(
+        let common_name = subject.common_name.ok_or(
             "the client certificate has no readable subject common name (CN): it names no caller",
         )?;
+        let (issuer, whole_subject) = issuer_and_subject_of(cert)
+            .ok_or("the client certificate's issuer and subject cannot be read")?;
+        let name = certificate_caller_name(&common_name, issuer, whole_subject);
         check_name(&name).map_err(|why| format!("the client certificate's common name {why}"))?;
-        let role = self.cert_roles.role_of(&name, &subject.units);
+        let role = self.cert_roles.role_of(&common_name, &subject.units);
         Ok(Caller { name, role })
     }
+}
+
+/// How many hex digits of the SHA-256 of a certificate's issuer and
+/// subject a caller's name carries: 128 bits, so no CA in the trusted
+/// bundle can make a subject whose name matches another caller's.
+const IDENTITY_HEX: usize = 32;
+
+/// A certificate caller's name: `CN#` and the first 128 bits (hex) of the
+/// SHA-256 of the certificate's whole issuer and subject names (DER).
+/// The CN alone named callers once: two certificates with one CN — from
+/// two CAs of the trusted bundle, or with other units or organizations in
+/// their subjects — were one caller, sharing keys and reads. The subject
+/// with its issuer is whom a CA vouched for: it stays the caller's across
+/// renewals and key rotations (a retry across a renewal joins its
+/// operation), and differs for any other subject or CA. The CN stays in
+/// front for people (`ops list --caller`, logs); the CN of a name made
+/// before stays nobody's, as no certificate is named by a CN alone now.
+pub fn certificate_caller_name(common_name: &str, issuer: &[u8], subject: &[u8]) -> String {
+    let mut named = ring::digest::Context::new(&ring::digest::SHA256);
+    named.update(issuer);
+    named.update(subject);
+    let digest = named.finish();
+    let hex: String = digest.as_ref()[..IDENTITY_HEX / 2]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{common_name}#{hex}")
 }
 
 /// Which role a method needs; `None`: open to everybody (health checks).
@@ -535,6 +566,52 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CA (its certificate and key) named `name`.
+    fn ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        (p.self_signed(&key).unwrap(), key)
+    }
+
+    /// A client certificate `CN=cn` (and `OU=unit`), with a key of its own,
+    /// signed by `ca`: DER.
+    fn client(ca: &(rcgen::Certificate, rcgen::KeyPair), cn: &str, unit: Option<&str>) -> Vec<u8> {
+        let mut p = rcgen::CertificateParams::new(vec!["client.example".to_string()]).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        if let Some(unit) = unit {
+            p.distinguished_name
+                .push(rcgen::DnType::OrganizationalUnitName, unit);
+        }
+        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        let key = rcgen::KeyPair::generate().unwrap();
+        p.signed_by(&key, &ca.0, &ca.1).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn certificates_of_one_cn_are_one_caller_only_for_one_subject_of_one_ca() {
+        let policy = AuthPolicy::default();
+        let name = |der: &[u8]| policy.certificate_caller(der).unwrap().name;
+        let (first, second) = (ca("client CA"), ca("another client CA"));
+        let twin = name(&client(&first, "twin", None));
+        assert!(
+            twin.starts_with("twin#") && twin.len() == "twin#".len() + 32,
+            "{twin}"
+        );
+        // A renewal (a new certificate, a new key) of the same subject by
+        // the same CA is the same caller: its keys stay its own.
+        assert_eq!(name(&client(&first, "twin", None)), twin);
+        // The same CN from another CA, or with another unit, is not.
+        for other in [
+            client(&second, "twin", None),
+            client(&first, "twin", Some("payments")),
+        ] {
+            assert_ne!(name(&other), twin);
+        }
+        check_name(&twin).unwrap();
+    }
 
     #[test]
     fn certificate_roles_come_from_the_common_name_first_then_the_units() {

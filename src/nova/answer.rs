@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::error::fault::{
-    body_excerpt, classify_refusal, keystone_refusal, nova_fault, parse_fault,
+    body_excerpt, classify_refusal, keystone_refusal, names_instance, nova_fault, parse_fault,
 };
 use super::error::{NovaError, NovaErrorKind, Rejection, Stage};
 pub(crate) use super::http::Exchange;
@@ -170,6 +170,28 @@ impl Exchange<'_> {
         )
     }
 
+    /// [`Self::refusal`] of a request about `server`: Nova's 404 "Instance
+    /// … could not be found." is about this server only when it names it
+    /// (the uuid, parsed whole). One naming another instance is no word
+    /// about this one — a request routed or relayed for another, a proxy
+    /// replaying a cached fault — so it is of unknown effect, like a 404
+    /// about nothing Nova's attachment calls know (`Rejection::Other`).
+    pub fn refusal_about(&self, server: Uuid) -> NovaError {
+        let mut e = self.refusal();
+        if e.rejection() == Some(&Rejection::ServerNotFound)
+            && !e
+                .message
+                .as_deref()
+                .is_some_and(|m| names_instance(m, server))
+        {
+            e.kind = NovaErrorKind::Rejected(Rejection::Other);
+            e.cause = format!(
+                "HTTP 404: Nova's fault names another instance, not server {server}: it says nothing about this server, so its effect is unknown"
+            );
+        }
+        e
+    }
+
     /// An attach's answer, `shape` being how Nova answers one it took.
     pub fn attach(
         &self,
@@ -195,17 +217,17 @@ impl Exchange<'_> {
             )),
             (200..=299, _) => Err(self
                 .not_novas_success("Nova answers an attach 200 (below 2.101) or 202 (from 2.101)")),
-            _ => Err(self.refusal()),
+            _ => Err(self.refusal_about(server)),
         }
     }
 
-    /// A detach's answer: Nova's is 202 with an empty body.
-    pub fn detach(&self) -> Result<(), NovaError> {
+    /// A detach's answer (from `server`): Nova's is 202 with an empty body.
+    pub fn detach(&self, server: Uuid) -> Result<(), NovaError> {
         match self.raw.status {
             202 if blank(&self.raw.body) => Ok(()),
             202 => Err(self.not_novas_success("Nova's 202 to a detach has an empty body")),
             200..=299 => Err(self.not_novas_success("Nova answers a detach 202")),
-            _ => Err(self.refusal()),
+            _ => Err(self.refusal_about(server)),
         }
     }
 
@@ -231,7 +253,7 @@ impl Exchange<'_> {
     /// A list of the server's attachments: every item must be the server's.
     pub fn list(&self, server: Uuid) -> Result<Vec<NovaAttachment>, NovaError> {
         if self.raw.status != 200 {
-            return Err(self.refusal());
+            return Err(self.refusal_about(server));
         }
         let items = serde_json::from_slice::<AttachmentList>(&self.raw.body)
             .map_err(|e| {
@@ -254,7 +276,7 @@ impl Exchange<'_> {
     pub fn show(&self, server: Uuid, volume: Uuid) -> Result<NovaAttachment, NovaError> {
         match self.raw.status {
             200 => self.attachment(server, volume),
-            _ => Err(self.refusal()),
+            _ => Err(self.refusal_about(server)),
         }
     }
 
@@ -281,12 +303,8 @@ impl Exchange<'_> {
                 }
             }
             _ => {
-                let e = self.refusal();
-                let names_it = e
-                    .message
-                    .as_deref()
-                    .is_some_and(|m| m.contains(&server.to_string()));
-                if e.rejection() == Some(&Rejection::ServerNotFound) && names_it {
+                let e = self.refusal_about(server);
+                if e.rejection() == Some(&Rejection::ServerNotFound) {
                     Ok(false)
                 } else {
                     Err(e)
@@ -294,6 +312,34 @@ impl Exchange<'_> {
             }
         }
     }
+}
+
+/// A list answered Nova's 404 naming its server (`listed`), and `look` is
+/// what `GET /servers/{id}` then said: the list's 404 stands ("the server
+/// is gone") only when the look agrees, Nova's own 404 naming the server
+/// again. The server shown, or a look that failed, leaves a list that
+/// told nothing: a failed look (`Rejection::Other`), decided later.
+pub(crate) fn gone_if_shown_gone(
+    mut listed: NovaError,
+    look: Result<bool, NovaError>,
+) -> NovaError {
+    let why = match look {
+        Ok(false) => {
+            listed
+                .cause
+                .push_str("; GET /servers/{id} agrees: the server is gone");
+            return listed;
+        }
+        Ok(true) => {
+            "GET /servers/{id} shows the server: the 404 was not the server's word".to_string()
+        }
+        Err(e) => format!(
+            "the look at the server (GET /servers/{{id}}) failed ({e}): the 404 alone decides nothing"
+        ),
+    };
+    listed.kind = NovaErrorKind::Rejected(Rejection::Other);
+    listed.cause = format!("{}; {why}", listed.cause);
+    listed
 }
 
 /// Which call a judged answer answers (for tests elsewhere in the crate).
@@ -340,12 +386,39 @@ pub(crate) fn judged(
     };
     let result = match call {
         Judged::Attach(shape) => ex.attach(shape, server, volume).map(drop),
-        Judged::Detach => ex.detach(),
+        Judged::Detach => ex.detach(server),
     };
     match result {
         Err(e) => e,
         Ok(()) => panic!("{status} {body:?} is an answer the call takes"),
     }
+}
+
+/// `read` of one answer (status, content type, body) to a GET about
+/// `server`: the looks table's test reads a list and a look at the server
+/// as they come over the wire.
+#[cfg(test)]
+pub(crate) fn read_answer<T>(
+    status: u16,
+    content_type: &str,
+    body: &str,
+    read: impl FnOnce(&Exchange<'_>) -> T,
+) -> T {
+    let raw = RawResponse {
+        status,
+        body: bytes::Bytes::from(body.to_string()),
+        request_id: Some("req-sample".into()),
+        content_type: Some(content_type.into()),
+        api_version: None,
+        location: None,
+    };
+    read(&Exchange {
+        method: "GET",
+        url: "http://nova:8774/v2.1/servers/sample".into(),
+        raw: &raw,
+        started: Instant::now(),
+        deadline: Instant::now(),
+    })
 }
 
 #[cfg(test)]
@@ -480,7 +553,7 @@ mod tests {
             assert_eq!(e.kind, NovaErrorKind::Undecodable, "{status} {body:?}");
             assert!(e.outcome_unknown(), "{e}");
         }
-        let detach = |status, body: &str| exchange(&raw(status, "text/html", body)).detach();
+        let detach = |status, body: &str| exchange(&raw(status, "text/html", body)).detach(s);
         assert!(detach(202, "").is_ok());
         for (status, body) in [(200, "<html>ok</html>"), (204, ""), (202, "<html/>")] {
             let e = detach(status, body).unwrap_err();
@@ -545,6 +618,64 @@ mod tests {
         assert!(look(404, NGINX_404).is_err());
         assert!(look(200, &format!(r#"{{"server": {{"id": "{other}"}}}}"#)).is_err());
         assert!(look(200, "<html/>").is_err());
+    }
+
+    #[test]
+    fn a_404_naming_another_instance_is_not_about_this_server() {
+        let (s, v, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let not_found = |id: &dyn std::fmt::Display| {
+            format!(
+                r#"{{"itemNotFound": {{"code": 404, "message": "Instance {id} could not be found."}}}}"#
+            )
+        };
+        let ours = not_found(&s);
+        // The uuid is read whole: another's, one with ours inside it, or a
+        // message that only mentions ours elsewhere is not ours.
+        for body in [
+            not_found(&other),
+            not_found(&format!("{s}0")),
+            not_found(&format!("x{s}")),
+            format!(
+                r#"{{"itemNotFound": {{"code": 404, "message": "Instance {other} could not be found. (asked for {s})"}}}}"#
+            ),
+        ] {
+            let ex_raw = raw(404, JSON, &body);
+            let ex = exchange(&ex_raw);
+            for e in [
+                ex.detach(s).unwrap_err(),
+                ex.attach(AttachShape::Either, s, v).unwrap_err(),
+                ex.list(s).unwrap_err(),
+                ex.show(s, v).unwrap_err(),
+                ex.server(s).unwrap_err(),
+            ] {
+                assert_eq!(e.kind, NovaErrorKind::Rejected(Rejection::Other), "{body}");
+                assert!(e.outcome_unknown(), "{e}");
+                assert!(e.cause.contains("names another instance"), "{}", e.cause);
+            }
+        }
+        let ex_raw = raw(404, JSON, &ours);
+        let ex = exchange(&ex_raw);
+        for e in [ex.detach(s).unwrap_err(), ex.list(s).unwrap_err()] {
+            assert_eq!(e.kind, NovaErrorKind::Rejected(Rejection::ServerNotFound));
+        }
+        assert!(!ex.server(s).unwrap());
+    }
+
+    #[test]
+    fn a_lists_404_stands_only_when_the_look_at_the_server_agrees() {
+        let s = Uuid::new_v4();
+        let body = format!(
+            r#"{{"itemNotFound": {{"code": 404, "message": "Instance {s} could not be found."}}}}"#
+        );
+        let listed = || exchange(&raw(404, JSON, &body)).list(s).unwrap_err();
+        let looks_failed = exchange(&raw(502, "text/html", "<html>502</html>")).server(s);
+        let e = gone_if_shown_gone(listed(), Ok(false));
+        assert_eq!(e.rejection(), Some(&Rejection::ServerNotFound));
+        for (look, why) in [(Ok(true), "shows the server"), (looks_failed, "failed")] {
+            let e = gone_if_shown_gone(listed(), look);
+            assert_eq!(e.rejection(), Some(&Rejection::Other), "{why}");
+            assert!(e.cause.contains(why), "{}", e.cause);
+        }
     }
 
     #[test]

@@ -26,10 +26,10 @@ use reqwest::Method;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::answer::{AttachAnswer, AttachShape, Exchange};
+use super::answer::{AttachAnswer, AttachShape, Exchange, gone_if_shown_gone};
 use super::auth::{KeystoneAuth, KeystoneConfig};
 use super::cinder::CinderClient;
-use super::error::{CinderError, NovaError, NovaErrorKind};
+use super::error::{CinderError, NovaError, NovaErrorKind, Rejection};
 pub use super::http::SendGate;
 use super::http::{Base, CatalogService, Failure, FailureKind, Open, RawResponse, Service};
 use super::types::{AttachBody, AttachSpec, NovaAttachment};
@@ -523,9 +523,19 @@ impl NovaClient {
         deadline: Instant,
     ) -> Result<Answered<Vec<NovaAttachment>>, NovaError> {
         let path = format!("/servers/{server_id}/os-volume_attachments");
-        self.send::<()>(rid, Verb::Get, &path, None, deadline, &Open)
+        let listed = self
+            .send::<()>(rid, Verb::Get, &path, None, deadline, &Open)
             .await?
-            .judge(|answer| answer.list(server_id))
+            .judge(|answer| answer.list(server_id));
+        match listed {
+            // "The server is gone" decides operations (a detach done, an
+            // attach failed): only when a look at the server agrees.
+            Err(e) if e.rejection() == Some(&Rejection::ServerNotFound) => {
+                let look = self.server_exists_as(rid, server_id, deadline).await;
+                Err(gone_if_shown_gone(e, look.map(|a| a.value)))
+            }
+            listed => listed,
+        }
     }
 
     /// `GET /servers/{id}`: whether the server exists (`false` only for
@@ -594,7 +604,7 @@ impl NovaClient {
         let path = format!("/servers/{server_id}/os-volume_attachments/{volume_id}");
         self.send::<()>(rid, Verb::Delete, &path, None, deadline, gate)
             .await?
-            .judge(|answer| answer.detach())
+            .judge(|answer| answer.detach(server_id))
     }
 
     /// Sends one request under `deadline` (see `http::Service::execute`),

@@ -39,6 +39,23 @@ use crate::store::StoreError;
 /// first look of a decision is at `max(--verify-after, this)`.
 pub const VERIFY_MIN_LAG: Duration = Duration::from_secs(2);
 
+/// The longest settle or verification window `serve` accepts (366 days).
+/// A window is how long Nova may still act on a request whose answer was
+/// lost (half an hour by default); a year is far past any of Nova's
+/// timeouts, so a longer setting is a mistake, refused at the start naming
+/// its flag (`config`). Within it a window is exact on the database's
+/// clock ([`window`]).
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// `d` as a span of the database's clock: exact up to [`MAX_WINDOW`],
+/// saturated there beyond it (settings built in code skip the start's
+/// check). Never 0 for a long window, which would read "decide at once",
+/// and never past what a timestamp plus it can hold.
+pub(crate) fn window(d: Duration) -> chrono::Duration {
+    let capped = chrono::Duration::from_std(d.min(MAX_WINDOW));
+    capped.unwrap_or(chrono::Duration::days(366))
+}
+
 #[derive(Debug, Clone)]
 pub struct ReconcilerSettings {
     /// Pause between rounds when there was nothing to do.
@@ -421,4 +438,28 @@ fn look_trace<'a>(ops: impl IntoIterator<Item = &'a Operation>) -> Option<TraceC
 /// Milliseconds between two instants of the database's clock, for events.
 fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
     (to - from).num_milliseconds()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_is_exact_within_a_year_and_never_zero_past_it() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_millis(1500),
+            Duration::from_secs(31 * 60),
+            MAX_WINDOW,
+        ] {
+            assert_eq!(window(d).to_std().unwrap(), d);
+        }
+        // Past chrono's range (more than i64::MAX milliseconds) and past
+        // what a timestamp plus it can hold: the year, not 0.
+        for d in [Duration::from_secs(u64::MAX / 2), Duration::MAX] {
+            assert_eq!(window(d).to_std().unwrap(), MAX_WINDOW);
+            let now = chrono::Utc::now();
+            assert!(now + window(d) > now);
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | the volume on the server | SUCCEEDED | another attachment than the one it was to remove: SUCCEEDED; else wait for the settle window, then re-send or FAILED |
 //! | the volume not on it | wait for the settle window, then re-send or FAILED | SUCCEEDED |
-//! | the server does not exist (404) | FAILED `NOVA_SERVER_NOT_FOUND` | SUCCEEDED |
+//! | the server does not exist (the list's 404 naming it, and GET /servers/{id} agrees) | FAILED `NOVA_SERVER_NOT_FOUND` | SUCCEEDED |
 //! | the look failed | back off; past deadline + settle window: escalate | same |
 //!
 //! A SUCCEEDED found this way is confirmed with Cinder first, as the
@@ -43,7 +43,7 @@ impl Reconciler {
                 run.events.push(
                     NewEvent::new(
                         event::OBSERVED,
-                        "reconciler: the server no longer exists (404)",
+                        "reconciler: the server no longer exists (Nova's 404 naming it, for the list and for GET /servers/{id})",
                     )
                     .with("present", false),
                 );
@@ -161,8 +161,7 @@ impl Reconciler {
             "Nova's list shows the {} done, but Cinder does not confirm it yet (volume {last})",
             run.op.action.as_str()
         );
-        let settle =
-            chrono::Duration::from_std(self.settings.settle(run.op.action)).unwrap_or_default();
+        let settle = super::window(self.settings.settle(run.op.action));
         if db_now > run.op.deadline_at + settle {
             let op = run.op.clone();
             let why = format!("{why}, past its deadline and settle window");
@@ -274,7 +273,7 @@ impl Reconciler {
         if op.state != State::Pending
             && let Some(sent) = op.last_request_at
         {
-            let settled_at = sent + chrono::Duration::from_std(settle).unwrap_or_default();
+            let settled_at = sent + super::window(settle);
             if settled_at > db_now {
                 let why = format!(
                     "not observed yet; waiting for the settle window ({} s after the last request)",
@@ -340,8 +339,7 @@ impl Reconciler {
         e: &crate::nova::NovaError,
         db_now: DateTime<Utc>,
     ) -> PassResult {
-        let settle =
-            chrono::Duration::from_std(self.settings.settle(op.action)).unwrap_or_default();
+        let settle = super::window(self.settings.settle(op.action));
         let message = format!("observation failed: {}", e.clock());
         let repeated = op
             .last_error

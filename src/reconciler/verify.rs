@@ -106,8 +106,7 @@ impl Reconciler {
             .collect();
         // A verification that comes a whole window after it was due is
         // late: what it would see says little about the decision.
-        let late_after =
-            chrono::Duration::from_std(delay + self.settings.verify_window).unwrap_or_default();
+        let late_after = super::window(delay.saturating_add(self.settings.verify_window));
         let mut todo = Vec::new();
         for op in due {
             let explained = latest

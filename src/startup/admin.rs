@@ -163,7 +163,7 @@ async fn verification_backlog(st: &AdminState) {
                 return Ok(0.0);
             };
             let now = st.store.now().await?;
-            let due = decided + chrono::Duration::from_std(delay).unwrap_or_default();
+            let due = decided + crate::reconciler::window(delay);
             Ok::<_, crate::store::StoreError>((now - due).num_milliseconds().max(0) as f64 / 1000.0)
         };
         let name = if stage == 0 { "first" } else { "last" };

@@ -1,6 +1,7 @@
 //! What the service reads of an X.509 certificate itself, from its DER:
-//! the subject (the last common name, the organizational units), which
-//! names a caller presenting it, and the end of its validity, which the
+//! the subject (the last common name, the organizational units) and the
+//! issuer's and subject's whole names, which name a caller presenting it,
+//! and the end of its validity, which the
 //! metrics report for the served certificate. Only the few fields read
 //! here are parsed; a certificate rustls accepted is well formed, and
 //! anything unexpected reads as `None`.
@@ -76,6 +77,31 @@ pub fn subject_of(cert: &[u8]) -> Option<Subject> {
     }
     subject.common_name = subject.common_name.filter(|n| !n.trim().is_empty());
     Some(subject)
+}
+
+/// The issuer's and the subject's names of a DER certificate, each whole
+/// (its DER element: tag, length and contents). Together they say whom a
+/// CA vouched for — RFC 5280 (4.1.2.6) has a CA give each subject its own
+/// name — so they stay the same across the renewals and key rotations of
+/// one identity, and differ for another subject or another CA.
+pub fn issuer_and_subject_of(cert: &[u8]) -> Option<(&[u8], &[u8])> {
+    // serialNumber, signature, then issuer, validity, subject.
+    let mut rest = tbs_fields(cert)?;
+    for _ in 0..2 {
+        rest = der_element(rest)?.2;
+    }
+    let (issuer, rest) = whole_sequence(rest)?;
+    let (subject, _) = whole_sequence(der_element(rest)?.2)?;
+    Some((issuer, subject))
+}
+
+/// The SEQUENCE `from` begins with, whole (tag and length too), and what
+/// follows it.
+fn whole_sequence(from: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (SEQUENCE, _, next) = der_element(from)? else {
+        return None;
+    };
+    Some((&from[..from.len() - next.len()], next))
 }
 
 /// The fields of a DER certificate's TBSCertificate after its optional
@@ -227,6 +253,22 @@ mod tests {
         assert_eq!(common_name(&nameless), None);
         assert_eq!(common_name(b"not a certificate"), None);
         assert_eq!(common_name(&named[..named.len() / 2]), None);
+    }
+
+    #[test]
+    fn the_issuer_and_the_subject_are_read_whole() {
+        use rcgen::{DnType, DnValue};
+        let cert = cert_with(&[(DnType::CommonName, DnValue::Utf8String("twin".into()))]);
+        let (issuer, subject) = issuer_and_subject_of(&cert).unwrap();
+        // Self-signed: the issuer is the subject, each one whole SEQUENCE.
+        assert_eq!(issuer, subject);
+        assert_eq!(
+            der_element(subject).map(|(tag, _, rest)| (tag, rest.len())),
+            Some((SEQUENCE, 0))
+        );
+        assert!(subject.windows(4).any(|w| w == b"twin"));
+        assert_eq!(issuer_and_subject_of(b"not a certificate"), None);
+        assert_eq!(issuer_and_subject_of(&cert[..cert.len() / 3]), None);
     }
 
     #[test]

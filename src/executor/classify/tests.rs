@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::*;
+use crate::executor::Seen;
 use crate::nova::Stage;
-use crate::nova::answer::{AttachShape, Judged, judged};
+use crate::nova::answer::{AttachShape, Judged, gone_if_shown_gone, judged, read_answer};
 
 const SERVER: Uuid = Uuid::from_u128(0x7ebe_d2ce_85b3_40b5_84ae_8cc7_25c3_7ed2);
 const OTHER: &str = "3a9b7c1e-0000-4000-8000-000000000001";
@@ -100,6 +101,10 @@ fn wire_samples() -> Vec<(&'static str, Vec<NovaError>)> {
         (
             "404 server not found",
             refusals(&[(404, JSON, server_gone.clone())]),
+        ),
+        (
+            "404 server not found, naming another server",
+            refusals(&[(404, JSON, server_gone.replace(&SERVER.to_string(), OTHER))]),
         ),
         (
             "404 about no server, volume or attachment",
@@ -410,5 +415,72 @@ fn refusals_and_running_out_of_time_expand_as_the_design_doc_says() {
                 a.as_str()
             );
         }
+    }
+}
+
+/// A sample answer to a list or a look at the server, by its cell in the
+/// looks table: (status, content type, body).
+fn look_sample(cell: &str) -> (u16, &'static str, String) {
+    let not_found = |id: &str| {
+        format!(
+            r#"{{"itemNotFound": {{"code": 404, "message": "Instance {id} could not be found."}}}}"#
+        )
+    };
+    let listed = |volume: &str| {
+        format!(
+            r#"{{"volumeAttachments": [{{"device": "/dev/vdb", "id": "{volume}", "serverId": "{SERVER}", "volumeId": "{volume}"}}]}}"#
+        )
+    };
+    match cell {
+        "200 listing the volume" => (200, JSON, listed(OTHER)),
+        "200 not listing it" => (200, JSON, listed("5aa119a8-d25b-45a7-8d1b-88e127885635")),
+        "200 this server" => (200, JSON, format!(r#"{{"server": {{"id": "{SERVER}"}}}}"#)),
+        "404 naming this server" => (404, JSON, not_found(&SERVER.to_string())),
+        "404 naming another server" => (404, JSON, not_found(OTHER)),
+        "404 about no server, volume or attachment" => (
+            404,
+            JSON,
+            r#"{"itemNotFound": {"code": 404, "message": "The resource could not be found."}}"#
+                .into(),
+        ),
+        "an answer not Nova's" => (404, "text/html", NGINX_404.into()),
+        other => panic!(
+            "docs/design.md's looks table names an answer the test has no sample of: {other:?}"
+        ),
+    }
+}
+
+/// What the executor's looks, the reconciler's passes and the verifier
+/// read of a list (`Seen::by_list`), with the look at the server that
+/// `NovaClient::list_as` makes after a list's 404 naming the server.
+// The closures return the adapter's results as the client does (see the
+// same allowance in `nova/answer.rs`).
+#[allow(clippy::result_large_err)]
+#[test]
+fn every_look_in_the_design_table_reads_as_the_row_says() {
+    for row in design_table("<!-- classify: looks -->") {
+        let [list, server, reads] = &row[..] else {
+            panic!("docs/design.md row {row:?} does not have 3 cells");
+        };
+        let (status, ct, body) = look_sample(list);
+        let mut listed = read_answer(status, ct, &body, |ex| ex.list(SERVER));
+        let asked = matches!(&listed, Err(e) if e.rejection() == Some(&Rejection::ServerNotFound));
+        assert_eq!(
+            asked,
+            server != "not asked",
+            "docs/design.md row {row:?}: the server is looked at only after a list's 404 naming it"
+        );
+        if asked {
+            let (status, ct, body) = look_sample(server);
+            let look = read_answer(status, ct, &body, |ex| ex.server(SERVER));
+            listed = Err(gone_if_shown_gone(listed.unwrap_err(), look));
+        }
+        let got = match Seen::by_list(&listed, OTHER_ID) {
+            Ok(Seen::Attached(_)) => "attached",
+            Ok(Seen::Absent) => "absent",
+            Ok(Seen::ServerGone) => "server gone",
+            Err(_) => "failed",
+        };
+        assert_eq!(got, reads, "docs/design.md row {row:?}");
     }
 }

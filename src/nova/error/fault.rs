@@ -105,6 +105,18 @@ pub fn keystone_refusal(body: &[u8]) -> bool {
         })
 }
 
+/// Whether Nova's "Instance {id} could not be found." names `server`:
+/// the uuid between the words, parsed whole. A 404 naming another
+/// instance (an answer routed or relayed for another request, a proxy
+/// replaying a cached fault) says nothing about this server.
+pub fn names_instance(message: &str, server: uuid::Uuid) -> bool {
+    message
+        .strip_prefix("Instance ")
+        .and_then(|rest| rest.strip_suffix(" could not be found."))
+        .and_then(|id| uuid::Uuid::parse_str(id).ok())
+        == Some(server)
+}
+
 /// What Nova's refusal means, by its status and message (the body being
 /// Nova's own fault: see [`nova_fault`]).
 pub fn classify_refusal(status: u16, fault: &Fault) -> Rejection {
