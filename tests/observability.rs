@@ -333,6 +333,56 @@ async fn every_answer_is_counted_and_timed_with_its_canonical_code() {
         ),
         1.0
     );
+    // The same answers in go-grpc-prometheus' families and labels, which
+    // generic gRPC dashboards read: started, handled by code, handling time.
+    let handled = |method: &str, code: &str| {
+        m.sum(
+            "grpc_server_handled_total",
+            &[
+                ("grpc_type", "unary"),
+                ("grpc_service", SVC),
+                ("grpc_method", method),
+                ("grpc_code", code),
+            ],
+        )
+    };
+    assert_eq!(handled("AttachVolume", "OK"), 1.0);
+    assert_eq!(handled("AttachVolume", "CANCELLED"), 1.0);
+    assert_eq!(handled("GetOperation", "INVALID_ARGUMENT"), 1.0);
+    assert_eq!(handled("AttachVolume", "DEADLINE_EXCEEDED"), 1.0);
+    assert_eq!(handled("AttachVolume", "UNAUTHENTICATED"), 1.0);
+    let started = m.sum(
+        "grpc_server_started_total",
+        &[
+            ("grpc_type", "unary"),
+            ("grpc_service", SVC),
+            ("grpc_method", "AttachVolume"),
+        ],
+    );
+    let attach_handled = m.sum(
+        "grpc_server_handled_total",
+        &[("grpc_service", SVC), ("grpc_method", "AttachVolume")],
+    );
+    assert_eq!(started, attach_handled, "every started call was handled");
+    assert_eq!(m.types["grpc_server_handling_seconds"], "histogram");
+    assert_eq!(
+        m.sum(
+            "grpc_server_handling_seconds_count",
+            &[
+                ("grpc_type", "unary"),
+                ("grpc_service", SVC),
+                ("grpc_method", "AttachVolume")
+            ],
+        ),
+        attach_handled
+    );
+    for s in m
+        .samples
+        .iter()
+        .filter(|s| s.labels.contains_key("grpc_code"))
+    {
+        assert!(s.labels.contains_key("grpc_type"), "{s:?}");
+    }
     // Every code label is a canonical name (never tonic's `Ok`).
     const CANONICAL: &[&str] = &[
         "OK",
@@ -353,8 +403,12 @@ async fn every_answer_is_counted_and_timed_with_its_canonical_code() {
         "DATA_LOSS",
         "UNAUTHENTICATED",
     ];
-    for s in m.samples.iter().filter(|s| s.labels.contains_key("code")) {
-        assert!(CANONICAL.contains(&s.labels["code"].as_str()), "{s:?}");
+    for s in m.samples.iter() {
+        for label in ["code", "grpc_code"] {
+            if let Some(code) = s.labels.get(label) {
+                assert!(CANONICAL.contains(&code.as_str()), "{s:?}");
+            }
+        }
     }
     // The latency histogram has one observation per answer, in seconds.
     let hist = "volume_reconciler_grpc_request_duration_seconds";
