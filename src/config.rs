@@ -144,6 +144,7 @@ impl From<ConfirmArg> for ConfirmWith {
 pub struct ServeArgs {
     /// gRPC listen address.
     #[arg(
+        help_heading = "Listeners",
         long,
         env = "VOLUME_RECONCILER_LISTEN",
         default_value = DEFAULT_LISTEN
@@ -151,6 +152,7 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     /// Admin listener: /healthz, /readyz, /metrics (plain HTTP; keep it on loopback unless needed).
     #[arg(
+        help_heading = "Listeners",
         long,
         env = "VOLUME_RECONCILER_ADMIN_LISTEN",
         default_value = DEFAULT_ADMIN_LISTEN
@@ -159,6 +161,7 @@ pub struct ServeArgs {
     /// postgres://user@host/db (production, several replicas) or
     /// sqlite://FILE (embedded, one process; created on first start).
     #[arg(
+        help_heading = "Ledger (database)",
         long,
         env = "DATABASE_URL",
         hide_env_values = true,
@@ -170,6 +173,7 @@ pub struct ServeArgs {
     /// one each below, plus one for a lone write) and a pool for the rest
     /// (reads, the reconciler, the listener).
     #[arg(
+        help_heading = "Ledger (database)",
         long,
         env = "VOLUME_RECONCILER_DB_MAX_CONNECTIONS",
         default_value_t = 16
@@ -177,7 +181,7 @@ pub struct ServeArgs {
     pub db_max_connections: u32,
     /// At start, how long to wait for PostgreSQL to accept connections
     /// (each try is logged); then exit with the last error.
-    #[arg(long, env = "VOLUME_RECONCILER_DB_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(crate::store::DEFAULT_CONNECT_TIMEOUT))]
+    #[arg(help_heading = "Ledger (database)", long, env = "VOLUME_RECONCILER_DB_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(crate::store::DEFAULT_CONNECT_TIMEOUT))]
     pub db_connect_timeout: Duration,
     /// The longest one round trip to PostgreSQL may take (a statement, a
     /// short transaction, a ping), on both ends: PostgreSQL's
@@ -185,19 +189,26 @@ pub struct ServeArgs {
     /// bound, past which the connection is dropped (it may have gone
     /// silent) and a write is made again on a new one, within the caller's
     /// deadline. Opening a connection has the same bound.
-    #[arg(long, env = "VOLUME_RECONCILER_DB_STATEMENT_TIMEOUT", value_parser = duration, default_value = render_duration(crate::store::DbBounds::DEFAULT.round_trip))]
+    #[arg(help_heading = "Ledger (database)", long, env = "VOLUME_RECONCILER_DB_STATEMENT_TIMEOUT", value_parser = duration, default_value = render_duration(crate::store::DbBounds::DEFAULT.round_trip))]
     pub db_statement_timeout: Duration,
+    /// How long the database may stay unreachable before /readyz answers
+    /// 503: within it, a replica stays in the Service and callers get
+    /// DATABASE_UNAVAILABLE with a retry hint, so a blip does not take
+    /// every replica out at once (0s: not ready at the first failed check).
+    #[arg(help_heading = "Ledger (database)", long, env = "VOLUME_RECONCILER_READY_DB_GRACE", value_parser = duration, default_value = render_duration(READY_DB_GRACE))]
+    pub ready_db_grace: Duration,
     /// Nova's compute endpoint (direct mode, no Keystone), e.g. http://127.0.0.1:8774/v2.1.
     /// Without it, the endpoint comes from Keystone (OS_* variables).
-    #[arg(long, env = "VOLUME_RECONCILER_NOVA_URL", value_parser = http_url)]
+    #[arg(help_heading = "Nova and Cinder", long, env = "VOLUME_RECONCILER_NOVA_URL", value_parser = http_url)]
     pub nova_url: Option<String>,
     /// This instance's name in leases and the reconcile log (default: host-pid).
-    #[arg(long, env = "VOLUME_RECONCILER_REPLICA_ID")]
+    #[arg(help_heading = "Listeners", long, env = "VOLUME_RECONCILER_REPLICA_ID")]
     pub replica_id: Option<String>,
     /// The compute API microversion: 2.N, or latest (the cloud's maximum,
     /// read from Nova's version document at start). Checked at start
     /// against the range Nova's version document gives.
     #[arg(
+        help_heading = "Nova and Cinder",
         long,
         env = "VOLUME_RECONCILER_NOVA_MICROVERSION",
         value_parser = microversion,
@@ -207,36 +218,53 @@ pub struct ServeArgs {
     /// At start, the bound of fetching Nova's version document (a token
     /// from Keystone first, in Keystone mode). Nova unreachable then is a
     /// warning (and the `nova_reachable` metric), not a failure.
-    #[arg(long, env = "VOLUME_RECONCILER_NOVA_DISCOVERY_TIMEOUT", value_parser = duration, default_value = render_duration(NOVA_DISCOVERY_TIMEOUT))]
+    #[arg(help_heading = "Nova and Cinder", long, env = "VOLUME_RECONCILER_NOVA_DISCOVERY_TIMEOUT", value_parser = duration, default_value = render_duration(NOVA_DISCOVERY_TIMEOUT))]
     pub nova_discovery_timeout: Duration,
+    /// How often Nova's reachability is probed (a GET of its version
+    /// document) when no request reached Nova in the last interval: the
+    /// `nova_reachable` gauge follows Nova within about two intervals even
+    /// with no traffic.
+    #[arg(help_heading = "Nova and Cinder", long, env = "VOLUME_RECONCILER_NOVA_PROBE_INTERVAL", value_parser = duration, default_value = render_duration(NOVA_PROBE_INTERVAL))]
+    pub nova_probe_interval: Duration,
+    /// The bound of one probe of Nova's reachability (below
+    /// --nova-probe-interval); no answer within it counts as unreachable.
+    #[arg(help_heading = "Nova and Cinder", long, env = "VOLUME_RECONCILER_NOVA_PROBE_TIMEOUT", value_parser = duration, default_value = render_duration(NOVA_PROBE_TIMEOUT))]
+    pub nova_probe_timeout: Duration,
     /// Concurrent Nova requests per host; waiting for a slot counts against the deadline.
     #[arg(
+        help_heading = "Nova and Cinder",
         long,
         env = "VOLUME_RECONCILER_NOVA_MAX_CONCURRENCY",
         default_value_t = NovaConfig::default().max_concurrent_per_host
     )]
     pub nova_max_concurrency: usize,
     /// Bound of a TCP connect to Nova/Keystone (connection setup only).
-    #[arg(long, env = "VOLUME_RECONCILER_NOVA_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(NovaConfig::default().connect_timeout))]
+    #[arg(help_heading = "Nova and Cinder", long, env = "VOLUME_RECONCILER_NOVA_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(NovaConfig::default().connect_timeout))]
     pub nova_connect_timeout: Duration,
     /// Bound of a TLS handshake with Nova/Keystone (connection setup only).
-    #[arg(long, env = "VOLUME_RECONCILER_NOVA_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = render_duration(NovaConfig::default().tls_handshake_timeout))]
+    #[arg(help_heading = "Nova and Cinder", long, env = "VOLUME_RECONCILER_NOVA_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = render_duration(NovaConfig::default().tls_handshake_timeout))]
     pub nova_tls_handshake_timeout: Duration,
     /// Cinder's v3 endpoint with the project id (direct mode, like --nova-url),
     /// e.g. http://127.0.0.1:8776/v3/PROJECT_ID. Without it, the catalog's
     /// block-storage (or volumev3) endpoint in Keystone mode, none in direct mode.
-    #[arg(long, env = "VOLUME_RECONCILER_CINDER_URL", value_parser = http_url)]
+    #[arg(help_heading = "Nova and Cinder", long, env = "VOLUME_RECONCILER_CINDER_URL", value_parser = http_url)]
     pub cinder_url: Option<String>,
     /// How attaches and detaches are confirmed: by Cinder's view of the volume
     /// (attached to the server, as cinder-csi waits for) or by Nova's attachment
     /// list (a reservation shows there before the attach is usable). Default:
     /// cinder when --cinder-url is given or the catalog has block-storage, else
     /// nova-list (with a warning at startup).
-    #[arg(long, env = "VOLUME_RECONCILER_CONFIRM_WITH", value_enum)]
+    #[arg(
+        help_heading = "Nova and Cinder",
+        long,
+        env = "VOLUME_RECONCILER_CONFIRM_WITH",
+        value_enum
+    )]
     pub confirm_with: Option<ConfirmArg>,
     /// `OpenStack-API-Version: volume X` on Cinder requests (3.27: the attachments
     /// API, whose reserved/attaching/in-use flow Nova uses).
     #[arg(
+        help_heading = "Nova and Cinder",
         long,
         env = "VOLUME_RECONCILER_CINDER_MICROVERSION",
         value_parser = cinder_microversion,
@@ -245,57 +273,65 @@ pub struct ServeArgs {
     pub cinder_microversion: String,
 
     /// Deadline applied only when a caller sends none.
-    #[arg(long, env = "VOLUME_RECONCILER_DEFAULT_DEADLINE", value_parser = duration, default_value = "5m")]
+    #[arg(help_heading = "Deadlines and budgets", long, env = "VOLUME_RECONCILER_DEFAULT_DEADLINE", value_parser = duration, default_value = "5m")]
     pub default_deadline: Duration,
     /// Share of the remaining time kept to answer before the caller gives up.
-    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_FRACTION", value_parser = fraction, default_value_t = BudgetPolicy::DEFAULT.margin_fraction)]
+    #[arg(help_heading = "Deadlines and budgets", long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_FRACTION", value_parser = fraction, default_value_t = BudgetPolicy::DEFAULT.margin_fraction)]
     pub safety_margin_fraction: f64,
-    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MIN", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.margin_min))]
+    /// The least time kept to answer before the caller gives up (the fraction's floor).
+    #[arg(help_heading = "Deadlines and budgets", long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MIN", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.margin_min))]
     pub safety_margin_min: Duration,
-    #[arg(long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MAX", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.margin_max))]
+    /// The most time kept to answer before the caller gives up (the fraction's ceiling).
+    #[arg(help_heading = "Deadlines and budgets", long, env = "VOLUME_RECONCILER_SAFETY_MARGIN_MAX", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.margin_max))]
     pub safety_margin_max: Duration,
     /// Share of the remaining time kept back to re-observe after a lost response.
-    #[arg(long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_FRACTION", value_parser = fraction, default_value_t = BudgetPolicy::DEFAULT.reserve_fraction)]
+    #[arg(help_heading = "Deadlines and budgets", long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_FRACTION", value_parser = fraction, default_value_t = BudgetPolicy::DEFAULT.reserve_fraction)]
     pub reobserve_reserve_fraction: f64,
-    #[arg(long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_MAX", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.reserve_max))]
+    /// The most time kept back to re-observe after a lost response (the fraction's ceiling).
+    #[arg(help_heading = "Deadlines and budgets", long, env = "VOLUME_RECONCILER_REOBSERVE_RESERVE_MAX", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.reserve_max))]
     pub reobserve_reserve_max: Duration,
     /// The longest one Nova request may take (policy, visible and configurable).
-    #[arg(long, env = "VOLUME_RECONCILER_PER_CALL_CAP", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.per_call_cap))]
+    #[arg(help_heading = "Deadlines and budgets", long, env = "VOLUME_RECONCILER_PER_CALL_CAP", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.per_call_cap))]
     pub per_call_cap: Duration,
     /// Below this much time for the Nova request, Nova is not called (BUDGET_TOO_SMALL).
-    #[arg(long, env = "VOLUME_RECONCILER_MIN_BUDGET", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.min_budget))]
+    #[arg(help_heading = "Deadlines and budgets", long, env = "VOLUME_RECONCILER_MIN_BUDGET", value_parser = duration, default_value = render_duration(BudgetPolicy::DEFAULT.min_budget))]
     pub min_budget: Duration,
     /// How long an operation's lease lasts unrenewed: a replica that dies
     /// is taken over this long after its last heartbeat (database time).
-    #[arg(long, env = "VOLUME_RECONCILER_LEASE", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.lease))]
+    #[arg(help_heading = "Leases", long, env = "VOLUME_RECONCILER_LEASE", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.lease))]
     pub lease: Duration,
     /// How often a replica renews the leases it holds (a third of --lease at most).
-    #[arg(long, env = "VOLUME_RECONCILER_HEARTBEAT", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.heartbeat))]
+    #[arg(help_heading = "Leases", long, env = "VOLUME_RECONCILER_HEARTBEAT", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.heartbeat))]
     pub heartbeat: Duration,
 
     /// Nova may still attach this long after the last request (Nova's
     /// long_rpc_timeout, 30 min by default, plus a margin).
-    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW_ATTACH", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.settle_attach))]
+    #[arg(help_heading = "Reconciler and verification", long, env = "VOLUME_RECONCILER_SETTLE_WINDOW_ATTACH", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.settle_attach))]
     pub settle_window_attach: Duration,
     /// Nova may still detach this long after the last request (libvirt's
     /// device_detach_attempts × device_detach_timeout, 8 × 20 s, plus a margin).
-    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW_DETACH", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.settle_detach))]
+    #[arg(help_heading = "Reconciler and verification", long, env = "VOLUME_RECONCILER_SETTLE_WINDOW_DETACH", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.settle_detach))]
     pub settle_window_detach: Duration,
     /// Sets both settle windows at once (overrides the two above).
-    #[arg(long, env = "VOLUME_RECONCILER_SETTLE_WINDOW", value_parser = duration)]
+    #[arg(help_heading = "Reconciler and verification", long, env = "VOLUME_RECONCILER_SETTLE_WINDOW", value_parser = duration)]
     pub settle_window: Option<Duration>,
-    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_INTERVAL", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.interval))]
+    /// The reconciler's pause between rounds when there was nothing to do.
+    #[arg(help_heading = "Reconciler and verification", long, env = "VOLUME_RECONCILER_RECONCILE_INTERVAL", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.interval))]
     pub reconcile_interval: Duration,
-    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_BATCH", default_value_t = ReconcilerSettings::DEFAULT.batch)]
+    /// Operations the reconciler leases per round, at most.
+    #[arg(help_heading = "Reconciler and verification", long, env = "VOLUME_RECONCILER_RECONCILE_BATCH", default_value_t = ReconcilerSettings::DEFAULT.batch)]
     pub reconcile_batch: u32,
     /// The reconciler's Nova requests per second, at most (all passes of this replica).
     #[arg(
+        help_heading = "Reconciler and verification",
         long,
         env = "VOLUME_RECONCILER_RECONCILE_RATE_LIMIT",
         default_value_t = ReconcilerSettings::DEFAULT.rate_limit
     )]
     pub reconcile_rate_limit: f64,
+    /// Reconciler passes run at once.
     #[arg(
+        help_heading = "Reconciler and verification",
         long,
         env = "VOLUME_RECONCILER_RECONCILE_PARALLELISM",
         default_value_t = ReconcilerSettings::DEFAULT.parallelism
@@ -303,96 +339,130 @@ pub struct ServeArgs {
     pub reconcile_parallelism: usize,
     /// Decided operations are re-observed this long after the decision
     /// (never sooner than 2s)...
-    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_AFTER", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.verify_after))]
+    #[arg(help_heading = "Reconciler and verification", long, env = "VOLUME_RECONCILER_VERIFY_AFTER", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.verify_after))]
     pub verify_after: Duration,
     /// ...and again at the end of this window (it should cover the attach
     /// settle window: Nova's late effects come within it).
-    #[arg(long, env = "VOLUME_RECONCILER_VERIFY_WINDOW", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.verify_window))]
+    #[arg(help_heading = "Reconciler and verification", long, env = "VOLUME_RECONCILER_VERIFY_WINDOW", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.verify_window))]
     pub verify_window: Duration,
     /// Run no background reconciler in this process.
-    #[arg(long, env = "VOLUME_RECONCILER_NO_RECONCILER")]
+    #[arg(
+        help_heading = "Reconciler and verification",
+        long,
+        env = "VOLUME_RECONCILER_NO_RECONCILER"
+    )]
     pub no_reconciler: bool,
     /// The longest pause between two reconciler passes over one operation.
-    #[arg(long, env = "VOLUME_RECONCILER_RECONCILE_MAX_BACKOFF", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.max_backoff))]
+    #[arg(help_heading = "Reconciler and verification", long, env = "VOLUME_RECONCILER_RECONCILE_MAX_BACKOFF", value_parser = duration, default_value = render_duration(ReconcilerSettings::DEFAULT.max_backoff))]
     pub reconcile_max_backoff: Duration,
     /// Decided operations and their events are deleted this long after
     /// their decision (at least twice --verify-window); 0 keeps everything.
-    #[arg(long, env = "VOLUME_RECONCILER_RETAIN", value_parser = duration, default_value = "90days")]
+    #[arg(help_heading = "Retention", long, env = "VOLUME_RECONCILER_RETAIN", value_parser = duration, default_value = "90days")]
     pub retain: Duration,
     /// A pruned operation's key is refused (IDEMPOTENCY_KEY_EXPIRED) until
     /// this long after its decision, then forgotten; 0: for ever.
-    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_KEYS", value_parser = duration, default_value = "365days")]
+    #[arg(help_heading = "Retention", long, env = "VOLUME_RECONCILER_RETAIN_KEYS", value_parser = duration, default_value = "365days")]
     pub retain_keys: Duration,
     /// How often a replica tries a retention round (one replica at a time).
-    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_INTERVAL", value_parser = duration, default_value = render_duration(RetentionSettings::DEFAULT.interval))]
+    #[arg(help_heading = "Retention", long, env = "VOLUME_RECONCILER_RETAIN_INTERVAL", value_parser = duration, default_value = render_duration(RetentionSettings::DEFAULT.interval))]
     pub retain_interval: Duration,
     /// Rows deleted per statement.
-    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_BATCH", default_value_t = RetentionSettings::DEFAULT.batch)]
+    #[arg(help_heading = "Retention", long, env = "VOLUME_RECONCILER_RETAIN_BATCH", default_value_t = RetentionSettings::DEFAULT.batch)]
     pub retain_batch: u32,
     /// Pause between two statements of a round.
-    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_PAUSE", value_parser = duration, default_value = render_duration(RetentionSettings::DEFAULT.pause))]
+    #[arg(help_heading = "Retention", long, env = "VOLUME_RECONCILER_RETAIN_PAUSE", value_parser = duration, default_value = render_duration(RetentionSettings::DEFAULT.pause))]
     pub retain_pause: Duration,
     /// How long a retention batch waits for transactions older than its
     /// tombstones before deleting (PostgreSQL); past it, next round.
-    #[arg(long, env = "VOLUME_RECONCILER_RETAIN_HORIZON_WAIT", value_parser = duration, default_value = render_duration(RetentionSettings::DEFAULT.horizon_wait), hide = true)]
+    #[arg(help_heading = "Retention", long, env = "VOLUME_RECONCILER_RETAIN_HORIZON_WAIT", value_parser = duration, default_value = render_duration(RetentionSettings::DEFAULT.horizon_wait), hide = true)]
     pub retain_horizon_wait: Duration,
     /// Moves this replica's wall clock (e.g. `-2m`): for testing that
     /// nothing depends on replicas' clocks agreeing. Never in production.
-    #[arg(long, env = "VOLUME_RECONCILER_CLOCK_SKEW", value_parser = signed_duration, default_value = "0s", hide = true)]
+    #[arg(help_heading = "Leases", long, env = "VOLUME_RECONCILER_CLOCK_SKEW", value_parser = signed_duration, default_value = "0s", hide = true)]
     pub clock_skew: chrono::Duration,
 
     /// After SIGTERM: keep serving (not ready) this long so load balancers notice.
-    #[arg(long, env = "VOLUME_RECONCILER_SHUTDOWN_DELAY", value_parser = duration, default_value = "5s")]
+    #[arg(help_heading = "Shutdown and connections", long, env = "VOLUME_RECONCILER_SHUTDOWN_DELAY", value_parser = duration, default_value = "5s")]
     pub shutdown_delay: Duration,
     /// Then wait at most this long for in-flight RPCs.
-    #[arg(long, env = "VOLUME_RECONCILER_DRAIN_TIMEOUT", value_parser = duration, default_value = "30s")]
+    #[arg(help_heading = "Shutdown and connections", long, env = "VOLUME_RECONCILER_DRAIN_TIMEOUT", value_parser = duration, default_value = "30s")]
     pub drain_timeout: Duration,
     /// Rotate client connections after this age (GOAWAY, graceful).
-    #[arg(long, env = "VOLUME_RECONCILER_MAX_CONNECTION_AGE", value_parser = duration)]
+    #[arg(help_heading = "Shutdown and connections", long, env = "VOLUME_RECONCILER_MAX_CONNECTION_AGE", value_parser = duration)]
     pub max_connection_age: Option<Duration>,
-    #[arg(long, env = "VOLUME_RECONCILER_HTTP2_KEEPALIVE_INTERVAL", value_parser = duration, default_value = "30s")]
+    /// HTTP/2 keepalive pings to idle clients this often (finds dead connections).
+    #[arg(help_heading = "Shutdown and connections", long, env = "VOLUME_RECONCILER_HTTP2_KEEPALIVE_INTERVAL", value_parser = duration, default_value = "30s")]
     pub http2_keepalive_interval: Duration,
-    #[arg(long, env = "VOLUME_RECONCILER_HTTP2_KEEPALIVE_TIMEOUT", value_parser = duration, default_value = "20s")]
+    /// A client that does not answer a keepalive ping within this is dropped.
+    #[arg(help_heading = "Shutdown and connections", long, env = "VOLUME_RECONCILER_HTTP2_KEEPALIVE_TIMEOUT", value_parser = duration, default_value = "20s")]
     pub http2_keepalive_timeout: Duration,
+    /// Concurrent gRPC calls (HTTP/2 streams) per client connection, at most.
     #[arg(
+        help_heading = "Shutdown and connections",
         long,
         env = "VOLUME_RECONCILER_MAX_CONCURRENT_STREAMS",
         default_value_t = 1024
     )]
     pub max_concurrent_streams: u32,
     /// The longest a WatchOperation stream waits for its next message.
-    #[arg(long, env = "VOLUME_RECONCILER_WATCH_IDLE_TIMEOUT", value_parser = duration, default_value = "10m")]
+    #[arg(help_heading = "Shutdown and connections", long, env = "VOLUME_RECONCILER_WATCH_IDLE_TIMEOUT", value_parser = duration, default_value = "10m")]
     pub watch_idle_timeout: Duration,
     /// Largest gRPC request message accepted.
-    #[arg(long, env = "VOLUME_RECONCILER_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024)]
+    #[arg(help_heading = "Shutdown and connections", long, env = "VOLUME_RECONCILER_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024)]
     pub max_message_bytes: usize,
 
     /// TLS certificate (PEM) of the gRPC port; with --tls-key, TLS is on.
-    #[arg(long, env = "VOLUME_RECONCILER_TLS_CERT", requires = "tls_key")]
+    #[arg(
+        help_heading = "TLS and authentication",
+        long,
+        env = "VOLUME_RECONCILER_TLS_CERT",
+        requires = "tls_key"
+    )]
     pub tls_cert: Option<std::path::PathBuf>,
-    #[arg(long, env = "VOLUME_RECONCILER_TLS_KEY", requires = "tls_cert")]
+    /// The private key (PEM) of --tls-cert.
+    #[arg(
+        help_heading = "TLS and authentication",
+        long,
+        env = "VOLUME_RECONCILER_TLS_KEY",
+        requires = "tls_cert"
+    )]
     pub tls_key: Option<std::path::PathBuf>,
     /// CA (PEM) that client certificates must be signed by (mutual TLS).
-    #[arg(long, env = "VOLUME_RECONCILER_TLS_CLIENT_CA", requires = "tls_cert")]
+    #[arg(
+        help_heading = "TLS and authentication",
+        long,
+        env = "VOLUME_RECONCILER_TLS_CLIENT_CA",
+        requires = "tls_cert"
+    )]
     pub tls_client_ca: Option<std::path::PathBuf>,
     /// Roles of callers named by their client certificate (mutual TLS
     /// without --auth-tokens): CN=NAME=ROLE and OU=UNIT=ROLE entries,
     /// comma separated, `OU` for "the OU names the role", or @FILE of
     /// them. The CN's entry wins, then the OUs'; else orchestrator.
-    #[arg(long, env = "VOLUME_RECONCILER_TLS_CLIENT_ROLES")]
+    #[arg(
+        help_heading = "TLS and authentication",
+        long,
+        env = "VOLUME_RECONCILER_TLS_CLIENT_ROLES"
+    )]
     pub tls_client_roles: Option<String>,
     /// Bound of a TLS handshake with a client (connection setup only).
-    #[arg(long, env = "VOLUME_RECONCILER_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = "5s")]
+    #[arg(help_heading = "TLS and authentication", long, env = "VOLUME_RECONCILER_TLS_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = "5s")]
     pub tls_handshake_timeout: Duration,
     /// Callers allowed in, as NAME:ROLE:SHA256HEX entries (comma separated;
     /// ROLE is orchestrator or operator; the hash is `sha256sum` of the
     /// token). When set, every RPC but health needs `authorization: Bearer`.
-    #[arg(long, env = "VOLUME_RECONCILER_AUTH_TOKENS", hide_env_values = true)]
+    #[arg(
+        help_heading = "TLS and authentication",
+        long,
+        env = "VOLUME_RECONCILER_AUTH_TOKENS",
+        hide_env_values = true
+    )]
     pub auth_tokens: Option<String>,
     /// Attach/detach operations running at most (each counted until its
     /// task ends, whether or not its caller still waits); beyond,
     /// RESOURCE_EXHAUSTED OVERLOADED at once.
     #[arg(
+        help_heading = "Load shedding",
         long,
         env = "VOLUME_RECONCILER_MAX_INFLIGHT_MUTATIONS",
         default_value_t = 16384,
@@ -403,6 +473,7 @@ pub struct ServeArgs {
     /// flight at most, each until its answer is sent; beyond,
     /// RESOURCE_EXHAUSTED READS_OVERLOADED at once.
     #[arg(
+        help_heading = "Load shedding",
         long,
         env = "VOLUME_RECONCILER_MAX_INFLIGHT_READS",
         default_value_t = 1024,
@@ -412,6 +483,7 @@ pub struct ServeArgs {
     /// WatchOperation streams open at most; beyond, RESOURCE_EXHAUSTED
     /// WATCHES_OVERLOADED at once.
     #[arg(
+        help_heading = "Load shedding",
         long,
         env = "VOLUME_RECONCILER_MAX_WATCH_STREAMS",
         default_value_t = 4096,
@@ -420,6 +492,7 @@ pub struct ServeArgs {
     pub max_watch_streams: u32,
     /// Attach/detach calls per second per caller (token bucket; 0: off).
     #[arg(
+        help_heading = "Load shedding",
         long,
         env = "VOLUME_RECONCILER_CALLER_RATE_LIMIT",
         default_value_t = 0.0,
@@ -427,13 +500,13 @@ pub struct ServeArgs {
     )]
     pub caller_rate_limit: f64,
     /// Burst of the per-caller token bucket (calls, at least 1).
-    #[arg(long, env = "VOLUME_RECONCILER_CALLER_BURST", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(help_heading = "Load shedding", long, env = "VOLUME_RECONCILER_CALLER_BURST", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub caller_burst: u32,
     /// Largest request metadata (HTTP/2 header list) accepted.
-    #[arg(long, env = "VOLUME_RECONCILER_MAX_METADATA_BYTES", default_value_t = 16 * 1024)]
+    #[arg(help_heading = "Shutdown and connections", long, env = "VOLUME_RECONCILER_MAX_METADATA_BYTES", default_value_t = 16 * 1024)]
     pub max_metadata_bytes: u32,
 
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "OpenStack (Keystone mode)")]
     pub openstack: OpenStackArgs,
 }
 
@@ -443,6 +516,14 @@ const KEYSTONE_RENEWAL_TIMEOUT: Duration = Duration::from_secs(30);
 const KEYSTONE_RENEW_BEFORE: Duration = Duration::from_secs(120);
 /// Fetching Nova's version document at start, at most, by default.
 pub const NOVA_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Probing Nova's reachability when no request reached it, by default.
+pub const NOVA_PROBE_INTERVAL: Duration = Duration::from_secs(15);
+/// One probe of Nova's reachability, at most, by default.
+pub const NOVA_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the database may be unreachable before readiness fails, by
+/// default: longer than a blip (a failover, a restart), shorter than an
+/// outage worth taking the replicas out of the Service for.
+pub const READY_DB_GRACE: Duration = Duration::from_secs(30);
 
 /// The standard OpenStack settings, for Keystone mode. Each has its `OS_*`
 /// variable; with `OS_CLOUD`, clouds.yaml (and secure.yaml) fill what these
@@ -459,12 +540,16 @@ pub struct OpenStackArgs {
     /// password (the default) or v3applicationcredential.
     #[arg(long, env = "OS_AUTH_TYPE")]
     pub os_auth_type: Option<String>,
+    /// Keystone's endpoint (v3), e.g. https://keystone.example:5000/v3.
     #[arg(long, env = "OS_AUTH_URL")]
     pub os_auth_url: Option<String>,
+    /// The user to authenticate as (password auth; or an application credential's owner).
     #[arg(long, env = "OS_USERNAME")]
     pub os_username: Option<String>,
+    /// The user's password (password auth).
     #[arg(long, env = "OS_PASSWORD", hide_env_values = true)]
     pub os_password: Option<String>,
+    /// The project to scope the token to (password auth).
     #[arg(long, env = "OS_PROJECT_NAME")]
     pub os_project_name: Option<String>,
     /// The user's domain (default: Default).
@@ -480,8 +565,10 @@ pub struct OpenStackArgs {
     /// OS_USER_DOMAIN_NAME) name its owner.
     #[arg(long, env = "OS_APPLICATION_CREDENTIAL_NAME")]
     pub os_application_credential_name: Option<String>,
+    /// The application credential's secret (v3applicationcredential).
     #[arg(long, env = "OS_APPLICATION_CREDENTIAL_SECRET", hide_env_values = true)]
     pub os_application_credential_secret: Option<String>,
+    /// The region whose Nova and Cinder endpoints to take from the catalog.
     #[arg(long, env = "OS_REGION_NAME")]
     pub os_region_name: Option<String>,
     /// The catalog interface: public (the default), internal or admin.
@@ -562,6 +649,14 @@ impl ServeArgs {
         }
         problems.extend(self.window_problems());
         problems.extend(self.retention_settings().problems());
+        if self.nova_probe_interval.is_zero() || self.nova_probe_timeout >= self.nova_probe_interval
+        {
+            problems.push(format!(
+                "--nova-probe-timeout ({}) must be shorter than --nova-probe-interval ({}), which must be more than zero: one probe ends before the next begins",
+                render_duration(self.nova_probe_timeout),
+                render_duration(self.nova_probe_interval)
+            ));
+        }
         if self.db_statement_timeout < Duration::from_millis(100)
             || self.db_statement_timeout > Duration::from_secs(600)
         {

@@ -41,8 +41,9 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
 pub use labels::{
-    BuildLabels, ClassLabels, DbLabels, DecidedLabels, DecisionLabels, GrpcLabels, KindLabels,
-    NovaLabels, OpenLabels, ReasonLabels, StageLabels, TableLabels, code_name,
+    BuildLabels, ClassLabels, DbLabels, DecidedLabels, DecisionLabels, GrpcHandledLabels,
+    GrpcLabels, GrpcMethodLabels, KindLabels, NovaLabels, OpenLabels, ReasonLabels, StageLabels,
+    TableLabels, code_name,
 };
 use saturation::{InFlight, Saturation};
 
@@ -56,6 +57,14 @@ pub const GIT_SHA: &str = env!("VOLUME_RECONCILER_GIT_SHA");
 
 pub struct Metrics {
     registry: Mutex<Registry>,
+    /// go-grpc-prometheus' families, unprefixed as every generic gRPC
+    /// dashboard reads them: calls started, calls handled by code, and
+    /// their latency.
+    pub grpc_started: Family<GrpcMethodLabels, Counter>,
+    pub grpc_handled: Family<GrpcHandledLabels, Counter>,
+    pub grpc_handling: Family<GrpcMethodLabels, Histogram>,
+    /// The service's own names of the same (`method`, `code` labels):
+    /// deprecated, kept for one release for dashboards that read them.
     pub grpc_requests: Family<GrpcLabels, Counter>,
     pub grpc_duration: Family<GrpcLabels, Histogram>,
     pub deadline_remaining: Histogram,
@@ -94,9 +103,11 @@ pub struct Metrics {
     /// scrape, so `sum()` over replicas counts the ready ones.
     pub ready: Gauge,
     pub build_info: Family<BuildLabels, Gauge>,
-    /// 1 while Nova answers (any HTTP answer), 0 after a connection to it
-    /// failed or its version document could not be fetched at start.
+    /// 1 while Nova answers, 0 from a request or probe that got no answer
+    /// of Nova's own (see `startup::probe`).
     pub nova_reachable: Gauge,
+    /// When Nova last answered (Unix seconds; 0: never).
+    pub nova_last_contact: Gauge<f64, AtomicU64>,
     /// Rows deleted by retention, by table.
     pub retention_pruned: Family<TableLabels, Counter>,
     /// Seconds the last retention round of this replica took.
@@ -151,6 +162,9 @@ impl Metrics {
     pub fn new() -> Self {
         let m = Self {
             registry: Mutex::new(Registry::default()),
+            grpc_started: Family::default(),
+            grpc_handled: Family::default(),
+            grpc_handling: Family::new_with_constructor(|| Histogram::new(rpc_buckets())),
             grpc_requests: Family::default(),
             grpc_duration: Family::new_with_constructor(|| Histogram::new(rpc_buckets())),
             deadline_remaining: Histogram::new(seconds_buckets()),
@@ -173,6 +187,7 @@ impl Metrics {
             ready: Gauge::default(),
             build_info: Family::default(),
             nova_reachable: Gauge::default(),
+            nova_last_contact: Gauge::default(),
             retention_pruned: Family::default(),
             retention_last_duration: Gauge::default(),
             retention_last_round: Gauge::default(),
@@ -208,6 +223,7 @@ impl Metrics {
         {
             let mut root = m.registry.lock().unwrap_or_else(|p| p.into_inner());
             root.register_collector(Box::new(process::ProcessCollector::new()));
+            m.register_grpc_standard(&mut root);
             let r = root.sub_registry_with_prefix("volume_reconciler");
             m.register_serving(r);
             m.register_nova(r);
@@ -217,6 +233,28 @@ impl Metrics {
             m.register_saturation(r);
         }
         m
+    }
+
+    /// go-grpc-prometheus' server families, unprefixed (`grpc_server_`),
+    /// with its label names: `grpc_type`, `grpc_service`, `grpc_method`,
+    /// `grpc_code`. (Its `grpc_server_msg_received_total` and
+    /// `_msg_sent_total` are not exported.)
+    fn register_grpc_standard(&self, r: &mut Registry) {
+        r.register(
+            "grpc_server_started",
+            "gRPC calls started on the server, by type, service and method",
+            self.grpc_started.clone(),
+        );
+        r.register(
+            "grpc_server_handled",
+            "gRPC calls completed on the server, whatever their status, by type, service, method and canonical status code",
+            self.grpc_handled.clone(),
+        );
+        r.register(
+            "grpc_server_handling_seconds",
+            "gRPC call latency from arrival to the last byte of the answer (streams: to their end), by type, service and method",
+            self.grpc_handling.clone(),
+        );
     }
 
     /// The replica and its gRPC API.
@@ -233,12 +271,12 @@ impl Metrics {
         );
         r.register(
             "grpc_requests",
-            "gRPC requests by service (grpc_service), method and canonical status code",
+            "Deprecated (kept for one release; use grpc_server_handled_total): gRPC requests by service (grpc_service), method and canonical status code",
             self.grpc_requests.clone(),
         );
         r.register(
             "grpc_request_duration_seconds",
-            "gRPC request latency from arrival to the last byte of the answer (streams: to their end), by service (grpc_service), method and canonical status code",
+            "Deprecated (kept for one release; use grpc_server_handling_seconds): gRPC request latency from arrival to the last byte of the answer (streams: to their end), by service (grpc_service), method and canonical status code",
             self.grpc_duration.clone(),
         );
         r.register(
@@ -277,8 +315,13 @@ impl Metrics {
         );
         r.register(
             "nova_reachable",
-            "1 while Nova answers, 0 since a connection to it failed (set at start by version discovery, then by every request)",
+            "1 while Nova answers, 0 since a request got no answer of Nova's own (connection failed, or a gateway's 502/503/504 without Nova's request id); set by every request, and by a probe of Nova's version document when no request reached Nova for --nova-probe-interval",
             self.nova_reachable.clone(),
+        );
+        r.register(
+            "nova_last_contact_timestamp_seconds",
+            "When Nova last answered a request or the probe (Unix seconds; 0: never): any HTTP answer of Nova's own, errors included, a gateway's 502/503/504 without Nova's request id excluded",
+            self.nova_last_contact.clone(),
         );
     }
 
@@ -382,7 +425,7 @@ impl Metrics {
     fn register_saturation(&self, r: &mut Registry) {
         r.register(
             "requests_shed",
-            "Requests answered RESOURCE_EXHAUSTED at once by load shedding, by ErrorInfo reason: OVERLOADED (--max-inflight-mutations), CALLER_RATE_LIMITED (--caller-rate-limit), READS_OVERLOADED (--max-inflight-reads), WATCHES_OVERLOADED (--max-watch-streams)",
+            "Requests answered RESOURCE_EXHAUSTED at once by load shedding, by ErrorInfo reason: OVERLOADED (--max-inflight-mutations), CALLER_RATE_LIMITED (--caller-rate-limit), READS_OVERLOADED (--max-inflight-reads), WATCHES_OVERLOADED (--max-watch-streams), LEDGER_OVERLOADED (the ledger's write queue full)",
             self.requests_shed.clone(),
         );
         r.register(
@@ -471,9 +514,45 @@ impl Metrics {
         );
     }
 
-    /// One finished gRPC request (called by the gRPC layer
+    /// One gRPC call arrived (called by the gRPC layer
     /// `grpc::metrics::GrpcMetricsLayer`).
-    pub fn grpc_done(&self, service: &str, method: &str, code: tonic::Code, secs: f64) {
+    pub fn grpc_started(&self, grpc_type: &'static str, service: &str, method: &str) {
+        self.grpc_started
+            .get_or_create(&GrpcMethodLabels {
+                grpc_type,
+                grpc_service: service.to_string(),
+                grpc_method: method.to_string(),
+            })
+            .inc();
+    }
+
+    /// One finished gRPC call (called by the gRPC layer
+    /// `grpc::metrics::GrpcMetricsLayer`): go-grpc-prometheus' families
+    /// and the deprecated ones alike.
+    pub fn grpc_done(
+        &self,
+        grpc_type: &'static str,
+        service: &str,
+        method: &str,
+        code: tonic::Code,
+        secs: f64,
+    ) {
+        let method_labels = GrpcMethodLabels {
+            grpc_type,
+            grpc_service: service.to_string(),
+            grpc_method: method.to_string(),
+        };
+        self.grpc_handling
+            .get_or_create(&method_labels)
+            .observe(secs);
+        self.grpc_handled
+            .get_or_create(&GrpcHandledLabels {
+                grpc_type,
+                grpc_service: method_labels.grpc_service,
+                grpc_method: method_labels.grpc_method,
+                grpc_code: code_name(code),
+            })
+            .inc();
         let labels = GrpcLabels {
             grpc_service: service.to_string(),
             method: method.to_string(),

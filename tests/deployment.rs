@@ -89,6 +89,15 @@ fn the_compose_file_matches_the_binarys_flags() {
             .as_sequence()
             .map(|s| s.iter().map(|p| p.as_str().unwrap().to_string()).collect())
             .unwrap_or_default();
+        // Published on the host's loopback only: the admin listener and the
+        // simulator have no authentication, and a demo is not a service for
+        // the network (HOST_IP:HOST_PORT:CONTAINER_PORT).
+        for p in &ports {
+            assert!(
+                p.starts_with("127.0.0.1:") && p.split(':').count() == 3,
+                "{name}: port {p:?} is published on every host interface; write 127.0.0.1:{p}"
+            );
+        }
         match command.first().map(String::as_str) {
             Some("serve") => {
                 replicas += 1;
@@ -396,4 +405,59 @@ async fn the_python_example_talks_mutual_tls() {
     .await;
     assert!(!ok, "refused without a client certificate:\n{stdout}");
     app.stop().await;
+}
+
+/// `serve --help` groups its flags under headings, and says what each is
+/// for: an operator reads it to find a setting among some eighty.
+#[test]
+fn serve_help_groups_every_flag_under_a_heading_and_describes_each() {
+    let mut cmd = Cli::command();
+    cmd.build();
+    let serve = cmd.find_subcommand("serve").expect("serve");
+    let mut undescribed = Vec::new();
+    let mut unheaded = Vec::new();
+    let mut headings = BTreeSet::new();
+    for a in serve.get_arguments() {
+        if a.is_hide_set() || a.is_global_set() || matches!(a.get_id().as_str(), "help" | "version")
+        {
+            continue;
+        }
+        let name = format!("--{}", a.get_long().unwrap_or(a.get_id().as_str()));
+        let help = a.get_long_help().or(a.get_help()).map(|h| h.to_string());
+        if help.is_none_or(|h| h.trim().len() < 10) {
+            undescribed.push(name.clone());
+        }
+        match a.get_help_heading() {
+            Some(h) => {
+                headings.insert(h.to_string());
+            }
+            None => unheaded.push(name),
+        }
+    }
+    assert!(
+        undescribed.is_empty(),
+        "flags of serve without a description: {undescribed:?}"
+    );
+    assert!(
+        unheaded.is_empty(),
+        "flags of serve under no heading: {unheaded:?}"
+    );
+    for h in [
+        "Listeners",
+        "Ledger (database)",
+        "Nova and Cinder",
+        "OpenStack (Keystone mode)",
+        "Load shedding",
+    ] {
+        assert!(headings.contains(h), "no heading {h}: {headings:?}");
+    }
+    // The help the binary prints shows them.
+    let (ok, out, _) = run(&["serve", "--help"], &[]);
+    assert!(ok);
+    for h in &headings {
+        assert!(
+            out.contains(&format!("\n{h}:\n")),
+            "`serve --help` has no heading {h}:\n{out}"
+        );
+    }
 }

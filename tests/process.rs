@@ -64,12 +64,17 @@ impl Replica {
         }
     }
 
-    async fn start(&mut self) {
-        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+    /// Where the process's log goes (appended, one file per name and test run).
+    fn log_path(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
             "vr-{}-{}.log",
             self.name,
             std::process::id()
-        ));
+        ))
+    }
+
+    async fn start(&mut self) {
+        let log = self.log_path();
         let child = Command::new(BIN)
             .args(&self.args)
             .env(
@@ -789,4 +794,95 @@ async fn the_demo_keeps_its_ledger_and_log_when_asked() {
             std::fs::remove_file(&f).unwrap();
         }
     }
+}
+
+/// `GET /readyz` of `admin`: status and body (`None`: no answer in 5 s).
+async fn readyz(admin: SocketAddr) -> Option<(u16, String)> {
+    let got = tokio::time::timeout(Duration::from_secs(5), async move {
+        let r = reqwest::get(format!("http://{admin}/readyz")).await.ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.text().await.ok()?))
+    });
+    got.await.ok().flatten()
+}
+
+#[tokio::test]
+async fn a_database_blip_keeps_the_replica_ready_and_an_outage_past_the_grace_does_not() {
+    use volume_reconciler::sim::netfault::{FaultProxy, NewConns};
+    let sim = start_sim(SimConfig::default()).await;
+    let direct = support::pg::fresh_database().await;
+    let (proxy, db) = FaultProxy::for_url(&direct)
+        .await
+        .expect("the proxy starts");
+    let mut r = Replica::new(
+        &format!("ready-grace-{}", Uuid::new_v4().simple()),
+        &db,
+        &sim.nova_url,
+        &[
+            "--ready-db-grace",
+            "20s",
+            "--no-reconciler",
+            "--log",
+            "info",
+        ],
+    );
+    r.start().await;
+    let (admin, log) = (r.admin, r.log_path());
+    let cut = || {
+        // Refused, as a restarting PostgreSQL refuses; the open ones reset.
+        proxy.set_new(NewConns::Refuse);
+        proxy.reset_open();
+    };
+
+    // A blip: noticed, and still ready (callers get DATABASE_UNAVAILABLE).
+    cut();
+    eventually_ready(
+        admin,
+        "the blip is noticed, the replica still ready",
+        |s, body| s == 200 && body.contains("database unreachable for"),
+    )
+    .await;
+    proxy.resume();
+    eventually_ready(admin, "the database is back", |s, body| {
+        s == 200 && body == "ready\n"
+    })
+    .await;
+
+    // An outage past the grace: not ready, but not before the grace.
+    cut();
+    let cut_at = tokio::time::Instant::now();
+    eventually_ready(admin, "not ready past the grace", |s, body| {
+        s == 503 && body.contains("longer than --ready-db-grace 20s")
+    })
+    .await;
+    assert!(
+        cut_at.elapsed() >= Duration::from_secs(15),
+        "not ready after {:?}, within the 20 s grace",
+        cut_at.elapsed()
+    );
+    proxy.resume();
+    eventually_ready(admin, "ready again", |s, _| s == 200).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.matches("database unreachable since").count(),
+        2,
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("database reachable again after").count(),
+        2,
+        "{text}"
+    );
+}
+
+/// Waits (60 s at most) until `/readyz` answers as `holds` wants.
+async fn eventually_ready(admin: SocketAddr, what: &str, holds: impl Fn(u16, &str) -> bool) {
+    let holds = &holds;
+    support::eventually_explained(Duration::from_secs(60), what, || async move {
+        match readyz(admin).await {
+            Some((s, body)) if holds(s, &body) => Ok(()),
+            other => Err(format!("/readyz: {other:?}")),
+        }
+    })
+    .await
 }

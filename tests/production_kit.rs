@@ -447,6 +447,7 @@ const KUSTOMIZE_FIELDS: &[&str] = &[
     "images",
     "configMapGenerator",
     "secretGenerator",
+    "replacements",
 ];
 
 fn yaml_docs(path: &Path) -> Vec<Value> {
@@ -468,7 +469,10 @@ fn seq(v: &Value) -> &[Value] {
 /// Renders a kustomization directory as `kubectl apply -k` would, for the
 /// features the manifests here use: resources (files and directories),
 /// ConfigMap and Secret generators (create, replace, merge; files,
-/// literals, env files; options.labels), namespace and images. Generated
+/// literals, env files; options.labels, and the local-config annotation,
+/// which keeps an object out of the output), replacements (a source's
+/// field into targets' fields, `*` over sequences, a delimiter's part),
+/// namespace and images. Generated
 /// names keep no hash suffix (kustomize adds one and rewrites every
 /// reference alike), and Secret values stay plain text in `data`.
 fn kustomize(dir: &Path) -> Vec<Value> {
@@ -499,6 +503,13 @@ fn kustomize(dir: &Path) -> Vec<Value> {
             generate(dir, kind, g, &mut objects);
         }
     }
+    for r in seq(&k["replacements"]) {
+        replace(r, &mut objects);
+    }
+    // Generated for the replacements only, never applied.
+    objects.retain(|o| {
+        o["metadata"]["annotations"]["config.kubernetes.io/local-config"].as_str() != Some("true")
+    });
     if let Some(ns) = k["namespace"].as_str() {
         for o in &mut objects {
             if s(&o["kind"]) != "Namespace" {
@@ -531,6 +542,61 @@ fn kustomize(dir: &Path) -> Vec<Value> {
         }
     }
     objects
+}
+
+/// One of a kustomization's `replacements`: the source's field (a
+/// `data.KEY` of a ConfigMap here) into every target field, or into the
+/// `index`th part of it split at `delimiter`.
+fn replace(r: &Value, objects: &mut [Value]) {
+    let src = &r["source"];
+    let source = find(objects, s(&src["kind"]), s(&src["name"]));
+    let path: Vec<&str> = s(&src["fieldPath"]).split('.').collect();
+    let mut value = source;
+    for p in path {
+        value = &value[p];
+    }
+    let value = s(value).to_string();
+    for t in seq(&r["targets"]) {
+        let (kind, name) = (s(&t["select"]["kind"]), s(&t["select"]["name"]));
+        let target = objects
+            .iter_mut()
+            .find(|o| s(&o["kind"]) == kind && s(&o["metadata"]["name"]) == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} to replace in"));
+        for fp in seq(&t["fieldPaths"]) {
+            let path: Vec<&str> = s(fp).split('.').collect();
+            let changed = set_at(target, &path, &value, &t["options"]);
+            assert!(changed > 0, "replacement: {kind} {name} has no {}", s(fp));
+        }
+    }
+}
+
+/// Sets the field(s) at `path` (`*`: every element of a sequence) to
+/// `value`, or its part as `options` say; how many it set.
+fn set_at(v: &mut Value, path: &[&str], value: &str, options: &Value) -> usize {
+    let Some((first, rest)) = path.split_first() else {
+        let new = match options["delimiter"].as_str() {
+            Some(d) => {
+                let mut parts: Vec<String> = s(v).split(d).map(str::to_string).collect();
+                let i = options["index"].as_u64().unwrap_or(0) as usize;
+                parts[i] = value.to_string();
+                parts.join(d)
+            }
+            None => value.to_string(),
+        };
+        *v = new.into();
+        return 1;
+    };
+    if *first == "*" {
+        let items = v.as_sequence_mut().expect("`*` over a sequence");
+        return items
+            .iter_mut()
+            .map(|i| set_at(i, rest, value, options))
+            .sum();
+    }
+    match v.get_mut(*first) {
+        Some(next) => set_at(next, rest, value, options),
+        None => 0,
+    }
 }
 
 fn generate(dir: &Path, kind: &str, g: &Value, objects: &mut Vec<Value>) {
@@ -587,6 +653,9 @@ fn generate(dir: &Path, kind: &str, g: &Value, objects: &mut Vec<Value>) {
             meta.insert("name".into(), name.into());
             if let Some(labels) = g["options"]["labels"].as_mapping() {
                 meta.insert("labels".into(), Value::Mapping(labels.clone()));
+            }
+            if let Some(notes) = g["options"]["annotations"].as_mapping() {
+                meta.insert("annotations".into(), Value::Mapping(notes.clone()));
             }
             let mut o = Mapping::new();
             o.insert("apiVersion".into(), "v1".into());
@@ -1081,7 +1150,20 @@ fn check_clouds_yaml_secret(sv: &Serve, known: &BTreeSet<String>) {
 #[test]
 fn the_migrate_job_runs_migrate_from_the_same_image_and_secret() {
     let objects = kustomize(&Path::new(ROOT).join("deploy/kubernetes/migrate"));
-    let job = find(&objects, "Job", "volume-reconciler-migrate");
+    let jobs: Vec<&Value> = objects.iter().filter(|o| s(&o["kind"]) == "Job").collect();
+    assert_eq!(jobs.len(), 1);
+    let job = jobs[0];
+    // Named after the release it migrates to: the next release's Job is
+    // another Job, applied at once (a Job's pod template cannot change, and
+    // a fixed name would clash with the previous one until its TTL ran out).
+    let image = s(&seq(&job["spec"]["template"]["spec"]["containers"])[0]["image"]);
+    let (_, tag) = image.rsplit_once(':').expect("a tagged image");
+    assert_eq!(
+        s(&job["metadata"]["name"]),
+        format!("volume-reconciler-migrate-{tag}"),
+        "the Job's name carries the image's tag"
+    );
+    assert_eq!(tag, env!("CARGO_PKG_VERSION"), "the image of this release");
     let pod = &job["spec"]["template"]["spec"];
     assert!(matches!(s(&pod["restartPolicy"]), "OnFailure" | "Never"));
     assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
@@ -1357,6 +1439,43 @@ fn the_monitoring_kit_scrapes_the_admin_service_and_ships_the_dashboard_and_rule
         rule["spec"]["groups"], alerts["groups"],
         "prometheusrule.yaml and alerts.yaml hold the same rules"
     );
+    assert!(
+        try_find(&obs, "ConfigMap", "volume-reconciler-runbooks").is_none(),
+        "the runbooks' base is local config, not applied"
+    );
+    // The runbooks' base is set in one place, the kustomization's literal:
+    // a copy with another base renders every rule's link under it.
+    let copy = std::env::temp_dir().join(format!("vr-obs-{}", std::process::id()));
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in std::fs::read_dir(Path::new(ROOT).join("deploy/observability")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
+    }
+    let k = read("deploy/observability/kustomization.yaml");
+    let (_, after) = k.split_once("- base=").expect("the runbooks' base literal");
+    let default = after.lines().next().unwrap().trim();
+    assert!(
+        default.starts_with("https://"),
+        "an absolute URL: {default}"
+    );
+    std::fs::write(
+        copy.join("kustomization.yaml"),
+        k.replace(
+            &format!("- base={default}"),
+            "- base=https://docs.example.org/vr",
+        ),
+    )
+    .unwrap();
+    let moved = kustomize(&copy);
+    std::fs::remove_dir_all(&copy).unwrap();
+    let rules = &find(&moved, "PrometheusRule", "volume-reconciler")["spec"]["groups"][0]["rules"];
+    for r in seq(rules) {
+        let name = s(&r["alert"]).to_lowercase();
+        assert_eq!(
+            s(&r["annotations"]["runbook_url"]),
+            format!("https://docs.example.org/vr/operating.md#alert-{name}")
+        );
+    }
 }
 
 // ------------------------------------------------- the kit's settings files

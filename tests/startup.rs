@@ -331,6 +331,84 @@ async fn a_database_that_refuses_for_good_is_not_waited_for() {
     );
 }
 
+#[tokio::test]
+async fn migrate_says_what_it_applied_or_that_the_ledger_is_up_to_date_and_status_names_unknown_ones()
+ {
+    support::init_logs();
+    let db = support::pg::fresh_database().await;
+    let known = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/pg"))
+        .unwrap()
+        .count();
+    let migrate = |args: &[&str]| {
+        let mut all = vec!["migrate"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--database-url", &db]);
+        run(command(&all))
+    };
+    let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+    let (out, _) = migrate(&["status"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).ends_with(&format!(
+            "0 applied, {known} pending, 0 unknown to this build\n"
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+    // The first run applies every migration and names each.
+    let (out, _) = migrate(&[]).await;
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("applied 2"))
+            .count(),
+        known,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("{known} migration(s) applied")),
+        "{stdout}"
+    );
+    // The second has nothing to do, and says so.
+    let (out, _) = migrate(&[]).await;
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.starts_with("the ledger is up to date: nothing to apply"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("applied 2"), "{stdout}");
+    // A later release's migration: reported, and warned of.
+    let mut admin = support::pg::Admin::connect(&db).await;
+    admin
+        .run(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (29991231000001, 'from a later release', true, '\\x00', 0)",
+        )
+        .await;
+    let (out, _) = migrate(&["status"]).await;
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("unknown  29991231000001  from a later release"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with(&format!(
+            "{known} applied, 0 pending, 1 unknown to this build\n"
+        )),
+        "{stdout}"
+    );
+    let (out, _) = migrate(&[]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("1 migration(s) this build does not know"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).starts_with("the ledger is up to date"));
+}
+
 /// A database file of its own, for starts whose subject is not the ledger.
 fn sqlite_url() -> String {
     format!(

@@ -445,7 +445,16 @@ async fn the_operations_json_log_lines_carry_its_trace_id() {
     let sim = sim::start("127.0.0.1:0".parse().unwrap(), history())
         .await
         .unwrap();
-    let service = Service::start(&sim.nova_url, &[]).await;
+    // Each failed request is a debug line (the warn line is the
+    // interval's summary, about no one operation).
+    let service = Service::start(
+        &sim.nova_url,
+        &[(
+            "VOLUME_RECONCILER_LOG",
+            "info,volume_reconciler::executor=debug".into(),
+        )],
+    )
+    .await;
     let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
     // A lost answer: the operation logs the failure and its decision.
     sim.sim

@@ -85,7 +85,7 @@ pub struct ConfigFileArg {
 /// `serve`: the settings, and the file they may come from.
 #[derive(Debug, clap::Args)]
 pub struct ServeCommand {
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Settings file")]
     pub file: ConfigFileArg,
     #[command(flatten)]
     pub args: ServeArgs,

@@ -11,10 +11,15 @@ use crate::config::{
 };
 use crate::{startup, store, tls};
 
+/// `migrate`: applies the pending migrations and says which (or that the
+/// ledger is up to date); `migrate status`: what is applied, pending, and
+/// unknown to this build, changing nothing.
 #[derive(Debug, Clone, Args)]
 pub struct MigrateArgs {
+    /// The ledger: postgres://... or sqlite://FILE.
     #[arg(
         long,
+        global = true,
         env = "DATABASE_URL",
         hide_env_values = true,
         default_value = DEFAULT_DATABASE_URL
@@ -22,8 +27,17 @@ pub struct MigrateArgs {
     pub database_url: String,
     /// How long to wait for PostgreSQL to accept connections (each try is
     /// logged); then exit with the last error.
-    #[arg(long, env = "VOLUME_RECONCILER_DB_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(store::DEFAULT_CONNECT_TIMEOUT))]
+    #[arg(long, global = true, env = "VOLUME_RECONCILER_DB_CONNECT_TIMEOUT", value_parser = duration, default_value = render_duration(store::DEFAULT_CONNECT_TIMEOUT))]
     pub db_connect_timeout: Duration,
+    #[command(subcommand)]
+    pub action: Option<MigrateAction>,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum MigrateAction {
+    /// Lists the ledger's migrations: applied, pending (this build would
+    /// apply them), unknown (applied by a later release); changes nothing.
+    Status,
 }
 
 /// Where `healthcheck` asks: by default the admin listener's `/readyz`, at
@@ -111,14 +125,85 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
-/// Applies pending migrations (opening the store does) and exits.
+/// Applies pending migrations (opening the store does), prints those it
+/// applied or that the ledger is up to date, and warns of migrations the
+/// ledger holds that this build does not know; `status` only reports.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
-    let store = store::open_within(&args.database_url, 1, args.db_connect_timeout)
+    let url = &args.database_url;
+    let status = || async {
+        store::migration_status(url, args.db_connect_timeout)
+            .await
+            .map_err(|e| e.context(LEDGER_CONTEXT))
+    };
+    let before = status().await?;
+    warn_unknown(&before);
+    if matches!(args.action, Some(MigrateAction::Status)) {
+        print!("{}", render_status(&before));
+        return Ok(());
+    }
+    let store = store::open_within(url, 1, args.db_connect_timeout)
         .await
         .map_err(|e| e.context(LEDGER_CONTEXT))?;
     store.close().await;
-    tracing::info!("migrations applied");
+    let after = status().await?;
+    let now: Vec<&(i64, String)> = after
+        .applied
+        .iter()
+        .filter(|m| !before.applied.contains(m))
+        .collect();
+    for (version, description) in &now {
+        println!("applied {version} {description}");
+    }
+    match (now.len(), after.applied.last()) {
+        (0, Some((version, description))) => println!(
+            "the ledger is up to date: nothing to apply ({} migrations applied, the last {version} {description})",
+            after.applied.len()
+        ),
+        (0, None) => println!("the ledger is up to date: nothing to apply"),
+        (n, _) => println!("{n} migration(s) applied; the ledger is up to date"),
+    }
     Ok(())
+}
+
+/// Migrations the ledger holds that this build does not know: a later
+/// release migrated it. This build runs against its expanded schema (each
+/// migration is an expand step), but should not be the one left running.
+fn warn_unknown(status: &store::MigrationStatus) {
+    if status.unknown.is_empty() {
+        return;
+    }
+    let names: Vec<String> = status
+        .unknown
+        .iter()
+        .map(|(v, d)| format!("{v} {d}"))
+        .collect();
+    tracing::warn!(
+        unknown = %names.join(", "),
+        "the ledger holds {} migration(s) this build does not know (a later release applied them): {}; this build runs against the expanded schema, but roll forward rather than back",
+        names.len(),
+        names.join(", ")
+    );
+}
+
+/// `migrate status`: one line per migration, then the counts.
+fn render_status(status: &store::MigrationStatus) -> String {
+    let mut out = String::new();
+    for (what, list) in [
+        ("applied", &status.applied),
+        ("pending", &status.pending),
+        ("unknown", &status.unknown),
+    ] {
+        for (version, description) in list {
+            out.push_str(&format!("{what:<8} {version}  {description}\n"));
+        }
+    }
+    out.push_str(&format!(
+        "{} applied, {} pending, {} unknown to this build\n",
+        status.applied.len(),
+        status.pending.len(),
+        status.unknown.len()
+    ));
+    out
 }
 
 /// Succeeds when the admin endpoint answers 2xx (or, `--grpc`, the gRPC

@@ -185,7 +185,10 @@ impl Executor {
         if e.outcome_unknown() {
             self.metrics.responses_lost.inc();
         }
-        tracing::warn!(operation_id = %run.op.id, error = %e, "Nova request failed");
+        // Each attempt at debug (its event below is in the reconcile log);
+        // the warn line is the interval's summary.
+        tracing::debug!(operation_id = %run.op.id, error = %e, "Nova request failed");
+        self.failures.note("Nova request", &run.op.server_id, e);
         run.events.push(
             NewEvent::new(event::REQUEST_FAILED, e.clock())
                 .with("reason", e.reason())

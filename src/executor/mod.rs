@@ -184,6 +184,9 @@ pub struct Executor {
     /// Stops every operation task still running (the end of a shutdown:
     /// what the process's exit would do).
     stop: tokio_util::sync::CancellationToken,
+    /// Failed Nova requests and looks, summed up in one warn line per kind
+    /// per interval (written by the task `startup` runs).
+    pub failures: Arc<crate::telemetry::summary::Summaries>,
 }
 
 impl Executor {
@@ -207,6 +210,7 @@ impl Executor {
             holds: holds::Holds::default(),
             tasks: tokio_util::task::TaskTracker::new(),
             stop: tokio_util::sync::CancellationToken::new(),
+            failures: Arc::default(),
         })
     }
 

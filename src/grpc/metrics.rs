@@ -38,8 +38,19 @@ fn code_of_http_status(status: http::StatusCode) -> tonic::Code {
 
 const UNKNOWN: &str = "unknown";
 
-/// A method's labels: (full service name, method name).
-type MethodLabels = (Arc<str>, Arc<str>);
+/// A method's labels: (full service name, method name, its gRPC type as
+/// go-grpc-prometheus names it).
+type MethodLabels = (Arc<str>, Arc<str>, &'static str);
+
+/// go-grpc-prometheus' `grpc_type` of a method.
+fn grpc_type(method: &prost_types::MethodDescriptorProto) -> &'static str {
+    match (method.client_streaming(), method.server_streaming()) {
+        (false, false) => "unary",
+        (true, false) => "client_stream",
+        (false, true) => "server_stream",
+        (true, true) => "bidi_stream",
+    }
+}
 
 /// Records each request's code and latency into [`Metrics`].
 #[derive(Clone)]
@@ -70,12 +81,18 @@ impl GrpcMetricsLayer {
                     for method in &service.method {
                         methods.insert(
                             format!("/{full}/{}", method.name()),
-                            (full.clone(), Arc::<str>::from(method.name())),
+                            (
+                                full.clone(),
+                                Arc::<str>::from(method.name()),
+                                grpc_type(method),
+                            ),
                         );
                     }
                 }
             }
         }
+        // From 0: a rate over the counter needs it there.
+        metrics.shed_reasons(&[crate::domain::Reason::LedgerOverloaded]);
         Ok(Self {
             metrics,
             methods: Arc::new(methods),
@@ -86,7 +103,7 @@ impl GrpcMetricsLayer {
         self.methods
             .get(path)
             .cloned()
-            .unwrap_or_else(|| (UNKNOWN.into(), UNKNOWN.into()))
+            .unwrap_or_else(|| (UNKNOWN.into(), UNKNOWN.into(), "unary"))
     }
 }
 
@@ -113,15 +130,24 @@ struct Recorder {
     metrics: Arc<Metrics>,
     service: Arc<str>,
     method: Arc<str>,
+    grpc_type: &'static str,
     started: Instant,
     done: bool,
 }
 
 impl Recorder {
+    /// Counts a `LEDGER_OVERLOADED` answer in `requests_shed_total`.
+    fn shed_if(&self, code: tonic::Code, headers: &http::HeaderMap) {
+        if ledger_overloaded(code, headers) {
+            self.metrics.shed(crate::domain::Reason::LedgerOverloaded);
+        }
+    }
+
     fn finish(&mut self, code: tonic::Code) {
         if !self.done {
             self.done = true;
             self.metrics.grpc_done(
+                self.grpc_type,
                 &self.service,
                 &self.method,
                 code,
@@ -143,6 +169,18 @@ fn status_in(headers: &http::HeaderMap) -> Option<tonic::Code> {
         .map(|v| tonic::Code::from_bytes(v.as_bytes()))
 }
 
+/// Whether a status (in `headers` or trailers) is the ledger's load
+/// shedding, `RESOURCE_EXHAUSTED` `LEDGER_OVERLOADED`: answered by a
+/// handler, not by the overload layer that counts its own, so counted as
+/// shed here. Only `RESOURCE_EXHAUSTED` answers are decoded.
+fn ledger_overloaded(code: tonic::Code, headers: &http::HeaderMap) -> bool {
+    use tonic_types::StatusExt as _;
+    code == tonic::Code::ResourceExhausted
+        && tonic::Status::from_header_map(headers)
+            .and_then(|s| s.get_details_error_info())
+            .is_some_and(|info| info.reason == crate::domain::Reason::LedgerOverloaded.as_str())
+}
+
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 impl<S, B, R> Service<http::Request<B>> for GrpcMetricsService<S>
@@ -160,11 +198,15 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let (service, method) = self.layer.labels(req.uri().path());
+        let (service, method, grpc_type) = self.layer.labels(req.uri().path());
+        self.layer
+            .metrics
+            .grpc_started(grpc_type, &service, &method);
         let mut recorder = Recorder {
             metrics: self.layer.metrics.clone(),
             service,
             method,
+            grpc_type,
             started: Instant::now(),
             done: false,
         };
@@ -177,6 +219,7 @@ where
                 Ok(response) => {
                     if let Some(code) = status_in(response.headers()) {
                         // Trailers-only: the whole answer is in the headers.
+                        recorder.shed_if(code, response.headers());
                         recorder.finish(code);
                     } else if response.status() != http::StatusCode::OK {
                         recorder.finish(code_of_http_status(response.status()));
@@ -227,7 +270,12 @@ where
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(code) = frame.trailers_ref().and_then(status_in) {
+                if let Some(trailers) = frame.trailers_ref()
+                    && let Some(code) = status_in(trailers)
+                {
+                    if let Some(r) = &self.recorder {
+                        r.shed_if(code, trailers);
+                    }
                     self.finish(code);
                 }
             }
@@ -251,6 +299,33 @@ where
 mod tests {
     use super::*;
 
+    /// The ledger's load shedding is answered by a handler (its write
+    /// queue full), past the overload layer: this layer counts it.
+    #[tokio::test]
+    async fn a_ledger_overloaded_answer_counts_as_shed() {
+        use tower::ServiceExt as _;
+        let metrics = Arc::new(Metrics::new());
+        let layer = GrpcMetricsLayer::new(metrics.clone(), &[crate::grpc::pb::FILE_DESCRIPTOR_SET])
+            .unwrap();
+        let shed = "volume_reconciler_requests_shed_total{reason=\"LEDGER_OVERLOADED\"}";
+        assert!(metrics.render().contains(&format!("{shed} 0")), "from 0");
+        let handler = tower::service_fn(|_req: http::Request<()>| async {
+            let status =
+                crate::grpc::status::from_store(crate::store::StoreError::Overloaded { queued: 1 });
+            Ok::<_, std::convert::Infallible>(status.into_http::<tonic::body::Body>())
+        });
+        for _ in 0..2 {
+            let req = http::Request::builder()
+                .uri("/volume_reconciler.v1.VolumeReconciler/AttachVolume")
+                .body(())
+                .unwrap();
+            let answer = layer.layer(handler).oneshot(req).await.unwrap();
+            drop(answer);
+        }
+        let text = metrics.render();
+        assert!(text.contains(&format!("{shed} 2")), "{text}");
+    }
+
     #[test]
     fn only_registered_methods_become_labels() {
         let layer = GrpcMetricsLayer::new(
@@ -261,14 +336,20 @@ mod tests {
             ],
         )
         .unwrap();
-        let (s, m) = layer.labels("/volume_reconciler.v1.VolumeReconciler/AttachVolume");
+        let (s, m, t) = layer.labels("/volume_reconciler.v1.VolumeReconciler/AttachVolume");
         assert_eq!(
-            (&*s, &*m),
-            ("volume_reconciler.v1.VolumeReconciler", "AttachVolume")
+            (&*s, &*m, t),
+            (
+                "volume_reconciler.v1.VolumeReconciler",
+                "AttachVolume",
+                "unary"
+            )
         );
-        let (s, m) = layer.labels("/grpc.health.v1.Health/Check");
+        let (_, m, t) = layer.labels("/volume_reconciler.v1.VolumeReconciler/WatchOperation");
+        assert_eq!((&*m, t), ("WatchOperation", "server_stream"));
+        let (s, m, _) = layer.labels("/grpc.health.v1.Health/Check");
         assert_eq!((&*s, &*m), ("grpc.health.v1.Health", "Check"));
-        let (s, m) = layer.labels("/volume_reconciler.v1.VolumeReconciler/Nope-123");
+        let (s, m, _) = layer.labels("/volume_reconciler.v1.VolumeReconciler/Nope-123");
         assert_eq!((&*s, &*m), ("unknown", "unknown"));
     }
 }

@@ -17,6 +17,27 @@ pub struct GrpcLabels {
     pub code: String,
 }
 
+/// go-grpc-prometheus' labels of a method (`grpc_server_started_total`,
+/// `grpc_server_handling_seconds`), the names every generic gRPC dashboard
+/// reads.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcMethodLabels {
+    /// `unary`, `client_stream`, `server_stream` or `bidi_stream`.
+    pub grpc_type: &'static str,
+    pub grpc_service: String,
+    pub grpc_method: String,
+}
+
+/// go-grpc-prometheus' labels of a finished call (`grpc_server_handled_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcHandledLabels {
+    pub grpc_type: &'static str,
+    pub grpc_service: String,
+    pub grpc_method: String,
+    /// Canonical code name: `OK`, `DEADLINE_EXCEEDED`, ...
+    pub grpc_code: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NovaLabels {
     pub operation: String,

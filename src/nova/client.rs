@@ -190,9 +190,27 @@ pub struct Answered<T> {
     pub nova_request_id: Option<String>,
 }
 
-/// Told, after each request, whether Nova answered (`true`: any HTTP
-/// answer) or could not be connected to (`false`).
-pub type ReachabilityObserver = Arc<dyn Fn(bool) + Send + Sync>;
+/// What one request says of Nova's reachability.
+pub enum Reached<'a> {
+    /// Nova itself answered: any HTTP answer but a gateway's page (a 502,
+    /// 503 or 504 without Nova's request id, `X-OpenStack-Request-ID`,
+    /// which every answer of Nova's API carries).
+    Answered,
+    /// No answer from Nova: the connection failed, or a gateway in front
+    /// of it answered in its place.
+    Unreachable(&'a dyn std::fmt::Display),
+    /// Sent, then lost or timed out: says nothing sure either way.
+    Failed,
+}
+
+/// Told, after each request, what it says of Nova's reachability.
+pub type ReachabilityObserver = Arc<dyn Fn(Reached<'_>) + Send + Sync>;
+
+/// A gateway's page in Nova's place: a 502, 503 or 504 without Nova's
+/// request id.
+fn from_a_gateway(raw: &RawResponse) -> bool {
+    matches!(raw.status, 502..=504) && raw.request_id.is_none()
+}
 
 pub struct NovaClient {
     http: reqwest::Client,
@@ -322,15 +340,46 @@ impl NovaClient {
         }
     }
 
-    fn observe_reachability<T>(&self, result: &Result<T, NovaError>) {
+    fn observe_reachability(&self, result: &Result<(String, RawResponse), NovaError>) {
         let Some(observe) = &self.reachability else {
             return;
         };
         match result {
-            Ok(_) => observe(true),
-            Err(e) if e.kind == NovaErrorKind::ConnectFailed => observe(false),
-            // Sent and then lost or timed out: says nothing sure either way.
-            Err(_) => {}
+            Ok((url, raw)) if from_a_gateway(raw) => observe(Reached::Unreachable(&format_args!(
+                "{url} answered {} without Nova's request id (a gateway's page)",
+                raw.status
+            ))),
+            Ok(_) => observe(Reached::Answered),
+            Err(e) if e.kind == NovaErrorKind::ConnectFailed => observe(Reached::Unreachable(e)),
+            // Keystone's failure says nothing of Nova.
+            Err(e) if e.kind == NovaErrorKind::AuthFailed => {}
+            Err(_) => observe(Reached::Failed),
+        }
+    }
+
+    /// Nova's version document, fetched to learn whether Nova answers
+    /// (the reachability probe): `Ok(true)` for any answer of Nova's own;
+    /// `Ok(false)` when it could not be asked (no Keystone token: that
+    /// says nothing of Nova); else what stood in the way (a timeout
+    /// included: the probe is ours, and a GET of the version document has
+    /// no effect to be unsure of).
+    pub async fn probe(&self, deadline: Instant) -> Result<bool, String> {
+        let sent = self
+            .service
+            .get_at(RequestId::fresh().as_str(), version_root, deadline)
+            .await
+            .map_err(NovaError::from);
+        match &sent {
+            Ok((url, raw)) if from_a_gateway(raw) => Err(format!(
+                "{url} answered {} without Nova's request id (a gateway's page)",
+                raw.status
+            )),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == NovaErrorKind::AuthFailed => {
+                tracing::debug!(error = %e, "Nova's probe: no Keystone token to ask with");
+                Ok(false)
+            }
+            Err(e) => Err(e.to_string()),
         }
     }
 

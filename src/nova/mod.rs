@@ -39,7 +39,7 @@ pub use cinder::{
 };
 pub use client::{
     Answered, CaBundle, ConfirmWith, Confirmation, Microversion, NovaClient, NovaConfig,
-    NovaEndpoint, RequestId, SendGate, TlsTrust, VersionRange, build_http_client,
+    NovaEndpoint, Reached, RequestId, SendGate, TlsTrust, VersionRange, build_http_client,
 };
 pub use error::{
     CinderError, CinderErrorKind, Clock, ErrorKind, NovaError, NovaErrorKind, Rejection, Stage,

@@ -193,10 +193,6 @@ pub struct Reconciler {
     limiter: RateLimiter,
     /// Verifications whose look failed, tried again next round.
     verify_retries: std::sync::Mutex<Vec<verify::Pending>>,
-    /// Looks that failed this round: logged once at its end, not once per
-    /// operation (a Nova outage would otherwise write a line per
-    /// operation per round).
-    look_failures: std::sync::Mutex<(usize, Option<String>)>,
 }
 
 impl Reconciler {
@@ -206,7 +202,6 @@ impl Reconciler {
             exec,
             settings,
             verify_retries: std::sync::Mutex::new(Vec::new()),
-            look_failures: std::sync::Mutex::new((0, None)),
         })
     }
 
@@ -293,27 +288,14 @@ impl Reconciler {
         let (verified, drifted) = self.verify_due().await?;
         counts.verified = verified;
         counts.drifted = drifted;
-        let (failed, first) = std::mem::take(&mut *self.lock_look_failures());
-        if failed > 0 {
-            tracing::warn!(
-                failed,
-                first_error = first.as_deref().unwrap_or(""),
-                "reconciler round: {failed} observation(s) failed; trying again next round"
-            );
-        }
         Ok(counts)
     }
 
-    /// Counts a failed look of this round (the first error is kept).
-    pub(super) fn look_failed(&self, error: &dyn std::fmt::Display) {
-        let mut f = self.lock_look_failures();
-        f.0 += 1;
-        f.1.get_or_insert_with(|| error.to_string());
-    }
-
-    fn lock_look_failures(&self) -> std::sync::MutexGuard<'_, (usize, Option<String>)> {
-        // A panicked holder leaves counts still worth logging.
-        self.look_failures.lock().unwrap_or_else(|p| p.into_inner())
+    /// Counts a failed look at `server`: summed up in the executor's
+    /// warn line of the interval, not one line per operation per round (a
+    /// Nova outage would otherwise write hundreds).
+    pub(super) fn look_failed(&self, server: uuid::Uuid, error: &dyn std::fmt::Display) {
+        self.exec.failures.note("verification look", &server, error);
     }
 
     /// `ReconcileOperation`: one pass now over one operation. An operation

@@ -34,9 +34,9 @@ fn presence(r: &Reconciler, op: &Operation, listed: &Observation) -> Option<bool
     match Seen::by_list(listed, op.volume_id) {
         Ok(seen) => Some(seen.present()),
         Err(e) => {
-            // Counted, and logged once for the round (Reconciler::run_once).
+            // Counted, and summed up in one warn line per interval.
             tracing::debug!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
-            r.look_failed(e);
+            r.look_failed(op.server_id, e);
             None
         }
     }
@@ -253,9 +253,9 @@ impl Reconciler {
             Ok(v) => Some(v.attached_to(op.server_id).is_some()),
             Err(e) if e.kind == crate::nova::CinderErrorKind::VolumeNotFound => Some(false),
             Err(e) => {
-                // Counted, and logged once for the round (Reconciler::run_once).
+                // Counted, and summed up in one warn line per interval.
                 tracing::debug!(operation_id = %op.id, error = %e, "verification observation failed; trying again next round");
-                self.look_failed(&e);
+                self.look_failed(op.server_id, &e);
                 None
             }
         }

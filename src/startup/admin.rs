@@ -1,6 +1,6 @@
 //! The admin listener, beside the gRPC port: `/healthz` (always 200: it
-//! never waits on the database), `/readyz` (serving and the database
-//! answering), and `/metrics`, whose scrape first sets the gauges read from
+//! never waits on the database), `/readyz` (see [`readiness`]), and
+//! `/metrics`, whose scrape first sets the gauges read from
 //! the ledger and the store (open operations, the oldest UNKNOWN, retention
 //! and verification ages, saturation, leases held).
 
@@ -26,6 +26,10 @@ pub(super) struct AdminState {
     pub(super) exec: Arc<Executor>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) ready: Arc<AtomicBool>,
+    /// The database's reachability, as the periodic check finds it.
+    pub(super) db: Arc<super::reach::Reach>,
+    /// `--ready-db-grace`.
+    pub(super) ready_db_grace: Duration,
     /// The verification stages (for their backlog gauge).
     pub(super) verification: [(u8, Duration); 2],
 }
@@ -51,32 +55,37 @@ pub(super) fn serve_admin(
     })
 }
 
-/// How long readiness waits for the database: within a probe's usual
-/// timeout (Kubernetes' default is 1 s, the kit's 3 s).
-const READY_DB_CHECK: Duration = Duration::from_secs(2);
-
-/// `/readyz`: 200 when serving and the database answers; else 503 with
-/// what is wrong (draining; the database's error, or its silence).
-async fn readyz(State(st): State<AdminState>) -> (StatusCode, String) {
+/// Whether this replica should receive traffic, and why: not while it
+/// drains, nor once the database has been unreachable for longer than
+/// `--ready-db-grace` (by the periodic check, `probe::DbCheck`). Within
+/// the grace it stays ready: a database blip shared by every replica must
+/// not take them all out of the Service at once, and callers meanwhile get
+/// the service's own DATABASE_UNAVAILABLE with a retry hint rather than a
+/// connection error. Never waits on the database itself.
+pub(super) fn readiness(st: &AdminState) -> Result<String, String> {
     if !st.ready.load(Ordering::SeqCst) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into());
+        return Err("draining\n".into());
     }
-    match tokio::time::timeout(READY_DB_CHECK, st.store.ping()).await {
-        Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "readiness: database check failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("database unreachable: {e}\n"),
-            )
-        }
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "database did not answer within {} ms (its connections may have gone silent; they are being replaced)\n",
-                READY_DB_CHECK.as_millis()
-            ),
-        ),
+    match st.db.down_for() {
+        None => Ok("ready\n".into()),
+        Some((down, error)) if down > st.ready_db_grace => Err(format!(
+            "database unreachable for {} (longer than --ready-db-grace {}): {error}\n",
+            super::reach::render(down),
+            crate::config::render_duration(st.ready_db_grace)
+        )),
+        Some((down, error)) => Ok(format!(
+            "ready (database unreachable for {}; not ready after --ready-db-grace {}): {error}\n",
+            super::reach::render(down),
+            crate::config::render_duration(st.ready_db_grace)
+        )),
+    }
+}
+
+/// `/readyz`: 200 or 503 as [`readiness`] decides, with its reason.
+async fn readyz(State(st): State<AdminState>) -> (StatusCode, String) {
+    match readiness(&st) {
+        Ok(why) => (StatusCode::OK, why),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
@@ -120,9 +129,7 @@ async fn metrics_text(
     }
     st.metrics.set_saturation(st.store.saturation());
     st.metrics.leases_held.set(st.exec.held().len() as i64);
-    st.metrics
-        .ready
-        .set(i64::from(st.ready.load(Ordering::SeqCst) && database_ok));
+    st.metrics.ready.set(i64::from(readiness(&st).is_ok()));
     (
         StatusCode::OK,
         [(

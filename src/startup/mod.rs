@@ -13,9 +13,15 @@
 //! - `admin`: the admin listener: `/healthz`, `/readyz`, `/metrics`.
 //! - `nova_checks`: Nova's version document read at start, and read again
 //!   until Nova answers when it could not be at start.
+//! - `reach`: Nova's and the database's reachability, edge by edge (one
+//!   line when it goes, one when it comes back).
+//! - `probe`: what feeds them: every Nova request, a probe of Nova when
+//!   no request reached it for an interval, a periodic database check.
 
 mod admin;
 mod nova_checks;
+pub mod probe;
+pub mod reach;
 mod shutdown;
 
 pub use shutdown::shutdown_signal;
@@ -62,8 +68,12 @@ pub struct Application {
     /// The TLS configuration, when TLS is on (reloadable).
     pub tls: Option<Arc<crate::tls::Reloadable>>,
     ready: Arc<AtomicBool>,
-    /// Stops background work started by `build` (Nova's version re-check).
+    /// Stops background work started by `build` (Nova's version re-check)
+    /// and by `run_until` (the probes, the failure summaries).
     background: CancellationToken,
+    /// Nova's and the database's reachability.
+    nova_reach: Arc<reach::Reach>,
+    db_reach: Arc<reach::Reach>,
 }
 
 impl Application {
@@ -88,8 +98,13 @@ impl Application {
         .await
         .map_err(|e| e.context(crate::config::LEDGER_CONTEXT))?;
         let metrics = Arc::new(Metrics::new());
-        store.observe(metrics.clone());
-        let mut nova = observed_nova(nova_cfg, &metrics);
+        let db_reach = Arc::new(reach::Reach::new("database", "round trip"));
+        store.observe(Arc::new(probe::ObservedDb {
+            metrics: metrics.clone(),
+            reach: db_reach.clone(),
+        }));
+        let nova_reach = Arc::new(reach::Reach::new("Nova", "request"));
+        let mut nova = observed_nova(nova_cfg, &metrics, &nova_reach);
         let checked = check_nova(&mut nova, &cfg).await?;
         let nova = Arc::new(nova);
         nova.announce_confirmation();
@@ -139,6 +154,8 @@ impl Application {
             metrics,
             ready: Arc::new(AtomicBool::new(false)),
             background,
+            nova_reach,
+            db_reach,
         })
     }
 
@@ -169,6 +186,8 @@ impl Application {
             tls,
             ready,
             background,
+            nova_reach,
+            db_reach,
         } = self;
         let (health, health_svc) = tonic_health::server::health_reporter();
         health.set_serving::<VolumeReconcilerServer<Api>>().await;
@@ -177,8 +196,19 @@ impl Application {
             exec: exec.clone(),
             metrics: metrics.clone(),
             ready: ready.clone(),
+            db: db_reach.clone(),
+            ready_db_grace: cfg.ready_db_grace,
             verification: reconciler.settings.verification_stages(),
         };
+        spawn_watchers(
+            &cfg,
+            &exec,
+            &metrics,
+            nova_reach,
+            db_reach,
+            &store,
+            &background,
+        );
         let tasks = Tasks::start(&cfg, admin_listener, admin, &exec, &reconciler, pruner);
         let api = Api {
             exec: exec.clone(),
@@ -263,18 +293,52 @@ fn announce_openstack(nova_cfg: &crate::nova::NovaConfig) {
     }
 }
 
-/// The Nova client, reporting its slot waits and reachability as metrics.
-fn observed_nova(nova_cfg: crate::nova::NovaConfig, metrics: &Arc<Metrics>) -> NovaClient {
+/// The Nova client, reporting its slot waits as metrics and what each
+/// request says of Nova's reachability to `reach` (and its gauges).
+fn observed_nova(
+    nova_cfg: crate::nova::NovaConfig,
+    metrics: &Arc<Metrics>,
+    reach: &Arc<reach::Reach>,
+) -> NovaClient {
     let slot_metrics = metrics.clone();
-    let reach_metrics = metrics.clone();
     NovaClient::new(nova_cfg)
         .with_slot_wait_observer(Arc::new(move |waited| {
             slot_metrics.nova_slot_wait.observe(waited.as_secs_f64())
         }))
-        .with_reachability_observer(Arc::new(move |answered| {
-            // `set` answers the previous value, of no use here.
-            reach_metrics.nova_reachable.set(i64::from(answered));
-        }))
+        .with_reachability_observer(probe::nova_observer(metrics.clone(), reach.clone()))
+}
+
+/// The watchers beside serving, until `stop`: Nova's probe, the database
+/// check (readiness reads it), and the failure summaries' warn lines.
+fn spawn_watchers(
+    cfg: &ServeArgs,
+    exec: &Arc<Executor>,
+    metrics: &Arc<Metrics>,
+    nova_reach: Arc<reach::Reach>,
+    db_reach: Arc<reach::Reach>,
+    store: &Arc<dyn Store>,
+    stop: &CancellationToken,
+) {
+    let nova_probe = probe::NovaProbe {
+        nova: exec.nova.clone(),
+        reach: nova_reach,
+        metrics: metrics.clone(),
+        interval: cfg.nova_probe_interval,
+        timeout: cfg.nova_probe_timeout,
+    };
+    tokio::spawn(nova_probe.run(stop.clone()));
+    let db_check = probe::DbCheck {
+        store: store.clone(),
+        reach: db_reach,
+    };
+    tokio::spawn(db_check.run(stop.clone()));
+    let failures = exec.failures.clone();
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        failures
+            .run(crate::telemetry::summary::SUMMARY_INTERVAL, stop)
+            .await
+    });
 }
 
 /// The replica's tasks beside the gRPC server, stopped in two steps: the

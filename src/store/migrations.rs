@@ -42,8 +42,75 @@ pub fn migrator(files: &'static [(i64, &'static str, &'static str)]) -> Migrator
     m
 }
 
+/// A ledger's migrations against this build's.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MigrationStatus {
+    /// Applied, and known to this build.
+    pub applied: Vec<(i64, String)>,
+    /// Known to this build, not applied yet.
+    pub pending: Vec<(i64, String)>,
+    /// Applied, and not known to this build: a later release migrated
+    /// the ledger (this build runs against the expanded schema; see
+    /// `migrator`).
+    pub unknown: Vec<(i64, String)>,
+}
+
+impl MigrationStatus {
+    /// What `applied` (the ledger's) is against `known` (this build's).
+    pub fn of(known: &[(i64, &str, &str)], applied: &[(i64, String)]) -> Self {
+        let mut s = Self::default();
+        for (version, description, _) in known {
+            let entry = (*version, description.to_string());
+            if applied.iter().any(|(v, _)| v == version) {
+                s.applied.push(entry);
+            } else {
+                s.pending.push(entry);
+            }
+        }
+        s.unknown = applied
+            .iter()
+            .filter(|(v, _)| !known.iter().any(|(k, _, _)| k == v))
+            .cloned()
+            .collect();
+        s
+    }
+}
+
+/// The migrations of the ledger `url` names against this build's; waits
+/// up to `wait` for PostgreSQL. Changes nothing.
+pub async fn migration_status(
+    url: &str,
+    wait: std::time::Duration,
+) -> anyhow::Result<MigrationStatus> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let applied = super::pg::applied_migrations(url, wait).await?;
+        Ok(MigrationStatus::of(PG, &applied))
+    } else if url.starts_with("sqlite:") {
+        let applied = super::sqlite::applied_migrations_of(url).await?;
+        Ok(MigrationStatus::of(SQLITE, &applied))
+    } else {
+        anyhow::bail!(
+            "unsupported database URL {:?}: use postgres://... or sqlite://FILE",
+            super::mask_url(url)
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_status_sorts_applied_pending_and_unknown() {
+        let known = [(1, "one", ""), (2, "two", ""), (3, "three", "")];
+        let applied = [(1, "one".to_string()), (9, "later".to_string())];
+        let s = MigrationStatus::of(&known, &applied);
+        assert_eq!(s.applied, [(1, "one".to_string())]);
+        assert_eq!(
+            s.pending,
+            [(2, "two".to_string()), (3, "three".to_string())]
+        );
+        assert_eq!(s.unknown, [(9, "later".to_string())]);
+    }
+
     use super::*;
 
     /// The embedded migrations are exactly what sqlx reads from the folders

@@ -28,6 +28,7 @@ mod rows;
 pub mod sqlite;
 
 pub use error::{DbFailure, StoreError};
+pub use migrations::{MigrationStatus, migration_status};
 pub use open::{mask_url, open, open_with, open_within};
 pub use pg::{
     PgSettings, PgStore, WRITER_SETTINGS, index_queries, list_statement, pgbench_script,

@@ -5,6 +5,8 @@
 //!
 //! - `context.rs`: the trace context an operation's task runs under.
 //! - `fields.rs`: span fields as JSON, written without a map per span.
+//! - `summary.rs`: failures summed up, one warn line per kind per
+//!   interval.
 //! - `otlp.rs` (cargo feature `otlp`): operation spans exported to an
 //!   OTLP collector (`OTEL_EXPORTER_OTLP_ENDPOINT`).
 
@@ -12,6 +14,7 @@ pub mod context;
 pub mod fields;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+pub mod summary;
 
 use std::io::IsTerminal;
 

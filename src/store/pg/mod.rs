@@ -1359,3 +1359,37 @@ async fn mark_drift(
     tx.commit().await?;
     Ok(true)
 }
+
+/// The migrations applied to the database `url` names, by version, with
+/// their descriptions (none: a database not migrated yet); waits up to
+/// `wait` for PostgreSQL to accept connections. For `migrate` and
+/// `migrate status`: it changes nothing.
+pub async fn applied_migrations(url: &str, wait: Duration) -> anyhow::Result<Vec<(i64, String)>> {
+    use sqlx::Connection as _;
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?
+        .application_name("volume-reconciler migrate");
+    wait::until_accepting(&options, wait).await?;
+    let server = wait::server_of(&options);
+    let what = |e| anyhow::anyhow!("reading the migrations of PostgreSQL at {server}: {e}");
+    let mut conn = sqlx::PgConnection::connect_with(&options)
+        .await
+        .map_err(what)?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(&mut conn)
+        .await
+        .map_err(what)?;
+    let applied = if exists {
+        sqlx::query_as(
+            "SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .map_err(what)?
+    } else {
+        Vec::new()
+    };
+    // The answer is read; a failed goodbye changes nothing of it.
+    drop(conn.close().await);
+    Ok(applied)
+}
