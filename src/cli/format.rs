@@ -41,6 +41,12 @@ impl Output {
     }
 }
 
+/// The exit statuses as `--help` says them.
+pub const EXIT_HELP: &str = "Exit status: 0 done (also when the reader of the output stops reading); \
+1 final, asking again gives the same answer (not found, invalid, refused, the operation failed); \
+2 usage; 75 retry with the same idempotency key (unavailable, deadline passed or outcome unknown, \
+overloaded, volume busy).";
+
 /// The exit statuses, by what the caller should do next (docs/operating.md
 /// "Exit status" has the table).
 pub mod exit {

@@ -49,6 +49,7 @@ pub const VERSION: &str = concat!(
 #[command(
     name = "volume-reconciler",
     version = VERSION,
+    after_help = format::EXIT_HELP,
     about = "Attach and detach OpenStack volumes exactly once per idempotency key, and record the true outcome"
 )]
 pub struct Cli {

@@ -27,6 +27,7 @@ use render::{
 };
 
 #[derive(Debug, Clone, Args)]
+#[command(after_help = super::format::EXIT_HELP)]
 pub struct OpsArgs {
     #[command(flatten)]
     pub client: ClientArgs,

@@ -19,6 +19,7 @@ use crate::grpc::pb;
 
 /// `ops attach`: which volume on which server, under which key.
 #[derive(Debug, Clone, Args)]
+#[command(after_help = crate::cli::format::EXIT_HELP)]
 pub struct AttachArgs {
     #[command(flatten)]
     pub target: Target,
@@ -36,6 +37,7 @@ pub struct AttachArgs {
 
 /// `ops detach`: which volume from which server, under which key.
 #[derive(Debug, Clone, Args)]
+#[command(after_help = crate::cli::format::EXIT_HELP)]
 pub struct DetachArgs {
     #[command(flatten)]
     pub target: Target,
