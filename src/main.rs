@@ -30,9 +30,12 @@ fn main() -> ExitCode {
     let errors = cli::ErrorStyle::of(&invocation.cli.command);
     match runtime.block_on(cli::run(invocation)) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout stopped reading (`ops list | head -1`): it
+        // has what it wanted; end quietly, as a filter would.
+        Err(e) if cli::format::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             errors.report(&e);
-            ExitCode::FAILURE
+            cli::format::exit_code(&e)
         }
     }
 }

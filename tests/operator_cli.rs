@@ -2,8 +2,22 @@
 //! `healthcheck` and `config show` against real servers (spawn_app, real
 //! sockets), misconfigured ones included. Every session ends in seconds,
 //! with a message that names the fix.
+//!
+//! - `first_attach`: `dev` and the `ops attach` it prints; exit statuses.
+//! - `pipes`: every printing command into a closed pipe.
+//! - `formats`: `-o table|wide|json|yaml|name`.
+//! - `completion`: bash completion past the first word, the man pages.
 
 mod support;
+
+#[path = "operator_cli/completion.rs"]
+mod completion;
+#[path = "operator_cli/first_attach.rs"]
+mod first_attach;
+#[path = "operator_cli/formats.rs"]
+mod formats;
+#[path = "operator_cli/pipes.rs"]
+mod pipes;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -383,7 +397,8 @@ async fn ops_watch_honours_its_timeout_and_prints_only_changes() {
         &[],
     )
     .await;
-    assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
+    // Not decided yet: worth watching again (the retry status).
+    assert_eq!(r.code, Some(75), "{}\n{}", r.stdout, r.stderr);
     assert!(r.took < QUICK, "watch --timeout 3s took {:?}", r.took);
     assert!(
         r.stderr.contains("not decided within --timeout 3s") && r.stderr.contains("still unknown"),

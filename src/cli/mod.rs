@@ -8,17 +8,23 @@
 //! - [`service`]: `serve`, `migrate`, `healthcheck`.
 //! - [`nova_sim`]: the Nova/Keystone simulator as a process.
 //! - [`ops`]: operator commands against a running server.
+//! - [`dev`]: the simulator and the service on fixed ports, to try things.
 //! - [`demo`], [`bench`]: a guided run, and the load generator.
 //! - [`chaos`]: the history checker (random histories against the
 //!   simulator's ground truth).
 //! - [`client_args`]: the client options of the commands that call the
 //!   service.
 //! - [`output`]: tables and progress shared by the commands.
+//! - [`format`]: `-o FORMAT`, YAML, and the exit statuses.
+//! - [`docs`]: completion scripts and man pages.
 
 pub mod bench;
 pub mod chaos;
 pub mod client_args;
 pub mod demo;
+pub mod dev;
+pub mod docs;
+pub mod format;
 pub mod nova_sim;
 pub mod ops;
 pub mod output;
@@ -43,6 +49,7 @@ pub const VERSION: &str = concat!(
 #[command(
     name = "volume-reconciler",
     version = VERSION,
+    after_help = format::EXIT_HELP,
     about = "Attach and detach OpenStack volumes exactly once per idempotency key, and record the true outcome"
 )]
 pub struct Cli {
@@ -96,7 +103,8 @@ pub struct ServeCommand {
 pub struct ShowCommand {
     #[command(flatten)]
     pub file: ConfigFileArg,
-    /// table (aligned columns) or json.
+    /// table (aligned columns), wide (the same), json, yaml or name (the
+    /// settings' names).
     #[arg(
         short = 'o',
         long,
@@ -117,8 +125,13 @@ pub enum Command {
     Migrate(service::MigrateArgs),
     /// Run the Nova and Keystone simulator.
     NovaSim(nova_sim::SimArgs),
-    /// Operator commands against a running server.
+    /// Operator commands against a running server: attach, detach, list,
+    /// show, watch, reconcile, resolve, stats.
     Ops(ops::OpsArgs),
+    /// The simulator and the service on an embedded ledger, on fixed
+    /// printed ports, with a server and volumes to attach: to try it out
+    /// and to develop clients against (until Ctrl-C).
+    Dev(dev::DevArgs),
     /// Simulator + service + a faulty workload; ends with a truth table.
     Demo(demo::DemoArgs),
     /// Load generator (point it at any deployment) and reconciler benchmark.
@@ -137,8 +150,14 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff): `volume-reconciler man > volume-reconciler.1`.
-    Man,
+    /// Print the top man page (roff), or, with `--dir DIR`, write one page
+    /// per command there (`volume-reconciler-ops-list.1`, ...):
+    /// `volume-reconciler man --dir /usr/local/share/man/man1`.
+    Man {
+        /// Write every page into this directory (created if missing).
+        #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -173,6 +192,7 @@ impl ErrorStyle {
         match command {
             Command::Serve(_) | Command::NovaSim(_) | Command::Migrate(_) => Self::Log,
             Command::Ops(a) if a.output == ops::Output::Json => Self::Json,
+            Command::Dev(_) => Self::Log,
             Command::Bench(a) if a.output() == bench::Output::Json => Self::Json,
             Command::Config(ConfigCommand::Show(a)) if a.output == ops::Output::Json => Self::Json,
             _ => Self::Text,
@@ -226,30 +246,20 @@ pub async fn run(invocation: Invocation) -> anyhow::Result<()> {
         Command::Healthcheck(args) => service::healthcheck(args).await,
         Command::NovaSim(args) => nova_sim::run(args).await,
         Command::Ops(args) => ops::run(args).await,
+        Command::Dev(args) => dev::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
-        Command::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "volume-reconciler", &mut std::io::stdout());
-            Ok(())
-        }
-        Command::Man => {
-            let cmd = <Cli as clap::CommandFactory>::command();
-            // The main page, with every subcommand listed; each one's
-            // flags are in `volume-reconciler SUBCOMMAND --help`.
-            let mut page = Vec::new();
-            clap_mangen::Man::new(cmd).render(&mut page)?;
-            std::io::Write::write_all(&mut std::io::stdout(), &page)?;
-            Ok(())
-        }
+        Command::Completions { shell } => docs::completions(shell),
+        Command::Man { dir } => docs::man(dir.as_deref()),
         Command::Config(ConfigCommand::Show(cmd)) => {
             let report = settings::Report::of(&sources, &cmd.args);
-            match cmd.output {
-                ops::Output::Json => println!("{}", serde_json::to_string_pretty(&report.json())?),
-                ops::Output::Table => print!("{}", report.text()),
-            }
-            Ok(())
+            let text = match cmd.output.document(&report.json()) {
+                Some(doc) => doc,
+                None if cmd.output == ops::Output::Name => report.names(),
+                None => report.text(),
+            };
+            Ok(output::emit(&text)?)
         }
     }
 }

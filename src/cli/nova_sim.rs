@@ -69,9 +69,12 @@ impl SimArgs {
 pub async fn run(args: SimArgs) -> anyhow::Result<()> {
     let handle = sim::start(args.listen, args.sim_config()).await?;
     tracing::info!(nova_url = %handle.nova_url, cinder_url = %handle.cinder_url, auth_url = %handle.auth_url, "nova-sim listening");
-    println!(
+    crate::say!(
         "nova-sim: Nova at {}  Cinder at {}  Keystone at {}  admin at {}/sim",
-        handle.nova_url, handle.cinder_url, handle.auth_url, handle.base_url
+        handle.nova_url,
+        handle.cinder_url,
+        handle.auth_url,
+        handle.base_url
     );
     startup::shutdown_signal().await;
     handle.stop().await;

@@ -2,11 +2,49 @@
 //! `grep`/`awk` still work) and progress that suits where it goes — a bar
 //! on a terminal, a line per 10 % otherwise.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use comfy_table::{Cell, CellAlignment, Table, presets};
 use indicatif::{ProgressBar, ProgressStyle};
+
+/// Writes a command's output to stdout and flushes it. The error is kept
+/// as it is: a reader that stopped reading (`ops list | head -1`) is an
+/// `EPIPE` that `main` turns into a quiet exit 0 (see
+/// [`is_broken_pipe`](super::format::is_broken_pipe)).
+///
+/// SIGPIPE stays ignored (Rust's default) in every command: the gRPC and
+/// HTTP clients and servers write to sockets with `writev`, which has no
+/// `MSG_NOSIGNAL`, so a peer that resets a connection would kill a process
+/// that restored SIGPIPE's default; ignored, that is an error the
+/// connection handles, and stdout's `EPIPE` is handled here.
+pub fn emit(text: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+/// A line of a long-running command's progress or report (`demo`, `dev`,
+/// `bench`, `chaos`) on stdout. Once its reader is gone (`demo | head -3`)
+/// lines are dropped, where `println!` would panic: the run goes on to its
+/// own end and exit status (a service `dev` runs keeps serving).
+pub fn say_line(args: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    // Nothing to do about a line nobody can read (a closed pipe, a full
+    // disk): the run matters more than its narration.
+    let _ = writeln!(out, "{args}").and_then(|()| out.flush());
+}
+
+/// `println!` for progress and reports: see [`say_line`].
+#[macro_export]
+macro_rules! say {
+    () => {
+        $crate::cli::output::say_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::output::say_line(format_args!($($arg)*))
+    };
+}
 
 /// The value at quantile `p` of sorted samples (nearest rank).
 pub fn quantile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
@@ -86,7 +124,7 @@ impl Progress {
                 while self.tenth < tenth {
                     self.tenth += 1;
                     let pct = self.tenth * 10;
-                    println!("  {pct:>3} %  {done}/{} {}", self.total, self.what);
+                    crate::say!("  {pct:>3} %  {done}/{} {}", self.total, self.what);
                 }
             }
         }
@@ -96,7 +134,7 @@ impl Progress {
     pub fn println(&self, line: impl AsRef<str>) {
         match &self.bar {
             Some(bar) => bar.println(line),
-            None => println!("{}", line.as_ref()),
+            None => crate::say!("{}", line.as_ref()),
         }
     }
 

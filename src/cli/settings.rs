@@ -256,6 +256,14 @@ impl Report {
         out
     }
 
+    /// The settings' names, one a line (`-o name`).
+    pub fn names(&self) -> String {
+        self.settings
+            .iter()
+            .map(|s| format!("{}\n", s.setting))
+            .collect()
+    }
+
     /// The same for scripts.
     pub fn json(&self) -> serde_json::Value {
         let settings: Vec<_> = self

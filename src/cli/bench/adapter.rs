@@ -58,13 +58,16 @@ pub async fn run(args: AdapterBenchArgs) -> anyhow::Result<()> {
             .map(|r| r[k].as_f64().unwrap_or(0.0))
             .collect()
     };
-    if args.output == Output::Json {
+    if args.output != Output::Table {
         let summary = serde_json::json!({
             "calls_per_round": args.calls, "rounds": rounds,
             "overhead_p50_us": spread(field("overhead_p50_us")).0,
             "overhead_p99_us": spread(field("overhead_p99_us")).0,
         });
-        println!("{summary}");
+        match args.output {
+            Output::Yaml => crate::say!("{}", crate::cli::format::yaml(&summary).trim_end()),
+            _ => crate::say!("{summary}"),
+        }
         return Ok(());
     }
     let mut t = plain_table(["", "MEDIAN µs", "LOWEST", "HIGHEST"]);
@@ -85,8 +88,8 @@ pub async fn run(args: AdapterBenchArgs) -> anyhow::Result<()> {
         ]);
     }
     align_right(&mut t, &[1, 2, 3]);
-    println!("{}", t.trim_fmt());
-    println!("over {} rounds of {} calls", args.rounds, args.calls);
+    crate::say!("{}", t.trim_fmt());
+    crate::say!("over {} rounds of {} calls", args.rounds, args.calls);
     Ok(())
 }
 

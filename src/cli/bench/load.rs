@@ -291,7 +291,7 @@ fn report(args: &LoadArgs, conns: usize, elapsed: f64, stats: &Stats) -> anyhow:
         Some(n) => format!("direct:{n}"),
         None => args.client.server.clone(),
     };
-    if args.output == Output::Json {
+    if args.output != Output::Table {
         let summary = serde_json::json!({
             "target": target,
             "concurrency": args.concurrency,
@@ -306,7 +306,10 @@ fn report(args: &LoadArgs, conns: usize, elapsed: f64, stats: &Stats) -> anyhow:
             "cut_off": stats.cut_off.load(Ordering::Relaxed),
             "transport_retries": retries.by_code,
         });
-        println!("{summary}");
+        match args.output {
+            Output::Yaml => crate::say!("{}", crate::cli::format::yaml(&summary).trim_end()),
+            _ => crate::say!("{summary}"),
+        }
         return Ok(());
     }
     let mut t = bare_table();
@@ -353,6 +356,6 @@ fn report(args: &LoadArgs, conns: usize, elapsed: f64, stats: &Stats) -> anyhow:
             format!("{cut} call(s) still in flight at the end of --duration (not counted)"),
         ]);
     }
-    println!("{}", t.trim_fmt());
+    crate::say!("{}", t.trim_fmt());
     Ok(())
 }

@@ -24,8 +24,12 @@ use crate::config::duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
+    /// Aligned lines, for people.
     Table,
+    /// One JSON document, for scripts.
     Json,
+    /// The JSON document as YAML.
+    Yaml,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -66,7 +70,7 @@ pub struct AdapterBenchArgs {
     pub calls: usize,
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
-    #[arg(long, value_enum, default_value = "table")]
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
 }
 
@@ -100,7 +104,7 @@ pub struct LoadArgs {
     /// Stop after this many calls (in addition to --duration).
     #[arg(long)]
     pub max_calls: Option<u64>,
-    #[arg(long, value_enum, default_value = "table")]
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
     /// Print no progress line.
     #[arg(long)]
@@ -143,7 +147,7 @@ pub struct ReconcileBenchArgs {
     pub count: usize,
     #[arg(long, default_value_t = 64)]
     pub parallelism: usize,
-    #[arg(long, value_enum, default_value = "table")]
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
 }
 
@@ -176,8 +180,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(BenchCommand::Reconcile(r)) => reconcile::run(r).await,
         Some(BenchCommand::Adapter(a)) => adapter::run(a).await,
         Some(BenchCommand::PgbenchScript) => {
-            print!("{}", crate::store::pgbench_script());
-            Ok(())
+            Ok(crate::cli::output::emit(&crate::store::pgbench_script())?)
         }
         None => load::run(args.load).await,
     }

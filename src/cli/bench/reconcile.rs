@@ -54,15 +54,14 @@ pub async fn run(args: ReconcileBenchArgs) -> anyhow::Result<()> {
     }
     let secs = started.elapsed().as_secs_f64();
     store.close().await;
+    let summary = serde_json::json!({
+        "operations": args.count, "decided": decided, "seconds": secs,
+        "per_second": decided as f64 / secs, "seed_seconds": seed_secs,
+    });
     match args.output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "operations": args.count, "decided": decided, "seconds": secs,
-                "per_second": decided as f64 / secs, "seed_seconds": seed_secs,
-            })
-        ),
-        Output::Table => println!(
+        Output::Json => crate::say!("{summary}"),
+        Output::Yaml => crate::say!("{}", crate::cli::format::yaml(&summary).trim_end()),
+        Output::Table => crate::say!(
             "reconciled {decided} of {} unknown operations in {secs:.2} s ({:.0}/s)",
             args.count,
             decided as f64 / secs

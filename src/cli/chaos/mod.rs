@@ -544,14 +544,16 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
             db_faults_line(cfg.shape.db_faults, true),
         ),
     };
-    println!(
+    crate::say!(
         "chaos: {} histories from seed {}, {replicas} replica(s) on {on}, {faults}, {} at once",
-        cfg.histories, cfg.seed, cfg.concurrency
+        cfg.histories,
+        cfg.seed,
+        cfg.concurrency
     );
     let summary = run_chaos(&cfg).await?;
-    print!("{}", summary.report());
+    crate::say!("{}", summary.report().trim_end_matches('\n'));
     if let Some(log) = args.log_file() {
-        println!("  the replicas' logs: {}", log.display());
+        crate::say!("  the replicas' logs: {}", log.display());
     }
     if summary.failures.is_empty() {
         Ok(())

@@ -14,7 +14,7 @@
 //! - [`files`]: the ledger and log files.
 
 mod faults;
-mod files;
+pub(crate) mod files;
 mod report;
 
 use std::collections::BTreeMap;
@@ -217,33 +217,33 @@ async fn setup(args: &DemoArgs) -> anyhow::Result<Setup> {
 }
 
 fn print_intro(args: &DemoArgs, setup: &Setup, plan: &Plan) {
-    println!("volume-reconciler demo");
-    println!(
+    crate::say!("volume-reconciler demo");
+    crate::say!(
         "  {} volumes × (attach, then detach) = {} operations, {} concurrent callers, {} deadlines",
         args.volumes,
         args.volumes * 2,
         args.concurrency,
         ms(args.deadline)
     );
-    println!("  Nova simulator  {}", setup.sim.nova_url);
-    println!(
+    crate::say!("  Nova simulator  {}", setup.sim.nova_url);
+    crate::say!(
         "  service         {}  (embedded ledger {})",
         setup.url,
         setup.db_path.display()
     );
-    println!("  injected faults:");
+    crate::say!("  injected faults:");
     for (name, n) in &plan.injected {
-        println!("    {n:>4}  {name}");
+        crate::say!("    {n:>4}  {name}");
     }
     match args.log_file() {
-        Some(log) => println!("  service log     {}", log.display()),
-        None => println!("  service log     stderr (--verbose)"),
+        Some(log) => crate::say!("  service log     {}", log.display()),
+        None => crate::say!("  service log     stderr (--verbose)"),
     }
-    println!(
+    crate::say!(
         "  the service is restarted once, halfway through (a graceful drain of up to {})",
         render_duration(RESTART_DRAIN)
     );
-    println!();
+    crate::say!();
 }
 
 /// The callers: each takes the next volume, attaches, then detaches it.
@@ -360,10 +360,10 @@ async fn settle(store: &dyn Store, started: Instant, total: usize) -> anyhow::Re
         }
         if !said {
             said = true;
-            println!("  waiting for the reconciler: {open} operations not yet decided");
+            crate::say!("  waiting for the reconciler: {open} operations not yet decided");
         }
     }
-    println!(
+    crate::say!(
         "  all {total} operations decided in {:.1} s",
         started.elapsed().as_secs_f64()
     );
@@ -407,7 +407,7 @@ pub async fn run(mut args: DemoArgs) -> anyhow::Result<()> {
     if let Some(id) = verdict.story {
         report::print_story(store.as_ref(), id).await?;
     }
-    println!();
+    crate::say!();
     let passed = verdict.twice == 0
         && verdict.disagreements.is_empty()
         && verdict.drifted == 0
@@ -432,18 +432,19 @@ pub async fn run(mut args: DemoArgs) -> anyhow::Result<()> {
 async fn look_closer(args: &DemoArgs, setup: &Setup, story: Option<Uuid>) {
     let url = &setup.url;
     if args.keep_running {
-        println!("  the service keeps running at {url}; in another terminal:");
-        println!("    volume-reconciler ops list --server {url}");
-        println!("    volume-reconciler ops list --state failed --server {url}");
+        crate::say!("  the service keeps running at {url}; in another terminal:");
+        crate::say!("    (its metrics: http://{}/metrics)", setup.admin);
+        crate::say!("    volume-reconciler ops list --server {url}");
+        crate::say!("    volume-reconciler ops list --state failed --server {url}");
         if let Some(id) = story {
-            println!("    volume-reconciler ops show {id} --server {url}");
+            crate::say!("    volume-reconciler ops show {id} --server {url}");
         }
-        println!("  Ctrl-C to stop.");
+        crate::say!("  Ctrl-C to stop.");
         crate::startup::shutdown_signal().await;
     } else {
-        println!("  to look closer, run the demo with --keep-running and, in another terminal:");
-        println!("    volume-reconciler ops list --server {url}");
-        println!("    volume-reconciler ops show <operation id> --server {url}");
+        crate::say!("  to look closer, run the demo with --keep-running and, in another terminal:");
+        crate::say!("    volume-reconciler ops list --server {url}");
+        crate::say!("    volume-reconciler ops show <operation id> --server {url}");
     }
 }
 
@@ -456,11 +457,11 @@ fn clean_up(args: &DemoArgs, ledger_path: &std::path::Path, passed: bool) {
         .map(|l| format!(" and the service log {}", l.display()))
         .unwrap_or_default();
     if args.own_ledger && !args.keep && passed {
-        println!("  removing the ledger {ledger}{log} (--keep keeps them)");
+        crate::say!("  removing the ledger {ledger}{log} (--keep keeps them)");
         for failure in files::remove(ledger_path) {
-            println!("  could not remove {failure}");
+            crate::say!("  could not remove {failure}");
         }
     } else {
-        println!("  kept: the ledger {ledger}{log}");
+        crate::say!("  kept: the ledger {ledger}{log}");
     }
 }

@@ -104,9 +104,9 @@ pub fn print_report(verdict: &Verdict, metrics: &[Arc<Metrics>], tally: &Tally) 
         table.add_row([state.clone(), res.clone(), n.to_string()]);
     }
     align_right(&mut table, &[2]);
-    println!();
-    println!("{}", table.trim_fmt());
-    println!();
+    crate::say!();
+    crate::say!("{}", table.trim_fmt());
+    crate::say!();
     let mut facts = bare_table();
     facts.add_row([
         "responses lost (timeouts, resets, 5xx)".to_string(),
@@ -142,8 +142,8 @@ pub fn print_report(verdict: &Verdict, metrics: &[Arc<Metrics>], tally: &Tally) 
         "(must be 0)".to_string(),
     ]);
     align_right(&mut facts, &[1]);
-    println!("{}", facts.trim_fmt());
-    println!(
+    crate::say!("{}", facts.trim_fmt());
+    crate::say!(
         "  caller latency   p50 {}   p90 {}   p99 {}   max {}",
         pct(0.5),
         pct(0.9),
@@ -151,15 +151,15 @@ pub fn print_report(verdict: &Verdict, metrics: &[Arc<Metrics>], tally: &Tally) 
         pct(1.0)
     );
     let answered: Vec<String> = codes.iter().map(|(c, n)| format!("{c} {n}")).collect();
-    println!("  calls answered   {}", answered.join(", "));
+    crate::say!("  calls answered   {}", answered.join(", "));
     for d in verdict.disagreements.iter().take(10) {
-        println!("  DISAGREES: {d}");
+        crate::say!("  DISAGREES: {d}");
     }
 }
 
 pub async fn print_story(store: &dyn Store, id: Uuid) -> anyhow::Result<()> {
-    println!();
-    println!("  the story of one lost response ({id}):");
+    crate::say!();
+    crate::say!("  the story of one lost response ({id}):");
     let mut table = plain_table(["AT", "EVENT", "DETAIL"]);
     for e in store.operation_events(id).await? {
         table.add_row([
@@ -169,7 +169,7 @@ pub async fn print_story(store: &dyn Store, id: Uuid) -> anyhow::Result<()> {
         ]);
     }
     for line in table.lines() {
-        println!("  {}", line.trim_end());
+        crate::say!("  {}", line.trim_end());
     }
     Ok(())
 }
@@ -204,7 +204,7 @@ pub async fn real_drift(
     let by = removed + within;
     while tokio::time::Instant::now() < by {
         if store.operation_get(id).await?.is_some_and(|o| o.drifted) {
-            println!(
+            crate::say!(
                 "  an attachment removed behind the service's back: reported as drift {} later (ops list --drifted)",
                 ms(removed.elapsed())
             );

@@ -1,10 +1,12 @@
-//! `volume-reconciler ops ...`: list (paged), show (with the event
-//! timeline), reconcile, watch and resolve, over gRPC with the client
-//! options of [`ClientArgs`](crate::cli::client_args::ClientArgs). Plain
-//! tables for people, `--output json` for scripts.
+//! `volume-reconciler ops ...`: attach and detach, list (paged), show
+//! (with the event timeline), reconcile, watch and resolve, over gRPC with
+//! the client options of [`ClientArgs`](crate::cli::client_args::ClientArgs).
+//! Plain tables for people, `-o json|yaml|name` for scripts.
 //!
 //! - `render`: how an operation is shown, as tables, text or JSON.
+//! - `mutate`: `ops attach` and `ops detach`.
 
+mod mutate;
 mod render;
 
 use std::time::Duration;
@@ -13,25 +15,23 @@ use clap::{Args, Subcommand, ValueEnum};
 use tokio_stream::StreamExt;
 
 use super::client_args::ClientArgs;
+pub use super::format::Output;
+use super::format::{Ending, yaml};
+use super::output::emit;
 use crate::client::Client;
 use crate::config::duration;
 use crate::grpc::pb;
+pub use mutate::{AttachArgs, DetachArgs};
 use render::{
-    event_json, list_table, op_json, print_events, print_op, request_ids, resolution_name,
-    state_name, ts,
+    events_text, list_table, op_json, op_text, op_with_events_json, resolution_name, state_name, ts,
 };
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    Table,
-    Json,
-}
-
 #[derive(Debug, Clone, Args)]
+#[command(after_help = super::format::EXIT_HELP)]
 pub struct OpsArgs {
     #[command(flatten)]
     pub client: ClientArgs,
-    /// table (for people) or json (for scripts; RFC 3339 times in UTC).
+    /// How to print: table, wide, json, yaml or name (the ids alone).
     #[arg(
         short = 'o',
         long,
@@ -41,8 +41,10 @@ pub struct OpsArgs {
         help_heading = "Output"
     )]
     pub output: Output,
-    /// Deadline of each call (default 30s); of `ops watch`, how long to
-    /// follow before giving up (default: until decided).
+    /// Deadline of each call (default 30s); of `ops attach` and `ops
+    /// detach`, the caller's deadline sent with the call, however long
+    /// (e.g. 1h); of `ops watch`, how long to follow before giving up
+    /// (default: until decided).
     #[arg(long, value_parser = duration, global = true, help_heading = "Connection")]
     pub timeout: Option<Duration>,
     #[command(subcommand)]
@@ -122,6 +124,12 @@ pub struct ShowArgs {
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum OpsCommand {
+    /// Attach a volume to a server, once per idempotency key; waits for
+    /// the decision and prints the operation and its reconcile log.
+    Attach(AttachArgs),
+    /// Detach a volume from a server, once per idempotency key; waits for
+    /// the decision and prints the operation and its reconcile log.
+    Detach(DetachArgs),
     /// List operations, newest first.
     List(ListArgs),
     /// An operation and its reconcile log, by id or by idempotency key.
@@ -144,12 +152,6 @@ pub enum OpsCommand {
     },
 }
 
-/// Prints `value` as pretty JSON.
-fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
-    Ok(())
-}
-
 fn state_filter(state: Option<StateArg>) -> pb::State {
     match state {
         None => pb::State::Unspecified,
@@ -166,7 +168,7 @@ struct Ops {
     client: Client,
     /// The server as given, for errors that never reached it.
     server: String,
-    json: bool,
+    output: Output,
     timeout: Option<Duration>,
 }
 
@@ -210,20 +212,34 @@ impl Ops {
             }
             request.page_token = resp.next_page_token;
         };
-        if self.json {
+        let json = || {
             let ops: Vec<_> = ops.iter().map(op_json).collect();
-            return print_json(&serde_json::json!({"operations": ops, "next_page_token": next}));
+            serde_json::json!({"operations": ops, "next_page_token": next})
+        };
+        if let Some(doc) = self.output.document(&json()) {
+            return Ok(emit(&doc)?);
         }
-        println!("{}", list_table(&ops).trim_fmt());
+        if self.output == Output::Name {
+            return Ok(emit(
+                &ops.iter()
+                    .map(|op| format!("{}\n", op.id))
+                    .collect::<String>(),
+            )?);
+        }
+        let mut out = format!(
+            "{}\n",
+            list_table(&ops, self.output == Output::Wide).trim_fmt()
+        );
         if !next.is_empty() {
-            println!("more: --page-token {next} (or --all)");
+            out += &format!("more: --page-token {next} (or --all)\n");
         }
-        Ok(())
+        Ok(emit(&out)?)
     }
 
     async fn show(&self, which: ShowArgs) -> anyhow::Result<()> {
-        let mut c = self.client.raw();
-        let op = c
+        let op = self
+            .client
+            .raw()
             .get_operation(self.req(pb::GetOperationRequest {
                 operation_id: which.id.unwrap_or_default(),
                 idempotency_key: which.idempotency_key.unwrap_or_default(),
@@ -232,28 +248,33 @@ impl Ops {
             .await
             .map_err(|e| self.fail(e))?
             .into_inner();
-        let events = c
+        let events = self.events_of(&op.id).await?;
+        Ok(emit(&self.op_and_events(&op, &events))?)
+    }
+
+    /// The reconcile log of an operation.
+    async fn events_of(&self, id: &str) -> anyhow::Result<Vec<pb::OperationEvent>> {
+        Ok(self
+            .client
+            .raw()
             .list_operation_events(self.req(pb::ListOperationEventsRequest {
-                operation_id: op.id.clone(),
+                operation_id: id.to_string(),
             }))
             .await
             .map_err(|e| self.fail(e))?
             .into_inner()
-            .events;
-        if self.json {
-            let evs: Vec<_> = events.iter().map(event_json).collect();
-            let (global, nova) = request_ids(&events);
-            let trace_id = render::trace_of(&events).map(|(t, _)| t);
-            return print_json(&serde_json::json!({
-                "operation": op_json(&op),
-                "trace_id": trace_id,
-                "request_ids": {"global": global, "nova": nova},
-                "events": evs,
-            }));
+            .events)
+    }
+
+    /// An operation and its log the way the output format asks.
+    fn op_and_events(&self, op: &pb::Operation, events: &[pb::OperationEvent]) -> String {
+        if let Some(doc) = self.output.document(&op_with_events_json(op, events)) {
+            return doc;
         }
-        print_op(&op);
-        print_events(&events);
-        Ok(())
+        match self.output {
+            Output::Name => format!("{}\n", op.id),
+            wide => op_text(op) + &events_text(events, wide == Output::Wide),
+        }
     }
 
     /// Follows the operation: a line per change of what it is (state,
@@ -298,21 +319,7 @@ impl Ops {
                     op.drifted,
                 );
                 if last.as_ref() != Some(&now) {
-                    if self.json {
-                        println!("{}", serde_json::to_string(&op_json(&op))?);
-                    } else {
-                        println!(
-                            "{}  {} ({}) attempts={}{}",
-                            ts(&op.updated_at),
-                            state_name(op.state),
-                            resolution_name(op.resolution),
-                            op.attempts,
-                            op.last_error
-                                .as_ref()
-                                .map(|e| format!("  {}", e.reason))
-                                .unwrap_or_default()
-                        );
-                    }
+                    emit(&watch_line(self.output, &op)?)?;
                     last = Some(now);
                 }
                 seen.set(Some(op.state));
@@ -334,10 +341,11 @@ impl Ops {
             Some(Ok(pb::State::Succeeded | pb::State::Failed))
         );
         match seen.get() {
+            _ if decided && self.output == Output::Name => Ok(emit(&format!("{id}\n"))?),
             _ if decided => Ok(()),
             other => {
                 let t = self.timeout.map(crate::config::render_duration);
-                anyhow::bail!(
+                Err(Ending::Retry(format!(
                     "operation {id} was not decided {}{}; it goes on without this watch: `ops show {id}`, or watch again with a longer --timeout",
                     match &t {
                         Some(t) => format!("within --timeout {t}"),
@@ -346,18 +354,21 @@ impl Ops {
                     other
                         .map(|state| format!(" (still {})", state_name(state)))
                         .unwrap_or_default()
-                )
+                ))
+                .into())
             }
         }
     }
 
     /// Prints one operation the way the output format asks.
     fn print_one(&self, op: &pb::Operation) -> anyhow::Result<()> {
-        if self.json {
-            return print_json(&op_json(op));
+        if let Some(doc) = self.output.document(&op_json(op)) {
+            return Ok(emit(&doc)?);
         }
-        print_op(op);
-        Ok(())
+        Ok(emit(&match self.output {
+            Output::Name => format!("{}\n", op.id),
+            _ => op_text(op),
+        })?)
     }
 
     async fn reconcile(&self, id: String) -> anyhow::Result<()> {
@@ -393,7 +404,13 @@ impl Ops {
                 });
             (state, resolution)
         };
-        if self.json {
+        if self.output == Output::Name {
+            return Err(Ending::Usage(
+                "ops stats has no names to print: -o table, json or yaml".into(),
+            )
+            .into());
+        }
+        let json = || {
             let counts: Vec<serde_json::Value> = stats
                 .counts
                 .iter()
@@ -402,19 +419,25 @@ impl Ops {
                     serde_json::json!({"state": state, "resolution": resolution, "count": c.count})
                 })
                 .collect();
-            return print_json(&serde_json::json!({"counts": counts, "total": stats.total}));
+            serde_json::json!({"counts": counts, "total": stats.total})
+        };
+        if let Some(doc) = self.output.document(&json()) {
+            return Ok(emit(&doc)?);
         }
-        println!("{:<12} {:<11} {:>12}", "STATE", "RESOLUTION", "OPERATIONS");
+        let mut out = format!(
+            "{:<12} {:<11} {:>12}\n",
+            "STATE", "RESOLUTION", "OPERATIONS"
+        );
         for c in &stats.counts {
             let (state, resolution) = name(c.state, c.resolution);
-            println!(
-                "{state:<12} {:<11} {:>12}",
+            out += &format!(
+                "{state:<12} {:<11} {:>12}\n",
                 resolution.as_deref().unwrap_or("-"),
                 c.count
             );
         }
-        println!("{:<12} {:<11} {:>12}", "total", "", stats.total);
-        Ok(())
+        out += &format!("{:<12} {:<11} {:>12}\n", "total", "", stats.total);
+        Ok(emit(&out)?)
     }
 
     async fn resolve(&self, id: String, state: Verdict, reason: String) -> anyhow::Result<()> {
@@ -437,14 +460,38 @@ impl Ops {
     }
 }
 
+/// One line (or document) of `ops watch` per change of the operation:
+/// a line for people, a JSON line, a YAML document; nothing for `name`,
+/// which prints the id once it is decided.
+fn watch_line(output: Output, op: &pb::Operation) -> anyhow::Result<String> {
+    Ok(match output {
+        Output::Json => format!("{}\n", serde_json::to_string(&op_json(op))?),
+        Output::Yaml => format!("---\n{}", yaml(&op_json(op))),
+        Output::Name => String::new(),
+        Output::Table | Output::Wide => format!(
+            "{}  {} ({}) attempts={}{}\n",
+            ts(&op.updated_at),
+            state_name(op.state),
+            resolution_name(op.resolution),
+            op.attempts,
+            op.last_error
+                .as_ref()
+                .map(|e| format!("  {}", e.reason))
+                .unwrap_or_default()
+        ),
+    })
+}
+
 pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
     let ops = Ops {
         client: Client::connect_within(&args.client.connect_options()?, CONNECT_WITHIN).await?,
         server: args.client.server.clone(),
-        json: args.output == Output::Json,
+        output: args.output,
         timeout: args.timeout,
     };
     match args.command {
+        OpsCommand::Attach(a) => ops.attach(a).await,
+        OpsCommand::Detach(d) => ops.detach(d).await,
         OpsCommand::List(f) => ops.list(f).await,
         OpsCommand::Show(which) => ops.show(which).await,
         OpsCommand::Watch { id } => ops.watch(id).await,

@@ -73,17 +73,18 @@ pub fn op_json(op: &pb::Operation) -> serde_json::Value {
     })
 }
 
-pub fn print_op(op: &pb::Operation) {
-    println!("operation   {}", op.id);
-    println!("key         {}", op.idempotency_key);
-    println!(
-        "action      {} volume {} on server {}",
+/// One operation for people: a line per field.
+pub fn op_text(op: &pb::Operation) -> String {
+    let mut out = format!("operation   {}\n", op.id);
+    out += &format!("key         {}\n", op.idempotency_key);
+    out += &format!(
+        "action      {} volume {} on server {}\n",
         action_name(op.action),
         op.volume_id,
         op.server_id
     );
-    println!(
-        "state       {} ({}){}",
+    out += &format!(
+        "state       {} ({}){}\n",
         state_name(op.state),
         resolution_name(op.resolution),
         if op.drifted {
@@ -92,25 +93,26 @@ pub fn print_op(op: &pb::Operation) {
             ""
         }
     );
-    println!("attempts    {}", op.attempts);
+    out += &format!("attempts    {}\n", op.attempts);
     if !op.caller.is_empty() {
-        println!("caller      {}", op.caller);
+        out += &format!("caller      {}\n", op.caller);
     }
     if let Some(a) = &op.attachment {
-        println!(
-            "attachment  {} device {}",
+        out += &format!(
+            "attachment  {} device {}\n",
             a.id,
             if a.device.is_empty() { "-" } else { &a.device }
         );
     }
     if let Some(e) = &op.last_error {
-        println!("last error  {}: {}", e.reason, e.message);
+        out += &format!("last error  {}: {}\n", e.reason, e.message);
     }
-    println!(
-        "created     {}   completed {}",
+    out += &format!(
+        "created     {}   completed {}\n",
         ts(&op.created_at),
         ts(&op.completed_at)
     );
+    out
 }
 
 const EVENT_KEYS: &[&str] = &[
@@ -175,13 +177,12 @@ pub fn trace_of(events: &[pb::OperationEvent]) -> Option<(String, Option<String>
     Some((e.metadata["trace_id"].clone(), caller_span))
 }
 
-/// The reconcile log: one row per event, its detail, its notable fields,
-/// and the request ids that find it in Nova's logs.
-pub fn print_events(events: &[pb::OperationEvent]) {
+/// The trace and the request ids of an operation, for people.
+fn ids_text(events: &[pb::OperationEvent]) -> String {
+    let mut out = String::new();
     if let Some((trace_id, caller_span)) = trace_of(events) {
-        println!();
-        println!(
-            "trace id  {trace_id}  ({}; in every log line and as traceparent on every request)",
+        out += &format!(
+            "\ntrace id  {trace_id}  ({}; in every log line and as traceparent on every request)\n",
             match caller_span {
                 Some(span) => format!("the caller's, from its span {span}"),
                 None => "begun here: the caller sent no usable traceparent".to_string(),
@@ -190,43 +191,49 @@ pub fn print_events(events: &[pb::OperationEvent]) {
     }
     let (global, nova) = request_ids(events);
     if !global.is_empty() || !nova.is_empty() {
-        println!();
-        println!("request ids (to find them in Nova's logs):");
-        let none = || "-".to_string();
-        println!(
-            "  global  {}  (X-OpenStack-Request-ID sent with every Nova request)",
-            if global.is_empty() {
-                none()
+        let list = |ids: Vec<String>| {
+            if ids.is_empty() {
+                "-".to_string()
             } else {
-                global.join(", ")
+                ids.join(", ")
             }
+        };
+        out += "\nrequest ids (to find them in Nova's logs):\n";
+        out += &format!(
+            "  global  {}  (X-OpenStack-Request-ID sent with every Nova request)\n",
+            list(global)
         );
-        println!(
-            "  nova    {}  (Nova's own, one per answer)",
-            if nova.is_empty() {
-                none()
-            } else {
-                nova.join(", ")
-            }
-        );
+        out += &format!("  nova    {}  (Nova's own, one per answer)\n", list(nova));
     }
-    println!();
-    println!("reconcile log:");
+    out
+}
+
+/// The reconcile log: one row per event, its detail, its notable fields
+/// (`wide`: every field), and the request ids that find it in Nova's logs.
+pub fn events_text(events: &[pb::OperationEvent], wide: bool) -> String {
+    let mut out = ids_text(events);
+    out += "\nreconcile log:\n";
     let mut table = plain_table(["AT", "REPLICA", "EVENT", "DETAIL"]);
     for e in events {
         let mut lines = vec![e.detail.clone()];
-        let extras: Vec<String> = EVENT_KEYS
-            .iter()
-            .filter_map(|k| e.metadata.get(*k).map(|v| format!("{k}={v}")))
-            .collect();
+        let extras: Vec<String> = if wide {
+            let mut keys: Vec<_> = e.metadata.iter().collect();
+            keys.sort();
+            keys.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+        } else {
+            EVENT_KEYS
+                .iter()
+                .filter_map(|k| e.metadata.get(*k).map(|v| format!("{k}={v}")))
+                .collect()
+        };
         if !extras.is_empty() {
             lines.push(extras.join(" "));
         }
         let (global, nova) = event_ids(e);
-        if let Some(g) = global {
+        if let Some(g) = global.filter(|_| !wide) {
             lines.push(format!("global request id {g}"));
         }
-        if let Some(n) = nova {
+        if let Some(n) = nova.filter(|_| !wide) {
             lines.push(format!("Nova's request id {n}"));
         }
         table.add_row([
@@ -237,8 +244,22 @@ pub fn print_events(events: &[pb::OperationEvent]) {
         ]);
     }
     for line in table.lines() {
-        println!(" {}", line.trim_end());
+        out += &format!(" {}\n", line.trim_end());
     }
+    out
+}
+
+/// An operation and its log as one document (`ops show -o json|yaml`).
+pub fn op_with_events_json(op: &pb::Operation, events: &[pb::OperationEvent]) -> serde_json::Value {
+    let evs: Vec<_> = events.iter().map(event_json).collect();
+    let (global, nova) = request_ids(events);
+    let trace_id = trace_of(events).map(|(t, _)| t);
+    serde_json::json!({
+        "operation": op_json(op),
+        "trace_id": trace_id,
+        "request_ids": {"global": global, "nova": nova},
+        "events": evs,
+    })
 }
 
 /// An event as JSON.
@@ -249,9 +270,10 @@ pub fn event_json(e: &pb::OperationEvent) -> serde_json::Value {
     })
 }
 
-/// The `ops list` table: one row per operation.
-pub fn list_table(ops: &[pb::Operation]) -> comfy_table::Table {
-    let mut table = plain_table([
+/// The `ops list` table: one row per operation; `wide` adds the key,
+/// the attachment's device, when it was last updated and decided.
+pub fn list_table(ops: &[pb::Operation], wide: bool) -> comfy_table::Table {
+    let mut header = vec![
         "ID",
         "ACTION",
         "STATE",
@@ -262,7 +284,11 @@ pub fn list_table(ops: &[pb::Operation]) -> comfy_table::Table {
         "CALLER",
         "CREATED",
         "REASON",
-    ]);
+    ];
+    if wide {
+        header.extend(["KEY", "DEVICE", "UPDATED", "COMPLETED"]);
+    }
+    let mut table = plain_table(header);
     for op in ops {
         let reason = op
             .last_error
@@ -274,7 +300,7 @@ pub fn list_table(ops: &[pb::Operation]) -> comfy_table::Table {
         } else {
             &op.caller
         };
-        table.add_row([
+        let mut row = vec![
             op.id.clone(),
             action_name(op.action),
             state_name(op.state),
@@ -285,7 +311,22 @@ pub fn list_table(ops: &[pb::Operation]) -> comfy_table::Table {
             caller.to_string(),
             ts(&op.created_at),
             format!("{reason}{}", if op.drifted { " DRIFTED" } else { "" }),
-        ]);
+        ];
+        if wide {
+            let device = op
+                .attachment
+                .as_ref()
+                .map(|a| a.device.as_str())
+                .filter(|d| !d.is_empty())
+                .unwrap_or("-");
+            row.extend([
+                op.idempotency_key.clone(),
+                device.to_string(),
+                ts(&op.updated_at),
+                ts(&op.completed_at),
+            ]);
+        }
+        table.add_row(row);
     }
     align_right(&mut table, &[4]);
     table

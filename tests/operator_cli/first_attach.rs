@@ -1,0 +1,235 @@
+//! An operator's first attach: `dev` started as the README says, then the
+//! `ops attach` it prints, copied as it is; and `ops attach`'s answers
+//! when the attach fails or cannot be known, with their exit statuses.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{BIN, always, free_port, host_port, run};
+use crate::support::{AppOptions, Ledger, spawn_app};
+use volume_reconciler::sim::{Fault, FaultOp};
+
+/// `dev` as a process, stopped (SIGINT, as Ctrl-C) when dropped.
+struct Dev {
+    child: Child,
+    banner: Vec<String>,
+}
+
+impl Dev {
+    /// Starts `dev` on free ports and reads its banner up to "Ctrl-C".
+    fn start() -> Self {
+        let port = || format!("127.0.0.1:{}", free_port());
+        let mut child = Command::new(BIN)
+            .args(["dev", "--listen", &port(), "--admin-listen", &port()])
+            .args(["--sim-listen", &port()])
+            .env("VOLUME_RECONCILER_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                // The test stopped listening: it failed already.
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut banner = Vec::new();
+        loop {
+            // Wide: the machine is loaded and the service migrates a ledger.
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) => {
+                    let end = line.starts_with("Ctrl-C");
+                    banner.push(line);
+                    if end {
+                        break;
+                    }
+                }
+                Err(e) => panic!("dev's banner did not end ({e}): {banner:#?}"),
+            }
+        }
+        Self { child, banner }
+    }
+
+    /// The banner's line holding `what`, as printed.
+    fn line(&self, what: &str) -> String {
+        self.banner
+            .iter()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} in {:#?}", self.banner))
+            .trim()
+            .to_string()
+    }
+
+    fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.child.wait().unwrap()
+    }
+}
+
+/// Runs a printed command line as the user would paste it.
+async fn paste(line: &str) -> std::process::Output {
+    let line = line.to_string();
+    tokio::task::spawn_blocking(move || Command::new("sh").args(["-c", &line]).output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_attach_that_dev_prints_succeeds_when_pasted_and_prints_the_operation_and_its_log() {
+    let dev = Dev::start();
+    assert!(
+        dev.line("metrics").contains("/metrics"),
+        "{:#?}",
+        dev.banner
+    );
+    let attach = dev.line("ops attach");
+    let out = paste(&attach).await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{attach}: {stderr}\n{stdout}");
+    assert!(
+        stdout.contains("state       succeeded") && stdout.contains("reconcile log:"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("recorded") && stdout.contains("request_sent"),
+        "the reconcile log: {stdout}"
+    );
+    // The key was made and said, so the same operation can be asked again.
+    let key = stderr
+        .split_whitespace()
+        .skip_while(|w| *w != "key")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no key said: {stderr}"))
+        .to_string();
+    let again = paste(&format!("{attach} --idempotency-key {key} -o json")).await;
+    assert!(again.status.success());
+    let shown: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(shown["operation"]["state"], "succeeded");
+    assert_eq!(shown["operation"]["idempotency_key"], key.as_str());
+    let list = paste(&dev.line("ops list")).await;
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert_eq!(list.lines().count(), 2, "one operation: {list}");
+    assert!(list.contains(shown["operation"]["id"].as_str().unwrap()));
+    assert!(dev.stop().success());
+}
+
+#[tokio::test]
+async fn ops_attach_says_what_to_do_next_and_exits_by_it() {
+    let app = spawn_app(AppOptions::default().on(Ledger::Embedded)).await;
+    let grpc = host_port(&app.grpc_url);
+    let (server, volume) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let (s, v) = (server.to_string(), volume.to_string());
+    let attach = |key: &'static str, timeout: &'static str| {
+        let (s, v, grpc) = (s.clone(), v.clone(), grpc.clone());
+        async move {
+            run(
+                &[
+                    "ops",
+                    "attach",
+                    "--server-id",
+                    &s,
+                    "--volume-id",
+                    &v,
+                    "--idempotency-key",
+                    key,
+                    "--timeout",
+                    timeout,
+                    "--server",
+                    &grpc,
+                ],
+                &[],
+            )
+            .await
+        }
+    };
+    // The response is lost and Nova cannot be asked: not known by the
+    // deadline, worth asking again (75) with the same key.
+    app.sim
+        .add_fault(always(FaultOp::Attach, Fault::CloseAfterEffect));
+    for op in [FaultOp::List, FaultOp::Show, FaultOp::Cinder] {
+        app.sim.add_fault(always(
+            op,
+            Fault::Status {
+                code: 500,
+                effect: false,
+            },
+        ));
+    }
+    let r = attach("exit-1", "3s").await;
+    assert_eq!(r.code, Some(75), "{}\n{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("OUTCOME_UNKNOWN")
+            && r.stderr.contains("ask again with --idempotency-key exit-1")
+            && r.stderr.contains("operation_id="),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.contains("state       unknown"), "{}", r.stdout);
+    app.sim.clear_faults();
+    // A server that is gone: a final answer (1), every ErrorInfo key said.
+    app.sim.remove_server(server);
+    // (Another volume: the first is still busy with the unknown attach,
+    // which no reconciler of this app decides.)
+    let v2 = uuid::Uuid::new_v4().to_string();
+    let r = run(
+        &[
+            "ops",
+            "attach",
+            "--server-id",
+            &s,
+            "--volume-id",
+            &v2,
+            "--server",
+            &grpc,
+            "-o",
+            "json",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
+    let error: serde_json::Value = serde_json::from_str(r.stderr.lines().last().unwrap()).unwrap();
+    assert_eq!(error["error"]["reason"], "NOVA_SERVER_NOT_FOUND", "{error}");
+    for key in [
+        "operation_id",
+        "state",
+        "server_id",
+        "volume_id",
+        "attempts",
+    ] {
+        assert!(
+            error["error"]["metadata"][key].is_string(),
+            "{key}: {error}"
+        );
+    }
+    let shown: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(shown["operation"]["state"], "failed");
+    // Nothing listens: unavailable, worth retrying (75).
+    let refused = format!("127.0.0.1:{}", free_port());
+    let r = run(&["ops", "list", "--server", &refused], &[]).await;
+    assert_eq!(r.code, Some(75), "{}", r.stderr);
+    // No such operation: final (1).
+    let r = run(
+        &[
+            "ops",
+            "show",
+            &uuid::Uuid::new_v4().to_string(),
+            "--server",
+            &grpc,
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    app.stop().await;
+}
