@@ -32,6 +32,10 @@ pub struct Reach {
     outage: Mutex<Option<Outage>>,
     /// When it was last heard of, answer or failure (ms since `epoch`).
     last_heard: AtomicU64,
+    /// When it last answered (Unix ms; 0: never), for the outage's line:
+    /// the outage is noticed at a failure, which may come well after (a
+    /// hung Nova is noticed when the probe's bound runs out).
+    last_answer: AtomicU64,
     epoch: Instant,
     /// What failed during an outage is counted as: `request`, `round trip`.
     noun: &'static str,
@@ -44,6 +48,7 @@ impl Reach {
             down: AtomicBool::new(false),
             outage: Mutex::new(None),
             last_heard: AtomicU64::new(0),
+            last_answer: AtomicU64::new(0),
             epoch: Instant::now(),
             noun,
         }
@@ -70,6 +75,11 @@ impl Reach {
     /// It answered: ends an outage (one info line).
     pub fn answered(&self) {
         self.heard();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.last_answer
+            .store(now.as_millis() as u64, Ordering::Relaxed);
         if !self.down.load(Ordering::Acquire) {
             return;
         }
@@ -107,10 +117,18 @@ impl Reach {
                     failed: 1,
                 };
                 self.down.store(true, Ordering::Release);
+                let last = match self.last_answer.load(Ordering::Relaxed) {
+                    0 => "never".to_string(),
+                    ms => humantime::format_rfc3339_seconds(
+                        SystemTime::UNIX_EPOCH + Duration::from_millis(ms),
+                    )
+                    .to_string(),
+                };
                 tracing::warn!(
                     since = %humantime::format_rfc3339_seconds(o.since),
+                    last_answer = %last,
                     first_error = %o.first_error,
-                    "{} unreachable since {} ({})",
+                    "{} unreachable since {} (last answer: {last}) ({})",
                     self.what,
                     humantime::format_rfc3339_seconds(o.since),
                     o.first_error
