@@ -203,7 +203,6 @@ impl ChaosConfig {
                 answer_within: a.answer_within,
                 ..Self::default().windows
             },
-            ..Self::default()
         }
     }
 
