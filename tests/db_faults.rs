@@ -687,3 +687,99 @@ async fn an_intent_the_server_receives_after_its_task_gave_up_on_it_is_never_rec
     assert_eq!(sent, 0, "{key}: Nova received the attach");
     app.stop().await;
 }
+
+/// An intent of `key` on a fresh volume, leased to "batch" for a minute.
+fn intent(key: &str) -> volume_reconciler::store::NewOperation {
+    use volume_reconciler::domain::{Action, RequestParams, request_fingerprint};
+    let (server, volume) = ids();
+    let params = RequestParams::default();
+    volume_reconciler::store::NewOperation {
+        id: Uuid::now_v7(),
+        idempotency_key: key.into(),
+        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        action: Action::Attach,
+        server_id: server,
+        volume_id: volume,
+        params,
+        state: State::InProgress,
+        attempts: 1,
+        deadline_in: Duration::from_secs(60),
+        lease_owner: "batch".into(),
+        lease_for: Duration::from_secs(60),
+        caller: None,
+        trace: None,
+        replica: "batch".into(),
+        events: Vec::new(),
+        record_by: None,
+    }
+}
+
+/// Intents with a minute to go and one with a second, written while the
+/// table is locked (every write waits): the group commit puts them in one
+/// batch, which runs (and is retried) until its latest deadline. The
+/// short one is answered at its own deadline, of unknown outcome, not at
+/// the batch's; the others commit once the lock goes.
+#[tokio::test]
+async fn an_intent_in_a_batch_with_longer_ones_is_answered_by_its_own_deadline() {
+    use volume_reconciler::store::{CreateOutcome, PgSettings, PgStore, Store};
+    let url = support::pg::fresh_database().await;
+    let store = PgStore::connect(&PgSettings {
+        url: url.clone(),
+        max_connections: 4,
+        bounds: volume_reconciler::store::DbBounds::DEFAULT,
+    })
+    .await
+    .unwrap();
+    let mut lock = support::pg::Admin::connect(&url).await;
+    lock.run("BEGIN; LOCK TABLE operations IN EXCLUSIVE MODE")
+        .await;
+    let started = Instant::now();
+    let long = started + Duration::from_secs(60);
+    let short = started + Duration::from_secs(1);
+    // The lock goes once the short one is answered (or, unanswered, 10 s
+    // on, for the long ones' sake).
+    let (answered, heard) = tokio::sync::oneshot::channel::<()>();
+    let releaser = tokio::spawn(async move {
+        // Either way the lock goes: answered, or given up on.
+        drop(tokio::time::timeout(Duration::from_secs(10), heard).await);
+        lock.run("COMMIT").await;
+    });
+    type Timed<'a> = futures_util::future::BoxFuture<
+        'a,
+        (
+            Result<CreateOutcome, volume_reconciler::store::StoreError>,
+            Duration,
+        ),
+    >;
+    // Polled together in one task, in this order: the first write goes
+    // alone (nothing else in flight), the rest are queued before any
+    // writer runs, and a writer takes them as one batch.
+    let mut writes: Vec<Timed> = Vec::new();
+    for i in 0..4 {
+        let write = store.operation_create(intent(&format!("long-{i}")), long);
+        writes.push(Box::pin(async move { (write.await, started.elapsed()) }));
+    }
+    let write = store.operation_create(intent("short"), short);
+    writes.push(Box::pin(async move {
+        let r = write.await;
+        let took = started.elapsed();
+        // Nobody listening once the releaser gave up: fine.
+        let _ = answered.send(());
+        (r, took)
+    }));
+    let mut results = futures_util::future::join_all(writes).await;
+    releaser.await.unwrap();
+    let (short_result, short_took) = results.pop().unwrap();
+    let e = short_result.expect_err("nothing can be written while the table is locked");
+    assert!(e.may_have_written(), "{e}");
+    assert!(
+        short_took < Duration::from_secs(4),
+        "the 1 s intent was answered after {short_took:?}: by its batch's deadline, not its own"
+    );
+    assert!(
+        results
+            .into_iter()
+            .all(|(r, _)| matches!(r, Ok(CreateOutcome::Created(_)))),
+        "the minute-long intents commit once the lock goes"
+    );
+}

@@ -168,3 +168,122 @@ async fn a_replica_that_shuts_down_with_operations_running_sends_nothing_after_h
     drop(store);
     b.stop().await;
 }
+
+/// A renewal that meets the row held by another statement (the heartbeat's
+/// own renewal, a decision being written) reads it busy, never lost: the
+/// send gate once read "not renewed" as "taken over" and withheld the
+/// request, failing the operation NOT_SENT for a lease that was still its
+/// own. Once the other statement ends, the same renewal renews.
+#[tokio::test]
+async fn a_renewal_that_meets_a_locked_row_reads_it_busy_never_lost() {
+    use volume_reconciler::store::{HeldLease, Renewal};
+    let a = spawn_app(with_history(support::Ledger::Postgres)).await;
+    let (s, v) = ids();
+    // An operation this replica holds: its attach waits in Nova.
+    a.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: 5000 }).volume(v));
+    let mut raw = a.raw();
+    let call = tokio::spawn(async move {
+        raw.attach_volume(with_timeout(attach("busy", s, v), secs(20.0)))
+            .await
+    });
+    let op = support::lifecycle::recorded(&a, "busy").await;
+    let lease = HeldLease {
+        id: op.id,
+        epoch: op.lease_epoch,
+    };
+    let mut other = support::pg::Admin::connect(&a.db_url).await;
+    other
+        .run(&format!(
+            "BEGIN; SELECT 1 FROM operations WHERE id = '{}' FOR UPDATE",
+            op.id
+        ))
+        .await;
+    let replica = a.exec.replica.clone();
+    let found = a
+        .store
+        .operation_renew_leases(&replica, &[lease], secs(3.0))
+        .await
+        .unwrap();
+    assert_eq!(
+        found,
+        vec![(op.id, Renewal::Busy)],
+        "a lock read as a lost lease"
+    );
+    other.run("COMMIT").await;
+    let found = a
+        .store
+        .operation_renew_leases(&replica, &[lease], secs(3.0))
+        .await
+        .unwrap();
+    assert_eq!(found, vec![(op.id, Renewal::Renewed)]);
+    let decided = call.await.unwrap().expect("the attach").into_inner();
+    assert_eq!(
+        decided.state,
+        volume_reconciler::grpc::pb::State::Succeeded as i32
+    );
+    a.stop().await;
+}
+
+/// A shutdown hands over the leases of operations no task runs any more,
+/// and keeps those whose task still runs. An intent still being written
+/// (its write waits for a lock) is such an operation: it is held from
+/// before its write, so the hand-over made meanwhile keeps its lease
+/// (released, another replica could take it over while its task here goes
+/// on to send its request).
+#[tokio::test]
+async fn an_intent_still_being_written_is_held_and_its_lease_kept_at_hand_over() {
+    let a = spawn_app(with_history(support::Ledger::Postgres)).await;
+    let (s, v) = ids();
+    // Still running when the lease is handed over.
+    a.sim
+        .add_fault(FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: 3000 }).volume(v));
+    let mut lock = support::pg::Admin::connect(&a.db_url).await;
+    lock.run("BEGIN; LOCK TABLE operations IN EXCLUSIVE MODE")
+        .await;
+    let mut raw = a.raw();
+    let call = tokio::spawn(async move {
+        raw.attach_volume(with_timeout(attach("writing", s, v), secs(30.0)))
+            .await
+    });
+    let url = a.db_url.clone();
+    eventually(secs(15.0), "the intent write waits for the lock", || {
+        let url = url.clone();
+        async move {
+            support::pg::Admin::connect(&url)
+                .await
+                .number(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'
+                       AND query ILIKE '%INSERT INTO operations%'",
+                )
+                .await
+                > 0
+        }
+    })
+    .await;
+    // What the hand-over keeps, read while the write waits.
+    let keep = a.exec.held();
+    assert_eq!(keep.len(), 1, "the intent being written is not held");
+    lock.run("COMMIT").await;
+    let op = support::lifecycle::recorded(&a, "writing").await;
+    assert_eq!(keep, vec![op.id]);
+    let replica = a.exec.replica.clone();
+    a.store
+        .operation_release_leases(&replica, &keep)
+        .await
+        .unwrap();
+    let row = a.store.operation_get(op.id).await.unwrap().unwrap();
+    assert_eq!(
+        row.lease_owner.as_deref(),
+        Some(replica.as_str()),
+        "the lease of a running operation was handed over: {row:?}"
+    );
+    let decided = call.await.unwrap().expect("the attach").into_inner();
+    assert_eq!(
+        decided.state,
+        volume_reconciler::grpc::pb::State::Succeeded as i32
+    );
+    assert_eq!(a.sim.attach_requests(v), 1);
+    a.stop().await;
+}

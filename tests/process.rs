@@ -790,3 +790,151 @@ async fn the_demo_keeps_its_ledger_and_log_when_asked() {
         }
     }
 }
+
+/// The requests of operation `op` (its executor's, which carry its id)
+/// that looked at `server`: its attachment list or the server itself.
+fn looks_at(sim: &SimHandle, server: Uuid, op: &str) -> usize {
+    let (list, show) = (
+        format!("/v2.1/servers/{server}/os-volume_attachments"),
+        format!("/v2.1/servers/{server}"),
+    );
+    let rid = format!("req-{op}");
+    sim.sim
+        .truth()
+        .http
+        .iter()
+        .filter(|r| r.method == "GET" && (r.path == list || r.path == show))
+        .filter(|r| r.request_id.as_deref() == Some(rid.as_str()))
+        .count()
+}
+
+/// A replica paused past its lease (SIGSTOP right after it sent an attach
+/// that Nova committed but answers only a minute later, with a 500) loses
+/// the operation to the other replica's reconciler, which decides it
+/// SUCCEEDED; the volume is then detached through the other replica.
+/// Resumed, the paused replica hears the loss within a heartbeat or so: it
+/// looks at Nova no more for that operation (it would watch for an attach
+/// that is gone until its caller's deadline) and its caller is answered
+/// the other's SUCCEEDED within seconds, far inside its 150 s deadline.
+#[tokio::test]
+async fn a_replica_paused_past_its_lease_stops_at_once_and_answers_the_decision_taken_over() {
+    let sim = start_sim(SimConfig {
+        record_history: true,
+        ..Default::default()
+    })
+    .await;
+    let db = support::pg::fresh_database().await;
+    let flags = [
+        "--reconcile-interval",
+        "200ms",
+        "--shutdown-delay",
+        "0s",
+        "--confirm-with",
+        "nova-list",
+    ];
+    let mut r1 = Replica::new("paused-1", &db, &sim.nova_url, &flags);
+    let mut r2 = Replica::new("paused-2", &db, &sim.nova_url, &flags);
+    r1.start().await;
+    r2.start().await;
+    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
+    sim.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Attach,
+            Fault::LateStatus {
+                ms: 60_000,
+                code: 500,
+            },
+        )
+        .volume(volume),
+    );
+    let caller = Client::connect_lazy(&r1.url()).unwrap();
+    let call = tokio::spawn(async move {
+        caller
+            .attach(
+                "paused-attach",
+                &server.to_string(),
+                &volume.to_string(),
+                Default::default(),
+                Duration::from_secs(150),
+            )
+            .await
+    });
+    support::eventually(Duration::from_secs(20), "replica 1 sent the attach", || {
+        let sim = sim.sim.clone();
+        async move { sim.attach_requests(volume) == 1 }
+    })
+    .await;
+    r1.signal(libc::SIGSTOP);
+
+    // Replica 2 takes the lapsed lease over and decides from Nova's list.
+    let store = ledger(&db).await;
+    support::eventually(
+        Duration::from_secs(30),
+        "replica 2 decided the attach",
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .operation_get_by_key(None, "paused-attach")
+                    .await
+                    .unwrap()
+                    .is_some_and(|op| op.state.is_terminal())
+            }
+        },
+    )
+    .await;
+    let op = store
+        .operation_get_by_key(None, "paused-attach")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(op.state, State::Succeeded, "{op:?}");
+    assert_eq!(op.lease_owner, None);
+    let detached = Client::connect_lazy(&r2.url())
+        .unwrap()
+        .detach(
+            "paused-detach",
+            &server.to_string(),
+            &volume.to_string(),
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("the detach through replica 2");
+    assert_eq!(detached.state, pb::State::Succeeded as i32);
+    assert!(!sim.sim.is_attached(server, volume));
+
+    let before = looks_at(&sim, server, &op.id.to_string());
+    let resumed = tokio::time::Instant::now();
+    r1.signal(libc::SIGCONT);
+    let answer = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("replica 1's caller was answered within 20 s of the resume")
+        .unwrap()
+        .expect("replica 1's caller is answered the decision");
+    let waited = resumed.elapsed();
+    assert_eq!(answer.state, pb::State::Succeeded as i32, "{answer:?}");
+    assert_eq!(answer.id, op.id.to_string());
+    // Its run ended with the answer: nothing of it looks at Nova any more,
+    // and nothing did since the resume (Nova's answer was still a minute
+    // away: without it, the run had no reason to look).
+    assert_eq!(
+        looks_at(&sim, server, &op.id.to_string()),
+        before,
+        "replica 1 looked at the server for the operation it lost (answered after {waited:?})"
+    );
+    // The ledger and Nova agree: one attach request, one effect, undone by
+    // the detach; both decided.
+    assert_eq!(sim.sim.attach_requests(volume), 1);
+    assert_eq!(sim.sim.attach_effects(volume), 1);
+    assert!(!sim.sim.is_attached(server, volume));
+    let row = store.operation_get(op.id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.lease_epoch),
+        (State::Succeeded, op.lease_epoch),
+        "the decision of replica 2 stands"
+    );
+    r1.signal(libc::SIGTERM);
+    r2.signal(libc::SIGTERM);
+    assert!(r1.wait().await.success());
+    assert!(r2.wait().await.success());
+}

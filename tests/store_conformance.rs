@@ -14,7 +14,8 @@ use volume_reconciler::domain::{
     Action, NewEvent, OperationError, RequestParams, Resolution, State, request_fingerprint,
 };
 use volume_reconciler::store::{
-    CreateOutcome, DbFailure, NewOperation, OperationFilter, Store, StoreError, Transition,
+    CreateOutcome, DbFailure, HeldLease, NewOperation, OperationFilter, Renewal, Store, StoreError,
+    Transition,
 };
 
 async fn pg_store() -> Arc<dyn Store> {
@@ -259,11 +260,11 @@ async fn claims_lease_each_operation_to_one_replica(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(held.state, State::InProgress);
     let a = store
-        .operation_claim("ra", Duration::from_secs(60), 6)
+        .operation_claim("ra", Duration::from_secs(60), 6, &[])
         .await
         .unwrap();
     let b = store
-        .operation_claim("rb", Duration::from_secs(60), 100)
+        .operation_claim("rb", Duration::from_secs(60), 100, &[])
         .await
         .unwrap();
     assert_eq!(a.len(), 6);
@@ -280,7 +281,7 @@ async fn claims_lease_each_operation_to_one_replica(store: Arc<dyn Store>) {
     );
     assert!(
         store
-            .operation_claim("rc", Duration::from_secs(60), 100)
+            .operation_claim("rc", Duration::from_secs(60), 100, &[])
             .await
             .unwrap()
             .is_empty(),
@@ -298,7 +299,7 @@ async fn claims_lease_each_operation_to_one_replica(store: Arc<dyn Store>) {
         .unwrap();
     assert!(
         store
-            .operation_claim("rc", Duration::from_secs(60), 100)
+            .operation_claim("rc", Duration::from_secs(60), 100, &[])
             .await
             .unwrap()
             .is_empty()
@@ -318,7 +319,7 @@ async fn claims_lease_each_operation_to_one_replica(store: Arc<dyn Store>) {
     );
     assert_eq!(
         store
-            .operation_claim("rd", Duration::from_secs(60), 100)
+            .operation_claim("rd", Duration::from_secs(60), 100, &[])
             .await
             .unwrap()
             .len(),
@@ -367,25 +368,29 @@ async fn leases_are_renewed_by_their_holder_and_never_taken_while_live(store: Ar
     );
     // Its holder's heartbeat keeps it past its first expiry; another
     // replica's renewal does nothing.
+    let lease = HeldLease {
+        id: op.id,
+        epoch: op.lease_epoch,
+    };
     assert_eq!(
         store
-            .operation_renew_leases("r2", &[op.id], Duration::from_secs(60))
+            .operation_renew_leases("r2", &[lease], Duration::from_secs(60))
             .await
             .unwrap(),
-        Vec::<uuid::Uuid>::new()
+        vec![(op.id, Renewal::Lost)]
     );
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
         assert_eq!(
             store
-                .operation_renew_leases("r1", &[op.id], Duration::from_secs(2))
+                .operation_renew_leases("r1", &[lease], Duration::from_secs(2))
                 .await
                 .unwrap(),
-            vec![op.id]
+            vec![(op.id, Renewal::Renewed)]
         );
         assert!(
             store
-                .operation_claim("r2", Duration::from_secs(2), 10)
+                .operation_claim("r2", Duration::from_secs(2), 10, &[])
                 .await
                 .unwrap()
                 .iter()
@@ -402,7 +407,7 @@ async fn leases_are_renewed_by_their_holder_and_never_taken_while_live(store: Ar
             let store = store.clone();
             async move {
                 store
-                    .operation_claim("r2", Duration::from_secs(2), 10)
+                    .operation_claim("r2", Duration::from_secs(2), 10, &[])
                     .await
                     .unwrap()
                     .iter()
@@ -411,6 +416,77 @@ async fn leases_are_renewed_by_their_holder_and_never_taken_while_live(store: Ar
         },
     )
     .await;
+}
+
+/// After a takeover by the holder's own replica (a stall of its
+/// heartbeat), the old epoch is lost although the owner's name is the
+/// same: its renewal says so, and its writes change nothing; a claim passes
+/// over what the replica's tasks hold; a decided lease reads `Decided`.
+async fn renewals_and_writes_carry_the_epoch_and_a_claim_passes_over_held_work(
+    store: Arc<dyn Store>,
+) {
+    let mut new = new_op("epoch", Uuid::new_v4(), State::InProgress);
+    new.lease_owner = "r1".into();
+    let op = create(store.as_ref(), new).await;
+    let first = HeldLease {
+        id: op.id,
+        epoch: op.lease_epoch,
+    };
+    // Lapsed at once; r1's run still holds it: r1's reconciler leaves it.
+    let claimed = store
+        .operation_claim("r1", Duration::from_secs(60), 10, &[op.id])
+        .await
+        .unwrap();
+    assert!(
+        claimed.iter().all(|o| o.id != op.id),
+        "claimed its own live run"
+    );
+    let taken = store
+        .operation_claim("r1", Duration::from_secs(60), 10, &[])
+        .await
+        .unwrap();
+    let taken = taken
+        .into_iter()
+        .find(|o| o.id == op.id)
+        .expect("claimed once not held");
+    assert_eq!(taken.lease_owner.as_deref(), Some("r1"));
+    let second = HeldLease {
+        id: op.id,
+        epoch: taken.lease_epoch,
+    };
+    assert!(second.epoch > first.epoch);
+    assert_eq!(
+        store
+            .operation_renew_leases("r1", &[first, second], Duration::from_secs(60))
+            .await
+            .unwrap()
+            .into_iter()
+            .collect::<std::collections::HashSet<_>>(),
+        [(op.id, Renewal::Lost), (op.id, Renewal::Renewed)]
+            .into_iter()
+            .collect(),
+        "the old epoch's renewal must be lost, the new one's renewed"
+    );
+    let stale = store
+        .operation_transition(finish(&op, State::Failed), soon())
+        .await
+        .unwrap();
+    assert!(
+        stale.is_none(),
+        "a write under the old epoch changed the row"
+    );
+    store
+        .operation_transition(finish(&taken, State::Succeeded), soon())
+        .await
+        .unwrap()
+        .expect("the new epoch's write");
+    assert_eq!(
+        store
+            .operation_renew_leases("r1", &[second], Duration::from_secs(60))
+            .await
+            .unwrap(),
+        vec![(op.id, Renewal::Decided)]
+    );
 }
 
 async fn keys_are_per_caller(store: Arc<dyn Store>) {
@@ -605,7 +681,7 @@ async fn escalated_operations_are_left_to_people(store: Arc<dyn Store>) {
     )
     .await;
     let claimed = store
-        .operation_claim("r0", Duration::from_secs(60), 10)
+        .operation_claim("r0", Duration::from_secs(60), 10, &[])
         .await
         .unwrap();
     let op = claimed.into_iter().find(|o| o.id == op.id).unwrap();
@@ -624,7 +700,7 @@ async fn escalated_operations_are_left_to_people(store: Arc<dyn Store>) {
     );
     assert!(
         store
-            .operation_claim("r1", Duration::from_secs(60), 10)
+            .operation_claim("r1", Duration::from_secs(60), 10, &[])
             .await
             .unwrap()
             .iter()
@@ -1105,7 +1181,7 @@ async fn state_counts_follow_every_change(store: Arc<dyn Store>) {
     assert_counts_exact(store.as_ref(), "after the intents").await;
     // Claims change leases, not states.
     let claimed = store
-        .operation_claim("rc", Duration::from_secs(60), 100)
+        .operation_claim("rc", Duration::from_secs(60), 100, &[])
         .await
         .unwrap();
     assert!(!claimed.is_empty());
@@ -1258,6 +1334,7 @@ conformance!(
     transitions_are_fenced_and_terminal_is_final,
     claims_lease_each_operation_to_one_replica,
     leases_are_renewed_by_their_holder_and_never_taken_while_live,
+    renewals_and_writes_carry_the_epoch_and_a_claim_passes_over_held_work,
     keys_are_per_caller,
     verification_is_handed_out_once_in_decision_order,
     escalated_operations_are_left_to_people,
@@ -2399,7 +2476,7 @@ async fn postgres_reads_of_open_work_first_run_on_an_empty_ledger_use_the_open_i
     let mut admin = support::pg::Admin::connect(&url).await;
     let claim = || async {
         let claimed = store
-            .operation_claim("ra", Duration::from_secs(60), 8)
+            .operation_claim("ra", Duration::from_secs(60), 8, &[])
             .await
             .unwrap();
         assert!(claimed.is_empty(), "nothing is open");

@@ -114,12 +114,12 @@ impl Executor {
     /// thousands of runs waiting on Nova, or on its per-host cap, hold no
     /// event's strings while they wait (~0.8 KB each; BENCHMARKS.md,
     /// stop 41).
-    async fn send(&self, run: &mut Run, outbound: Instant) -> Sent {
+    async fn send(self: &Arc<Self>, run: &mut Run, outbound: Instant) -> Sent {
         let started = Instant::now();
         let op = &run.op;
         let name = op.action.as_str();
         let rid = RequestId::for_operation(op.id);
-        let gate = super::LeaseGate::new(self, op.id, outbound);
+        let gate = super::gate::LeaseGate::new(self, op.id, outbound);
         let (sent, nova_id) = match op.action {
             Action::Attach => match self
                 .nova
@@ -452,7 +452,7 @@ mod tests {
             .recorded_as(at, at, None, None);
         let id = op.id;
         // The lease is known to hold: the gate lets the request out.
-        let _hold = exec.holds.hold(id);
+        let _hold = exec.holds.hold(id, Some(1));
         exec.holds
             .confirm(&[id], Instant::now() + Duration::from_secs(60));
         let mut run = Run::new(op, budget, false);

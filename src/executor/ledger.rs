@@ -80,6 +80,7 @@ impl Executor {
                 }
                 Ok(None) => {
                     // Fenced: another writer decided, or holds it now.
+                    self.lose(held(&run.op));
                     let current = self.reread(&run.op).await;
                     return self.after_fence(current, run.budget.answer_by).await;
                 }
@@ -167,7 +168,10 @@ impl Executor {
                 run.op = op;
                 Ok(true)
             }
-            Ok(None) => Err(Fenced(Box::new(self.reread(&run.op).await))),
+            Ok(None) => {
+                self.lose(held(&run.op));
+                Err(Fenced(Box::new(self.reread(&run.op).await)))
+            }
             Err(e) => {
                 tracing::warn!(operation_id = %run.op.id, error = %e, "could not record a retry by the deadline; not sending it");
                 Ok(false)
@@ -192,6 +196,14 @@ impl Executor {
                 .with("outcome_unknown", e.outcome_unknown())
                 .with_all(&e.metadata()),
         );
+    }
+}
+
+/// The lease a run writes under.
+fn held(op: &Operation) -> crate::store::HeldLease {
+    crate::store::HeldLease {
+        id: op.id,
+        epoch: op.lease_epoch,
     }
 }
 

@@ -15,6 +15,7 @@
 //!   success (cinder-csi's checks).
 //! - `ledger.rs`: the executor's writes to the ledger.
 //! - `holds.rs`: the leases this replica holds, renewed by its heartbeat.
+//! - `gate.rs`: the send gate: a request leaves only while its lease holds.
 //!
 //! Why it is long: it owns the operation's task lifecycle (submit, start,
 //! await, drive, heartbeat) and its tests; the decisions, the send loop,
@@ -24,6 +25,7 @@
 mod classify;
 mod confirm;
 mod flow;
+mod gate;
 pub mod holds;
 mod ledger;
 mod observe;
@@ -45,7 +47,7 @@ use crate::domain::{
 };
 use crate::metrics::Metrics;
 use crate::nova::NovaClient;
-use crate::store::{CreateOutcome, NewOperation, Store, StoreError};
+use crate::store::{CreateOutcome, HeldLease, NewOperation, Renewal, Store, StoreError};
 
 pub(crate) use confirm::{CinderSays, DETACH_TARGET};
 pub(crate) use run::{Decision, Run, Seen};
@@ -336,6 +338,11 @@ impl Executor {
             confirm::Precheck::Decided(_) => AfterIntent::LookAgain(new.clone()),
         };
         let (id, record_by) = (new.id, new.record_by);
+        // Held from before the write: a shutdown that hands leases over
+        // meanwhile keeps this one (released, another replica could take
+        // the operation over while this task goes on to send), and this
+        // replica's reconciler passes over it.
+        let hold = self.holds.hold(id, None);
         let write_started = Instant::now();
         // Boxed: the result (520 bytes) is matched across an await
         // below, and its room would stay in this future for the whole
@@ -346,11 +353,11 @@ impl Executor {
             if result.is_ok() { "ok" } else { "error" },
             write_started.elapsed().as_secs_f64(),
         );
-        let hold = self.holds.hold(id);
         let keep_created;
         let op = match *result {
             Ok(CreateOutcome::Created(op)) => {
                 // The intent's lease was set after its write left.
+                hold.known(op.lease_epoch);
                 self.holds
                     .confirm(&[id], write_started + self.settings.lease);
                 self.inflight
@@ -386,7 +393,10 @@ impl Executor {
                 drop(created.send(Box::new(Err(e))));
                 keep_created = None;
                 match Box::pin(self.intent_fate(id, record_by, Instant::now())).await {
-                    Some(op) => op,
+                    Some(op) => {
+                        hold.known(op.lease_epoch);
+                        op
+                    }
                     None => return,
                 }
             }
@@ -439,7 +449,11 @@ impl Executor {
         mut again: NewOperation,
     ) -> Operation {
         again.events.clear();
-        let pre = self.precheck(&mut again, &run.budget).await;
+        let lost = self.holds.lost(run.op.id);
+        let Some(pre) = until_lost(lost.as_ref(), self.precheck(&mut again, &run.budget)).await
+        else {
+            return self.after_loss(&run).await;
+        };
         run.events.append(&mut again.events);
         match pre {
             confirm::Precheck::Decided(d) => self.record(&mut run, d).await,
@@ -504,19 +518,23 @@ impl Executor {
                     // while the database was away may be taken over by
                     // another replica's reconciler any moment.
                     let sent = Instant::now();
+                    let lease = HeldLease {
+                        id,
+                        epoch: op.lease_epoch,
+                    };
                     match self
                         .store
-                        .operation_renew_leases(&self.replica, &[id], self.settings.lease)
+                        .operation_renew_leases(&self.replica, &[lease], self.settings.lease)
                         .await
                     {
-                        Ok(renewed) if renewed.contains(&id) => {
+                        Ok(found) if found.contains(&(id, Renewal::Renewed)) => {
                             self.holds.confirm(&[id], sent + self.settings.lease);
                             tracing::info!(operation_id = %id, "the intent was recorded; driving it");
                             return Some(op);
                         }
-                        // Not renewed: taken over, or only locked by the
-                        // heartbeat's renewal of the same lease (`SKIP
-                        // LOCKED`) at this moment; the next read tells.
+                        // Not renewed: taken over or decided, or only held
+                        // by another statement at this moment (`Busy`); the
+                        // next read tells.
                         Ok(_) => {}
                         Err(e) => {
                             tracing::debug!(operation_id = %id, error = %e, "renewing the intent's lease")
@@ -546,7 +564,7 @@ impl Executor {
     /// wait on it directly.
     pub(crate) fn spawn_run(self: &Arc<Self>, run: Run) -> watch::Receiver<Decided> {
         let id = run.op.id;
-        let hold = self.holds.hold(id);
+        let hold = self.holds.hold(id, Some(run.op.lease_epoch));
         let (done, result) = watch::channel(None);
         self.inflight
             .lock()
@@ -583,9 +601,23 @@ impl Executor {
         self.holds.ids()
     }
 
-    /// Holds `id`'s lease (renewed by the heartbeat) until the guard drops.
-    pub(crate) fn hold(&self, id: Uuid) -> holds::Hold {
-        self.holds.hold(id)
+    /// Holds `lease` (renewed by the heartbeat) until the guard drops.
+    pub(crate) fn hold(&self, lease: HeldLease) -> holds::Hold {
+        self.holds.hold(lease.id, Some(lease.epoch))
+    }
+
+    /// Fires when `id`'s lease is found lost (`None`: not held here).
+    pub(crate) fn lease_lost(&self, id: Uuid) -> Option<tokio_util::sync::CancellationToken> {
+        self.holds.lost(id)
+    }
+
+    /// `lease` was found lost (a fenced write): whoever works on it here
+    /// stops.
+    pub(crate) fn lose(&self, lease: HeldLease) {
+        if self.holds.lose(lease) {
+            tracing::info!(operation_id = %lease.id, lease_epoch = lease.epoch,
+                "the operation's lease is another's now; this replica stops working on it");
+        }
     }
 
     async fn await_spawned(&self, s: Spawned) -> Result<Operation, ExecError> {
@@ -876,17 +908,40 @@ impl Executor {
                 // The intent counted the first request, which has not left yet.
                 run.maybe_effect = run.op.attempts > 1;
             }
+            // Everything that asks Nova or Cinder runs only while the lease
+            // is this run's: found lost (by the heartbeat, the send gate or
+            // a fenced write), the run stops where it is, a request in
+            // flight abandoned, and its caller is answered from the row.
+            let lost = self.holds.lost(run.op.id);
             // Boxed: a task waiting inside the loop holds only the loop's state.
-            let decision = match Box::pin(self.send_loop(&mut run, first_sent)).await {
-                Ok(d) => d,
+            let sent = until_lost(lost.as_ref(), self.send_loop(&mut run, first_sent));
+            let decision = match Box::pin(sent).await {
+                Some(Ok(d)) => d,
                 // Fenced out: another replica or an operator decided meanwhile.
-                Err(run::Fenced(current)) => {
+                Some(Err(run::Fenced(current))) => {
                     return Box::pin(self.after_fence(*current, run.budget.answer_by)).await;
                 }
+                None => return Box::pin(self.after_loss(&run)).await,
             };
-            let decision = Box::pin(self.confirm(&mut run, decision)).await;
+            let confirmed = until_lost(lost.as_ref(), self.confirm(&mut run, decision));
+            let Some(decision) = Box::pin(confirmed).await else {
+                return Box::pin(self.after_loss(&run)).await;
+            };
+            // Not cut short: a fenced write changes nothing, and one that
+            // committed is counted and answered.
             Box::pin(self.record(&mut run, decision)).await
         }
+    }
+
+    /// After this run's lease was found lost: the row as it stands, or the
+    /// new holder's decision if it comes by the caller's answer time (as a
+    /// replay of the key would be answered).
+    pub(crate) async fn after_loss(&self, run: &Run) -> Operation {
+        let current = self.reread(&run.op).await;
+        tracing::info!(operation_id = %run.op.id, lease_epoch = run.op.lease_epoch,
+            state = current.state.as_str(), holder = current.lease_owner.as_deref().unwrap_or("-"),
+            "lease lost: stopped working on the operation; answering from the ledger");
+        self.after_fence(current, run.budget.answer_by).await
     }
 
     /// After this run was fenced (another replica took the operation over):
@@ -908,9 +963,11 @@ impl Executor {
     /// A new operation whose volume is still being created: waits for it
     /// (nothing sent, nothing counted), then drives it.
     async fn drive_when_ready(self: &Arc<Self>, mut run: Run) -> Operation {
-        match self.wait_ready(&mut run).await {
-            Some(d) => self.record(&mut run, d).await,
-            None => self.drive(run, false).await,
+        let lost = self.holds.lost(run.op.id);
+        match until_lost(lost.as_ref(), self.wait_ready(&mut run)).await {
+            Some(Some(d)) => self.record(&mut run, d).await,
+            Some(None) => self.drive(run, false).await,
+            None => self.after_loss(&run).await,
         }
     }
 
@@ -922,114 +979,74 @@ impl Executor {
 
     /// Renews the leases this replica holds, every `heartbeat`, until
     /// `stop`. A holder whose heartbeat stops (a crash) loses them within
-    /// one lease.
+    /// one lease; a lease found lost (another holder's epoch, or decided)
+    /// stops the run working on it here at once.
     pub async fn heartbeat(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.settings.heartbeat) => {}
             }
-            let ids = self.holds.ids();
-            if ids.is_empty() {
-                continue;
+            self.renew_held().await;
+        }
+    }
+
+    /// One beat: renews every lease held under a known epoch, and trips
+    /// those found lost.
+    pub(crate) async fn renew_held(&self) {
+        let leases = self.holds.leases();
+        if leases.is_empty() {
+            return;
+        }
+        let sent = Instant::now();
+        let found = match self
+            .store
+            .operation_renew_leases(&self.replica, &leases, self.settings.lease)
+            .await
+        {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, held = leases.len(), "could not renew leases");
+                return;
             }
-            let sent = Instant::now();
-            match self
-                .store
-                .operation_renew_leases(&self.replica, &ids, self.settings.lease)
-                .await
-            {
-                Ok(renewed) => {
-                    // Held at least a lease from when the renewal left.
-                    self.holds.confirm(&renewed, sent + self.settings.lease);
-                    if renewed.len() < ids.len() {
-                        // Decided meanwhile, or taken over after a lapse:
-                        // the holder's next write is fenced either way.
-                        tracing::debug!(
-                            held = ids.len(),
-                            renewed = renewed.len(),
-                            "some leases were not renewed"
-                        );
+        };
+        let mut renewed = Vec::with_capacity(found.len());
+        for (id, renewal) in found {
+            let Some(lease) = leases.iter().find(|l| l.id == id) else {
+                continue;
+            };
+            match renewal {
+                // Held at least a lease from when the renewal left.
+                Renewal::Renewed => renewed.push(id),
+                // Held by another statement right now: the next beat tells.
+                Renewal::Busy => {}
+                Renewal::Lost => self.lose(*lease),
+                // Decided (by this replica's run, whose hold ends with its
+                // answer, or by another): nothing more to do for it here.
+                Renewal::Decided => {
+                    if self.holds.lose(*lease) {
+                        tracing::debug!(operation_id = %id, "a held operation is decided");
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, held = ids.len(), "could not renew leases"),
             }
         }
+        self.holds.confirm(&renewed, sent + self.settings.lease);
     }
 }
 
-/// A request leaves only this long before its lease is known to end, at
-/// the latest: room for the two clocks' drift and the request's way out.
-const SEND_MARGIN: Duration = Duration::from_millis(500);
-
-/// The send gate of one run (see `nova::SendGate`): a request leaves only
-/// while the run's lease is known to hold — by the heartbeat's last
-/// renewal, else by a renewal made now — and the instant it left is
-/// noted. Without it, a request that waited long for a slot or a token
-/// while the database was away could leave after another replica took the
-/// operation over: two requests for one key.
-pub(crate) struct LeaseGate<'a> {
-    exec: &'a Executor,
-    id: Uuid,
-    /// The request's own deadline: a renewal made here waits no longer.
-    deadline: Instant,
-    left_at: Mutex<Option<Instant>>,
-}
-
-impl<'a> LeaseGate<'a> {
-    pub(crate) fn new(exec: &'a Executor, id: Uuid, deadline: Instant) -> Self {
-        Self {
-            exec,
-            id,
-            deadline,
-            left_at: Mutex::new(None),
-        }
-    }
-
-    /// When the request left, if it did.
-    pub(crate) fn left_at(&self) -> Option<Instant> {
-        *self.left_at.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    async fn confirm_lease(&self) -> Result<(), String> {
-        let now = Instant::now();
-        if self
-            .exec
-            .holds
-            .confirmed_until(self.id)
-            .is_some_and(|until| until > now + SEND_MARGIN)
-        {
-            return Ok(());
-        }
-        let lease = self.exec.settings.lease;
-        let by = self.deadline.min(now + lease / 2);
-        let ids = [self.id];
-        let renewal = self
-            .exec
-            .store
-            .operation_renew_leases(&self.exec.replica, &ids, lease);
-        match tokio::time::timeout_at(by, renewal).await {
-            Ok(Ok(renewed)) if renewed.contains(&self.id) => {
-                self.exec.holds.confirm(&[self.id], now + lease);
-                Ok(())
-            }
-            Ok(Ok(_)) => Err("the operation's lease is no longer this replica's".into()),
-            Ok(Err(e)) => Err(format!("its lease could not be renewed: {e}")),
-            Err(_) => Err(format!(
-                "its lease could not be renewed within {} ms",
-                by.saturating_duration_since(now).as_millis()
-            )),
-        }
-    }
-}
-
-impl crate::nova::SendGate for LeaseGate<'_> {
-    fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move {
-            self.confirm_lease().await?;
-            *self.left_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-            Ok(())
-        })
+/// `fut`, unless `lost` fires first (then `None`, `fut` dropped at its
+/// current await). Without a token (not held here), `fut` alone.
+async fn until_lost<T>(
+    lost: Option<&tokio_util::sync::CancellationToken>,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match lost {
+        None => Some(fut.await),
+        Some(lost) => tokio::select! {
+            biased;
+            () = lost.cancelled() => None,
+            v = fut => Some(v),
+        },
     }
 }
 

@@ -144,6 +144,9 @@ pub fn build_http_client(cfg: &NovaConfig, https: bool) -> reqwest::Client {
         .pool_max_idle_per_host(cfg.max_concurrent_per_host)
         .tcp_nodelay(true)
         .redirect(reqwest::redirect::Policy::none())
+        // A request's gate is asked again once a connection made for it
+        // is ready, just before the request is written.
+        .connector_layer(super::gate::GateLayer)
         .user_agent(concat!("volume-reconciler/", env!("CARGO_PKG_VERSION")));
     if let Some(ca) = &cfg.tls.ca {
         builder = builder.tls_certs_only(ca.certs.iter().cloned());

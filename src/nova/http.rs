@@ -132,13 +132,20 @@ pub(crate) enum FailureKind {
 }
 
 /// Asked right before a request leaves, once its slot and token are had
-/// (a wait for either may be long): `Err(why)` keeps it from leaving, and
-/// the request fails as `Withheld`, not sent. The executor's gate makes
+/// (a wait for either may be long), and again once a connection made for
+/// it is ready (`owned`; see `gate.rs`): `Err(why)` keeps it from leaving,
+/// and the request fails as `Withheld`, not sent. The executor's gate makes
 /// sure its operation's lease still holds, so a request never leaves after
 /// another replica may have taken the operation over, and notes the instant
 /// it left.
 pub trait SendGate: Send + Sync {
     fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>>;
+
+    /// The gate as a value the connection's setup can carry, to be asked
+    /// again when a new connection is ready; `None`: asked once only.
+    fn owned(&self) -> Option<Arc<dyn SendGate>> {
+        None
+    }
 }
 
 /// A gate that is always open (reads, and requests no lease guards).
@@ -527,7 +534,10 @@ impl Service {
                     format!("not sent: {why}"),
                 ));
             }
-            let raw = call.send(req, &url).await?;
+            let raw = match gate.owned() {
+                Some(late) => super::gate::scoped(late, call.send(req, &url)).await?,
+                None => call.send(req, &url).await?,
+            };
             if raw.status == 401
                 && !replayed
                 && keystone_refusal(&raw.body)
@@ -604,6 +614,15 @@ impl Call {
                 ));
             }
             Ok(Err(e)) if e.is_connect() => {
+                if let Some(why) = super::gate::withheld(&e) {
+                    return Err(self.failure(
+                        FailureKind::Withheld,
+                        Stage::Connect,
+                        url,
+                        false,
+                        format!("not sent: {why}"),
+                    ));
+                }
                 return Err(self.failure(
                     FailureKind::ConnectFailed,
                     Stage::Connect,

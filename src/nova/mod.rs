@@ -16,6 +16,8 @@
 //! - `types.rs`: Nova's wire shapes.
 //! - `auth.rs`: Keystone tokens and the service catalog.
 //! - `body.rs`: a response body read under a deadline and a size cap.
+//! - `gate.rs`: a request's send gate asked again once its connection is
+//!   ready (a layer on reqwest's connector).
 //! - `error.rs`: the adapter's error, and what a refusal means (`Rejection`).
 //! - `types.rs`: Nova's wire shapes.
 //! - `version.rs`: microversions asked for and supported, and discovery.
@@ -27,6 +29,7 @@ mod body;
 pub mod cinder;
 pub mod client;
 pub mod error;
+mod gate;
 mod http;
 mod trace;
 pub mod types;

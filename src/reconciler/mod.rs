@@ -229,11 +229,16 @@ impl Reconciler {
     /// One round: lease a batch, pass over each, then verify decided ones.
     pub async fn run_once(self: &Arc<Self>) -> Result<RoundCounts, StoreError> {
         let store = &self.exec.store;
+        // Never this replica's own live work: a lease of a run here that
+        // lapsed in a stall is the run's to renew (or to lose to another
+        // replica), not a second run's to take here.
+        let held = self.exec.held();
         let claimed = store
             .operation_claim(
                 &self.exec.replica,
                 self.exec.settings.lease,
                 self.settings.batch,
+                &held,
             )
             .await?;
         let mut counts = RoundCounts {
@@ -242,7 +247,10 @@ impl Reconciler {
         };
         if !claimed.is_empty() {
             // Held (the heartbeat renews the leases) from the claim on.
-            let holds: Vec<_> = claimed.iter().map(|op| self.exec.hold(op.id)).collect();
+            let holds: Vec<_> = claimed
+                .iter()
+                .map(|op| self.exec.hold(lease_of(op)))
+                .collect();
             let db_now = store.now().await?;
             // One observation per server per round, shared by its operations.
             let results: Vec<PassResult> = futures_util::stream::iter(group_by_server(claimed))
@@ -309,12 +317,18 @@ impl Reconciler {
         deadline: Deadline,
     ) -> Result<Operation, StoreError> {
         let store = &self.exec.store;
-        let claimed = store
-            .operation_claim_one(id, &self.exec.replica, self.exec.settings.lease)
-            .await?;
+        // A run of this replica's own holds it (its lease may have lapsed
+        // in a stall): waited for, like another holder's.
+        let claimed = if self.exec.held().contains(&id) {
+            None
+        } else {
+            store
+                .operation_claim_one(id, &self.exec.replica, self.exec.settings.lease)
+                .await?
+        };
         match claimed {
             Some(op) => {
-                let hold = self.exec.hold(op.id);
+                let hold = self.exec.hold(lease_of(&op));
                 let db_now = store.now().await?;
                 let seen = self.observe_server(op.server_id, look_trace([&op])).await;
                 self.pass_traced(op, &seen, db_now).await;
@@ -369,7 +383,18 @@ impl Reconciler {
         db_now: DateTime<Utc>,
     ) -> PassResult {
         let trace = look_trace([&op]);
-        crate::telemetry::context::within_opt(trace, self.pass_with(op, seen, db_now)).await
+        // A pass whose lease is found lost (another replica's now, or
+        // decided) stops: it would only be fenced.
+        let lost = self.exec.lease_lost(op.id);
+        let pass = crate::telemetry::context::within_opt(trace, self.pass_with(op, seen, db_now));
+        match lost {
+            None => pass.await,
+            Some(lost) => tokio::select! {
+                biased;
+                () = lost.cancelled() => PassResult::Deferred,
+                r = pass => r,
+            },
+        }
     }
 
     /// Lists a server's attachments under the global rate limit, under
@@ -416,6 +441,14 @@ fn look_trace<'a>(ops: impl IntoIterator<Item = &'a Operation>) -> Option<TraceC
     ops.into_iter()
         .find_map(|op| op.trace.as_ref())
         .map(TraceContext::child)
+}
+
+/// The lease a claim took `op` under.
+fn lease_of(op: &Operation) -> crate::store::HeldLease {
+    crate::store::HeldLease {
+        id: op.id,
+        epoch: op.lease_epoch,
+    }
 }
 
 /// Milliseconds between two instants of the database's clock, for events.

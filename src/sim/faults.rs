@@ -31,6 +31,10 @@ pub enum Fault {
     /// Take effect, then wait before sending the headers (the lost-response
     /// case when the client gives up first).
     DelayAfterEffect { ms: u64 },
+    /// Take effect, then answer Nova's fault `code` `ms` later (an RPC
+    /// that timed out in nova-api while the compute host went on: the
+    /// answer says nothing of the effect, and comes long after it).
+    LateStatus { ms: u64, code: u16 },
     /// Take effect, then close the connection without answering.
     CloseAfterEffect,
     /// Close the connection without answering and without effect.

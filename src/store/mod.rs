@@ -317,6 +317,33 @@ impl Transition {
     }
 }
 
+/// One lease a replica holds: the operation and the epoch it was taken
+/// (or written) under. Renewals and fenced writes name both: a lease whose
+/// epoch moved on is another holder's, even when the owner's name is the
+/// same (a takeover by this replica's own reconciler).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HeldLease {
+    pub id: Uuid,
+    pub epoch: i64,
+}
+
+/// What a renewal found of one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Renewal {
+    /// Renewed for another lease from when the row was renewed.
+    Renewed,
+    /// Not renewed now because another statement holds the row (a decision
+    /// being written, the heartbeat's own renewal): still this holder's as
+    /// far as anyone can tell. Never read as lost: the next renewal tells.
+    Busy,
+    /// The lease is no longer this holder's: another owner or a newer
+    /// epoch (taken over, or resolved by an operator), released, or no
+    /// such row.
+    Lost,
+    /// The operation is decided.
+    Decided,
+}
+
 /// Filters of `ListOperations`.
 #[derive(Debug, Clone, Default)]
 pub struct OperationFilter {
@@ -492,13 +519,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Leases up to `limit` open operations that nobody holds (expired lease,
     /// or released to the reconciler), whose backoff has passed and that are
-    /// not escalated. Each gets a new epoch. Safe to call from several
-    /// replicas at once.
+    /// not escalated, except those of `held` (operations a task of this
+    /// replica works on now: a lease of theirs that lapsed in a stall is
+    /// theirs to renew, not this replica's to take over a second time).
+    /// Each gets a new epoch. Safe to call from several replicas at once.
     async fn operation_claim(
         &self,
         replica: &str,
         lease: Duration,
         limit: u32,
+        held: &[Uuid],
     ) -> Result<Vec<Operation>, StoreError>;
 
     /// Leases one operation now (for `ReconcileOperation`), whatever its
@@ -511,15 +541,18 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<Option<Operation>, StoreError>;
 
-    /// Renews the leases `replica` holds on `ids` for `lease` (its
-    /// heartbeat); the number renewed. A lease another holder took over is
-    /// not renewed.
+    /// Renews the leases `replica` holds (each under its epoch) for
+    /// `lease`: the heartbeat's, and the send gate's for one. Each comes
+    /// back with what was found (`Renewal`), in no particular order. A row
+    /// another statement holds at that moment is `Busy`, never `Lost`: the
+    /// statement does not wait for locks (waiting made it deadlock with
+    /// decisions written in another order).
     async fn operation_renew_leases(
         &self,
         replica: &str,
-        ids: &[Uuid],
+        held: &[HeldLease],
         lease: Duration,
-    ) -> Result<Vec<Uuid>, StoreError>;
+    ) -> Result<Vec<(Uuid, Renewal)>, StoreError>;
 
     /// When the oldest decision due for verification `stage` (decided at
     /// least `delay` ago) that no replica has taken yet was decided; `None`

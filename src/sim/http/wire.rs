@@ -21,6 +21,16 @@ pub(super) async fn after_effect(
             tokio::time::sleep(Duration::from_millis(ms)).await;
             ok
         }
+        Some(Fault::LateStatus { ms, code }) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            render(
+                crate::sim::fault(
+                    code,
+                    "Unexpected API Error. Please report this at http://bugs.launchpad.net/nova/ and attach the Nova API log if possible.".into(),
+                ),
+                mv,
+            )
+        }
         Some(Fault::CloseAfterEffect) => abort(),
         Some(Fault::StallBody { ms, .. }) => stalled(ok, Duration::from_millis(ms)).await,
         Some(Fault::TruncateBody { .. }) => truncated(ok).await,

@@ -228,13 +228,27 @@ impl Writer {
                     "the ledger writers have stopped",
                 ),
             })?;
-        let answer = rx.await.map_err(|_| {
-            StoreError::database(
-                "awaiting a write",
-                DbFailure::ConnectionLost,
-                "the ledger writer stopped before answering; the write may or may not have committed",
-            )
-        })?;
+        // Each write is answered by its own deadline, not its batch's: a
+        // batch runs until the latest deadline among its writes (retried on
+        // new connections meanwhile), and a short one waiting for it would
+        // be answered long after its caller's time. Cut here, the write
+        // may still commit with its batch: its outcome is unknown
+        // (`DeadlineExceeded` says "may have written"), as for a write cut
+        // by its own bound, and the writer reads it back.
+        let answer = match tokio::time::timeout_at(deadline, rx).await {
+            Ok(answer) => answer.map_err(|_| {
+                StoreError::database(
+                    "awaiting a write",
+                    DbFailure::ConnectionLost,
+                    "the ledger writer stopped before answering; the write may or may not have committed",
+                )
+            })?,
+            Err(_) => {
+                return Err(StoreError::DeadlineExceeded {
+                    what: "waiting for the group commit's batch",
+                });
+            }
+        };
         answer.map(|op| op.map(|op| *op))
     }
 }

@@ -50,8 +50,8 @@ use self::conns::{Conns, Observer, Repeat};
 use self::statements::{Append, NOTIFY_CHANNEL};
 use super::rows::{self, COLUMNS, Id, Json, OPEN, Time, column};
 use super::{
-    CreateOutcome, DbFailure, DbObserver, NewOperation, OperationFilter, OperationPage, PruneRound,
-    RoundTrip, Saturation, StateCount, Store, StoreError, Transition, within,
+    CreateOutcome, DbFailure, DbObserver, HeldLease, NewOperation, OperationFilter, OperationPage,
+    PruneRound, Renewal, RoundTrip, Saturation, StateCount, Store, StoreError, Transition, within,
 };
 use crate::domain::{NewEvent, Operation, OperationEvent, State, event};
 
@@ -766,24 +766,31 @@ impl Store for PgStore {
         replica: &str,
         lease: Duration,
         limit: u32,
+        held: &[Uuid],
     ) -> Result<Vec<Operation>, StoreError> {
+        // `$4`: the operations a task of this replica works on now; their
+        // lease lapsed only if this replica stalled, and they are not
+        // taken over by it a second time (its own run would go on under
+        // the old epoch beside the new one).
         let target = format!(
             "SELECT id, lease_owner AS prev_owner FROM operations
              WHERE {OPEN}
                AND (lease_expires_at IS NULL OR lease_expires_at < now())
                AND (next_attempt_at IS NULL OR next_attempt_at <= now())
                AND escalated_at IS NULL
+               AND NOT (id = ANY($4))
              ORDER BY next_attempt_at NULLS FIRST, seq
              LIMIT $3
              FOR UPDATE SKIP LOCKED"
         );
         let sql = claim_sql(&target, "");
-        let replica = replica.to_string();
+        let (replica, held) = (replica.to_string(), held.to_vec());
         let q = move || {
             sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(replica.clone())
                 .bind(lease.as_millis() as f64)
                 .bind(i64::from(limit))
+                .bind(held.clone())
         };
         // Safe to run again: rows a lost first run claimed are this
         // replica's until their lease expires, then claimed anew.
@@ -830,23 +837,18 @@ impl Store for PgStore {
     async fn operation_renew_leases(
         &self,
         replica: &str,
-        ids: &[Uuid],
+        held: &[HeldLease],
         lease: Duration,
-    ) -> Result<Vec<Uuid>, StoreError> {
-        type Renewed = Vec<(Uuid,)>;
-        if ids.is_empty() {
+    ) -> Result<Vec<(Uuid, Renewal)>, StoreError> {
+        type Found = Vec<(Uuid, String)>;
+        if held.is_empty() {
             return Ok(Vec::new());
         }
-        // Open = completed_at IS NULL, not a state test: see TRANSITION_MANY.
-        // Rows another transaction holds (a decision being written, in its
-        // own order) are skipped, not waited for: waiting made the two
-        // deadlock under load (seen in the retention soak), and a row being
-        // written now is renewed at the next beat, well inside the lease.
-        // The new expiry counts from the moment the row is renewed
-        // (`clock_timestamp()`), not from the statement's start.
-        let (replica, ids) = (replica.to_string(), ids.to_vec());
+        let ids: Vec<Uuid> = held.iter().map(|h| h.id).collect();
+        let epochs: Vec<i64> = held.iter().map(|h| h.epoch).collect();
+        let replica = replica.to_string();
         let until = Instant::now() + lease;
-        let renewed: Renewed = self
+        let found: Found = self
             .leases
             .run(
                 RoundTrip::Lease,
@@ -854,22 +856,19 @@ impl Store for PgStore {
                 Repeat::Safe,
                 until,
                 move |c| {
-                    let q = sqlx::query_as(
-                        "UPDATE operations o SET lease_expires_at = clock_timestamp() + $3 * interval '1 millisecond'
-                         FROM (SELECT id FROM operations
-                               WHERE id = ANY($1) AND lease_owner = $2 AND completed_at IS NULL
-                               ORDER BY id FOR UPDATE SKIP LOCKED) held
-                         WHERE o.id = held.id
-                         RETURNING o.id",
-                    )
-                    .bind(ids.clone())
-                    .bind(replica.clone())
-                    .bind(lease.as_secs_f64() * 1000.0);
+                    let q = sqlx::query_as(statements::RENEW_LEASES)
+                        .bind(ids.clone())
+                        .bind(epochs.clone())
+                        .bind(replica.clone())
+                        .bind(lease.as_secs_f64() * 1000.0);
                     Box::pin(q.fetch_all(c))
                 },
             )
             .await?;
-        Ok(renewed.into_iter().map(|(id,)| id).collect())
+        Ok(found
+            .into_iter()
+            .map(|(id, found)| (id, statements::renewal(&found)))
+            .collect())
     }
 
     async fn verification_backlog(

@@ -17,12 +17,56 @@ use sqlx::types::Json;
 
 use crate::domain::NewEvent;
 use crate::store::rows::{COLUMNS, LoggedEvents, key_hash};
-use crate::store::{NewOperation, StoreError, Transition};
+use crate::store::{NewOperation, Renewal, StoreError, Transition};
 
 /// The LISTEN/NOTIFY channel of change notifications: one per committed
 /// batch that decided a watched operation, carrying those ids, comma
 /// separated (and one per operator resolution or recorded drift).
 pub(super) const NOTIFY_CHANNEL: &str = "volume_reconciler_operations";
+
+/// Renews the leases `$3` holds on the ids `$1`, each under its epoch
+/// (`$2`, in the same order), for `$4` milliseconds from the moment each row
+/// is renewed (`clock_timestamp()`), and says of each id what it found:
+/// `renewed`; `busy` (another statement holds the row now, and it is still
+/// this holder's in the statement's snapshot); `decided`; or `lost` (another
+/// owner, a newer epoch, released, or no row).
+///
+/// Rows another transaction holds are skipped, not waited for: waiting made
+/// the renewal and a decision written in another order deadlock under load
+/// (seen in the retention soak). A skipped row is `busy`, never `lost`: the
+/// send gate once read "not renewed" as a lost lease and withheld a request
+/// whose lease was only locked by the heartbeat's own renewal.
+///
+/// Open = `completed_at IS NULL`, not a state test (see `transition_sql`).
+pub(super) const RENEW_LEASES: &str = "WITH req AS (
+        SELECT * FROM unnest($1::uuid[], $2::int8[]) AS r(id, epoch)
+     ), held AS (
+        SELECT o.id FROM operations o JOIN req ON req.id = o.id
+        WHERE o.lease_owner = $3 AND o.lease_epoch = req.epoch AND o.completed_at IS NULL
+        ORDER BY o.id FOR UPDATE OF o SKIP LOCKED
+     ), upd AS (
+        UPDATE operations o SET lease_expires_at = clock_timestamp() + $4 * interval '1 millisecond'
+        FROM held WHERE o.id = held.id
+        RETURNING o.id, o.lease_epoch
+     )
+     SELECT req.id, CASE
+            WHEN upd.id IS NOT NULL THEN 'renewed'
+            WHEN cur.id IS NULL THEN 'lost'
+            WHEN cur.completed_at IS NOT NULL THEN 'decided'
+            WHEN cur.lease_owner = $3 AND cur.lease_epoch = req.epoch THEN 'busy'
+            ELSE 'lost' END AS found
+     FROM req LEFT JOIN upd ON upd.id = req.id AND upd.lease_epoch = req.epoch
+     LEFT JOIN operations cur ON cur.id = req.id";
+
+/// What `RENEW_LEASES` found of one lease.
+pub(super) fn renewal(found: &str) -> Renewal {
+    match found {
+        "renewed" => Renewal::Renewed,
+        "busy" => Renewal::Busy,
+        "decided" => Renewal::Decided,
+        _ => Renewal::Lost,
+    }
+}
 
 /// Events appended to an operation's log, changing nothing else
 /// (verifications).
@@ -313,6 +357,9 @@ fn transition_sql(one: bool) -> String {
             escalation = COALESCE(u.escalation, o.escalation),
             updated_at = now(),
             last_write = u.write_id";
+    // The epoch is the lease's identity: each is given out once (a claim
+    // or an operator's decision moves it on under the row's lock), so a
+    // write under any but the newest changes nothing.
     let fence = "o.id = u.id AND o.lease_epoch = u.epoch AND o.completed_at IS NULL
           AND o.last_write IS DISTINCT FROM u.write_id";
     let watched = "EXISTS (SELECT 1 FROM operation_watches w

@@ -44,8 +44,8 @@ use self::write::{
 };
 use super::rows::{self, COLUMNS, Id, Json, OPEN, Time, column};
 use super::{
-    CreateOutcome, DbFailure, NewOperation, OperationFilter, OperationPage, PruneRound, StateCount,
-    Store, StoreError, Transition, within,
+    CreateOutcome, DbFailure, HeldLease, NewOperation, OperationFilter, OperationPage, PruneRound,
+    Renewal, StateCount, Store, StoreError, Transition, within,
 };
 use crate::domain::{NewEvent, Operation, OperationError, OperationEvent, State, event};
 
@@ -65,7 +65,8 @@ column!(Sqlite, Json, String, |t| Ok(Json::Text(t)));
 
 /// The operations a claim may take (`?1` now, `?2` how many): open, not
 /// leased or the lease expired, due, not left to people; by
-/// `operations_open`.
+/// `operations_open`. (The ids this replica's tasks hold are left out by
+/// the claim itself.)
 static CLAIMABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT id, lease_owner FROM operations
@@ -459,16 +460,22 @@ impl Store for SqliteStore {
         replica: &str,
         lease: Duration,
         limit: u32,
+        held: &[Uuid],
     ) -> Result<Vec<Operation>, StoreError> {
         let mut tx = self.begin().await?;
         let now = now_us();
-        let ids: Vec<(String, Option<String>)> =
+        // The held ones are passed over in the query's order and the limit
+        // counts only the others: as many more are read as are held.
+        let held: std::collections::HashSet<String> = held.iter().map(Uuid::to_string).collect();
+        let mut ids: Vec<(String, Option<String>)> =
             sqlx::query_as(sqlx::AssertSqlSafe(CLAIMABLE.as_str()))
                 .bind(now)
-                .bind(i64::from(limit))
+                .bind(i64::from(limit) + held.len() as i64)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(db("claiming operations"))?;
+        ids.retain(|(id, _)| !held.contains(id));
+        ids.truncate(limit as usize);
         let mut out = Vec::with_capacity(ids.len());
         for (id, prev_owner) in ids {
             sqlx::query(
@@ -551,28 +558,45 @@ impl Store for SqliteStore {
     async fn operation_renew_leases(
         &self,
         replica: &str,
-        ids: &[Uuid],
+        held: &[HeldLease],
         lease: Duration,
-    ) -> Result<Vec<Uuid>, StoreError> {
-        let mut renewed = Vec::new();
+    ) -> Result<Vec<(Uuid, Renewal)>, StoreError> {
+        let mut found = Vec::with_capacity(held.len());
         let mut tx = self.begin().await?;
         let until = now_us() + lease.as_micros() as i64;
-        for id in ids {
+        for h in held {
             let r = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE operations SET lease_expires_at = ?3 WHERE id = ?1 AND lease_owner = ?2 AND {OPEN}"
+                "UPDATE operations SET lease_expires_at = ?3
+                 WHERE id = ?1 AND lease_owner = ?2 AND lease_epoch = ?4 AND {OPEN}"
             )))
-            .bind(id.to_string())
+            .bind(h.id.to_string())
             .bind(replica)
             .bind(until)
+            .bind(h.epoch)
             .execute(&mut *tx)
             .await
             .map_err(db("renewing leases"))?;
-            if r.rows_affected() > 0 {
-                renewed.push(*id);
-            }
+            // One writer: no row is ever held by another statement here,
+            // so what is not renewed is decided or another's.
+            let renewal = if r.rows_affected() > 0 {
+                Renewal::Renewed
+            } else {
+                let decided: Option<bool> = sqlx::query_scalar(
+                    "SELECT completed_at IS NOT NULL FROM operations WHERE id = ?",
+                )
+                .bind(h.id.to_string())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db("renewing leases"))?;
+                match decided {
+                    Some(true) => Renewal::Decided,
+                    _ => Renewal::Lost,
+                }
+            };
+            found.push((h.id, renewal));
         }
         tx.commit().await.map_err(db("renewing leases"))?;
-        Ok(renewed)
+        Ok(found)
     }
 
     async fn verification_backlog(
