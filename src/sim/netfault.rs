@@ -1,7 +1,9 @@
 //! A TCP proxy that fails the way a network fails under a service: its
 //! connections can go silent (kept open, nothing forwarded either way: a
 //! NAT or a load balancer that lost its state, a failover whose old
-//! connections were not reset), be reset (RST), or new ones be refused.
+//! connections were not reset), hold the server's replies only (what the
+//! client sends still arrives and is acted on: a congested or stalled
+//! return path), be reset (RST), or new ones be refused.
 //! The tests and the history checker put it in front of PostgreSQL to
 //! fault what the service stands on; real sockets both ways, nothing is
 //! simulated but the failure.
@@ -36,13 +38,31 @@ pub struct FaultProxy {
 struct Shared {
     upstream: SocketAddr,
     new: Mutex<NewConns>,
+    /// Replies held on every connection, new ones too.
+    replies_held: AtomicBool,
     open: Mutex<Vec<Arc<Conn>>>,
     accepted: AtomicU64,
 }
 
+/// What keeps a connection from forwarding.
+#[derive(Debug, Clone, Copy, Default)]
+struct Quiet {
+    /// Nothing forwarded either way.
+    silent: bool,
+    /// The server's bytes are held; the client's are forwarded.
+    replies_held: bool,
+}
+
+impl Quiet {
+    /// Whether the direction `up` (client to server) holds what it reads.
+    fn holds(&self, up: bool) -> bool {
+        self.silent || (!up && self.replies_held)
+    }
+}
+
 /// One proxied connection's controls.
 struct Conn {
-    silent: watch::Sender<bool>,
+    quiet: watch::Sender<Quiet>,
     reset: CancellationToken,
     closed: AtomicBool,
     /// The local port of its connection to the upstream (0 until it is
@@ -65,6 +85,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             upstream,
             new: Mutex::new(NewConns::Pass),
+            replies_held: AtomicBool::new(false),
             open: Mutex::new(Vec::new()),
             accepted: AtomicU64::new(0),
         });
@@ -146,9 +167,19 @@ impl FaultProxy {
     pub fn silence_open(&self) -> usize {
         let open = self.shared.open_now();
         for c in &open {
-            c.silent.send_replace(true);
+            c.quiet.send_modify(|q| q.silent = true);
         }
         open.len()
+    }
+
+    /// The server's replies are held on every connection, open and new
+    /// (`false`: delivered, then forwarded again); what the client sends
+    /// is still forwarded, so the server acts on it.
+    pub fn hold_replies(&self, held: bool) {
+        self.shared.replies_held.store(held, Ordering::SeqCst);
+        for c in self.shared.open_now() {
+            c.quiet.send_modify(|q| q.replies_held = held);
+        }
     }
 
     /// Every open connection is reset (RST both ways); returns how many.
@@ -170,7 +201,7 @@ impl FaultProxy {
     pub fn resume(&self) {
         self.set_new(NewConns::Pass);
         for c in self.shared.open_now() {
-            c.silent.send_replace(false);
+            c.quiet.send_modify(|q| q.silent = false);
         }
     }
 }
@@ -217,8 +248,12 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Cancellat
             reset(&client);
             continue;
         }
+        let quiet = Quiet {
+            silent: new == NewConns::Silent,
+            replies_held: shared.replies_held.load(Ordering::SeqCst),
+        };
         let conn = Arc::new(Conn {
-            silent: watch::channel(new == NewConns::Silent).0,
+            quiet: watch::channel(quiet).0,
             reset: CancellationToken::new(),
             closed: AtomicBool::new(false),
             upstream_port: AtomicU16::new(0),
@@ -285,9 +320,10 @@ async fn proxy_one(client: TcpStream, upstream: SocketAddr, conn: Arc<Conn>) {
 }
 
 /// Forwards `from` to `to` until either ends. While the connection is
-/// silent, what `from` sends is taken in and held (as the network would
-/// have it in flight), up to `HOLD` bytes, and its end too: all of it is
-/// delivered when it speaks again. `up`: `from` is the client. On a
+/// silent (or, from the server, its replies are held), what `from` sends
+/// is taken in and held (as the network would have it in flight), up to
+/// `HOLD` bytes, and its end too: all of it is delivered when it speaks
+/// again. `up`: `from` is the client. On a
 /// reset, hands both halves back (to be closed with an RST); `None` after
 /// an ordinary end.
 async fn pump(
@@ -296,14 +332,14 @@ async fn pump(
     conn: Arc<Conn>,
     up: bool,
 ) -> Option<(OwnedReadHalf, OwnedWriteHalf)> {
-    let mut silent = conn.silent.subscribe();
+    let mut quiet = conn.quiet.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
     let mut held = Vec::new();
     let mut ended = false;
     loop {
-        while *silent.borrow_and_update() {
+        while quiet.borrow_and_update().holds(up) {
             tokio::select! {
-                c = silent.changed() => if c.is_err() { return None },
+                c = quiet.changed() => if c.is_err() { return None },
                 _ = conn.reset.cancelled() => return Some((from, to)),
                 r = from.read(&mut buf), if !ended && held.len() < HOLD => match r {
                     Ok(0) | Err(_) => {
@@ -333,7 +369,7 @@ async fn pump(
             },
             _ = conn.reset.cancelled() => return Some((from, to)),
         };
-        if *silent.borrow() {
+        if quiet.borrow().holds(up) {
             // Read just as it went silent: held until it speaks again.
             held.extend_from_slice(&buf[..n]);
             continue;

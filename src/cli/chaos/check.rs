@@ -30,6 +30,7 @@ pub const INVARIANTS: &[&str] = &[
     "keys-are-per-caller",
     "busy-means-busy",
     "story-in-order",
+    super::waits::ANSWER_FOLLOWS_DECISION,
 ];
 
 #[derive(Debug, Clone)]

@@ -1,7 +1,12 @@
 //! The replicas a chaos run drives: each `serve` replica built exactly as
 //! `main` builds it, in a runtime of its own, so that killing it is what
 //! kill -9 is to a process: its tasks stop where they are, its database
-//! connections drop, nothing is handed over.
+//! connections drop, nothing is handed over. Freezing it is what SIGSTOP
+//! then SIGCONT are: every worker thread of its runtime is held, so none
+//! of its tasks (executor runs, heartbeat, reconciler, gRPC) is polled and
+//! none of its timers fires, while its sockets stay open and the kernel
+//! keeps taking in what arrives; on release, the monotonic clock has moved
+//! on by the pause, as it has for a stopped process.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +27,70 @@ pub fn caller_name(client: usize) -> String {
 /// Replica `i`'s name (its `--replica-id`).
 pub fn replica_name(i: usize) -> String {
     format!("chaos-{i}")
+}
+
+/// The worker threads of a replica's runtime (all held by a freeze).
+const WORKERS: usize = 2;
+
+/// How long a freeze waits for every worker to be held: a worker busy in
+/// a long poll takes the holding task from the runtime's queue after it.
+const FREEZE_TAKES_HOLD_WITHIN: Duration = Duration::from_secs(5);
+
+/// The workers a freeze holds, and whether it still holds them.
+#[derive(Default)]
+struct FreezeGate {
+    state: std::sync::Mutex<(usize, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl FreezeGate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, bool)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds the calling worker thread until the freeze ends.
+    fn hold(&self) {
+        let mut s = self.lock();
+        s.0 += 1;
+        self.changed.notify_all();
+        while s.1 {
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Waits (blocking) until `n` workers are held, or `within` passed;
+    /// how many are.
+    fn wait_held(&self, n: usize, within: Duration) -> usize {
+        let mut s = self.lock();
+        let until = std::time::Instant::now() + within;
+        while s.0 < n {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            s = self
+                .changed
+                .wait_timeout(s, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        s.0
+    }
+
+    fn release(&self) {
+        self.lock().1 = false;
+        self.changed.notify_all();
+    }
+}
+
+/// Ends a freeze however its waiter ends (dropped mid-sleep too): a
+/// runtime left held would never run again.
+struct Thaw(Arc<FreezeGate>);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        self.0.release();
+    }
 }
 
 /// How long a replica may take to start: its wait for the database
@@ -216,7 +285,7 @@ impl Cluster {
         let cfg = ServeArgs::from_args(self.args(i, &name, skew))
             .map_err(|e| anyhow::anyhow!("chaos replica flags: {e}"))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(WORKERS)
             .thread_name(format!("{name}-worker"))
             .enable_all()
             .build()?;
@@ -284,6 +353,50 @@ impl Cluster {
         if let Some(rt) = r[i].runtime.take() {
             rt.shutdown_background();
         }
+    }
+
+    /// Freezes replica `i` for `d`, then lets it run on (see the module's
+    /// doc); returns whether every worker of it was held (false: it was
+    /// down, or a worker did not come free in time, and it ran on partly).
+    pub async fn freeze(&self, i: usize, d: Duration) -> bool {
+        let Some(handle) = self
+            .replicas()
+            .get(i)
+            .and_then(|r| r.runtime.as_ref().map(|rt| rt.handle().clone()))
+        else {
+            return false;
+        };
+        let gate = Arc::new(FreezeGate::default());
+        gate.lock().1 = true;
+        let thaw = Thaw(gate.clone());
+        // Holding tasks spawned from outside the runtime, one at a time,
+        // until every worker is held: each lands in the runtime's shared
+        // queue and wakes a parked worker; one that finds every worker
+        // taken waits there and, the freeze over, ends at once. (Spawned
+        // together, a worker could take two into its own queue and block
+        // on the first, the second then out of reach of one asleep.)
+        let began = std::time::Instant::now();
+        let mut held = 0;
+        while held < WORKERS && began.elapsed() < FREEZE_TAKES_HOLD_WITHIN {
+            let gate_n = gate.clone();
+            // Detached: it ends when the freeze does.
+            drop(handle.spawn(async move { gate_n.hold() }));
+            let waiter = gate.clone();
+            let want = held + 1;
+            held = match tokio::task::spawn_blocking(move || {
+                waiter.wait_held(want, Duration::from_millis(200))
+            })
+            .await
+            {
+                Ok(held) => held,
+                // The wait itself failed (a panic): the freeze goes on
+                // with what it holds, reported as partial.
+                Err(_) => break,
+            };
+        }
+        tokio::time::sleep(d).await;
+        drop(thaw);
+        held == WORKERS
     }
 
     /// Stops every replica through its staged shutdown.

@@ -4,7 +4,8 @@
 //! server itself (`postgres.rs`), the server can crash and restart.
 //!
 //! Histories play their faults here (`history::DbFault`, drawn from their
-//! seed). Histories run concurrently and the faults are the run's, not one
+//! seed), a replica frozen (`Cluster::freeze`) among them: to the
+//! checker, a frozen replica is one cut off from the database for as long. Histories run concurrently and the faults are the run's, not one
 //! history's: they overlap, so each proxy counts the faults holding it
 //! (a connection goes quiet again only when the last silence on it ends),
 //! and a crash while another is under way is skipped. Every fault is
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::cluster::Cluster;
 use super::history::DbFault;
 use super::postgres::{Crash, OwnPostgres};
 use crate::sim::netfault::{FaultProxy, NewConns};
@@ -73,6 +75,9 @@ pub struct DbFaults {
     /// The server, when it is chaos's own (crashes need it).
     server: Option<Arc<OwnPostgres>>,
     crashing: Mutex<bool>,
+    /// The replicas frozen now (a second freeze of one is skipped: its
+    /// holding tasks would wait behind the first's).
+    frozen: Mutex<std::collections::BTreeSet<usize>>,
     log: Mutex<Vec<DbOutage>>,
     /// Faults played, by kind (and those skipped).
     counts: Mutex<BTreeMap<String, u64>>,
@@ -106,6 +111,7 @@ impl DbFaults {
                 proxies: Mutex::new(proxies),
                 server,
                 crashing: Mutex::new(false),
+                frozen: Mutex::new(std::collections::BTreeSet::new()),
                 log: Mutex::new(Vec::new()),
                 counts: Mutex::new(BTreeMap::new()),
             },
@@ -176,6 +182,15 @@ impl DbFaults {
         }
     }
 
+    fn each(&self, which: &[usize], f: impl Fn(&FaultProxy)) {
+        let proxies = self.proxies.lock().unwrap_or_else(|p| p.into_inner());
+        for &i in which {
+            if let Some(p) = proxies.get(i) {
+                f(&p.proxy);
+            }
+        }
+    }
+
     /// Changes what holds the proxies `which`, and makes them do what
     /// holds them now: new connections refused while a refusal holds,
     /// silent while a silence of new ones does; open connections silent
@@ -203,9 +218,39 @@ impl DbFaults {
         }
     }
 
-    /// Plays one fault to its end.
-    pub async fn play(&self, fault: &DbFault) {
+    /// Plays one fault to its end (a freeze on `cluster`'s replica).
+    pub async fn play(&self, fault: &DbFault, cluster: &Cluster) {
         match *fault {
+            DbFault::Freeze { replica, ms } => {
+                let (which, name) = self.targets(Some(replica));
+                let Some(&r) = which.first() else { return };
+                if !self
+                    .frozen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(r)
+                {
+                    self.count("replica freeze skipped (frozen already)");
+                    return;
+                }
+                let i = self.begin(name, "replica frozen");
+                if !cluster.freeze(r, Duration::from_millis(ms)).await {
+                    self.count("replica frozen in part (down, or a worker busy)");
+                }
+                self.end(i);
+                self.frozen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&r);
+            }
+            DbFault::HoldReplies { replica, ms } => {
+                let (which, name) = self.targets(Some(replica));
+                let i = self.begin(name, "database replies held");
+                self.each(&which, |p| p.hold_replies(true));
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                self.each(&which, |p| p.hold_replies(false));
+                self.end(i);
+            }
             DbFault::Silent {
                 replica,
                 new_too,

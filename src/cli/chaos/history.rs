@@ -112,6 +112,12 @@ pub enum DbFault {
     /// an immediate stop (`pg_ctl stop -m immediate`) — and is restarted
     /// after `pause_ms` (only on a server of chaos's own).
     Crash { kill: bool, pause_ms: u64 },
+    /// Replica `replica` frozen for `ms`, mostly past its lease (what
+    /// SIGSTOP, then SIGCONT, do to a process: `Cluster::freeze`).
+    Freeze { replica: usize, ms: u64 },
+    /// The database's replies to replica `replica` held for `ms`, then
+    /// delivered; its statements still arrive and are acted on.
+    HoldReplies { replica: usize, ms: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -147,7 +153,16 @@ pub struct Shape {
     pub db_crash: bool,
     /// The replicas a database fault may pick from.
     pub replicas: usize,
+    /// The share of histories that meet a replica frozen or its database
+    /// replies held (0: none); their calls' deadlines are sometimes long
+    /// (`LONG_DEADLINE_MS`), so that a caller can wait on a replica that
+    /// lost its operation.
+    pub pauses: f64,
 }
+
+/// The deadline of a long call in a history with a pause: longer than a
+/// pause and the wait the checker allows after a decision together.
+pub const LONG_DEADLINE_MS: u64 = 20_000;
 
 impl Default for Shape {
     fn default() -> Self {
@@ -158,6 +173,7 @@ impl Default for Shape {
             db_faults: 0.0,
             db_crash: false,
             replicas: 1,
+            pauses: 0.0,
         }
     }
 }
@@ -213,6 +229,11 @@ impl History {
             });
         }
         happenings.extend(db_faults(seed, shape, span));
+        let pauses = pause_faults(seed, shape, span);
+        if !pauses.is_empty() {
+            long_deadlines(seed, &mut calls);
+        }
+        happenings.extend(pauses);
         happenings.sort_by_key(|t| t.at_ms);
         History {
             seed,
@@ -283,6 +304,45 @@ fn db_faults(seed: u64, shape: &Shape, span: u64) -> Vec<Timed> {
             what: Happening::Db(db_fault(&mut rng, shape)),
         })
         .collect()
+}
+
+/// A replica frozen, or its database replies held, in a share of the
+/// histories; drawn from a stream of their own, as the database faults.
+fn pause_faults(seed: u64, shape: &Shape, span: u64) -> Vec<Timed> {
+    if shape.pauses <= 0.0 || shape.replicas < 2 {
+        return Vec::new();
+    }
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x7061_7573_6573);
+    if !rng.random_bool(shape.pauses.min(1.0)) {
+        return Vec::new();
+    }
+    let replica = rng.random_range(0..shape.replicas);
+    // Mostly past the lease (3 s), sometimes within it.
+    let ms = if rng.random_bool(0.8) {
+        rng.random_range(3_500..8_000)
+    } else {
+        rng.random_range(500..3_000)
+    };
+    let what = if rng.random_bool(0.6) {
+        DbFault::Freeze { replica, ms }
+    } else {
+        DbFault::HoldReplies { replica, ms }
+    };
+    vec![Timed {
+        at_ms: rng.random_range(0..span),
+        what: Happening::Db(what),
+    }]
+}
+
+/// Gives a third of the calls a long deadline (from a stream of its own):
+/// the callers a replica that lost its operation could hold.
+fn long_deadlines(seed: u64, calls: &mut [Call]) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6c6f_6e67);
+    for c in calls.iter_mut() {
+        if rng.random_bool(0.33) {
+            c.deadline_ms = LONG_DEADLINE_MS;
+        }
+    }
 }
 
 fn db_fault(rng: &mut StdRng, shape: &Shape) -> DbFault {

@@ -29,6 +29,7 @@ pub mod play;
 pub mod postgres;
 pub mod report;
 pub mod shrink;
+pub mod waits;
 pub mod windows;
 
 pub use report::{Failure, Summary};
@@ -88,6 +89,16 @@ pub struct ChaosArgs {
     /// throwaway cluster) PostgreSQL crashed and restarted.
     #[arg(long, default_value_t = 0.25, value_parser = share)]
     pub db_faults: f64,
+    /// The share of histories that meet a replica frozen past its lease
+    /// (its runtime stopped, then resumed, as SIGSTOP and SIGCONT) or its
+    /// database replies held, then delivered (PostgreSQL, 2 replicas or
+    /// more; 0 turns them off). A third of their calls get a 20 s deadline.
+    #[arg(long, default_value_t = 0.0, value_parser = share)]
+    pub pauses: f64,
+    /// How long a caller may still wait once its operation was decided
+    /// (the invariant answer-follows-decision).
+    #[arg(long, value_parser = duration, default_value = "6s")]
+    pub answer_within: Duration,
     /// Histories played at once.
     #[arg(long, default_value_t = 24)]
     pub concurrency: usize,
@@ -185,9 +196,13 @@ impl ChaosConfig {
             progress: true,
             shape: Shape {
                 db_faults: a.db_faults,
+                pauses: a.pauses,
                 ..Shape::default()
             },
-            ..Self::default()
+            windows: Windows {
+                answer_within: a.answer_within,
+                ..Self::default().windows
+            },
         }
     }
 
@@ -238,12 +253,18 @@ impl Default for ChaosConfig {
                 slack: Duration::from_secs(8),
                 lease: crate::executor::ExecSettings::DEFAULT.lease,
                 db_round_trip: crate::store::DbBounds::DEFAULT.round_trip,
+                answer_within: DEFAULT_ANSWER_WITHIN,
             },
             shrink_for: Duration::ZERO,
             progress: false,
         }
     }
 }
+
+/// How long a caller may wait once its operation is decided: a few
+/// seconds, and one heartbeat (the replica that lost the operation hears
+/// so at its next renewal).
+pub const DEFAULT_ANSWER_WITHIN: Duration = Duration::from_secs(6);
 
 /// The running parts of a chaos run.
 struct Rig {
@@ -423,7 +444,13 @@ async fn trial(
 ) -> anyhow::Result<(Played, Vec<Violation>)> {
     let played = ctx.play(h).await?;
     let kills = kills.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let violations = check::check(&played, ctx.windows, &kills, &played.outages);
+    let mut violations = check::check(&played, ctx.windows, &kills, &played.outages);
+    violations.extend(waits::check(
+        &played,
+        ctx.windows.answer_within,
+        &played.outages,
+        chrono::Utc::now(),
+    ));
     Ok((played, violations))
 }
 

@@ -340,7 +340,8 @@ impl Context {
                 Happening::Db(fault) => match &self.db {
                     Some(db) => {
                         let (db, fault) = (db.clone(), fault.clone());
-                        faults.push(tokio::spawn(async move { db.play(&fault).await }));
+                        let cluster = self.cluster.clone();
+                        faults.push(tokio::spawn(async move { db.play(&fault, &cluster).await }));
                     }
                     None => tracing::debug!("chaos: a database fault without a database to fault"),
                 },

@@ -25,6 +25,9 @@ pub struct Windows {
     /// The replicas' bound of one database round trip
     /// (`--db-statement-timeout`).
     pub db_round_trip: Duration,
+    /// How long a caller may still wait once its operation is decided
+    /// (`answer-follows-decision`).
+    pub answer_within: Duration,
 }
 
 pub(super) fn ms(n: i64) -> chrono::Duration {
