@@ -275,11 +275,19 @@ impl Client {
                 Some(_) => Err(anyhow::Error::new(explain(&s, server, 0))),
                 None => Ok(client),
             },
-            Err(_) => anyhow::bail!(
-                "cannot reach {server}: {} (nothing within {})",
-                hint("handshake did not finish", server).unwrap_or_default(),
-                crate::config::render_duration(within)
-            ),
+            // UNAVAILABLE, as a refused connection is: the caller may try
+            // again (the CLI's retry status).
+            Err(_) => Err(anyhow::Error::new(CallError {
+                code: Code::Unavailable,
+                message: format!(
+                    "cannot reach {server}: {} (nothing within {})",
+                    hint("handshake did not finish", server).unwrap_or_default(),
+                    crate::config::render_duration(within)
+                ),
+                reason: None,
+                metadata: HashMap::new(),
+                retries: 0,
+            })),
         }
     }
 

@@ -80,11 +80,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "0s",
     ])
     .map_err(|e| anyhow::anyhow!("dev's serve flags: {e}"))?;
-    let app = Application::build(serve).await.map_err(|e| {
-        e.context("--listen or --admin-listen: another serve or dev running? (both take flags)")
-    })?;
-    print_banner(&args, &sim, &ledger, own);
-    let served = app.run_until(crate::startup::shutdown_signal()).await;
+    let served = match Application::build(serve).await {
+        Ok(app) => {
+            print_banner(&args, &sim, &ledger, own);
+            app.run_until(crate::startup::shutdown_signal()).await
+        }
+        Err(e) => Err(e.context(
+            "--listen or --admin-listen: another serve or dev running? (both take flags)",
+        )),
+    };
     sim.stop().await;
     if own {
         for failure in files::remove(&ledger) {

@@ -10,7 +10,8 @@ use super::{BIN, always, free_port, host_port, run};
 use crate::support::{AppOptions, Ledger, spawn_app};
 use volume_reconciler::sim::{Fault, FaultOp};
 
-/// `dev` as a process, stopped (SIGINT, as Ctrl-C) when dropped.
+/// `dev` as a process: `stop` is Ctrl-C (SIGINT); a test that fails
+/// before kills it when `Dev` is dropped.
 struct Dev {
     child: Child,
     banner: Vec<String>,
@@ -20,12 +21,16 @@ impl Dev {
     /// Starts `dev` on free ports and reads its banner up to "Ctrl-C".
     fn start() -> Self {
         let port = || format!("127.0.0.1:{}", free_port());
+        // Its log in a file: a pipe inherited from the test would keep
+        // whoever reads the test's output waiting for as long as dev runs.
+        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("dev-{}.log", uuid::Uuid::new_v4().simple()));
         let mut child = Command::new(BIN)
             .args(["dev", "--listen", &port(), "--admin-listen", &port()])
             .args(["--sim-listen", &port()])
             .env("VOLUME_RECONCILER_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -66,10 +71,19 @@ impl Dev {
             .to_string()
     }
 
-    fn stop(mut self) -> std::process::ExitStatus {
+    fn stop(&mut self) -> std::process::ExitStatus {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // After `stop` the child is gone and kill fails: nothing to do;
+        // after a failed assertion this ends it, and its error is moot.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -83,12 +97,13 @@ async fn paste(line: &str) -> std::process::Output {
 
 #[tokio::test]
 async fn the_attach_that_dev_prints_succeeds_when_pasted_and_prints_the_operation_and_its_log() {
-    let dev = Dev::start();
-    assert!(
-        dev.line("metrics").contains("/metrics"),
-        "{:#?}",
-        dev.banner
-    );
+    volume_reconciler::tls::install_crypto_provider();
+    let mut dev = Dev::start();
+    // The metrics address it prints answers with the service's metrics.
+    let metrics = dev.line("metrics");
+    let url = metrics.split_whitespace().nth(1).unwrap();
+    let body = reqwest::get(url).await.unwrap().text().await.unwrap();
+    assert!(body.contains("volume_reconciler_"), "{url}: {body}");
     let attach = dev.line("ops attach");
     let out = paste(&attach).await;
     let (stdout, stderr) = (
