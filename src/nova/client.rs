@@ -581,9 +581,11 @@ impl NovaClient {
             .judge(|answer| answer.list(server_id));
         match listed {
             // "The server is gone" decides operations (a detach done, an
-            // attach failed): only when a look at the server agrees.
+            // attach failed): only when a look at the server agrees. The
+            // look is boxed: it is the cold path, and every list waiting
+            // behind the per-host cap would otherwise hold room for it.
             Err(e) if e.rejection() == Some(&Rejection::ServerNotFound) => {
-                let look = self.server_exists_as(rid, server_id, deadline).await;
+                let look = Box::pin(self.server_exists_as(rid, server_id, deadline)).await;
                 Err(gone_if_shown_gone(e, look.map(|a| a.value)))
             }
             listed => listed,
