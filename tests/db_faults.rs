@@ -295,13 +295,17 @@ async fn a_database_silent_for_20s_then_back_loses_nothing_answered_and_the_reco
     // but stays ready: 20 s of silence is within --ready-db-grace (30 s),
     // a blip every replica shares; liveness answers.
     let app2 = app.clone();
-    eventually(secs(15.0), "/readyz reports the database, still ready", || {
-        let app = app2.clone();
-        async move {
-            matches!(admin_get(&app, "/readyz", secs(4.0)).await,
+    eventually(
+        secs(15.0),
+        "/readyz reports the database, still ready",
+        || {
+            let app = app2.clone();
+            async move {
+                matches!(admin_get(&app, "/readyz", secs(4.0)).await,
                 Some((200, body)) if body.contains("database unreachable"))
-        }
-    })
+            }
+        },
+    )
     .await;
     assert_eq!(
         admin_get(&app, "/healthz", secs(1.0)).await.map(|l| l.0),

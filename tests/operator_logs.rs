@@ -131,16 +131,19 @@ async fn a_thousand_operations_and_a_nova_outage_log_a_handful_of_lines() {
     });
     let outage = lines(&log).len();
     let failed_in = |l: &serde_json::Value| l["count"].as_u64().unwrap_or(0);
+    // Each decision's verification is tried a few times, then given up:
+    // a thousand of them fail a few thousand looks within seconds, which
+    // one summary (an interval's) or two (the looks across its edge) say.
     eventually(
         Duration::from_secs(90),
-        "two summaries of failed verifications are logged",
+        "summaries of a thousand failed verifications are logged",
         || async {
             let all = lines(&log);
             let rounds: Vec<_> = all[outage..]
                 .iter()
                 .filter(|l| l["level"] == "WARN" && failed_in(l) > 0)
                 .collect();
-            rounds.len() >= 2 && rounds.iter().map(|l| failed_in(l)).sum::<u64>() >= 1000
+            rounds.iter().map(|l| failed_in(l)).sum::<u64>() >= 1000
         },
     )
     .await;

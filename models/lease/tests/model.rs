@@ -1,5 +1,6 @@
 //! The lease model, checked: the whole protocol holds every property to a
-//! bounded depth (exhaustively with `--ignored`), and each guard removed
+//! bounded depth (every interleaving: `cargo run --release -p lease-model
+//! --example exhaustive`), and each guard removed
 //! lets the checker find the counterexample it exists for.
 
 use std::collections::BTreeSet;
@@ -125,14 +126,4 @@ fn every_property_is_named_once() {
     assert_eq!(names.len(), PROPERTIES.len());
     let m = model(Guards::ALL);
     assert_eq!(m.properties().len(), PROPERTIES.len());
-}
-
-/// The figures of docs/testing.md: 2 replicas × 2 operations, every
-/// interleaving (`cargo test --release -p lease-model -- --ignored
-/// --nocapture`).
-#[test]
-#[ignore = "exhaustive: minutes; run by hand for the figures"]
-fn every_guard_in_place_holds_every_property_exhaustively() {
-    let checker = check(model(Guards::ALL), 0, &[]);
-    checker.assert_properties();
 }
