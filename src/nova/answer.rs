@@ -350,6 +350,19 @@ pub(crate) enum Judged {
     Detach,
 }
 
+/// An answer of Nova's as the tests write it: status, content type, body.
+#[cfg(test)]
+fn sample_raw(status: u16, content_type: &str, body: &str) -> RawResponse {
+    RawResponse {
+        status,
+        body: bytes::Bytes::from(body.to_string()),
+        request_id: Some("req-sample".into()),
+        content_type: Some(content_type.into()),
+        api_version: None,
+        location: None,
+    }
+}
+
 /// The error the client makes of one answer to `call` (which must not be
 /// one the call takes): the classification table's test feeds
 /// docs/design.md's rows answers as they come over the wire.
@@ -362,14 +375,7 @@ pub(crate) fn judged(
     server: Uuid,
     volume: Uuid,
 ) -> NovaError {
-    let raw = RawResponse {
-        status,
-        body: bytes::Bytes::from(body.to_string()),
-        request_id: Some("req-sample".into()),
-        content_type: Some(content_type.into()),
-        api_version: None,
-        location: None,
-    };
+    let raw = sample_raw(status, content_type, body);
     let (method, path) = match call {
         Judged::Attach(_) => ("POST", format!("/servers/{server}/os-volume_attachments")),
         Judged::Detach => (
@@ -404,14 +410,7 @@ pub(crate) fn read_answer<T>(
     body: &str,
     read: impl FnOnce(&Exchange<'_>) -> T,
 ) -> T {
-    let raw = RawResponse {
-        status,
-        body: bytes::Bytes::from(body.to_string()),
-        request_id: Some("req-sample".into()),
-        content_type: Some(content_type.into()),
-        api_version: None,
-        location: None,
-    };
+    let raw = sample_raw(status, content_type, body);
     read(&Exchange {
         method: "GET",
         url: "http://nova:8774/v2.1/servers/sample".into(),
