@@ -1068,14 +1068,12 @@ fn instance_not_found(instance: Uuid) -> String {
     )
 }
 
-/// A detach answered 500 with nothing done; the attachment list then
-/// answers Nova's 404 naming another instance, while `GET /servers/{id}`
-/// shows this one. That 404 is no word about this server: the detach is
-/// not decided (UNKNOWN at the caller's deadline), no reconciler pass
-/// decides it either, and the ledger agrees with Nova, which still holds
-/// the attachment.
-#[tokio::test]
-async fn a_list_404_naming_another_instance_does_not_decide_a_detach() {
+/// An attached volume whose detach Nova answers 500 with nothing done,
+/// and whose server's attachment list then answers Nova's 404 naming the
+/// instance `named` gives for the server.
+async fn detach_answered_500_then_a_list_404_naming(
+    named: impl FnOnce(Uuid) -> Uuid,
+) -> (TestApp, Uuid, Uuid) {
     let app = spawn_app(with_history().arg("--confirm-with", "nova-list")).await;
     let (s, v) = ids();
     app.sim.seed_attachment(s, v);
@@ -1095,13 +1093,25 @@ async fn a_list_404_naming_another_instance_does_not_decide_a_detach() {
             page(
                 404,
                 "application/json; charset=UTF-8",
-                &instance_not_found(Uuid::new_v4()),
+                &instance_not_found(named(s)),
                 false,
             ),
         )
         .server(s)
         .always(),
     );
+    (app, s, v)
+}
+
+/// A detach answered 500 with nothing done; the attachment list then
+/// answers Nova's 404 naming another instance, while `GET /servers/{id}`
+/// shows this one. That 404 is no word about this server: the detach is
+/// not decided (UNKNOWN at the caller's deadline), no reconciler pass
+/// decides it either, and the ledger agrees with Nova, which still holds
+/// the attachment.
+#[tokio::test]
+async fn a_list_404_naming_another_instance_does_not_decide_a_detach() {
+    let (app, s, v) = detach_answered_500_then_a_list_404_naming(|_| Uuid::new_v4()).await;
     let err = app
         .raw()
         .detach_volume(with_timeout(
@@ -1153,32 +1163,7 @@ async fn a_list_404_naming_another_instance_does_not_decide_a_detach() {
 /// UNKNOWN, as Nova holds it.
 #[tokio::test]
 async fn a_list_404_for_a_server_that_a_look_shows_decides_nothing() {
-    let app = spawn_app(with_history().arg("--confirm-with", "nova-list")).await;
-    let (s, v) = ids();
-    app.sim.seed_attachment(s, v);
-    app.sim.add_fault(
-        FaultRule::new(
-            FaultOp::Detach,
-            Fault::Status {
-                code: 500,
-                effect: false,
-            },
-        )
-        .volume(v),
-    );
-    app.sim.add_fault(
-        FaultRule::new(
-            FaultOp::List,
-            page(
-                404,
-                "application/json; charset=UTF-8",
-                &instance_not_found(s),
-                false,
-            ),
-        )
-        .server(s)
-        .always(),
-    );
+    let (app, s, v) = detach_answered_500_then_a_list_404_naming(|s| s).await;
     let err = app
         .raw()
         .detach_volume(with_timeout(
