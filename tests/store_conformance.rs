@@ -489,6 +489,71 @@ async fn renewals_and_writes_carry_the_epoch_and_a_claim_passes_over_held_work(
     );
 }
 
+/// A request leaves after its attempt is recorded (it may wait for a
+/// connection slot or a token), but never after its lease ends (the send
+/// gate): a takeover of an expired lease counts the settle window from
+/// that end, so a late departure is still inside it. A released lease
+/// keeps its stamp. (The model's `takeover_restamps` guard.)
+async fn a_takeover_counts_the_settle_window_from_the_old_leases_end(store: Arc<dyn Store>) {
+    let mut held = new_op("restamp-held", Uuid::new_v4(), State::InProgress);
+    held.lease_owner = "r1".into();
+    held.lease_for = Duration::from_secs(2);
+    let held = create(store.as_ref(), held).await;
+    let (stamp, lease_end) = (
+        held.last_request_at.expect("the intent stamps its request"),
+        held.lease_expires_at.expect("a leased intent"),
+    );
+    assert!(lease_end > stamp, "{lease_end} after {stamp}");
+    let released = create(
+        store.as_ref(),
+        new_op("restamp-released", Uuid::new_v4(), State::InProgress),
+    )
+    .await;
+    let mut t = Transition::new(&released, State::Unknown, "owner");
+    t.release_lease = true;
+    t.events = vec![NewEvent::new("unresolved", "left open")];
+    let released = store
+        .operation_transition(t, soon())
+        .await
+        .unwrap()
+        .expect("the holder's write");
+    assert_eq!(released.lease_owner, None);
+
+    let claimed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    support::eventually(
+        Duration::from_secs(30),
+        "r1's lease expires and r2 takes both operations over",
+        || {
+            let (store, claimed) = (store.clone(), claimed.clone());
+            async move {
+                let now = store
+                    .operation_claim("r2", Duration::from_secs(60), 10, &[])
+                    .await
+                    .unwrap();
+                let mut got = claimed.lock().unwrap();
+                got.extend(now);
+                got.iter().any(|o| o.id == held.id)
+            }
+        },
+    )
+    .await;
+    let claimed = claimed.lock().unwrap().clone();
+    let taken = claimed.iter().find(|o| o.id == held.id).unwrap();
+    assert_eq!(
+        taken.last_request_at,
+        Some(lease_end),
+        "the settle window of a takeover counts from the old lease's end"
+    );
+    let again = claimed
+        .iter()
+        .find(|o| o.id == released.id)
+        .expect("the released operation claimed");
+    assert_eq!(
+        again.last_request_at, released.last_request_at,
+        "a released lease keeps its stamp"
+    );
+}
+
 async fn keys_are_per_caller(store: Arc<dyn Store>) {
     let mine = create(store.as_ref(), new_op_of("alice", "shared", Uuid::new_v4())).await;
     let theirs = create(store.as_ref(), new_op_of("bob", "shared", Uuid::new_v4())).await;
@@ -1335,6 +1400,7 @@ conformance!(
     claims_lease_each_operation_to_one_replica,
     leases_are_renewed_by_their_holder_and_never_taken_while_live,
     renewals_and_writes_carry_the_epoch_and_a_claim_passes_over_held_work,
+    a_takeover_counts_the_settle_window_from_the_old_leases_end,
     keys_are_per_caller,
     verification_is_handed_out_once_in_decision_order,
     escalated_operations_are_left_to_people,

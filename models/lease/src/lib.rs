@@ -64,29 +64,23 @@ pub struct Guards {
     /// The reconciler never claims an operation a task of its own replica
     /// holds. Off: it claims any expired lease, as before issue 47.
     pub claim_skips_own_runs: bool,
-    /// The settle window counts from the request's departure: the gate's
-    /// renewal stamps `last_request_at`. Off: from the attempt's record, as
-    /// the real code does (a request that waited for a slot or a token
-    /// leaves later than the stamp).
-    pub stamp_at_departure: bool,
+    /// A takeover counts the settle window from the old lease's end: the
+    /// claim moves `last_request_at` up to the expired `lease_expires_at`,
+    /// the latest its holder's request may have left (the gate lets none
+    /// leave after). Off: from the attempt's record alone (a request that
+    /// waited for a slot or a token leaves later than that stamp).
+    pub takeover_restamps: bool,
 }
 
 impl Guards {
-    /// The protocol as branch `lease` makes it (issue 47): every guard but
-    /// the departure's stamp.
-    pub const REAL: Guards = Guards {
-        stamp_at_departure: false,
-        ..Guards::ALL
-    };
-
-    /// The protocol as it is meant to be: every guard in place.
+    /// The protocol as the real code makes it: every guard in place.
     pub const ALL: Guards = Guards {
         fence: true,
         epoch: true,
         settle_window: true,
         send_gate: true,
         claim_skips_own_runs: true,
-        stamp_at_departure: true,
+        takeover_restamps: true,
     };
 }
 

@@ -258,6 +258,14 @@ fn claim(m: &LeaseModel, s: &State, n: &mut State, op: u8, r: u8) -> Option<()> 
     {
         return None;
     }
+    if m.guards.takeover_restamps && row.owner.is_some() {
+        // A takeover: every request of the old holder left before its
+        // lease ended, so the window from that end covers them all.
+        n.rows[op as usize].settled = false;
+        for q in n.nova.iter_mut().filter(|q| q.op == op) {
+            q.prompt = true;
+        }
+    }
     let row = &mut n.rows[op as usize];
     row.owner = Some(r);
     row.epoch += 1;
@@ -438,8 +446,7 @@ fn send(m: &LeaseModel, s: &State, n: &mut State, r: u8, t: u8) -> Option<()> {
         n.replicas[r as usize].tasks[t as usize].phase = Phase::Watch;
         return Some(());
     }
-    let mut prompt = task.prompt;
-    if m.guards.send_gate && (m.guards.stamp_at_departure || !task.known_live) {
+    if m.guards.send_gate && !task.known_live {
         // A renewal now (the gate waits for its reply).
         if rep.db_held {
             return None;
@@ -450,13 +457,6 @@ fn send(m: &LeaseModel, s: &State, n: &mut State, r: u8, t: u8) -> Option<()> {
         }
         n.rows[op as usize].expired = false;
         n.replicas[r as usize].tasks[t as usize].known_live = true;
-        if m.guards.stamp_at_departure {
-            stamp(n, op);
-            prompt = true;
-        }
-    } else if m.guards.stamp_at_departure {
-        stamp(n, op);
-        prompt = true;
     }
     if s.nova.iter().any(|q| q.op == op) {
         n.ghost.overlap = true;
@@ -465,7 +465,7 @@ fn send(m: &LeaseModel, s: &State, n: &mut State, r: u8, t: u8) -> Option<()> {
         op,
         from: r,
         attempt: task.attempt,
-        prompt,
+        prompt: task.prompt,
     });
     n.replicas[r as usize].tasks[t as usize].phase = Phase::AwaitNova;
     Some(())

@@ -106,13 +106,18 @@ fn without_the_send_gate_a_request_leaves_after_its_operation_was_taken_over() {
 }
 
 #[test]
-fn the_settle_window_counted_from_the_attempts_record_misses_a_late_departure() {
-    // The real code stamps `last_request_at` when an attempt is recorded,
-    // not when its request leaves: a request that waited for a slot past
-    // the window's margin, whose holder then died, can still act after
-    // its successor re-sent or decided.
+fn without_the_takeovers_restamp_a_late_departure_outlives_the_settle_window() {
+    // `last_request_at` is stamped when an attempt is recorded, not when
+    // its request leaves: a request that waited for a slot past the
+    // window's margin, whose holder then died, can still act after its
+    // successor re-sent or decided, unless the takeover counts the window
+    // from the old lease's end.
+    let guards = Guards {
+        takeover_restamps: false,
+        ..Guards::ALL
+    };
     counterexample(
-        Guards::REAL,
+        guards,
         &[
             lease_model::props::NO_OVERLAP,
             lease_model::props::DECISION_STAYS_TRUE,

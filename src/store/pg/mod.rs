@@ -560,6 +560,17 @@ pub fn verification_statement() -> String {
 /// holder stopped renewing it: dead, or cut off) is logged; a routine pass
 /// over a released operation is not (its log would grow at every pass).
 /// Lease expiries count from the moment of the claim (`clock_timestamp()`).
+/// The new `last_request_at` of a claimed row (`o`: its values before the
+/// claim): at a takeover of an expired lease, the old lease's end when it
+/// is later than the stamp. The stamp is written when an attempt is
+/// recorded, but its request may leave later (it waits for a connection
+/// slot or a token); it cannot leave after its lease ends (the send gate),
+/// so the settle window counted from that end covers it. A released lease
+/// (`lease_owner` NULL) leaves the stamp as it is.
+pub(super) const TAKEOVER_RESTAMP: &str =
+    "CASE WHEN o.lease_owner IS NOT NULL AND o.last_request_at < o.lease_expires_at
+                     THEN o.lease_expires_at ELSE o.last_request_at END";
+
 fn claim_sql(target: &str, also: &str) -> String {
     format!(
         "WITH target AS ({target}), claimed AS (
@@ -568,6 +579,7 @@ fn claim_sql(target: &str, also: &str) -> String {
                 lease_expires_at = clock_timestamp() + $2 * interval '1 millisecond',
                 lease_epoch = o.lease_epoch + 1,
                 passes = o.passes + 1,
+                last_request_at = {restamp},
                 updated_at = now()
             FROM target WHERE o.id = target.id {also}
             RETURNING o.*, target.prev_owner
@@ -582,7 +594,8 @@ fn claim_sql(target: &str, also: &str) -> String {
             FROM claimed WHERE claimed.prev_owner IS NOT NULL
          )
          SELECT {COLUMNS} FROM claimed",
-        claimed = event::CLAIMED
+        claimed = event::CLAIMED,
+        restamp = TAKEOVER_RESTAMP,
     )
 }
 

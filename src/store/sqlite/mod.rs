@@ -478,10 +478,10 @@ impl Store for SqliteStore {
         ids.truncate(limit as usize);
         let mut out = Vec::with_capacity(ids.len());
         for (id, prev_owner) in ids {
-            sqlx::query(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE operations SET lease_owner = ?2, lease_expires_at = ?3, lease_epoch = lease_epoch + 1,
-                    passes = passes + 1, updated_at = ?4 WHERE id = ?1",
-            )
+                    passes = passes + 1, last_request_at = {TAKEOVER_RESTAMP}, updated_at = ?4 WHERE id = ?1"
+            )))
             .bind(&id)
             .bind(replica)
             .bind(now + lease.as_micros() as i64)
@@ -526,7 +526,7 @@ impl Store for SqliteStore {
                 .flatten();
         let r = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE operations SET lease_owner = ?2, lease_expires_at = ?3, lease_epoch = lease_epoch + 1,
-                passes = passes + 1, updated_at = ?4
+                passes = passes + 1, last_request_at = {TAKEOVER_RESTAMP}, updated_at = ?4
              WHERE id = ?1 AND {OPEN} AND (lease_expires_at IS NULL OR lease_expires_at < ?4)"
         )))
         .bind(id.to_string())
@@ -979,3 +979,11 @@ pub async fn applied_migrations_of(url: &str) -> anyhow::Result<Vec<(i64, String
     drop(conn.close().await);
     Ok(applied)
 }
+
+/// The new `last_request_at` of a claimed row, as PostgreSQL's claim
+/// writes it (`store::pg`'s `TAKEOVER_RESTAMP`, which says why): at a
+/// takeover of an expired lease, the old lease's end when it is later.
+/// SQLite reads every column of a `SET` from the row before the update.
+const TAKEOVER_RESTAMP: &str =
+    "CASE WHEN lease_owner IS NOT NULL AND last_request_at < lease_expires_at
+                     THEN lease_expires_at ELSE last_request_at END";
