@@ -1034,3 +1034,160 @@ async fn a_replica_paused_past_its_lease_stops_at_once_and_answers_the_decision_
     assert!(r1.wait().await.success());
     assert!(r2.wait().await.success());
 }
+
+/// Two replicas on one ledger. A detach through replica 1 is answered 500
+/// with nothing done; the server's attachment list then answers Nova's 404
+/// naming another instance, while `GET /servers/{id}` shows this one. That
+/// 404 says nothing about this server: replica 1 answers OUTCOME_UNKNOWN
+/// at the caller's deadline, and replica 2's reconciler (replica 1's never
+/// runs in this test), reading the same list, looks again and again
+/// without deciding; Nova still holds the attachment, and the ledger says
+/// UNKNOWN. Once the list answers again, replica 2 decides from it, as Nova
+/// has it.
+#[tokio::test]
+async fn a_404_naming_another_instance_decides_nothing_on_either_replica() {
+    let sim = start_sim(SimConfig {
+        record_history: true,
+        ..Default::default()
+    })
+    .await;
+    let db = support::pg::fresh_database().await;
+    let common = [
+        "--shutdown-delay",
+        "0s",
+        "--confirm-with",
+        "nova-list",
+        "--settle-window",
+        "3s",
+    ];
+    let mut r1 = Replica::new(
+        "other404-1",
+        &db,
+        &sim.nova_url,
+        &[&common[..], &["--reconcile-interval", "1h"]].concat(),
+    );
+    let mut r2 = Replica::new(
+        "other404-2",
+        &db,
+        &sim.nova_url,
+        &[&common[..], &["--reconcile-interval", "200ms"]].concat(),
+    );
+    r1.start().await;
+    r2.start().await;
+    let (server, volume, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    sim.sim.seed_attachment(server, volume);
+    sim.sim.add_fault(
+        FaultRule::new(
+            FaultOp::Detach,
+            Fault::Status {
+                code: 500,
+                effect: false,
+            },
+        )
+        .volume(volume),
+    );
+    sim.sim.add_fault(
+        FaultRule::new(
+            FaultOp::List,
+            Fault::Page {
+                code: 404,
+                content_type: "application/json; charset=UTF-8".into(),
+                body: format!(
+                    r#"{{"itemNotFound": {{"code": 404, "message": "Instance {other} could not be found."}}}}"#
+                ),
+                effect: false,
+            },
+        )
+        .server(server)
+        .always(),
+    );
+    let err = Client::connect_lazy(&r1.url())
+        .unwrap()
+        .raw()
+        .detach_volume(with_timeout(
+            pb::DetachVolumeRequest {
+                idempotency_key: "other-404".into(),
+                server_id: server.to_string(),
+                volume_id: volume.to_string(),
+            },
+            Duration::from_secs(4),
+        ))
+        .await
+        .expect_err("nothing about this server was said");
+    let (reason, meta) = support::error_info(&err);
+    assert_eq!(
+        (err.code(), reason.as_str()),
+        (tonic::Code::DeadlineExceeded, "OUTCOME_UNKNOWN"),
+        "{meta:?}"
+    );
+    let id: Uuid = meta["operation_id"].parse().unwrap();
+    let store = ledger(&db).await;
+    // Replica 2's reconciler looks (three passes, each a failed look at
+    // the other instance's 404: the log keeps the first, a repeat adds
+    // nothing) and leaves it open.
+    support::eventually_explained(
+        Duration::from_secs(60),
+        "replica 2's reconciler made three passes",
+        || {
+            let store = store.clone();
+            async move {
+                let op = store.operation_get(id).await.unwrap().unwrap();
+                let events = store.operation_events(id).await.unwrap();
+                let looked = events.iter().any(|e| {
+                    e.replica == "other404-2"
+                        && e.kind == "observed"
+                        && e.detail.starts_with("observation failed")
+                });
+                if looked && op.passes >= 3 {
+                    Ok(())
+                } else {
+                    Err(format!("{} pass(es): {events:#?}", op.passes))
+                }
+            }
+        },
+    )
+    .await;
+    let op = store.operation_get(id).await.unwrap().unwrap();
+    assert_eq!(op.state, State::Unknown, "{op:?}");
+    assert!(
+        sim.sim.is_attached(server, volume),
+        "Nova still holds the attachment"
+    );
+    assert_eq!(sim.sim.detach_requests(volume), 1, "never sent again");
+    // Once the list answers, replica 2 decides from what Nova says (asked
+    // to: past the deadline and settle window, its passes may have handed
+    // the operation to people, still open).
+    sim.sim.clear_faults();
+    let r2_client = Client::connect_lazy(&r2.url()).unwrap();
+    support::eventually(
+        Duration::from_secs(60),
+        "replica 2 decides the detach",
+        || {
+            let mut raw = r2_client.raw();
+            async move {
+                let op = raw
+                    .reconcile_operation(with_timeout(
+                        pb::ReconcileOperationRequest {
+                            operation_id: id.to_string(),
+                        },
+                        Duration::from_secs(10),
+                    ))
+                    .await;
+                matches!(op, Ok(op) if op.get_ref().state != pb::State::Unknown as i32)
+            }
+        },
+    )
+    .await;
+    let op = store.operation_get(id).await.unwrap().unwrap();
+    let truth = sim.sim.is_attached(server, volume);
+    assert!(
+        (op.state == State::Succeeded && !truth) || (op.state == State::Failed && truth),
+        "the ledger says {:?}, Nova {}",
+        op.state,
+        if truth { "attached" } else { "detached" }
+    );
+    r1.signal(libc::SIGTERM);
+    r2.signal(libc::SIGTERM);
+    assert!(r1.wait().await.success());
+    assert!(r2.wait().await.success());
+}
