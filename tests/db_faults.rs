@@ -406,8 +406,8 @@ async fn the_database_sockets_carry_keepalive_and_a_user_timeout() {
 async fn a_detach_whose_intent_was_held_up_looks_again_before_deciding_nothing_to_detach() {
     // The look before sending (Cinder's) is made before the intent is
     // recorded; when the write is held up (the database silent), the
-    // volume may be attached meanwhile (here by someone else; in a chaos
-    // run, seed 32, by the service's own attach decided in between). A
+    // volume may be attached meanwhile (here by someone else; in the
+    // history checker, by the service's own attach decided in between). A
     // decision from that first look said SUCCEEDED "nothing to detach"
     // of a volume attached when the operation began.
     let (app, proxy) = behind_proxy(&[]).await;

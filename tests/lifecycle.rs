@@ -961,7 +961,7 @@ async fn a_killed_replicas_operation_is_taken_over_within_three_heartbeats() {
 
 /// A replica dies after its detach took effect in Nova but before it
 /// logged the answer, and someone attaches the volume again before the
-/// other replica takes over (chaos seed 1058 on PostgreSQL). The successor
+/// other replica takes over (found by the history checker on PostgreSQL). The successor
 /// finds the volume attached, but by another attachment than the one the
 /// detach was asked to remove (Cinder's id, logged before the request):
 /// SUCCEEDED, and the new attachment is not removed (no second request).

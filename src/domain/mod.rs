@@ -53,10 +53,13 @@ impl Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
-    /// Recorded, no request sent yet. In: never by the executor on its happy
-    /// path (it records the intent together with the first request); by an
-    /// operator-less restart it may stay here. Out: the reconciler sends or
-    /// fails it.
+    /// Recorded, no request sent yet. In: the executor, when its look before
+    /// sending (Cinder's) decides the operation without a request (the
+    /// intent is recorded here with no attempt, then decided); its usual
+    /// path records the intent together with the first request
+    /// (`InProgress`). Out: the executor's decision, or, when its lease
+    /// lapsed first (the process died, or a stall), the reconciler, which
+    /// decides it from a look or sends it.
     Pending,
     /// A request to Nova is being sent or awaited. In: the executor (intent
     /// row, each retry). Out: the executor's decision, or the reconciler once

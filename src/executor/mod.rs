@@ -442,9 +442,8 @@ impl Executor {
     /// operation on it decided in between (it held the volume then), or
     /// someone else's hand while the write was held up (a slow or silent
     /// database). Its verdict would then be about a volume that is no
-    /// longer so (seed 32 of the history checker: a detach decided
-    /// SUCCEEDED "nothing to detach" of a volume the service had just
-    /// attached). So the same pre-check is made again now that the intent
+    /// longer so (the history checker found a detach decided SUCCEEDED
+    /// "nothing to detach" of a volume the service had just attached). So the same pre-check is made again now that the intent
     /// holds the volume, and its verdict stands: a decision, or a request
     /// after all.
     async fn decide_after_looking_again(

@@ -436,13 +436,13 @@ impl Checker<'_> {
     /// database outage hit the replica that wrote the decision while the
     /// operation ran, the start of the first such outage (no sooner than
     /// the operation's creation): the write waited out the outage, the
-    /// look came before it (seed 88: a look at +0.2 s, its write 7.7 s
-    /// later, the server deleted in between). An outage that ended
+    /// look came before it (a look at +0.2 s, its write 7.7 s later, the
+    /// server deleted in between). An outage that ended
     /// shortly before the operation began counts too, for `db_recovery`
     /// after its end: a database just back (crash recovery, connections
     /// opened again, the writers' backlog) still holds writes up, and an
-    /// event is stamped when its write commits, not when it happened (seed
-    /// 1399: created 21 ms after PostgreSQL came back from a SIGKILL, its
+    /// event is stamped when its write commits, not when it happened (an
+    /// operation created 21 ms after PostgreSQL came back from a SIGKILL, its
     /// Cinder look at about +0.1 s written at +1.4 s, the server deleted in
     /// between).
     fn decided_from(&self, r: &Recorded, done: DateTime<Utc>) -> DateTime<Utc> {
@@ -498,7 +498,7 @@ impl Checker<'_> {
         };
         // A change between the look that decided and the decision's write
         // (stamped at its transaction's start) stands after the decision
-        // too (seed 1050: an out-of-band attach 3 ms before the stamp).
+        // too (an out-of-band attach 3 ms before the stamp).
         let look = self.decided_from(r, done);
         let changed_at_write = t.effects.iter().any(|e| {
             e.at > look
@@ -553,8 +553,8 @@ impl Checker<'_> {
         // A change the verifier must have seen: one that stood from the
         // first verification on until the window (or the next operation).
         // Never before the verifier's floor, whatever --verify-after says
-        // (seed 41160: a change that stood from +0.5 s to +1.7 s, then
-        // explained by a later operation before the first look at +2 s).
+        // (a change that stood from +0.5 s to +1.7 s, then explained by a
+        // later operation before the first look at +2 s).
         let first_look = done
             + dur(self
                 .windows
@@ -650,7 +650,7 @@ impl Checker<'_> {
         // Nor does an effect someone else undid before a look could see it
         // (within a settle window): a replica that died before logging the
         // answer leaves its successor a volume as if nothing happened, and
-        // past the settle window it re-sends, rightly (seed 1038).
+        // past the settle window it re-sends, rightly.
         let mut per_op: HashMap<String, usize> = HashMap::new();
         for (i, e) in self.p.effects.iter().enumerate() {
             if let Cause::Request {

@@ -461,7 +461,7 @@ impl Context {
                 .collect();
             let overdue = open.iter().all(|o| decision_bound(o, w, &outages) < now);
             // Read again until quiet: an intent held up by the database
-            // may commit after its caller left (seed 11), and then the
+            // may commit after its caller left, and then the
             // operation is waited for like the others.
             let verified = ops
                 .iter()
