@@ -22,7 +22,7 @@ use uuid::Uuid;
 pub use deadline::{Budget, BudgetPolicy, Clock, Deadline};
 pub use reason::{ErrorCode, Reason};
 pub use trace::{InvalidTrace, TraceContext};
-pub use validate::{DevicePath, IdempotencyKey, InvalidField, Tag};
+pub use validate::{DevicePath, IdempotencyKey, InvalidField, KeyHash, Tag};
 
 /// What the operation asks Nova to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
