@@ -3,12 +3,14 @@
 //! the edge). Nothing here knows SQL, HTTP or protobuf.
 //!
 //! - [`deadline`]: the caller's deadline and the budgets of each stage.
+//! - [`parse`]: how durations, rates and shares are written and read back.
 //! - [`reason`]: why something failed or is not known, with its code.
 //! - [`trace`]: the W3C trace context an operation carries.
 //! - [`validate`]: the newtypes made only by parsing.
 //! - [`event`]: the kinds of an operation's events.
 
 pub mod deadline;
+pub mod parse;
 pub mod reason;
 pub mod trace;
 pub mod validate;

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use crate::config::duration;
+use crate::domain::parse::duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {

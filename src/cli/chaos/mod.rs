@@ -43,7 +43,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::time::Instant;
 
-use crate::config::{duration, signed_duration};
+use crate::domain::parse::{duration, signed_duration};
 use crate::sim::{self, SimConfig};
 use check::{Kill, Violation};
 use cluster::{Cluster, ClusterConfig};
