@@ -1,6 +1,6 @@
-//! A retention round's statements (`super::super::retention` runs them).
-//! Pruning is two steps (mark, then delete once no older snapshot can
-//! miss the tombstones): see there why.
+//! A retention round's statements; `pg::retention` runs them, in two
+//! steps (mark, then delete once no older snapshot can miss the
+//! tombstones), and says there why.
 
 /// Marks up to `$2` decided operations older than the cutoff (`now()`
 /// minus `$1` ms), oldest first, by the index of decision time
