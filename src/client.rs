@@ -146,7 +146,7 @@ pub async fn health(opts: &ConnectOptions, timeout: Duration) -> anyhow::Result<
             anyhow::anyhow!(
                 "cannot reach {server}: {} (nothing within {})",
                 hint("handshake did not finish", server).unwrap_or_default(),
-                crate::config::render_duration(timeout)
+                crate::domain::parse::render_duration(timeout)
             )
         })?
         .map_err(|s| anyhow::Error::new(explain(&s, server, 0)))?;
@@ -282,7 +282,7 @@ impl Client {
                 message: format!(
                     "cannot reach {server}: {} (nothing within {})",
                     hint("handshake did not finish", server).unwrap_or_default(),
-                    crate::config::render_duration(within)
+                    crate::domain::parse::render_duration(within)
                 ),
                 reason: None,
                 metadata: HashMap::new(),

@@ -9,7 +9,8 @@
 //!   OTLP export (feature `otlp`).
 //! - [`startup`]: `Application::build` → `run_until`, used by main and tests;
 //!   the staged shutdown, the admin endpoints, Nova's start-up checks.
-//! - [`domain`]: operations, states, deadlines and budgets, validated newtypes.
+//! - [`domain`]: operations, states, deadlines and budgets, validated newtypes,
+//!   and how durations and rates are written (`domain::parse`).
 //! - [`grpc`]: the only place that sees protobuf: the service, the layers of
 //!   the server chain (metrics, deadline, auth, load shedding, message
 //!   size), conversions, the one mapping to `Status`.

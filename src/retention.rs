@@ -42,7 +42,7 @@ pub struct RetentionSettings {
 
 impl RetentionSettings {
     /// The built-in defaults: the one source of the flags' defaults too
-    /// (`config.rs`; a test checks they agree).
+    /// (`config/serve.rs`; a test checks they agree).
     pub const DEFAULT: Self = Self {
         retain: Duration::from_secs(90 * 24 * 3600),
         retain_keys: Duration::from_secs(365 * 24 * 3600),

@@ -1653,7 +1653,7 @@ async fn postgres_pgbench_script_is_the_services_write_pattern_and_runs() {
     support::init_logs();
     let url = support::pg::fresh_database().await;
     let store = volume_reconciler::store::open(&url, 4).await.unwrap();
-    let script = volume_reconciler::store::pgbench_script();
+    let script = volume_reconciler::store::pg::tooling::pgbench_script();
     let statements: Vec<String> = script
         .lines()
         .filter(|l| !l.starts_with('\\'))
@@ -1719,7 +1719,7 @@ async fn postgres_decisions_find_their_rows_by_key_whatever_the_statistics() {
         admin.run(sql).await;
     }
     // Both forms: a batch of several rows, and of one.
-    for (name, types, sql) in volume_reconciler::store::writer_statements() {
+    for (name, types, sql) in volume_reconciler::store::pg::tooling::writer_statements() {
         if !name.starts_with("decide") {
             continue;
         }
@@ -1752,10 +1752,10 @@ async fn postgres_writers_find_rows_by_key_on_a_fresh_ledger() {
     let store = volume_reconciler::store::open(&url, 4).await.unwrap();
     let mut admin = support::pg::Admin::connect(&url).await;
     admin.run("SET plan_cache_mode = force_generic_plan").await;
-    for (name, value) in volume_reconciler::store::WRITER_SETTINGS {
+    for (name, value) in volume_reconciler::store::pg::tooling::WRITER_SETTINGS {
         admin.run(&format!("SET {name} = '{value}'")).await;
     }
-    for (name, types, sql) in volume_reconciler::store::writer_statements() {
+    for (name, types, sql) in volume_reconciler::store::pg::tooling::writer_statements() {
         admin
             .run(&format!("PREPARE {name}({types}) AS {sql}"))
             .await;
@@ -1960,7 +1960,7 @@ async fn postgres_every_index_of_operations_serves_a_query_of_the_service() {
     ] {
         admin.run(sql).await;
     }
-    let queries = volume_reconciler::store::index_queries();
+    let queries = volume_reconciler::store::pg::tooling::index_queries();
     let mut named: Vec<&str> = queries.iter().map(|(i, _, _)| *i).collect();
     named.sort();
     let mut present = admin
@@ -2074,7 +2074,7 @@ async fn postgres_listings_use_an_index_whatever_the_filter() {
         ),
     ];
     for (i, (filter, after, types, index)) in cases.iter().enumerate() {
-        let sql = volume_reconciler::store::list_statement(filter, *after, 50);
+        let sql = volume_reconciler::store::pg::tooling::list_statement(filter, *after, 50);
         let (decl, args) = match *types {
             "" => (String::new(), String::new()),
             "uuid" => ("(uuid)".to_string(), format!("('{any}')")),
@@ -2111,7 +2111,7 @@ async fn postgres_verification_starts_at_its_cursor() {
     ] {
         admin.run(sql).await;
     }
-    let sql = volume_reconciler::store::verification_statement();
+    let sql = volume_reconciler::store::pg::tooling::verification_statement();
     admin
         .run(&format!(
             "PREPARE due(timestamptz, uuid, float8, int8) AS {sql}"

@@ -1,6 +1,6 @@
 //! The command line: `Cli`, its subcommands' arguments and their
 //! implementations. `main` parses (`parse`), sets up logging and hands the
-//! result to `run`. `serve`'s own settings live in `config.rs`, which knows
+//! result to `run`. `serve`'s own settings live in `config/`, which knows
 //! nothing of this module; everything else about the command line is here.
 //!
 //! - [`settings`]: `--config FILE` layered under flags and environment, and

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::config::{duration, fraction, render_duration};
+use crate::domain::parse::{duration, fraction, render_duration};
 use crate::sim::{self, SimConfig};
 use crate::startup;
 

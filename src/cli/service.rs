@@ -7,8 +7,8 @@ use clap::Args;
 
 use crate::config::{
     DEFAULT_ADMIN_LISTEN, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, LEDGER_CONTEXT, ServeArgs,
-    duration, render_duration,
 };
+use crate::domain::parse::{duration, render_duration};
 use crate::{startup, store, tls};
 
 /// `migrate`: applies the pending migrations and says which (or that the

@@ -45,7 +45,7 @@ pub fn far_future() -> Instant {
 }
 
 /// The rules that split a caller's remaining time into stages. Every number
-/// is a flag (see `config.rs`).
+/// is a flag (see `config/serve.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct BudgetPolicy {
     /// Share of the remaining time kept to answer before the caller gives up.
@@ -63,7 +63,7 @@ pub struct BudgetPolicy {
 
 impl BudgetPolicy {
     /// The built-in defaults: the one source of the flags' defaults too
-    /// (`config.rs` refers to these; a test checks they agree).
+    /// (`config/serve.rs` refers to these; a test checks they agree).
     pub const DEFAULT: Self = Self {
         margin_fraction: 0.05,
         margin_min: Duration::from_millis(50),

@@ -3,12 +3,14 @@
 //! the edge). Nothing here knows SQL, HTTP or protobuf.
 //!
 //! - [`deadline`]: the caller's deadline and the budgets of each stage.
+//! - [`parse`]: how durations, rates and shares are written and read back.
 //! - [`reason`]: why something failed or is not known, with its code.
 //! - [`trace`]: the W3C trace context an operation carries.
 //! - [`validate`]: the newtypes made only by parsing.
 //! - [`event`]: the kinds of an operation's events.
 
 pub mod deadline;
+pub mod parse;
 pub mod reason;
 pub mod trace;
 pub mod validate;
@@ -22,7 +24,7 @@ use uuid::Uuid;
 pub use deadline::{Budget, BudgetPolicy, Clock, Deadline};
 pub use reason::{ErrorCode, Reason};
 pub use trace::{InvalidTrace, TraceContext};
-pub use validate::{DevicePath, IdempotencyKey, InvalidField, Tag};
+pub use validate::{DevicePath, IdempotencyKey, InvalidField, KeyHash, Tag};
 
 /// What the operation asks Nova to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

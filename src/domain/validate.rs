@@ -85,6 +85,50 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
+impl IdempotencyKey {
+    /// What the ledger knows this key by for `caller` (`KeyHash::of`).
+    pub fn hash_for(&self, caller: Option<&str>) -> KeyHash {
+        KeyHash::of(caller, &self.0)
+    }
+}
+
+/// What the ledger knows a caller's key by: 16 bytes of SHA-256 of the
+/// caller's length in bytes, `:`, the caller ('' for none) and the key
+/// (the length keeps ("ab", "c") and ("a", "bc") apart). Keys are unique
+/// per caller by it (`operations_key`), and a pruned key's tombstone is
+/// found by it.
+///
+/// `of` is the only computation of it in the service: the stores bind it
+/// (PostgreSQL as a UUID, SQLite as 16 bytes). PostgreSQL also has it as
+/// an SQL function (`volume_reconciler_key_hash`, since the migration that
+/// added tombstones), which must stay: a trigger fills the column with it
+/// for writers that leave it out (the previous release, during a rolling
+/// upgrade). `tests/upgrade.rs` holds the two equal for rows of both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash([u8; 16]);
+
+impl KeyHash {
+    /// The hash of `caller`'s `key`.
+    pub fn of(caller: Option<&str>, key: &str) -> Self {
+        let caller = caller.unwrap_or("");
+        let input = format!("{}:{caller}{key}", caller.len());
+        let digest = ring::digest::digest(&ring::digest::SHA256, input.as_bytes());
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&digest.as_ref()[..16]);
+        Self(out)
+    }
+
+    /// Its 16 bytes (SQLite's `BLOB`).
+    pub fn bytes(self) -> [u8; 16] {
+        self.0
+    }
+
+    /// As a UUID (PostgreSQL's `uuid` column).
+    pub fn uuid(self) -> Uuid {
+        Uuid::from_bytes(self.0)
+    }
+}
+
 /// A device path in the shape Nova accepts:
 /// `^(/dev/x{0,1}[a-z]{0,1}d{0,1})([a-z]+)[0-9]*$`, which reduces to
 /// `/dev/` followed by lowercase letters and then optional digits, and no
@@ -201,6 +245,27 @@ mod tests {
         assert!(IdempotencyKey::parse("").is_err());
         assert!(IdempotencyKey::parse("a\nb").is_err());
         assert!(IdempotencyKey::parse("schlüssel-ß").is_ok());
+    }
+
+    /// The bytes PostgreSQL's `volume_reconciler_key_hash` computes for the
+    /// same pairs (and the length prefix keeps concatenations apart).
+    #[test]
+    fn a_key_hash_is_sha256_of_the_callers_length_caller_and_key() {
+        for (caller, key, expected) in [
+            (None, "k", "d324e944-2c80-819d-1c85-c51c5c90a562"),
+            (Some(""), "k", "d324e944-2c80-819d-1c85-c51c5c90a562"),
+            (Some("ci"), "tok-1", "8b802ff0-65e2-8f9f-59e8-4ed893fd30ce"),
+            (Some("ab"), "c", "74493170-2c0c-cc82-06b2-65f934aba523"),
+            (Some("a"), "bc", "fac4d752-82e3-de35-8e8a-42f2e1166bfe"),
+        ] {
+            assert_eq!(
+                KeyHash::of(caller, key).uuid().to_string(),
+                expected,
+                "{caller:?} {key:?}"
+            );
+        }
+        let key = IdempotencyKey::parse("tok-1").unwrap();
+        assert_eq!(key.hash_for(Some("ci")), KeyHash::of(Some("ci"), "tok-1"));
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub struct ExecSettings {
 
 impl ExecSettings {
     /// The built-in defaults: the one source of the flags' defaults too
-    /// (`config.rs` refers to these; a test checks they agree).
+    /// (`config/serve.rs` refers to these; a test checks they agree).
     pub const DEFAULT: Self = Self {
         lease: Duration::from_secs(3),
         heartbeat: Duration::from_secs(1),

@@ -98,7 +98,7 @@ impl ReconcilerSettings {
     }
 
     /// The built-in defaults: the one source of the flags' defaults too
-    /// (`config.rs` refers to these; a test checks they agree).
+    /// (`config/serve.rs` refers to these; a test checks they agree).
     pub const DEFAULT: Self = Self {
         interval: Duration::from_secs(1),
         batch: 256,

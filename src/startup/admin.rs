@@ -71,12 +71,12 @@ pub(super) fn readiness(st: &AdminState) -> Result<String, String> {
         Some((down, error)) if down > st.ready_db_grace => Err(format!(
             "database unreachable for {} (longer than --ready-db-grace {}): {error}\n",
             super::reach::render(down),
-            crate::config::render_duration(st.ready_db_grace)
+            crate::domain::parse::render_duration(st.ready_db_grace)
         )),
         Some((down, error)) => Ok(format!(
             "ready (database unreachable for {}; not ready after --ready-db-grace {}): {error}\n",
             super::reach::render(down),
-            crate::config::render_duration(st.ready_db_grace)
+            crate::domain::parse::render_duration(st.ready_db_grace)
         )),
     }
 }

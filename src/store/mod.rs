@@ -30,10 +30,7 @@ pub mod sqlite;
 pub use error::{DbFailure, StoreError};
 pub use migrations::{MigrationStatus, migration_status};
 pub use open::{mask_url, open, open_with, open_within};
-pub use pg::{
-    PgSettings, PgStore, WRITER_SETTINGS, index_queries, list_statement, pgbench_script,
-    verification_statement, writer_statements,
-};
+pub use pg::{PgSettings, PgStore};
 pub use sqlite::SqliteStore;
 
 use std::time::Duration;
@@ -45,8 +42,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::domain::{
-    Action, AttachmentInfo, NewEvent, Operation, OperationError, OperationEvent, RequestParams,
-    Resolution, State, TraceContext,
+    Action, AttachmentInfo, KeyHash, NewEvent, Operation, OperationError, OperationEvent,
+    RequestParams, Resolution, State, TraceContext,
 };
 
 /// How long opening the store waits, by default, for a database that does
@@ -175,6 +172,12 @@ pub struct NewOperation {
 
 /// What `operation_create` found.
 impl NewOperation {
+    /// What the ledger knows its key by (the one computation of it:
+    /// `KeyHash::of`).
+    pub fn key_hash(&self) -> KeyHash {
+        KeyHash::of(self.caller.as_deref(), &self.idempotency_key)
+    }
+
     /// The row this intent is once written, given what the database set
     /// (`INTENDED_COLUMNS`): an intent returns only that.
     pub(crate) fn recorded_as(

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{CreateOutcome, NewOperation, OperationPage, StateCount, StoreError};
+use super::{CreateOutcome, NewOperation, OperationFilter, OperationPage, StateCount, StoreError};
 use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
 
 /// Every column of `operations` that makes an `Operation` (plus the
@@ -24,19 +24,6 @@ pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, stat
     completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes, escalated_at, \
     escalation, verify_expect, trace_parent, trace_state";
 
-/// The tombstone key of a (caller, key): 16 bytes of SHA-256 of the
-/// caller's length, `:`, the caller and the key (the length keeps
-/// ("ab", "c") and ("a", "bc") apart). PostgreSQL computes the same bytes
-/// in SQL (`volume_reconciler_key_hash`).
-pub(super) fn key_hash(caller: Option<&str>, key: &str) -> [u8; 16] {
-    let caller = caller.unwrap_or("");
-    let input = format!("{}:{caller}{key}", caller.len());
-    let digest = ring::digest::digest(&ring::digest::SHA256, input.as_bytes());
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&digest.as_ref()[..16]);
-    out
-}
-
 /// "Not decided yet", as the partial indexes of open operations say it.
 pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
 
@@ -45,6 +32,57 @@ pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
 pub(super) fn by_key_sql() -> String {
     format!(
         "SELECT {COLUMNS} FROM operations WHERE COALESCE(caller, '') = $1 AND idempotency_key = $2"
+    )
+}
+
+/// The statement `operation_list` runs, in both stores (SQLite reads
+/// `$n` as `?n`; public for plan tests, `pg::tooling`): `$1`… are
+/// the state, server, volume, position and caller, those `filter` and
+/// `after` set, in that order.
+pub fn list_statement(filter: &OperationFilter, after: Option<i64>, limit: u32) -> String {
+    // Conditions on a parameter (`?`, numbered below), then the others.
+    let mut with_param: Vec<&str> = Vec::new();
+    let mut plain: Vec<&str> = Vec::new();
+    if let Some(state) = filter.state {
+        with_param.push("state = ?");
+        if !state.is_terminal() {
+            plain.push(OPEN);
+        }
+    }
+    if filter.server_id.is_some() {
+        with_param.push("server_id = ?");
+    }
+    if filter.volume_id.is_some() {
+        with_param.push("volume_id = ?");
+    }
+    if after.is_some() {
+        with_param.push("seq < ?");
+    }
+    if filter.caller.is_some() {
+        with_param.push("COALESCE(caller, '') = ?");
+    }
+    if filter.drifted_only {
+        plain.push("drifted");
+    }
+    if filter.escalated_only {
+        plain.push("escalated_at IS NOT NULL");
+    }
+    let conds: Vec<String> = with_param
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.replace('?', &format!("${}", i + 1)))
+        .chain(plain.iter().map(|c| c.to_string()))
+        .collect();
+    format!(
+        "SELECT {COLUMNS}, seq FROM operations {where_} ORDER BY seq DESC LIMIT {limit}",
+        where_ = if conds.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conds.join(" AND "))
+        },
+        // A number, not a parameter: a generic plan with LIMIT $n cannot
+        // tell a page from the whole table.
+        limit = u64::from(limit) + 1,
     )
 }
 

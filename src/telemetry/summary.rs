@@ -72,7 +72,7 @@ impl Summaries {
                 first_error = %w.first_error,
                 "{} {kind}(s) failed in the last {} against {targets}{more} target(s); the first: {}",
                 w.count,
-                crate::config::render_duration(over),
+                crate::domain::parse::render_duration(over),
                 w.first_error
             );
             written += 1;

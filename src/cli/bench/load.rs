@@ -234,7 +234,7 @@ fn verdict(args: &LoadArgs, stats: &Stats) -> anyhow::Result<()> {
     if calls == errors {
         anyhow::bail!(
             "bench: no call succeeded in {} ({calls} answered, all errors; {} still in flight at the end)",
-            crate::config::render_duration(args.duration),
+            crate::domain::parse::render_duration(args.duration),
             stats.cut_off.load(Ordering::Relaxed)
         );
     }

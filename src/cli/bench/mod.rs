@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use crate::config::duration;
+use crate::domain::parse::duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -179,9 +179,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         Some(BenchCommand::Reconcile(r)) => reconcile::run(r).await,
         Some(BenchCommand::Adapter(a)) => adapter::run(a).await,
-        Some(BenchCommand::PgbenchScript) => {
-            Ok(crate::cli::output::emit(&crate::store::pgbench_script())?)
-        }
+        Some(BenchCommand::PgbenchScript) => Ok(crate::cli::output::emit(
+            &crate::store::pg::tooling::pgbench_script(),
+        )?),
         None => load::run(args.load).await,
     }
 }

@@ -43,7 +43,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::time::Instant;
 
-use crate::config::{duration, signed_duration};
+use crate::domain::parse::{duration, signed_duration};
 use crate::sim::{self, SimConfig};
 use check::{Kill, Violation};
 use cluster::{Cluster, ClusterConfig};
@@ -294,21 +294,20 @@ impl Drop for TempDir {
     }
 }
 
-async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
-    let sim = sim::start(
-        "127.0.0.1:0".parse()?,
-        SimConfig {
-            record_history: true,
-            detach_delay_ms: 150,
-            attach_complete_ms: 80,
-            rollback_share: 0.03,
-            rollback_delay_ms: 300,
-            ..SimConfig::default()
-        },
-    )
-    .await?;
+/// The ledger a chaos run writes to: its URL, how many replicas share it,
+/// the folder of an embedded one (removed on drop), what the report calls
+/// it, and the throwaway PostgreSQL the run started, if it did.
+struct LedgerRig {
+    url: String,
+    replicas: usize,
+    dir: Option<TempDir>,
+    name: String,
+    pg: Option<Arc<postgres::OwnPostgres>>,
+}
+
+async fn ledger_rig(cfg: &ChaosConfig) -> anyhow::Result<LedgerRig> {
     let mut pg = None;
-    let (database_url, replicas, dir, ledger) = match &cfg.ledger {
+    let (url, replicas, dir, name) = match &cfg.ledger {
         Ledger::Postgres(url) => (
             url.clone(),
             cfg.replicas.max(1),
@@ -334,6 +333,35 @@ async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
             (url, 1, Some(TempDir(dir)), "the embedded store".to_string())
         }
     };
+    Ok(LedgerRig {
+        url,
+        replicas,
+        dir,
+        name,
+        pg,
+    })
+}
+
+async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
+    let sim = sim::start(
+        "127.0.0.1:0".parse()?,
+        SimConfig {
+            record_history: true,
+            detach_delay_ms: 150,
+            attach_complete_ms: 80,
+            rollback_share: 0.03,
+            rollback_delay_ms: 300,
+            ..SimConfig::default()
+        },
+    )
+    .await?;
+    let LedgerRig {
+        url: database_url,
+        replicas,
+        dir,
+        name: ledger,
+        pg,
+    } = ledger_rig(cfg).await?;
     let mut skews = vec![chrono::Duration::zero(); replicas];
     if replicas > 1
         && let Some(last) = skews.last_mut()

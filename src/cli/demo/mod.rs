@@ -30,8 +30,9 @@ use uuid::Uuid;
 
 use super::output::Progress;
 use crate::client::Client;
-use crate::config::{ServeArgs, duration, render_duration};
+use crate::config::ServeArgs;
 use crate::domain::Action;
+use crate::domain::parse::{duration, render_duration};
 use crate::metrics::Metrics;
 use crate::sim::{self, SimConfig};
 use crate::startup::Application;

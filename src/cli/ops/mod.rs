@@ -19,7 +19,7 @@ pub use super::format::Output;
 use super::format::{Ending, yaml};
 use super::output::emit;
 use crate::client::Client;
-use crate::config::duration;
+use crate::domain::parse::duration;
 use crate::grpc::pb;
 pub use mutate::{AttachArgs, DetachArgs};
 use render::{
@@ -344,7 +344,7 @@ impl Ops {
             _ if decided && self.output == Output::Name => Ok(emit(&format!("{id}\n"))?),
             _ if decided => Ok(()),
             other => {
-                let t = self.timeout.map(crate::config::render_duration);
+                let t = self.timeout.map(crate::domain::parse::render_duration);
                 Err(Ending::Retry(format!(
                     "operation {id} was not decided {}{}; it goes on without this watch: `ops show {id}`, or watch again with a longer --timeout",
                     match &t {

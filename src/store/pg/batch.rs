@@ -15,7 +15,7 @@
 //! can die after the server committed it (only the acknowledgement lost),
 //! and then it runs again. Intents conflict on their own id and are found
 //! by their caller, decisions and appends carry a write id that their
-//! first run left behind (see `statements`). A job whose deadline passed is
+//! first run left behind (see `bind`). A job whose deadline passed is
 //! never run again: its caller was told the deadline expired.
 //!
 //! The writers use connections of their own (`conns`), not the pool's.
@@ -25,37 +25,26 @@
 //! database that comes back within a caller's deadline costs that caller
 //! nothing but time.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::time::Duration;
 
 use backon::BackoffBuilder as _;
-use sqlx::Connection as _;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{Mutex, Notify, broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::bind::{Payload, Written, batch_on};
 use super::bounds::Bounds;
 use super::clock::DbClock;
 use super::conns::{Conns, Observer};
-use super::statements::{self, Append};
+use super::sql;
 use crate::domain::Operation;
-use crate::store::{DbFailure, NewOperation, RoundTrip, StoreError, Transition, rows};
+use crate::store::{DbFailure, RoundTrip, StoreError};
 
-pub(super) enum Payload {
-    /// Shared with the `operation_create` that waits for it.
-    Create(Arc<NewOperation>),
-    Transition(Box<Transition>),
-    /// Events appended to an operation's log, changing nothing else
-    /// (verifications): batched like the rest, not notified.
-    Append(Box<Append>),
-}
-
-type Written = Result<Option<Operation>, StoreError>;
 /// What a queued write is answered with: the operation boxed, so that the
 /// channel each waiting write holds has room for a pointer, not a row.
 type Answer = Result<Option<Box<Operation>>, StoreError>;
@@ -93,10 +82,10 @@ pub(super) struct Writer {
 const MAX_BATCH: usize = 128;
 
 /// The size at which a batch is sent while another of its kind is in
-/// flight. At c=64 batches hold 13-15 writes; measured on the service with
-/// two writers per kind (BENCHMARKS.md, stop 45): 8 gained less than 16 and
-/// 32, and two batches in flight at any size ("four writers", stop 44)
-/// gained nothing.
+/// flight. At 64 concurrent callers batches hold 13-15 writes; measured on
+/// the service with two writers per kind, a threshold of 8 gained less
+/// than 16 and 32 did, and letting two batches be in flight at any size
+/// (four writers per kind) gained nothing.
 const SECOND_BATCH: usize = 16;
 
 /// Writes waiting for a writer, at most.
@@ -133,7 +122,7 @@ impl Writer {
                 "reading the database's clock",
                 sent + bounds.round_trip,
                 async {
-                    sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>("SELECT now()")
+                    sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(sql::NOW)
                         .fetch_one(first.conn())
                         .await
                         .map_err(StoreError::db("reading the database's clock"))
@@ -501,198 +490,6 @@ async fn try_batch(
         }
     }
     Ok(answers.into_iter().map(|a| a.unwrap_or(Ok(None))).collect())
-}
-
-/// A batch's payloads by kind; transitions with their place among the
-/// batch's transitions.
-struct Split<'a> {
-    creates: Vec<&'a NewOperation>,
-    transitions: Vec<(usize, &'a Transition)>,
-    appends: Vec<&'a Append>,
-}
-
-impl<'a> Split<'a> {
-    fn of(payloads: &[&'a Payload]) -> Self {
-        let mut split = Split {
-            creates: Vec::new(),
-            transitions: Vec::new(),
-            appends: Vec::new(),
-        };
-        for p in payloads {
-            match *p {
-                Payload::Create(n) => split.creates.push(n),
-                Payload::Transition(t) => split.transitions.push((split.transitions.len(), t)),
-                Payload::Append(a) => split.appends.push(a),
-            }
-        }
-        split
-    }
-
-    /// One statement does it all: payloads of one kind, and no operation
-    /// decided twice (that takes a round per decision).
-    fn one_statement(&self) -> bool {
-        let kinds = [
-            !self.creates.is_empty(),
-            !self.transitions.is_empty(),
-            !self.appends.is_empty(),
-        ];
-        let mut ids = HashSet::new();
-        kinds.iter().filter(|k| **k).count() == 1
-            && self.transitions.iter().all(|(_, t)| ids.insert(t.id))
-    }
-}
-
-async fn batch_on(
-    conn: &mut PgConnection,
-    payloads: &[&Payload],
-) -> Result<Vec<Written>, StoreError> {
-    const WHAT: &str = "writing to the ledger";
-    let split = Split::of(payloads);
-    if split.one_statement() {
-        run_statements(conn, payloads, split).await
-    } else {
-        let mut tx = conn.begin().await.map_err(StoreError::db(WHAT))?;
-        let results = run_statements(&mut tx, payloads, split).await?;
-        tx.commit().await.map_err(StoreError::db(WHAT))?;
-        Ok(results)
-    }
-}
-
-/// The intents a statement inserted, by id, as rows (what the database
-/// set, the rest from the intent).
-fn inserted(
-    news: &[&NewOperation],
-    rows: &[sqlx::postgres::PgRow],
-) -> Result<HashMap<Uuid, Written>, StoreError> {
-    use sqlx::Row as _;
-    const WHAT: &str = "reading what an intent's write set";
-    let by_id: HashMap<Uuid, &&NewOperation> = news.iter().map(|n| (n.id, n)).collect();
-    let mut out = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let id: Uuid = row.try_get("id").map_err(StoreError::db(WHAT))?;
-        let Some(n) = by_id.get(&id) else { continue };
-        let op = n.recorded_as(
-            row.try_get("created_at").map_err(StoreError::db(WHAT))?,
-            row.try_get("deadline_at").map_err(StoreError::db(WHAT))?,
-            row.try_get("last_request_at")
-                .map_err(StoreError::db(WHAT))?,
-            row.try_get("lease_expires_at")
-                .map_err(StoreError::db(WHAT))?,
-        );
-        out.insert(id, Ok(Some(op)));
-    }
-    Ok(out)
-}
-
-/// The decisions a statement wrote, by id, as rows (what the database
-/// set, the rest from the transition's base).
-fn decided(
-    ts: &[&Transition],
-    rows: &[sqlx::postgres::PgRow],
-) -> Result<HashMap<Uuid, Written>, StoreError> {
-    use sqlx::Row as _;
-    const WHAT: &str = "reading what a decision's write set";
-    let by_id: HashMap<Uuid, &&Transition> = ts.iter().map(|t| (t.id, t)).collect();
-    let mut out = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let id: Uuid = row.try_get("id").map_err(StoreError::db(WHAT))?;
-        let Some(t) = by_id.get(&id) else { continue };
-        let op = t.applied(
-            row.try_get("attempts").map_err(StoreError::db(WHAT))?,
-            row.try_get("last_request_at")
-                .map_err(StoreError::db(WHAT))?,
-            row.try_get("updated_at").map_err(StoreError::db(WHAT))?,
-            row.try_get("completed_at").map_err(StoreError::db(WHAT))?,
-            row.try_get("lease_owner").map_err(StoreError::db(WHAT))?,
-            row.try_get("lease_expires_at")
-                .map_err(StoreError::db(WHAT))?,
-            row.try_get("escalated_at").map_err(StoreError::db(WHAT))?,
-        );
-        out.insert(id, Ok(Some(op)));
-    }
-    Ok(out)
-}
-
-/// A decision that returned no row: fenced (`None`), or a re-run of one
-/// that committed (the row it left). Read on this cold path only.
-async fn decided_again(conn: &mut PgConnection, t: &Transition) -> Written {
-    let row = sqlx::query(sqlx::AssertSqlSafe(statements::decided_again_sql()))
-        .bind(t.id)
-        .bind(t.write_id)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(StoreError::db("reading a decision back"))?;
-    let Some(row) = row else { return Ok(None) };
-    let mine: Option<bool> =
-        sqlx::Row::try_get(&row, "mine").map_err(StoreError::db("reading a decision back"))?;
-    let op = rows::operation(&row)?;
-    Ok((mine == Some(true) && op.lease_epoch == t.lease_epoch).then_some(op))
-}
-
-async fn run_statements(
-    conn: &mut PgConnection,
-    payloads: &[&Payload],
-    split: Split<'_>,
-) -> Result<Vec<Written>, StoreError> {
-    let mut created = HashMap::new();
-    if !split.creates.is_empty() {
-        // Lean when the batch is one autocommit statement (see
-        // `run_creates`).
-        let lean = split.one_statement();
-        let rows = statements::run_creates(conn, &split.creates, lean).await?;
-        created = inserted(&split.creates, &rows)?;
-    }
-    // The operations the appends found (and held while logging).
-    let mut held = HashSet::new();
-    if !split.appends.is_empty() {
-        for row in statements::appends(&split.appends).run(conn).await? {
-            let id: Uuid = sqlx::Row::try_get(&row, "id")
-                .map_err(StoreError::db("appending to the reconcile log"))?;
-            held.insert(id);
-        }
-    }
-    let mut decided = run_transitions(conn, split.transitions).await?.into_iter();
-    Ok(payloads
-        .iter()
-        .map(|p| match *p {
-            Payload::Create(n) => created.remove(&n.id).unwrap_or(Ok(None)),
-            Payload::Transition(_) => decided.next().unwrap_or(Ok(None)),
-            // Refused, not lost silently: its operation is gone.
-            Payload::Append(a) if !a.events.is_empty() && !held.contains(&a.id) => {
-                Err(StoreError::NotFound(a.id))
-            }
-            Payload::Append(_) => Ok(None),
-        })
-        .collect())
-}
-
-/// The batch's decisions, in the order of the payloads: one statement per
-/// round; an operation appearing twice (never in practice: one flow per
-/// operation at a time) waits for the next round.
-async fn run_transitions(
-    conn: &mut PgConnection,
-    mut pending: Vec<(usize, &Transition)>,
-) -> Result<Vec<Written>, StoreError> {
-    let mut results: Vec<(usize, Written)> = Vec::new();
-    while !pending.is_empty() {
-        let mut seen = HashSet::new();
-        type Indexed<'a> = Vec<(usize, &'a Transition)>;
-        let (round, rest): (Indexed, Indexed) =
-            pending.into_iter().partition(|(_, t)| seen.insert(t.id));
-        let ts: Vec<&Transition> = round.iter().map(|(_, t)| *t).collect();
-        let rows = statements::transitions(&ts).run(conn).await?;
-        let mut updated = decided(&ts, &rows)?;
-        for (i, t) in round {
-            let written = match updated.remove(&t.id) {
-                Some(w) => w,
-                None => decided_again(conn, t).await,
-            };
-            results.push((i, written));
-        }
-        pending = rest;
-    }
-    results.sort_by_key(|(i, _)| *i);
-    Ok(results.into_iter().map(|(_, r)| r).collect())
 }
 
 #[cfg(test)]

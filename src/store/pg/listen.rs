@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::bounds::Bounds;
 use super::conns::Observer;
-use super::statements::NOTIFY_CHANNEL;
+use super::sql::{self, NOTIFY_CHANNEL};
 use crate::store::RoundTrip;
 
 /// A listener this long without a message checks its connection answers.
@@ -120,7 +120,7 @@ fn announce(changes: &broadcast::Sender<Uuid>, payload: &str) {
 async fn alive(listener: &mut PgListener, bounds: Bounds, observer: &Observer) -> bool {
     let started = Instant::now();
     let by = bounds.round_trip.min(Duration::from_secs(1));
-    let answered = tokio::time::timeout(by, sqlx::query("SELECT 1").execute(&mut *listener)).await;
+    let answered = tokio::time::timeout(by, sqlx::query(sql::PING).execute(&mut *listener)).await;
     match answered {
         Ok(Ok(_)) => {
             observer.round_trip(RoundTrip::Listen, started, "ok");

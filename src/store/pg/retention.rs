@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use super::bounds::Bounds;
 use super::conns::{Conns, Observer};
+use super::sql::retention as sql;
 use crate::store::{PruneCounts, PruneParams, PruneRound, RoundTrip, StoreError};
 
 /// The round's session ends on the server once idle this long (its client
@@ -35,54 +36,6 @@ const LOCK_KEY: i64 = 0x7672_3a72_6574_6e74;
 
 /// How often a batch looks whether older snapshots are gone.
 const HORIZON_POLL: Duration = Duration::from_millis(20);
-
-/// Marks up to `$2` decided operations older than the cutoff (`now()`
-/// minus `$1` ms), oldest first, by the index of decision time
-/// (`operations_decided`): a tombstone per key (committed by this
-/// statement); their ids back.
-const MARK: &str = "WITH victims AS (
-        SELECT id, key_hash, completed_at FROM operations
-        WHERE completed_at IS NOT NULL AND completed_at < now() - $1 * interval '1 millisecond'
-        ORDER BY completed_at LIMIT $2
-     ), marked AS (
-        INSERT INTO idempotency_tombstones (key_hash, decided_at, pruned_at)
-        SELECT key_hash, completed_at, now() FROM victims
-        ON CONFLICT (key_hash) DO NOTHING
-        RETURNING 1
-     )
-     SELECT id, (SELECT count(*) FROM marked) AS marked FROM victims";
-
-/// The first transaction id no snapshot taken now can see running: every
-/// session whose snapshot is older than this commit has an xmin below it.
-const HORIZON: &str = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8";
-
-/// Other client sessions of this database holding a snapshot older than
-/// `$1` (an xid8, compared as the 32-bit xid `backend_xmin` is).
-const OLDER_SNAPSHOTS: &str = "SELECT count(*) FROM pg_stat_activity
-     WHERE datname = current_database() AND backend_type = 'client backend'
-       AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
-       AND age(backend_xmin) > age(($1 % 4294967296)::text::xid)";
-
-/// Deletes marked operations (still decided); their ids.
-const DELETE_OPERATIONS: &str =
-    "DELETE FROM operations WHERE id = ANY($1) AND completed_at IS NOT NULL RETURNING id";
-
-/// Deletes the events of deleted operations. A statement of its own, after
-/// `DELETE_OPERATIONS` in the same transaction: its snapshot is newer, so
-/// it also finds an event appended while the operations were being
-/// deleted (an append holds its operation FOR KEY SHARE, so the delete
-/// waited for it to commit). No event outlives its operation.
-const DELETE_EVENTS: &str =
-    "WITH old AS (DELETE FROM operation_events WHERE operation_id = ANY($1) RETURNING 1),
-          new AS (DELETE FROM operation_log WHERE operation_id = ANY($1) RETURNING 1)
-     SELECT (SELECT count(*) FROM old) + (SELECT count(*) FROM new)";
-
-/// Deletes up to `$2` tombstones of keys decided before `now()` minus `$1` ms.
-const EXPIRE: &str = "WITH gone AS (
-        SELECT key_hash FROM idempotency_tombstones
-        WHERE decided_at < now() - $1 * interval '1 millisecond' LIMIT $2
-     )
-     DELETE FROM idempotency_tombstones t USING gone WHERE t.key_hash = gone.key_hash";
 
 /// A round holding the lock on its own connection; each of its round
 /// trips bounded (`conns.bounded`).
@@ -111,7 +64,7 @@ pub(super) async fn begin(
             RoundTrip::Retention,
             WHAT,
             until,
-            sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            sqlx::query_scalar(sql::LOCK)
                 .bind(LOCK_KEY)
                 .fetch_one(&mut conn),
         )
@@ -160,7 +113,7 @@ impl PgRound {
                     RoundTrip::Retention,
                     "retention: waiting for older transactions",
                     far(),
-                    sqlx::query_scalar(OLDER_SNAPSHOTS)
+                    sqlx::query_scalar(sql::OLDER_SNAPSHOTS)
                         .bind(horizon)
                         .fetch_one(&mut self.conn),
                 )
@@ -186,7 +139,7 @@ impl PruneRound for PgRound {
                 RoundTrip::Retention,
                 WHAT,
                 far(),
-                sqlx::query_as(MARK)
+                sqlx::query_as(sql::MARK)
                     .bind(cutoff_ms(p.keep, p.ahead))
                     .bind(i64::from(p.limit))
                     .fetch_all(&mut self.conn),
@@ -202,7 +155,7 @@ impl PruneRound for PgRound {
                 RoundTrip::Retention,
                 WHAT,
                 far(),
-                sqlx::query_scalar(HORIZON).fetch_one(&mut self.conn),
+                sqlx::query_scalar(sql::HORIZON).fetch_one(&mut self.conn),
             )
             .await?;
         let mut counts = PruneCounts {
@@ -218,11 +171,11 @@ impl PruneRound for PgRound {
             .conns
             .bounded(RoundTrip::Retention, WHAT, far(), async move {
                 let mut tx = conn.begin().await?;
-                let deleted: Vec<Uuid> = sqlx::query_scalar(DELETE_OPERATIONS)
+                let deleted: Vec<Uuid> = sqlx::query_scalar(sql::DELETE_OPERATIONS)
                     .bind(&ids)
                     .fetch_all(&mut *tx)
                     .await?;
-                let events: i64 = sqlx::query_scalar(DELETE_EVENTS)
+                let events: i64 = sqlx::query_scalar(sql::DELETE_EVENTS)
                     .bind(&deleted)
                     .fetch_one(&mut *tx)
                     .await?;
@@ -245,7 +198,7 @@ impl PruneRound for PgRound {
                 RoundTrip::Retention,
                 "retention: expiring tombstones",
                 far(),
-                sqlx::query(EXPIRE)
+                sqlx::query(sql::EXPIRE)
                     .bind(cutoff_ms(keep_keys, p.ahead))
                     .bind(i64::from(p.limit))
                     .execute(&mut self.conn),
@@ -261,7 +214,7 @@ impl PruneRound for PgRound {
                 RoundTrip::Retention,
                 "retention: unlocking",
                 far(),
-                sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
+                sqlx::query_scalar::<_, bool>(sql::UNLOCK)
                     .bind(LOCK_KEY)
                     .fetch_one(&mut self.conn),
             )

@@ -1,5 +1,5 @@
 //! The embedded store's reconcile log as it reads, oldest first, the same
-//! as PostgreSQL's (`statements::LOG` there, in SQL): the `recorded` event
+//! as PostgreSQL's (`pg::sql::LOG` there, in SQL): the `recorded` event
 //! rendered from the operation's row (`intent` and the columns it leaves
 //! out), then the events of operations recorded before the log became a
 //! row per write (`operation_events`), then the log rows, in the order

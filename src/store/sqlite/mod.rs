@@ -47,7 +47,7 @@ use super::{
     CreateOutcome, DbFailure, HeldLease, NewOperation, OperationFilter, OperationPage, PruneRound,
     Renewal, StateCount, Store, StoreError, Transition, within,
 };
-use crate::domain::{NewEvent, Operation, OperationError, OperationEvent, State, event};
+use crate::domain::{KeyHash, NewEvent, Operation, OperationError, OperationEvent, State, event};
 
 /// The embedded migrations of `migrations/sqlite` (src/store/migrations.rs).
 pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
@@ -106,13 +106,13 @@ const DUE_FOR_VERIFICATION: &str = "operations, verification_cursors c
 const LATEST_OF_VOLUME: &str =
     "SELECT created_at FROM operations WHERE volume_id = ?1 ORDER BY seq DESC LIMIT 1";
 
-/// `operation_list`'s statement: PostgreSQL's (`crate::store::list_statement`),
+/// `operation_list`'s statement: PostgreSQL's (`rows::list_statement`),
 /// its parameters written `?n`. Filtered by an open state and not by
 /// server, it reads the open operations' index: SQLite's planner would
 /// rather walk the whole table backwards by `seq` than scan a partial
 /// index and sort the few rows it holds.
 fn list_statement(filter: &OperationFilter, after: Option<i64>, limit: u32) -> String {
-    let sql = super::list_statement(filter, after, limit).replace('$', "?");
+    let sql = super::rows::list_statement(filter, after, limit).replace('$', "?");
     match filter.state {
         Some(state) if !state.is_terminal() && filter.server_id.is_none() => sql.replacen(
             "FROM operations ",
@@ -848,7 +848,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<chrono::DateTime<chrono::Utc>>, StoreError> {
         let us: Option<i64> =
             sqlx::query_scalar("SELECT pruned_at FROM idempotency_tombstones WHERE key_hash = ?")
-                .bind(super::rows::key_hash(caller, key).to_vec())
+                .bind(KeyHash::of(caller, key).bytes().to_vec())
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db("reading a key's tombstone"))?;
@@ -981,7 +981,7 @@ pub async fn applied_migrations_of(url: &str) -> anyhow::Result<Vec<(i64, String
 }
 
 /// The new `last_request_at` of a claimed row, as PostgreSQL's claim
-/// writes it (`store::pg`'s `TAKEOVER_RESTAMP`, which says why): at a
+/// writes it (`store::pg::sql`'s `TAKEOVER_RESTAMP`, which says why): at a
 /// takeover of an expired lease, the old lease's end when it is later.
 /// SQLite reads every column of a `SET` from the row before the update.
 const TAKEOVER_RESTAMP: &str =

@@ -9,7 +9,7 @@ use sqlx::sqlite::SqlitePool;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::write::{db, now_us};
-use crate::store::rows::key_hash;
+use crate::domain::KeyHash;
 use crate::store::{PruneCounts, PruneParams, PruneRound, StoreError};
 
 pub(super) struct SqliteRound {
@@ -57,7 +57,7 @@ impl PruneRound for SqliteRound {
                 "INSERT INTO idempotency_tombstones (key_hash, decided_at, pruned_at) VALUES (?, ?, ?)
                  ON CONFLICT (key_hash) DO NOTHING",
             )
-            .bind(key_hash(caller.as_deref(), key).to_vec())
+            .bind(KeyHash::of(caller.as_deref(), key).bytes().to_vec())
             .bind(decided)
             .bind(now)
             .execute(&mut *tx)

@@ -70,7 +70,7 @@ pub(super) async fn tombstone_of(
 ) -> Result<Option<DateTime<Utc>>, StoreError> {
     let us: Option<i64> =
         sqlx::query_scalar("SELECT pruned_at FROM idempotency_tombstones WHERE key_hash = ?")
-            .bind(rows::key_hash(new.caller.as_deref(), &new.idempotency_key).to_vec())
+            .bind(new.key_hash().bytes().to_vec())
             .fetch_optional(&mut **tx)
             .await
             .map_err(db("recording the operation"))?;
