@@ -202,13 +202,15 @@ async fn fetch_all_by_index(
     Ok(rows)
 }
 
-/// What the store connects to, with how many connections, and the bounds
-/// of each round trip.
+/// What the store connects to, with how many connections, the bounds
+/// of each round trip, and how many writes of a kind may wait for its
+/// writers (`crate::store::DEFAULT_WRITE_QUEUE`).
 #[derive(Debug, Clone)]
 pub struct PgSettings {
     pub url: String,
     pub max_connections: u32,
     pub bounds: Bounds,
+    pub write_queue: u32,
 }
 
 pub struct PgStore {
@@ -319,6 +321,7 @@ impl PgStore {
         let writer = Writer::start(
             writer_options,
             writers as usize,
+            settings.write_queue.max(1) as usize,
             bounds,
             changes.clone(),
             stop.clone(),
