@@ -12,10 +12,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let invocation = cli::parse();
-    let (format, filter) = (invocation.cli.log_format, &invocation.cli.log);
+    let (format, filter) = invocation.logging();
     match invocation.log_file() {
-        Some(path) => telemetry::init_to_file(format, filter, &path),
-        None => telemetry::init(format, filter),
+        Some(path) => telemetry::init_to_file(format, &filter, &path),
+        None if invocation.holds_logs() => telemetry::init_held(format, &filter),
+        None => telemetry::init(format, &filter),
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -732,6 +732,7 @@ async fn an_intent_in_a_batch_with_longer_ones_is_answered_by_its_own_deadline()
         url: url.clone(),
         max_connections: 4,
         bounds: volume_reconciler::store::DbBounds::DEFAULT,
+        write_queue: volume_reconciler::store::DEFAULT_WRITE_QUEUE,
     })
     .await
     .unwrap();

@@ -2,8 +2,10 @@
 //! operations there are: the real binary serves 1,000 attaches with its log
 //! captured (JSON on stderr, at `info`, as in production), then verifies
 //! them while Nova's list fails; a 30 s outage of Nova under load is a
-//! handful of warn lines, its edges one line each; and with no traffic at
-//! all, the `nova_reachable` gauge follows Nova stopped and started again.
+//! handful of warn lines, its edges one line each; thirty decisions found
+//! drifted at once (the cloud lost its attachments) are one warn line, not
+//! thirty; and with no traffic at all, the `nova_reachable` gauge follows
+//! Nova stopped and started again.
 
 mod support;
 
@@ -365,5 +367,89 @@ async fn a_30s_nova_outage_under_load_writes_fewer_than_20_warn_lines() {
     let back = said(&log, "Nova reachable again after");
     assert_eq!(back.len(), 1, "{back:#?}");
     assert!(back[0]["failed"].as_u64() > Some(0), "{}", back[0]);
+    nova.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drift_found_on_many_operations_in_an_interval_is_one_warn_line() {
+    support::init_logs();
+    let nova = sim::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+    let (_server, log, grpc, admin) = serve(
+        &nova.nova_url,
+        &["--verify-after", "2s", "--reconcile-interval", "200ms"],
+    )
+    .await;
+    let client = Client::connect_lazy(&format!("http://127.0.0.1:{grpc}")).unwrap();
+    // 30 attaches on 3 servers, decided at once.
+    const N: u64 = 30;
+    for i in 0..N {
+        let server = uuid::Uuid::from_u128(u128::from(i % 3) + 1).to_string();
+        client
+            .attach(
+                &format!("drift-{i}"),
+                &server,
+                &uuid::Uuid::new_v4().to_string(),
+                Default::default(),
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("attach {i}: {e}"));
+    }
+    let before = lines(&log).len();
+    // The cloud loses every attachment before the first verification:
+    // each decision has drifted, and the verifier finds it so.
+    nova.sim.reset();
+    const DRIFT: &str = "volume_reconciler_drift_detected_total";
+    eventually(
+        Duration::from_secs(60),
+        "every operation is found drifted",
+        || async { gauge(admin, DRIFT).await == Some(N as f64) },
+    )
+    .await;
+    let warns = |all: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        level(&all[before..], "WARN").into_iter().cloned().collect()
+    };
+    // At most two intervals' lines (the finds may straddle an edge), never
+    // one per operation.
+    let at_most = |w: &[serde_json::Value]| {
+        assert!(
+            w.len() <= 2,
+            "{} WARN lines for {N} drifted operations:\n{:#?}",
+            w.len(),
+            &w[..w.len().min(5)]
+        )
+    };
+    at_most(&warns(&lines(&log)));
+    let counted = |w: &[serde_json::Value]| -> u64 {
+        w.iter()
+            .filter(|l| l["kind"] == "drift")
+            .map(|l| l["count"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the interval's summary counts every drifted operation",
+        || async { counted(&warns(&lines(&log))) == N },
+    )
+    .await;
+    let w = warns(&lines(&log));
+    eprintln!("{N} drifted operations: {} WARN line(s)", w.len());
+    at_most(&w);
+    let summary = w.iter().find(|l| l["kind"] == "drift").unwrap();
+    assert!(
+        summary["first"]
+            .as_str()
+            .is_some_and(|f| f.contains("decided succeeded")),
+        "the summary says its first drift: {summary}"
+    );
+    let servers: u64 = w
+        .iter()
+        .filter(|l| l["kind"] == "drift")
+        .map(|l| l["targets"].as_u64().unwrap_or(0))
+        .max()
+        .unwrap_or(0);
+    assert!((1..=3).contains(&servers), "distinct servers: {summary}");
     nova.stop().await;
 }

@@ -141,6 +141,7 @@ async fn ledger(db: &str) -> Arc<dyn Store> {
             url: db.into(),
             max_connections: 4,
             bounds: volume_reconciler::store::DbBounds::DEFAULT,
+            write_queue: volume_reconciler::store::DEFAULT_WRITE_QUEUE,
         })
         .await
         .unwrap(),

@@ -254,6 +254,100 @@ async fn a_caller_over_its_rate_is_shed_and_counted_by_its_own_reason() {
     app.stop().await;
 }
 
+/// The ledger's own shedding, past the caps the overload layer holds: on
+/// PostgreSQL held up by a table lock, one intent written alone and one in
+/// a writer's batch wait for it, one more waits in the writers' queue
+/// (`--max-queued-writes 1`), and the attaches beyond are answered
+/// RESOURCE_EXHAUSTED LEDGER_OVERLOADED at once, each counted in
+/// `requests_shed_total` by that reason; once the lock goes, the waiting
+/// ones succeed.
+#[tokio::test]
+async fn attaches_beyond_a_full_ledger_write_queue_are_refused_ledger_overloaded_and_counted_as_shed()
+ {
+    let app = spawn_app(
+        AppOptions::default()
+            .arg("--max-queued-writes", "1")
+            // No pruning round locks the table meanwhile.
+            .arg("--retain", "0"),
+    )
+    .await;
+    let reason = [("reason", "LEDGER_OVERLOADED")];
+    assert_eq!(metric(&app, SHED, &reason).await, Some(0.0));
+    let mut lock = support::pg::Admin::connect(&app.db_url).await;
+    lock.run("BEGIN; LOCK TABLE operations IN EXCLUSIVE MODE")
+        .await;
+    let call = |key: String| {
+        let mut c = app.raw();
+        tokio::spawn(async move {
+            let asked = Instant::now();
+            let answer = c
+                .attach_volume(with_timeout(
+                    attach(&key, Uuid::new_v4()),
+                    Duration::from_secs(60),
+                ))
+                .await;
+            (answer, asked.elapsed())
+        })
+    };
+    // The first intent is written alone, the second in a writer's batch:
+    // both wait for the lock.
+    let mut held = Vec::new();
+    for n in 1..=2 {
+        held.push(call(format!("held-{n}")));
+        let url = &app.db_url;
+        eventually(
+            Duration::from_secs(20),
+            &format!("{n} intent(s) wait for the lock"),
+            || async move {
+                support::pg::Admin::connect(url)
+                    .await
+                    .waiting_on_locks()
+                    .await
+                    >= n
+            },
+        )
+        .await;
+    }
+    // Of four more, one takes the queue's place and three find it full.
+    let mut more: Vec<_> = (0..4).map(|i| call(format!("more-{i}"))).collect();
+    {
+        let more = &more;
+        eventually(
+            Duration::from_secs(20),
+            "three of four are answered",
+            || async move { more.iter().filter(|c| c.is_finished()).count() >= 3 },
+        )
+        .await;
+    }
+    let (done, queued): (Vec<_>, Vec<_>) = more.drain(..).partition(|c| c.is_finished());
+    assert_eq!((done.len(), queued.len()), (3, 1), "one waits in the queue");
+    for c in done {
+        let (answer, took) = c.await.unwrap();
+        let e = answer.expect_err("refused: the queue is full");
+        assert!(took < Duration::from_secs(5), "at once: {took:?}");
+        assert_shed(&e, "LEDGER_OVERLOADED", "max-queued-writes", "1");
+    }
+    assert_eq!(
+        metric(&app, SHED, &reason).await,
+        Some(3.0),
+        "each refusal is counted as shed"
+    );
+    assert_eq!(
+        metric(&app, SHED, &[("reason", "OVERLOADED")]).await,
+        Some(0.0),
+        "by its own reason"
+    );
+
+    lock.run("COMMIT").await;
+    for c in held.into_iter().chain(queued) {
+        let (answer, _) = c.await.unwrap();
+        let op = answer.expect("written once the lock goes").into_inner();
+        assert!(!op.id.is_empty(), "{op:?}");
+    }
+    assert_eq!(metric(&app, SHED, &reason).await, Some(3.0));
+    app.stop().await;
+}
+
 /// A TCP relay to `upstream` whose answers (upstream → client) can be
 /// held back: a client that stops reading, as a slow or stuck one does.
 struct Relay {

@@ -97,6 +97,7 @@ async fn new_release(url: &str) -> PgStore {
         url: url.into(),
         max_connections: 4,
         bounds: DbBounds::DEFAULT,
+        write_queue: volume_reconciler::store::DEFAULT_WRITE_QUEUE,
     })
     .await
     .expect("the new release connects and migrates")

@@ -52,8 +52,20 @@ pub struct DevArgs {
     pub database: Option<PathBuf>,
 }
 
-/// Serves until SIGTERM/SIGINT.
+/// Lets the held log lines out when dropped: after the banner, or when
+/// `dev` ends before it (the error that ends it is a log line).
+struct ReleaseLogs;
+
+impl Drop for ReleaseLogs {
+    fn drop(&mut self) {
+        crate::telemetry::release_held();
+    }
+}
+
+/// Serves until SIGTERM/SIGINT. Its log lines (held by `main`) follow the
+/// banner.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let logs = ReleaseLogs;
     crate::tls::install_crypto_provider();
     let sim = sim::start(args.sim_listen, SimConfig::default())
         .await
@@ -82,8 +94,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("dev's serve flags: {e}"))?;
     let served = match Application::build(serve).await {
         Ok(app) => {
+            // Listening before the banner says "Ctrl-C to stop".
+            let stop = crate::startup::shutdown_signal();
             print_banner(&args, &sim, &ledger, own);
-            app.run_until(crate::startup::shutdown_signal()).await
+            drop(logs);
+            app.run_until(stop).await
         }
         Err(e) => Err(e.context(
             "--listen or --admin-listen: another serve or dev running? (both take flags)",

@@ -226,7 +226,37 @@ pub fn parse() -> Invocation {
     invocation
 }
 
+/// `dev`'s log filter unless `--log` (or its variable) says otherwise: its
+/// console is a person's, and the service's startup lines would bury the
+/// banner.
+pub const DEV_LOG: &str = "warn";
+
 impl Invocation {
+    /// The log format and filter in force: as given (a flag or its
+    /// variable), else the command's own defaults: `dev` writes human
+    /// lines, warnings and errors only (its banner says the rest); every
+    /// other command `--log-format auto --log info`.
+    pub fn logging(&self) -> (LogFormat, String) {
+        let dev = matches!(self.cli.command, Command::Dev(_));
+        let format = if self.sources.given("log_format") || !dev {
+            self.cli.log_format
+        } else {
+            LogFormat::Human
+        };
+        let filter = if self.sources.given("log") || !dev {
+            self.cli.log.clone()
+        } else {
+            DEV_LOG.to_string()
+        };
+        (format, filter)
+    }
+
+    /// Whether log lines wait for `telemetry::release_held`: `dev`'s
+    /// banner comes first.
+    pub fn holds_logs(&self) -> bool {
+        matches!(self.cli.command, Command::Dev(_))
+    }
+
     /// Where logs go instead of stderr: the quiet demo's log file.
     pub fn log_file(&self) -> Option<std::path::PathBuf> {
         match &self.cli.command {

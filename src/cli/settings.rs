@@ -40,6 +40,17 @@ pub struct Sources {
     from_file: BTreeSet<String>,
 }
 
+impl Sources {
+    /// Whether the setting `id` was given (a flag or its variable), not
+    /// left to its default.
+    pub fn given(&self, id: &str) -> bool {
+        matches!(
+            self.matches.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    }
+}
+
 /// Why the command line could not be parsed.
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
@@ -449,6 +460,39 @@ impl OpenStackView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `dev` logs human lines at warn unless told otherwise, before or
+    /// after its name; the other commands keep `auto` and `info`. (The
+    /// variables are `given` alike; not set here: tests share the
+    /// process's environment.)
+    #[test]
+    fn dev_has_its_own_log_defaults_and_flags_override_them() {
+        use crate::telemetry::LogFormat;
+        let logging = |args: &[&str]| {
+            let inv = try_parse(args.iter().map(OsString::from).collect()).unwrap();
+            let (format, filter) = inv.logging();
+            (format, filter, inv.holds_logs())
+        };
+        let (human, json, auto) = (LogFormat::Human, LogFormat::Json, LogFormat::Auto);
+        let dev = |f, l: &str| (f, l.to_string(), true);
+        assert_eq!(logging(&["vr", "dev"]), dev(human, "warn"));
+        assert_eq!(
+            logging(&["vr", "dev", "--log-format", "json"]),
+            dev(json, "warn")
+        );
+        assert_eq!(
+            logging(&["vr", "--log", "debug", "dev"]),
+            dev(human, "debug")
+        );
+        assert_eq!(
+            logging(&["vr", "dev", "--log-format", "auto", "--log", "info"]),
+            dev(auto, "info")
+        );
+        assert_eq!(
+            logging(&["vr", "ops", "list"]),
+            (auto, "info".to_string(), false)
+        );
+    }
 
     #[test]
     fn urls_lose_their_passwords() {

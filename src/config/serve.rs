@@ -390,6 +390,18 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub max_watch_streams: u32,
+    /// PostgreSQL ledger writes waiting for a writer at most, per kind
+    /// (intents; decisions and appends); beyond, RESOURCE_EXHAUSTED
+    /// LEDGER_OVERLOADED at once (the database has fallen far behind).
+    /// The embedded ledger has no queue.
+    #[arg(
+        help_heading = "Load shedding",
+        long,
+        env = "VOLUME_RECONCILER_MAX_QUEUED_WRITES",
+        default_value_t = crate::store::DEFAULT_WRITE_QUEUE,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_queued_writes: u32,
     /// Attach/detach calls per second per caller (token bucket; 0: off).
     #[arg(
         help_heading = "Load shedding",

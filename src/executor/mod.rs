@@ -186,8 +186,9 @@ pub struct Executor {
     /// Stops every operation task still running (the end of a shutdown:
     /// what the process's exit would do).
     stop: tokio_util::sync::CancellationToken,
-    /// Failed Nova requests and looks, summed up in one warn line per kind
-    /// per interval (written by the task `startup` runs).
+    /// Failed Nova requests and looks, and drift found, summed up in one
+    /// warn line per kind per interval (written by the task `startup`
+    /// runs).
     pub failures: Arc<crate::telemetry::summary::Summaries>,
 }
 

@@ -100,6 +100,8 @@ pub fn from_store(e: StoreError) -> Status {
         }
         StoreError::Overloaded { queued } => {
             m.insert("queued_writes".into(), queued.to_string());
+            // The cap's flag, as the other shed answers name theirs.
+            m.insert("max_queued_writes".into(), queued.to_string());
             let mut details = details(Reason::LedgerOverloaded, m);
             details.set_retry_info(Some(std::time::Duration::from_secs(1)));
             Status::with_error_details(

@@ -294,7 +294,15 @@ impl Reconciler {
             op.state.as_str(),
             look_at.what(present)
         );
-        tracing::warn!(operation_id = %op.id, "{detail}");
+        // Summed up in one warn line per interval (a cloud that lost its
+        // attachments would otherwise write one per operation); the
+        // detail is in the operation's reconcile log, and here at debug.
+        tracing::debug!(operation_id = %op.id, "{detail}");
+        self.exec.failures.note(
+            crate::telemetry::summary::DRIFT,
+            &op.server_id,
+            &format_args!("operation {}: {detail}", op.id),
+        );
         let ev = NewEvent::new(event::DRIFT_DETECTED, detail)
             .with("decided_state", op.state.as_str())
             .with("present", present)

@@ -94,6 +94,7 @@ impl Application {
             cfg.db_max_connections,
             cfg.db_connect_timeout,
             cfg.db_bounds(),
+            cfg.max_queued_writes,
         )
         .await
         .map_err(|e| e.context(crate::config::LEDGER_CONTEXT))?;

@@ -117,23 +117,39 @@ impl Stages<'_> {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Listened for from this call on, not from the future's first poll: a
+    // signal sent once it returned (after `dev`'s "Ctrl-C to stop") ends
+    // the process in order instead of killing it.
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let term = async {
+            match term {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    std::future::pending::<()>().await;
+                }
             }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
+        };
+        let int = async {
+            match int {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGINT");
+                    std::future::pending::<()>().await;
+                }
             }
+        };
+        tokio::select! {
+            _ = term => tracing::info!("SIGTERM received"),
+            _ = int => tracing::info!("SIGINT received"),
         }
-    };
-    tokio::select! {
-        _ = term => tracing::info!("SIGTERM received"),
-        r = tokio::signal::ctrl_c() => match r {
-            Ok(()) => tracing::info!("SIGINT received"),
-            Err(e) => { tracing::error!(error = %e, "cannot listen for SIGINT"); std::future::pending::<()>().await }
-        },
     }
 }

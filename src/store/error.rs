@@ -33,7 +33,7 @@ pub enum StoreError {
     NotFound(Uuid),
     #[error("operation {id} is already {state}")]
     AlreadyTerminal { id: Uuid, state: &'static str },
-    #[error("the ledger's write queue is full ({queued} writes waiting)")]
+    #[error("the ledger's write queue is full ({queued} writes waiting, --max-queued-writes)")]
     Overloaded { queued: usize },
     #[error("the database did not answer within the request's deadline ({what})")]
     DeadlineExceeded { what: &'static str },

@@ -50,6 +50,11 @@ use crate::domain::{
 /// not accept connections yet (`--db-connect-timeout`).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// PostgreSQL ledger writes waiting for a writer, at most per kind, by
+/// default (`--max-queued-writes`): larger than the cap on mutations in
+/// flight, so a full queue means the database has fallen far behind.
+pub const DEFAULT_WRITE_QUEUE: u32 = 32_768;
+
 pub use pg::Bounds as DbBounds;
 
 /// The kinds of round trip to the database, as the metrics label them.

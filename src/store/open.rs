@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use super::{DEFAULT_CONNECT_TIMEOUT, DbBounds, PgSettings, PgStore, SqliteStore, Store};
+use super::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_WRITE_QUEUE, DbBounds, PgSettings, PgStore, SqliteStore, Store,
+};
 
 /// Opens the store a URL names: `postgres://...` (production, several
 /// replicas) or `sqlite://FILE` (embedded, one process). Applies
@@ -23,7 +25,14 @@ pub async fn open_within(
     max_connections: u32,
     connect_timeout: Duration,
 ) -> anyhow::Result<std::sync::Arc<dyn Store>> {
-    open_with(url, max_connections, connect_timeout, DbBounds::DEFAULT).await
+    open_with(
+        url,
+        max_connections,
+        connect_timeout,
+        DbBounds::DEFAULT,
+        DEFAULT_WRITE_QUEUE,
+    )
+    .await
 }
 
 /// A database URL without its password (`postgres://user:***@host/db`),
@@ -50,12 +59,14 @@ pub fn mask_url(url: &str) -> String {
     }
 }
 
-/// As `open_within`, with `bounds` on each round trip to PostgreSQL.
+/// As `open_within`, with `bounds` on each round trip to PostgreSQL and at
+/// most `write_queue` writes of a kind waiting for its writers.
 pub async fn open_with(
     url: &str,
     max_connections: u32,
     connect_timeout: Duration,
     bounds: DbBounds,
+    write_queue: u32,
 ) -> anyhow::Result<std::sync::Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(std::sync::Arc::new(
@@ -64,6 +75,7 @@ pub async fn open_with(
                     url: url.to_string(),
                     max_connections,
                     bounds,
+                    write_queue,
                 },
                 connect_timeout,
             )

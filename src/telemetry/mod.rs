@@ -1,12 +1,12 @@
 //! Logging: human-readable on a terminal, JSON for machines. Lines about
 //! an operation carry its `operation_id` and `trace_id` (spans and
-//! fields). Logs go to stderr, or to a file (the quiet demo's log beside
-//! its ledger).
+//! fields). Logs go to stderr (`dev`'s held back until its banner is
+//! printed), or to a file (the quiet demo's log beside its ledger).
 //!
 //! - `context.rs`: the trace context an operation's task runs under.
 //! - `fields.rs`: span fields as JSON, written without a map per span.
-//! - `summary.rs`: failures summed up, one warn line per kind per
-//!   interval.
+//! - `summary.rs`: failures and drift summed up, one warn line per kind
+//!   per interval.
 //! - `otlp.rs` (cargo feature `otlp`): operation spans exported to an
 //!   OTLP collector (`OTEL_EXPORTER_OTLP_ENDPOINT`).
 
@@ -16,7 +16,7 @@ pub mod fields;
 pub mod otlp;
 pub mod summary;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write as _};
 
 use tracing_subscriber::EnvFilter;
 
@@ -74,15 +74,76 @@ pub fn init_to_file(format: LogFormat, filter: &str, path: &std::path::Path) {
 
 /// Logs to stderr.
 pub fn init(format: LogFormat, filter: &str) {
+    init_with(format, filter, std::io::stderr, None);
+}
+
+/// Logs to stderr once [`release_held`] is called, and holds the lines
+/// written before (`dev`: its banner goes first, its startup's warnings
+/// after it). Human lines are coloured only on a terminal.
+pub fn init_held(format: LogFormat, filter: &str) {
+    *held() = Some(Vec::new());
+    init_with(
+        format,
+        filter,
+        || Held,
+        Some(std::io::stderr().is_terminal()),
+    );
+}
+
+/// Writes the lines held since [`init_held`] and lets the next ones
+/// through (again: nothing).
+pub fn release_held() {
+    let mut held = held();
+    if let Some(lines) = held.take() {
+        // Under the lock: a line written meanwhile waits, and comes after.
+        let mut err = std::io::stderr().lock();
+        // Nowhere to say that stderr failed.
+        let _ = err.write_all(&lines).and_then(|()| err.flush());
+    }
+}
+
+fn held() -> std::sync::MutexGuard<'static, Option<Vec<u8>>> {
+    static HELD: std::sync::Mutex<Option<Vec<u8>>> = std::sync::Mutex::new(None);
+    // A writer that panicked leaves lines still worth writing.
+    HELD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// stderr, or the held lines while they are held.
+struct Held;
+
+impl std::io::Write for Held {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match held().as_mut() {
+            Some(lines) => {
+                lines.extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            None => std::io::stderr().write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// `ansi`: colours on or off (`None`: tracing-subscriber's default).
+fn init_with<W>(format: LogFormat, filter: &str, writer: W, ansi: Option<bool>)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let filter = env_filter(filter);
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Human => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt()
+    let mut builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
+    if let Some(ansi) = ansi {
+        builder = builder.with_ansi(ansi);
+    }
     // `try_init` fails only when a subscriber is already set (tests): fine.
     let result = if json {
         builder

@@ -1,8 +1,9 @@
-//! Failures logged in proportion: each failure is a debug line where it
+//! Failures and drift logged in proportion: each is a debug line where it
 //! happens (its detail is in the operation's reconcile log too), and one
 //! warn line per kind per interval sums them up: how many, the first
-//! error, how many distinct targets (servers). An outage of Nova under
-//! load is then a few lines a minute, not one per retry.
+//! error (or drift), how many distinct targets (servers). An outage of
+//! Nova under load is then a few lines a minute, not one per retry, and a
+//! cloud that lost its attachments one line, not one per operation.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
@@ -16,6 +17,11 @@ const MAX_TARGETS: usize = 1024;
 
 /// How often the summaries are written by default.
 pub const SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The kind of a decision found drifted by its verification (noted with
+/// its server and a detail naming the operation): summed up as drift, not
+/// as a failure.
+pub const DRIFT: &str = "drift";
 
 #[derive(Default)]
 struct Window {
@@ -37,7 +43,8 @@ impl Summaries {
         self.kinds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// One failure of `kind` (e.g. `"Nova request"`) against `target`.
+    /// One failure of `kind` (e.g. `"Nova request"`) against `target`, or
+    /// one drift ([`DRIFT`]) on a server.
     pub fn note(
         &self,
         kind: &'static str,
@@ -65,6 +72,20 @@ impl Summaries {
         for (kind, w) in taken.into_iter().filter(|(_, w)| w.count > 0) {
             let targets = w.targets.len();
             let more = if w.targets_overflowed { "+" } else { "" };
+            if kind == DRIFT {
+                tracing::warn!(
+                    kind,
+                    count = w.count,
+                    targets,
+                    first = %w.first_error,
+                    "{} operation(s) drifted in the last {} on {targets}{more} server(s) (ops list --drifted); the first: {}",
+                    w.count,
+                    crate::domain::parse::render_duration(over),
+                    w.first_error
+                );
+                written += 1;
+                continue;
+            }
             tracing::warn!(
                 kind,
                 count = w.count,
@@ -108,13 +129,17 @@ mod tests {
             s.note("Nova request", &(i % 3), &format!("refused {i}"));
         }
         s.note("verification look", &"a", &"timed out");
+        s.note(DRIFT, &"a", &"operation 1: decided succeeded but ...");
+        s.note(DRIFT, &"b", &"operation 2: decided succeeded but ...");
         {
             let kinds = s.lock();
             let nova = &kinds["Nova request"];
             assert_eq!((nova.count, nova.targets.len()), (50, 3));
             assert_eq!(nova.first_error, "refused 0");
+            let drift = &kinds[DRIFT];
+            assert_eq!((drift.count, drift.targets.len()), (2, 2));
         }
-        assert_eq!(s.flush(SUMMARY_INTERVAL), 2);
+        assert_eq!(s.flush(SUMMARY_INTERVAL), 3);
         assert_eq!(s.flush(SUMMARY_INTERVAL), 0, "nothing new: no line");
     }
 }

@@ -3,7 +3,7 @@
 //! when the attach fails or cannot be known, with their exit statuses.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use super::{BIN, always, free_port, host_port, run};
@@ -14,34 +14,39 @@ use volume_reconciler::sim::{Fault, FaultOp};
 /// before kills it when `Dev` is dropped.
 struct Dev {
     child: Child,
+    /// Everything printed up to the banner's last line.
     banner: Vec<String>,
+    rest: std::sync::mpsc::Receiver<String>,
 }
 
 impl Dev {
-    /// Starts `dev` on free ports and reads its banner up to "Ctrl-C".
-    fn start() -> Self {
+    /// Starts `dev` on free ports, as a person would (no log settings in
+    /// its environment), and reads what it prints up to the banner's
+    /// "Ctrl-C": its stdout and stderr in one pipe, in the order written,
+    /// as a terminal shows them.
+    fn start(extra: &[&str]) -> Self {
         let port = || format!("127.0.0.1:{}", free_port());
-        // Its log in a file: a pipe inherited from the test would keep
-        // whoever reads the test's output waiting for as long as dev runs.
-        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("dev-{}.log", uuid::Uuid::new_v4().simple()));
-        let mut child = Command::new(BIN)
+        let (reader, writer) = std::io::pipe().unwrap();
+        let child = Command::new(BIN)
             .args(["dev", "--listen", &port(), "--admin-listen", &port()])
             .args(["--sim-listen", &port()])
-            .env("VOLUME_RECONCILER_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .args(extra)
+            .env_remove("VOLUME_RECONCILER_LOG")
+            .env_remove("VOLUME_RECONCILER_LOG_FORMAT")
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
             .spawn()
             .unwrap();
-        let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        // Read until dev ends (the pipe is dev's alone: no writer is left
+        // here once the command above is dropped), so that it never waits
+        // on a full pipe.
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
+            for line in BufReader::new(reader).lines() {
                 let Ok(line) = line else { return };
-                // The test stopped listening: it failed already.
-                if tx.send(line).is_err() {
-                    return;
-                }
+                // The test stopped listening (it has the banner, or
+                // failed): the rest is read and dropped.
+                drop(tx.send(line));
             }
         });
         let mut banner = Vec::new();
@@ -58,7 +63,45 @@ impl Dev {
                 Err(e) => panic!("dev's banner did not end ({e}): {banner:#?}"),
             }
         }
-        Self { child, banner }
+        Self {
+            child,
+            banner,
+            rest: rx,
+        }
+    }
+
+    /// Nothing but the banner came up to its end: its first line first,
+    /// and no log line (JSON or human) before or among its lines.
+    fn assert_banner_first(&self) {
+        let b = &self.banner;
+        assert!(
+            b[0].starts_with("volume-reconciler dev:"),
+            "the banner is the first thing printed: {b:#?}"
+        );
+        let banner_line = |l: &str| {
+            l.is_empty()
+                || l.starts_with("  ")
+                || l.starts_with("volume-reconciler dev:")
+                || l == "in another terminal:"
+                || l.starts_with("Ctrl-C")
+        };
+        assert!(
+            b.iter().all(|l| banner_line(l)),
+            "no log line before or among the banner's: {b:#?}"
+        );
+    }
+
+    /// The first line printed after the banner that holds `what` (within
+    /// 30 s), with the lines before it.
+    fn after_banner(&self, what: &str) -> (String, Vec<String>) {
+        let mut before = Vec::new();
+        loop {
+            match self.rest.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line.contains(what) => return (line, before),
+                Ok(line) => before.push(line),
+                Err(e) => panic!("no {what:?} after the banner ({e}): {before:#?}"),
+            }
+        }
     }
 
     /// The banner's line holding `what`, as printed.
@@ -98,7 +141,14 @@ async fn paste(line: &str) -> std::process::Output {
 #[tokio::test]
 async fn the_attach_that_dev_prints_succeeds_when_pasted_and_prints_the_operation_and_its_log() {
     volume_reconciler::tls::install_crypto_provider();
-    let mut dev = Dev::start();
+    let mut dev = Dev::start(&[]);
+    dev.assert_banner_first();
+    // The startup's warning comes after it, as a line for a person.
+    let (warning, _) = dev.after_banner("no caller authentication");
+    assert!(
+        !warning.starts_with('{') && warning.contains("WARN"),
+        "{warning}"
+    );
     // The metrics address it prints answers with the service's metrics.
     let metrics = dev.line("metrics");
     let url = metrics.split_whitespace().nth(1).unwrap();
@@ -135,6 +185,22 @@ async fn the_attach_that_dev_prints_succeeds_when_pasted_and_prints_the_operatio
     let list = String::from_utf8_lossy(&list.stdout);
     assert_eq!(list.lines().count(), 2, "one operation: {list}");
     assert!(list.contains(shown["operation"]["id"].as_str().unwrap()));
+    assert!(dev.stop().success());
+}
+
+/// `--log-format json` (or its variable) still gives JSON, and `--log`
+/// its level; the banner still comes first, the lines held until then
+/// follow it.
+#[test]
+fn dev_logs_json_at_the_level_asked_for_after_its_banner() {
+    let mut dev = Dev::start(&["--log-format", "json", "--log", "info"]);
+    dev.assert_banner_first();
+    let (serving, before) = dev.after_banner("\"serving\"");
+    for line in before.iter().chain([&serving]) {
+        let json: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(json["level"].is_string(), "{line}");
+    }
     assert!(dev.stop().success());
 }
 

@@ -433,6 +433,8 @@ pub async fn run(mut args: DemoArgs) -> anyhow::Result<()> {
 async fn look_closer(args: &DemoArgs, setup: &Setup, story: Option<Uuid>) {
     let url = &setup.url;
     if args.keep_running {
+        // Listening before "Ctrl-C to stop." is said.
+        let stop = crate::startup::shutdown_signal();
         crate::say!("  the service keeps running at {url}; in another terminal:");
         crate::say!("    (its metrics: http://{}/metrics)", setup.admin);
         crate::say!("    volume-reconciler ops list --server {url}");
@@ -441,7 +443,7 @@ async fn look_closer(args: &DemoArgs, setup: &Setup, story: Option<Uuid>) {
             crate::say!("    volume-reconciler ops show {id} --server {url}");
         }
         crate::say!("  Ctrl-C to stop.");
-        crate::startup::shutdown_signal().await;
+        stop.await;
     } else {
         crate::say!("  to look closer, run the demo with --keep-running and, in another terminal:");
         crate::say!("    volume-reconciler ops list --server {url}");

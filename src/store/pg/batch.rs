@@ -72,6 +72,9 @@ pub(super) struct Writer {
     pub(super) clock: Arc<DbClock>,
     /// Writes submitted and not yet answered, on any path.
     pending: Arc<AtomicUsize>,
+    /// Writes of a kind waiting for a writer, at most (each queue's
+    /// bound).
+    queued: usize,
     /// This replica's change announcements: its own decisions are
     /// announced here once committed (other replicas' arrive by NOTIFY,
     /// for the operations somebody watches).
@@ -88,13 +91,11 @@ const MAX_BATCH: usize = 128;
 /// (four writers per kind) gained nothing.
 const SECOND_BATCH: usize = 16;
 
-/// Writes waiting for a writer, at most.
-const QUEUE: usize = 32_768;
-
 impl Writer {
     pub(super) async fn start(
         options: PgConnectOptions,
         writers: usize,
+        queued: usize,
         bounds: Bounds,
         changes: broadcast::Sender<Uuid>,
         stop: CancellationToken,
@@ -131,11 +132,12 @@ impl Writer {
             .await;
         first.finish(&now);
         clock.observe(sent, Instant::now(), now?);
-        // Bounded, and larger than the cap on mutations in flight: a full
-        // queue means the database has fallen far behind, and the caller
-        // is told so at once instead of waiting out its deadline.
+        // Bounded (`--max-queued-writes`; by default larger than the cap
+        // on mutations in flight): a full queue means the database has
+        // fallen far behind, and the caller is told so at once instead of
+        // waiting out its deadline.
         let queues = [(); 2].map(|()| {
-            let (tx, rx) = mpsc::channel(QUEUE);
+            let (tx, rx) = mpsc::channel(queued);
             let kind = Arc::new(Kind {
                 rx: Mutex::new(rx),
                 in_flight: AtomicUsize::new(0),
@@ -156,6 +158,7 @@ impl Writer {
             conns,
             clock,
             pending: Arc::new(AtomicUsize::new(0)),
+            queued,
             changes,
         })
     }
@@ -210,7 +213,9 @@ impl Writer {
                 reply,
             })
             .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => StoreError::Overloaded { queued: QUEUE },
+                mpsc::error::TrySendError::Full(_) => StoreError::Overloaded {
+                    queued: self.queued,
+                },
                 mpsc::error::TrySendError::Closed(_) => StoreError::database(
                     "queueing a write",
                     DbFailure::Unavailable,

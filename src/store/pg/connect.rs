@@ -38,13 +38,15 @@ const SETUP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Measured on a fresh database at 64 callers: 16–54 ms per decision batch.
 pub const WRITER_SETTINGS: &[(&str, &str)] = &[("enable_seqscan", "off")];
 
-/// What the store connects to, with how many connections, and the bounds
-/// of each round trip.
+/// What the store connects to, with how many connections, the bounds
+/// of each round trip, and how many writes of a kind may wait for its
+/// writers (`crate::store::DEFAULT_WRITE_QUEUE`).
 #[derive(Debug, Clone)]
 pub struct PgSettings {
     pub url: String,
     pub max_connections: u32,
     pub bounds: Bounds,
+    pub write_queue: u32,
 }
 
 impl PgStore {
@@ -136,6 +138,7 @@ impl PgStore {
         let writer = Writer::start(
             options.clone().options(WRITER_SETTINGS.iter().copied()),
             writers as usize,
+            settings.write_queue.max(1) as usize,
             bounds,
             changes.clone(),
             stop.clone(),
