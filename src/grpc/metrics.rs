@@ -1,28 +1,12 @@
 //! The gRPC room's metrics: its families ([`GrpcMetrics`], registered at
-//! start-up), and the layer that records the requests into them.
+//! start-up), recorded by the layer outermost in the server chain
+//! ([`GrpcMetricsLayer`]).
 //!
-//! The request counter and latency histogram are recorded by a tower
-//! layer placed outermost in the server chain (`startup`): it sees every
-//! answer, those of the handlers and those of the layers in front of them
-//! (authentication, load shedding, the deadline backstop), and times each
-//! request from its arrival to the last byte of its answer.
-//!
-//! The code is read where gRPC puts it: the `grpc-status` header of a
-//! trailers-only answer (every error tonic sends before a message), else the
-//! trailers at the end of the body. A request whose answer is dropped before
-//! its status went out (the client reset the stream, or went away) counts as
-//! `CANCELLED`; a body that ends or fails without a status as `UNKNOWN`.
+//! - `layer`: the tower layer that counts and times every request.
 
-use std::collections::HashMap;
-use std::pin::Pin;
+mod layer;
+
 use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use prost::Message as _;
-use tokio::time::Instant;
-use tower::{Layer, Service};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -33,8 +17,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::BoxFuture;
 use crate::metrics::{Metrics, rpc_buckets, seconds_buckets};
+pub use layer::{GrpcMetricsLayer, GrpcMetricsService, MeteredBody};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GrpcLabels {
@@ -115,6 +99,9 @@ pub struct GrpcMetrics {
     pub started: Family<GrpcMethodLabels, Counter>,
     pub handled: Family<GrpcHandledLabels, Counter>,
     pub handling: Family<GrpcMethodLabels, Histogram>,
+    /// Messages received and sent, each counted once whole.
+    pub msg_received: Family<GrpcMethodLabels, Counter>,
+    pub msg_sent: Family<GrpcMethodLabels, Counter>,
     /// The service's own names of the same (`method`, `code` labels):
     /// deprecated, kept for one release for dashboards that read them.
     pub requests: Family<GrpcLabels, Counter>,
@@ -134,6 +121,8 @@ impl GrpcMetrics {
             started: Family::default(),
             handled: Family::default(),
             handling: Family::new_with_constructor(|| Histogram::new(rpc_buckets())),
+            msg_received: Family::default(),
+            msg_sent: Family::default(),
             requests: Family::default(),
             duration: Family::new_with_constructor(|| Histogram::new(rpc_buckets())),
             deadline_remaining: Histogram::new(seconds_buckets()),
@@ -148,8 +137,7 @@ impl GrpcMetrics {
 
     /// go-grpc-prometheus' server families, unprefixed (`grpc_server_`),
     /// with its label names: `grpc_type`, `grpc_service`, `grpc_method`,
-    /// `grpc_code`. (Its `grpc_server_msg_received_total` and
-    /// `_msg_sent_total` are not exported.)
+    /// `grpc_code`.
     fn register_standard(&self, r: &mut Registry) {
         r.register(
             "grpc_server_started",
@@ -165,6 +153,16 @@ impl GrpcMetrics {
             "grpc_server_handling_seconds",
             "gRPC call latency from arrival to the last byte of the answer (streams: to their end), by type, service and method",
             self.handling.clone(),
+        );
+        r.register(
+            "grpc_server_msg_received",
+            "gRPC messages received on the server, each counted once read whole (a unary call's request: one), by type, service and method",
+            self.msg_received.clone(),
+        );
+        r.register(
+            "grpc_server_msg_sent",
+            "gRPC messages sent by the server, each counted once handed on whole (a unary call's answer: one, none for an error), by type, service and method",
+            self.msg_sent.clone(),
         );
     }
 
@@ -245,6 +243,30 @@ impl GrpcMetrics {
                 grpc_method: method.to_string(),
             })
             .inc();
+    }
+
+    /// `n` whole messages of a call received (called by
+    /// [`GrpcMetricsLayer`] as the request's body is read).
+    pub fn grpc_msg_received(&self, grpc_type: &'static str, service: &str, method: &str, n: u64) {
+        self.msg_received
+            .get_or_create(&GrpcMethodLabels {
+                grpc_type,
+                grpc_service: service.to_string(),
+                grpc_method: method.to_string(),
+            })
+            .inc_by(n);
+    }
+
+    /// `n` whole messages of a call sent (called by [`GrpcMetricsLayer`]
+    /// as the answer's body is written).
+    pub fn grpc_msg_sent(&self, grpc_type: &'static str, service: &str, method: &str, n: u64) {
+        self.msg_sent
+            .get_or_create(&GrpcMethodLabels {
+                grpc_type,
+                grpc_service: service.to_string(),
+                grpc_method: method.to_string(),
+            })
+            .inc_by(n);
     }
 
     /// One finished gRPC call (called by [`GrpcMetricsLayer`]):
@@ -345,334 +367,9 @@ impl Collector for Caps {
     }
 }
 
-/// What an answer without `grpc-status` means, by its HTTP status (the
-/// gRPC specification's "HTTP to gRPC status code mapping").
-fn code_of_http_status(status: http::StatusCode) -> tonic::Code {
-    match status.as_u16() {
-        400 => tonic::Code::Internal,
-        401 => tonic::Code::Unauthenticated,
-        403 => tonic::Code::PermissionDenied,
-        404 => tonic::Code::Unimplemented,
-        429 | 502..=504 => tonic::Code::Unavailable,
-        _ => tonic::Code::Unknown,
-    }
-}
-
-const UNKNOWN: &str = "unknown";
-
-/// A method's labels: (full service name, method name, its gRPC type as
-/// go-grpc-prometheus names it).
-type MethodLabels = (Arc<str>, Arc<str>, &'static str);
-
-/// go-grpc-prometheus' `grpc_type` of a method.
-fn grpc_type(method: &prost_types::MethodDescriptorProto) -> &'static str {
-    match (method.client_streaming(), method.server_streaming()) {
-        (false, false) => "unary",
-        (true, false) => "client_stream",
-        (false, true) => "server_stream",
-        (true, true) => "bidi_stream",
-    }
-}
-
-/// Records each request's code and latency into [`GrpcMetrics`].
-#[derive(Clone)]
-pub struct GrpcMetricsLayer {
-    metrics: Arc<GrpcMetrics>,
-    /// `/package.Service/Method` → (service, method): only the methods the
-    /// server registers become label values, so a client probing random
-    /// paths cannot grow the label set.
-    methods: Arc<HashMap<String, MethodLabels>>,
-}
-
-impl GrpcMetricsLayer {
-    /// `descriptor_sets`: the encoded `FileDescriptorSet`s of the services
-    /// the server registers (the same ones reflection serves).
-    pub fn new(metrics: Arc<GrpcMetrics>, descriptor_sets: &[&[u8]]) -> anyhow::Result<Self> {
-        let mut methods = HashMap::new();
-        for set in descriptor_sets {
-            let set = prost_types::FileDescriptorSet::decode(*set)
-                .map_err(|e| anyhow::anyhow!("decoding a file descriptor set: {e}"))?;
-            for file in &set.file {
-                let package = file.package();
-                for service in &file.service {
-                    let full: Arc<str> = if package.is_empty() {
-                        service.name().into()
-                    } else {
-                        format!("{package}.{}", service.name()).into()
-                    };
-                    for method in &service.method {
-                        methods.insert(
-                            format!("/{full}/{}", method.name()),
-                            (
-                                full.clone(),
-                                Arc::<str>::from(method.name()),
-                                grpc_type(method),
-                            ),
-                        );
-                    }
-                }
-            }
-        }
-        // From 0: a rate over the counter needs it there.
-        metrics.shed_reasons(&[crate::domain::Reason::LedgerOverloaded]);
-        Ok(Self {
-            metrics,
-            methods: Arc::new(methods),
-        })
-    }
-
-    fn labels(&self, path: &str) -> MethodLabels {
-        self.methods
-            .get(path)
-            .cloned()
-            .unwrap_or_else(|| (UNKNOWN.into(), UNKNOWN.into(), "unary"))
-    }
-}
-
-impl<S> Layer<S> for GrpcMetricsLayer {
-    type Service = GrpcMetricsService<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        GrpcMetricsService {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct GrpcMetricsService<S> {
-    inner: S,
-    layer: GrpcMetricsLayer,
-}
-
-/// Records one request exactly once: by [`Recorder::finish`], or, if the
-/// request's future or its answer's body is dropped before the status went
-/// out, as `CANCELLED` when dropped.
-struct Recorder {
-    metrics: Arc<GrpcMetrics>,
-    service: Arc<str>,
-    method: Arc<str>,
-    grpc_type: &'static str,
-    started: Instant,
-    done: bool,
-}
-
-impl Recorder {
-    /// Counts a `LEDGER_OVERLOADED` answer in `requests_shed_total`.
-    fn shed_if(&self, code: tonic::Code, headers: &http::HeaderMap) {
-        if ledger_overloaded(code, headers) {
-            self.metrics.shed(crate::domain::Reason::LedgerOverloaded);
-        }
-    }
-
-    fn finish(&mut self, code: tonic::Code) {
-        if !self.done {
-            self.done = true;
-            self.metrics.grpc_done(
-                self.grpc_type,
-                &self.service,
-                &self.method,
-                code,
-                self.started.elapsed().as_secs_f64(),
-            );
-        }
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.finish(tonic::Code::Cancelled);
-    }
-}
-
-fn status_in(headers: &http::HeaderMap) -> Option<tonic::Code> {
-    headers
-        .get("grpc-status")
-        .map(|v| tonic::Code::from_bytes(v.as_bytes()))
-}
-
-/// Whether a status (in `headers` or trailers) is the ledger's load
-/// shedding, `RESOURCE_EXHAUSTED` `LEDGER_OVERLOADED`: answered by a
-/// handler, not by the overload layer that counts its own, so counted as
-/// shed here. Only `RESOURCE_EXHAUSTED` answers are decoded.
-fn ledger_overloaded(code: tonic::Code, headers: &http::HeaderMap) -> bool {
-    use tonic_types::StatusExt as _;
-    code == tonic::Code::ResourceExhausted
-        && tonic::Status::from_header_map(headers)
-            .and_then(|s| s.get_details_error_info())
-            .is_some_and(|info| info.reason == crate::domain::Reason::LedgerOverloaded.as_str())
-}
-
-impl<S, B, R> Service<http::Request<B>> for GrpcMetricsService<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<R>> + Send + 'static,
-    S::Future: Send + 'static,
-    R: Body<Data = Bytes> + Unpin + Send + 'static,
-{
-    type Response = http::Response<MeteredBody<R>>;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let (service, method, grpc_type) = self.layer.labels(req.uri().path());
-        self.layer
-            .metrics
-            .grpc_started(grpc_type, &service, &method);
-        let mut recorder = Recorder {
-            metrics: self.layer.metrics.clone(),
-            service,
-            method,
-            grpc_type,
-            started: Instant::now(),
-            done: false,
-        };
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            // Dropped here (the client reset the stream before the answer
-            // was ready): the recorder counts CANCELLED.
-            let result = fut.await;
-            match result {
-                Ok(response) => {
-                    if let Some(code) = status_in(response.headers()) {
-                        // Trailers-only: the whole answer is in the headers.
-                        recorder.shed_if(code, response.headers());
-                        recorder.finish(code);
-                    } else if response.status() != http::StatusCode::OK {
-                        recorder.finish(code_of_http_status(response.status()));
-                    } else if response.body().is_end_stream() {
-                        recorder.finish(tonic::Code::Unknown);
-                    }
-                    Ok(response.map(|inner| MeteredBody {
-                        inner,
-                        recorder: Some(recorder),
-                    }))
-                }
-                Err(e) => {
-                    // tonic turns a service error into an UNKNOWN status.
-                    recorder.finish(tonic::Code::Unknown);
-                    Err(e)
-                }
-            }
-        })
-    }
-}
-
-/// The answer's body, passed through unchanged; the status in its
-/// trailers finishes the request's record.
-pub struct MeteredBody<B> {
-    inner: B,
-    recorder: Option<Recorder>,
-}
-
-impl<B> MeteredBody<B> {
-    fn finish(&mut self, code: tonic::Code) {
-        if let Some(mut r) = self.recorder.take() {
-            r.finish(code);
-        }
-    }
-}
-
-impl<B> Body for MeteredBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(trailers) = frame.trailers_ref()
-                    && let Some(code) = status_in(trailers)
-                {
-                    if let Some(r) = &self.recorder {
-                        r.shed_if(code, trailers);
-                    }
-                    self.finish(code);
-                }
-            }
-            // The stream failed, or ended without a status.
-            Poll::Ready(Some(Err(_))) | Poll::Ready(None) => self.finish(tonic::Code::Unknown),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The ledger's load shedding is answered by a handler (its write
-    /// queue full), past the overload layer: this layer counts it.
-    #[tokio::test]
-    async fn a_ledger_overloaded_answer_counts_as_shed() {
-        use tower::ServiceExt as _;
-        let registry = Metrics::new();
-        let metrics = GrpcMetrics::new(&registry);
-        let layer =
-            GrpcMetricsLayer::new(metrics, &[crate::grpc::pb::FILE_DESCRIPTOR_SET]).unwrap();
-        let shed = "volume_reconciler_requests_shed_total{reason=\"LEDGER_OVERLOADED\"}";
-        assert!(registry.render().contains(&format!("{shed} 0")), "from 0");
-        let handler = tower::service_fn(|_req: http::Request<()>| async {
-            let status =
-                crate::grpc::status::from_store(crate::store::StoreError::Overloaded { queued: 1 });
-            Ok::<_, std::convert::Infallible>(status.into_http::<tonic::body::Body>())
-        });
-        for _ in 0..2 {
-            let req = http::Request::builder()
-                .uri("/volume_reconciler.v1.VolumeReconciler/AttachVolume")
-                .body(())
-                .unwrap();
-            let answer = layer.layer(handler).oneshot(req).await.unwrap();
-            drop(answer);
-        }
-        let text = registry.render();
-        assert!(text.contains(&format!("{shed} 2")), "{text}");
-    }
-
-    #[test]
-    fn only_registered_methods_become_labels() {
-        let layer = GrpcMetricsLayer::new(
-            GrpcMetrics::new(&Metrics::new()),
-            &[
-                crate::grpc::pb::FILE_DESCRIPTOR_SET,
-                tonic_health::pb::FILE_DESCRIPTOR_SET,
-            ],
-        )
-        .unwrap();
-        let (s, m, t) = layer.labels("/volume_reconciler.v1.VolumeReconciler/AttachVolume");
-        assert_eq!(
-            (&*s, &*m, t),
-            (
-                "volume_reconciler.v1.VolumeReconciler",
-                "AttachVolume",
-                "unary"
-            )
-        );
-        let (_, m, t) = layer.labels("/volume_reconciler.v1.VolumeReconciler/WatchOperation");
-        assert_eq!((&*m, t), ("WatchOperation", "server_stream"));
-        let (s, m, _) = layer.labels("/grpc.health.v1.Health/Check");
-        assert_eq!((&*s, &*m), ("grpc.health.v1.Health", "Check"));
-        let (s, m, _) = layer.labels("/volume_reconciler.v1.VolumeReconciler/Nope-123");
-        assert_eq!((&*s, &*m), ("unknown", "unknown"));
-    }
 
     #[test]
     fn every_code_has_its_canonical_name() {
