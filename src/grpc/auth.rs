@@ -472,7 +472,7 @@ pub struct AuthService<S> {
     policy: Arc<AuthPolicy>,
 }
 
-use super::BoxFuture;
+use crate::domain::BoxFuture;
 
 fn refuse<R: Default>(reason: Reason, message: &str, method: &str) -> http::Response<R> {
     let mut meta = BTreeMap::new();

@@ -74,7 +74,7 @@ pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     })
 }
 
-use super::BoxFuture;
+use crate::domain::BoxFuture;
 
 impl<S, B, R> Service<http::Request<B>> for DeadlineService<S>
 where

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt as _;
 
-use super::BoxFuture;
+use crate::domain::BoxFuture;
 
 /// How much of a refused request's body is read before the answer.
 pub const DRAIN_BYTES: usize = 64 * 1024;

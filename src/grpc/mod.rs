@@ -49,9 +49,6 @@ use crate::reconciler::Reconciler;
 use crate::store::{OperationFilter, StoreError};
 use request::{Mutation, Scope, caller_of, deadline_of};
 
-/// The boxed future of the server chain's layers.
-pub(crate) type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
-
 pub mod pb {
     #![allow(clippy::all, clippy::pedantic)]
     tonic::include_proto!("volume_reconciler.v1");

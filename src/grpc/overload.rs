@@ -258,7 +258,7 @@ impl MutationPermit {
     }
 }
 
-use super::BoxFuture;
+use crate::domain::BoxFuture;
 
 fn shed<R: Default>(
     reason: Reason,

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::GrpcMetrics;
-use crate::grpc::BoxFuture;
+use crate::domain::BoxFuture;
 
 /// What an answer without `grpc-status` means, by its HTTP status (the
 /// gRPC specification's "HTTP to gRPC status code mapping").
