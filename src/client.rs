@@ -20,7 +20,7 @@ mod diagnose;
 
 /// The canonical name of a gRPC code (`INVALID_ARGUMENT`): one table,
 /// shared with the metrics' labels.
-pub use crate::metrics::code_name;
+pub use crate::grpc::metrics::code_name;
 pub use connect::{ClientTls, ConnectOptions};
 pub use diagnose::transport_hint;
 

@@ -26,8 +26,8 @@
 //! - [`client`]: the Rust client with keyed, safe retries.
 //! - [`cli`]: the command line (`Cli`, every subcommand), operator
 //!   commands, the demo, the load generator and the history checker.
-//! - [`metrics`]: Prometheus metrics: the service's own (their labels, the
-//!   saturation read at each scrape) and the process metrics.
+//! - [`metrics`]: the Prometheus registry each room registers its own
+//!   families into, the process metrics and the `/metrics` rendering.
 //! - [`tls`]: TLS on the gRPC port with reload, the process's crypto
 //!   provider, and what is read of a certificate.
 

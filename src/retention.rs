@@ -8,6 +8,10 @@
 //!
 //! `run_once()` does one round and returns counts; `run()` is a thin loop
 //! around it on a shutdown token (rule 9). Every time is the database's.
+//!
+//! - `metrics`: retention's metric families.
+
+pub mod metrics;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +19,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
 use crate::store::{PruneCounts, PruneParams, PruneRound, Store, StoreError};
+use metrics::RetentionMetrics;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetentionSettings {
@@ -98,17 +102,17 @@ impl Default for RetentionSettings {
 pub struct Pruner {
     store: Arc<dyn Store>,
     pub settings: RetentionSettings,
-    metrics: Arc<Metrics>,
+    pub metrics: Arc<RetentionMetrics>,
 }
 
 impl Pruner {
     pub fn new(
         store: Arc<dyn Store>,
         settings: RetentionSettings,
-        metrics: Arc<Metrics>,
+        metrics: Arc<RetentionMetrics>,
     ) -> Arc<Self> {
         metrics
-            .retention_keep
+            .keep
             .set(settings.keep().map_or(0.0, |k| k.as_secs_f64()));
         Arc::new(Self {
             store,
@@ -182,9 +186,9 @@ impl Pruner {
         round.end().await;
         let counts = result?;
         self.metrics
-            .retention_last_duration
+            .last_duration
             .set(started.elapsed().as_secs_f64());
-        self.metrics.retention_last_round.set(
+        self.metrics.last_round.set(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),

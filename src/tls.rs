@@ -8,8 +8,10 @@
 //!
 //! - `certificate`: what is read of a certificate itself (its subject, its
 //!   notAfter), for authentication and the metrics.
+//! - `metrics`: the served certificate's notAfter, read at each scrape.
 
 pub mod certificate;
+pub mod metrics;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

@@ -364,6 +364,32 @@ async fn every_answer_is_counted_and_timed_with_its_canonical_code() {
         &[("grpc_service", SVC), ("grpc_method", "AttachVolume")],
     );
     assert_eq!(started, attach_handled, "every started call was handled");
+    // Messages, each counted once whole: a request's once it was read (the
+    // auth layer refuses before reading it), an answer's once written (an
+    // error carries none).
+    let messages = |family: &str, method: &str| {
+        m.sum(
+            family,
+            &[
+                ("grpc_type", "unary"),
+                ("grpc_service", SVC),
+                ("grpc_method", method),
+            ],
+        )
+    };
+    assert_eq!(m.types["grpc_server_msg_received"], "counter");
+    assert_eq!(m.types["grpc_server_msg_sent"], "counter");
+    assert_eq!(
+        messages("grpc_server_msg_received_total", "AttachVolume"),
+        3.0,
+        "OK, DEADLINE_EXCEEDED and CANCELLED were read; UNAUTHENTICATED was not"
+    );
+    assert_eq!(messages("grpc_server_msg_sent_total", "AttachVolume"), 1.0);
+    assert_eq!(
+        messages("grpc_server_msg_received_total", "GetOperation"),
+        1.0
+    );
+    assert_eq!(messages("grpc_server_msg_sent_total", "GetOperation"), 0.0);
     assert_eq!(m.types["grpc_server_handling_seconds"], "histogram");
     assert_eq!(
         m.sum(

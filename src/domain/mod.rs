@@ -26,6 +26,9 @@ pub use reason::{ErrorCode, Reason};
 pub use trace::{InvalidTrace, TraceContext};
 pub use validate::{DevicePath, IdempotencyKey, InvalidField, KeyHash, Tag};
 
+/// A boxed future that can cross threads (the server chain's layers).
+pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
 /// What the operation asks Nova to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

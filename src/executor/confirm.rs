@@ -88,6 +88,7 @@ impl Executor {
             Err(e) => e.kind.as_str(),
         };
         self.metrics
+            .nova
             .cinder(what, outcome, started.elapsed().as_secs_f64());
         result
     }

@@ -65,7 +65,8 @@ impl Executor {
             }
             need_record = true;
             self.metrics
-                .nova_outbound_deadline
+                .nova
+                .outbound_deadline
                 .observe(outbound.saturating_duration_since(now).as_secs_f64());
             let sent = Box::pin(self.send(run, outbound)).await;
             let (answer, may_take_effect, attachment) = match &sent {
@@ -168,7 +169,7 @@ impl Executor {
         };
         match &sent {
             Sent::Done(_) => {
-                self.metrics.nova(name, "ok", elapsed.as_secs_f64());
+                self.metrics.nova.request(name, "ok", elapsed.as_secs_f64());
                 run.events.push(answered(
                     NewEvent::new(event::RESPONSE, "Nova answered 200: attachment created")
                         .with("http_status", 200)
@@ -176,7 +177,9 @@ impl Executor {
                 ));
             }
             Sent::Accepted => {
-                self.metrics.nova(name, "accepted", elapsed.as_secs_f64());
+                self.metrics
+                    .nova
+                    .request(name, "accepted", elapsed.as_secs_f64());
                 run.events.push(answered(
                     NewEvent::new(
                         event::RESPONSE,
@@ -398,8 +401,8 @@ mod tests {
 
     use super::*;
     use crate::domain::deadline::{BudgetPolicy, Deadline};
+    use crate::executor::metrics::ExecutorMetrics;
     use crate::executor::{ExecSettings, ledger};
-    use crate::metrics::Metrics;
     use crate::nova::NovaClient;
     use crate::store::Store;
 
@@ -429,7 +432,7 @@ mod tests {
             BudgetPolicy::default(),
             "r".into(),
             ExecSettings::default(),
-            Arc::new(Metrics::new()),
+            ExecutorMetrics::unscraped(),
         );
         let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
         let delay = Duration::from_millis(400);

@@ -181,7 +181,7 @@ impl Executor {
 
     /// Counts a failed request and logs it in the run's events.
     pub(crate) fn note_failure(&self, run: &mut Run, e: &NovaError) {
-        self.metrics.nova(
+        self.metrics.nova.request(
             run.op.action.as_str(),
             e.kind.as_str(),
             e.elapsed.as_secs_f64(),

@@ -16,6 +16,7 @@
 //! - `ledger.rs`: the executor's writes to the ledger.
 //! - `holds.rs`: the leases this replica holds, renewed by its heartbeat.
 //! - `gate.rs`: the send gate: a request leaves only while its lease holds.
+//! - `metrics.rs`: the executor's metric families.
 //!
 //! Why it is long: it owns the operation's task lifecycle (submit, start,
 //! await, drive, heartbeat) and its tests; the decisions, the send loop,
@@ -28,6 +29,7 @@ mod flow;
 mod gate;
 pub mod holds;
 mod ledger;
+pub mod metrics;
 mod observe;
 mod run;
 
@@ -45,9 +47,9 @@ use crate::domain::{
     Action, Budget, BudgetPolicy, Clock, Deadline, IdempotencyKey, NewEvent, Operation,
     RequestParams, State, TraceContext, event, request_fingerprint,
 };
-use crate::metrics::Metrics;
 use crate::nova::NovaClient;
 use crate::store::{CreateOutcome, HeldLease, NewOperation, Renewal, Store, StoreError};
+use metrics::ExecutorMetrics;
 
 pub(crate) use confirm::{CinderSays, DETACH_TARGET};
 pub(crate) use run::{Decision, Run, Seen};
@@ -177,7 +179,7 @@ pub struct Executor {
     pub policy: BudgetPolicy,
     pub replica: String,
     pub settings: ExecSettings,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<ExecutorMetrics>,
     /// This replica's wall clock (ledger timestamps it writes).
     pub clock: Clock,
     inflight: Mutex<HashMap<Uuid, watch::Receiver<Decided>>>,
@@ -199,7 +201,7 @@ impl Executor {
         policy: BudgetPolicy,
         replica: String,
         settings: ExecSettings,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ExecutorMetrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
             store,
@@ -1108,7 +1110,7 @@ mod size_probe {
             BudgetPolicy::default(),
             "r".into(),
             ExecSettings::default(),
-            Arc::new(Metrics::new()),
+            ExecutorMetrics::unscraped(),
         )
     }
 

@@ -23,7 +23,8 @@ impl Executor {
             Ok(answered) => {
                 let items = answered.value;
                 self.metrics
-                    .nova("list", "ok", started.elapsed().as_secs_f64());
+                    .nova
+                    .request("list", "ok", started.elapsed().as_secs_f64());
                 let seen = Seen::in_list(&items, run.op.volume_id);
                 let detail = match &seen {
                     Seen::Attached(_) => "the volume is in the server's attachment list",
@@ -45,7 +46,8 @@ impl Executor {
             }
             Err(e) if e.rejection() == Some(&crate::nova::Rejection::ServerNotFound) => {
                 self.metrics
-                    .nova("list", "server_gone", e.elapsed.as_secs_f64());
+                    .nova
+                    .request("list", "server_gone", e.elapsed.as_secs_f64());
                 run.last_seen = Some(false);
                 let ev = NewEvent::new(
                     event::OBSERVED,
@@ -58,7 +60,8 @@ impl Executor {
             }
             Err(e) => {
                 self.metrics
-                    .nova("list", e.kind.as_str(), e.elapsed.as_secs_f64());
+                    .nova
+                    .request("list", e.kind.as_str(), e.elapsed.as_secs_f64());
                 // Counted on the previous line when it failed the same
                 // way: an outage watched for an hour is one line, not one
                 // per look (each held in memory until the decision).
@@ -93,7 +96,7 @@ impl Executor {
         {
             Ok(answered) => {
                 let exists = answered.value;
-                self.metrics.nova(
+                self.metrics.nova.request(
                     "show_server",
                     if exists { "ok" } else { "server_gone" },
                     started.elapsed().as_secs_f64(),
@@ -117,7 +120,8 @@ impl Executor {
             }
             Err(e) => {
                 self.metrics
-                    .nova("show_server", e.kind.as_str(), e.elapsed.as_secs_f64());
+                    .nova
+                    .request("show_server", e.kind.as_str(), e.elapsed.as_secs_f64());
                 push_observation(
                     run,
                     NewEvent::new(

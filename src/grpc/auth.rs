@@ -33,7 +33,6 @@
 //! `tls::certificate`.
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::domain::Reason;
@@ -473,7 +472,7 @@ pub struct AuthService<S> {
     policy: Arc<AuthPolicy>,
 }
 
-type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+use crate::domain::BoxFuture;
 
 fn refuse<R: Default>(reason: Reason, message: &str, method: &str) -> http::Response<R> {
     let mut meta = BTreeMap::new();

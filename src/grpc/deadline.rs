@@ -6,7 +6,6 @@
 //! timer would answer `CANCELLED`). It never shortens a caller's deadline,
 //! which is why tonic's `Server::timeout` is not used.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -14,8 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
+use super::metrics::GrpcMetrics;
 use crate::domain::{BudgetPolicy, Deadline, Reason};
-use crate::metrics::Metrics;
 
 /// Methods whose life is not bounded like a unary call: no server default.
 const STREAMING: &[&str] = &["/volume_reconciler.v1.VolumeReconciler/WatchOperation"];
@@ -24,11 +23,11 @@ const STREAMING: &[&str] = &["/volume_reconciler.v1.VolumeReconciler/WatchOperat
 pub struct DeadlineLayer {
     default: Duration,
     policy: BudgetPolicy,
-    metrics: Arc<Metrics>,
+    metrics: Arc<GrpcMetrics>,
 }
 
 impl DeadlineLayer {
-    pub fn new(default: Duration, policy: BudgetPolicy, metrics: Arc<Metrics>) -> Self {
+    pub fn new(default: Duration, policy: BudgetPolicy, metrics: Arc<GrpcMetrics>) -> Self {
         Self {
             default,
             policy,
@@ -75,7 +74,7 @@ pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     })
 }
 
-type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+use crate::domain::BoxFuture;
 
 impl<S, B, R> Service<http::Request<B>> for DeadlineService<S>
 where

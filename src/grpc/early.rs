@@ -16,12 +16,11 @@
 //! once: 32,000 of them over one busy connection did not close it (tried
 //! with a test that was removed again: it could not fail).
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use http_body_util::BodyExt as _;
 
-type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+use crate::domain::BoxFuture;
 
 /// How much of a refused request's body is read before the answer.
 pub const DRAIN_BYTES: usize = 64 * 1024;

@@ -45,7 +45,6 @@ use crate::domain::{
     Action, Deadline, DevicePath, IdempotencyKey, InvalidField, RequestParams, State, Tag,
 };
 use crate::executor::{ExecError, Executor, OpRequest};
-use crate::metrics::Metrics;
 use crate::reconciler::Reconciler;
 use crate::store::{OperationFilter, StoreError};
 use request::{Mutation, Scope, caller_of, deadline_of};
@@ -66,7 +65,6 @@ pub const MAX_REASON_LEN: usize = 1024;
 pub struct Api {
     pub exec: Arc<Executor>,
     pub reconciler: Arc<Reconciler>,
-    pub metrics: Arc<Metrics>,
     /// The longest a watch waits for its next message.
     pub watch_idle: Duration,
 }
@@ -555,6 +553,8 @@ mod size_probe {
     use super::*;
     use crate::domain::BudgetPolicy;
     use crate::executor::ExecSettings;
+    use crate::executor::metrics::ExecutorMetrics;
+    use crate::reconciler::metrics::ReconcilerMetrics;
     use pb::volume_reconciler_server::VolumeReconciler;
 
     #[tokio::test]
@@ -573,12 +573,15 @@ mod size_probe {
             BudgetPolicy::default(),
             "r".into(),
             ExecSettings::default(),
-            Arc::new(Metrics::new()),
+            ExecutorMetrics::unscraped(),
         );
         let api = Api {
             exec: exec.clone(),
-            reconciler: Reconciler::new(exec.clone(), Default::default()),
-            metrics: Arc::new(Metrics::new()),
+            reconciler: Reconciler::new(
+                exec.clone(),
+                Default::default(),
+                ReconcilerMetrics::unscraped(),
+            ),
             watch_idle: Duration::from_secs(1),
         };
         let f = api.attach_volume(tonic::Request::new(pb::AttachVolumeRequest {
@@ -604,6 +607,8 @@ mod scope_tests {
     use super::*;
     use crate::domain::{BudgetPolicy, NewEvent, request_fingerprint};
     use crate::executor::ExecSettings;
+    use crate::executor::metrics::ExecutorMetrics;
+    use crate::reconciler::metrics::ReconcilerMetrics;
     use crate::store::{CreateOutcome, NewOperation, Store};
     use pb::volume_reconciler_server::VolumeReconciler;
 
@@ -642,19 +647,17 @@ mod scope_tests {
         let nova = Arc::new(crate::nova::NovaClient::new(
             crate::nova::NovaConfig::default(),
         ));
-        let metrics = Arc::new(Metrics::new());
         let exec = Executor::new(
             store,
             nova,
             BudgetPolicy::default(),
             "r".into(),
             ExecSettings::default(),
-            metrics.clone(),
+            ExecutorMetrics::unscraped(),
         );
         let api = Api {
             exec: exec.clone(),
-            reconciler: Reconciler::new(exec, Default::default()),
-            metrics,
+            reconciler: Reconciler::new(exec, Default::default(), ReconcilerMetrics::unscraped()),
             watch_idle: Duration::from_secs(1),
         };
         (api, op.id)

@@ -40,8 +40,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
 use super::auth::Caller;
+use super::metrics::GrpcMetrics;
 use crate::domain::Reason;
-use crate::metrics::Metrics;
 
 /// The classes of RPC with a cap of their own (see the module's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,13 +187,13 @@ pub struct OverloadLayer {
     reads: Cap,
     watches: Cap,
     callers: Arc<CallerLimits>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<GrpcMetrics>,
 }
 
 impl OverloadLayer {
     /// The caps of `limits`, reported to `metrics`: the places in use are
     /// read at each scrape, and every shed answer is counted.
-    pub fn new(limits: &Limits, metrics: Arc<Metrics>) -> Self {
+    pub fn new(limits: &Limits, metrics: Arc<GrpcMetrics>) -> Self {
         let layer = Self {
             mutations: Cap::new(limits.max_inflight_mutations),
             reads: Cap::new(limits.max_inflight_reads),
@@ -258,7 +258,7 @@ impl MutationPermit {
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+use crate::domain::BoxFuture;
 
 fn shed<R: Default>(
     reason: Reason,

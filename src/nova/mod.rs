@@ -20,6 +20,8 @@
 //!   ready (a layer on reqwest's connector).
 //! - `error.rs`: the adapter's error, and what a refusal means (`Rejection`).
 //! - `types.rs`: Nova's wire shapes.
+//! - `metrics.rs`: the room's metric families (requests, reachability,
+//!   the Keystone token).
 //! - `version.rs`: microversions asked for and supported, and discovery.
 //! - `trace.rs`: the trace context every request to OpenStack carries.
 
@@ -31,6 +33,7 @@ pub mod client;
 pub mod error;
 mod gate;
 mod http;
+pub mod metrics;
 mod trace;
 pub mod types;
 mod version;

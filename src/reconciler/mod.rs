@@ -15,7 +15,9 @@
 //!
 //! - `pass.rs`: one pass over one claimed operation, and what it decides.
 //! - `verify.rs`: verification of decided operations for late effects.
+//! - `metrics.rs`: the reconciler's metric families.
 
+pub mod metrics;
 mod pass;
 mod verify;
 
@@ -32,6 +34,7 @@ use crate::domain::{Action, Deadline, Operation, TraceContext};
 use crate::executor::Executor;
 use crate::nova::{NovaAttachment, NovaError, RequestId};
 use crate::store::StoreError;
+use metrics::ReconcilerMetrics;
 
 /// A verification never looks at a decision younger than this, whatever
 /// `--verify-after` says: a decision stamped with its transaction's start
@@ -190,17 +193,23 @@ enum PassResult {
 pub struct Reconciler {
     exec: Arc<Executor>,
     pub settings: ReconcilerSettings,
+    pub metrics: Arc<ReconcilerMetrics>,
     limiter: RateLimiter,
     /// Verifications whose look failed, tried again next round.
     verify_retries: std::sync::Mutex<Vec<verify::Pending>>,
 }
 
 impl Reconciler {
-    pub fn new(exec: Arc<Executor>, settings: ReconcilerSettings) -> Arc<Self> {
+    pub fn new(
+        exec: Arc<Executor>,
+        settings: ReconcilerSettings,
+        metrics: Arc<ReconcilerMetrics>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             limiter: RateLimiter::new(settings.rate_limit),
             exec,
             settings,
+            metrics,
             verify_retries: std::sync::Mutex::new(Vec::new()),
         })
     }
@@ -407,10 +416,10 @@ impl Reconciler {
         let listed = crate::telemetry::context::within_opt(trace, list)
             .await
             .map(|a| a.value);
-        let metrics = &self.exec.metrics;
+        let nova = &self.metrics.nova;
         match &listed {
-            Ok(_) => metrics.nova("list", "ok", started.elapsed().as_secs_f64()),
-            Err(e) => metrics.nova("list", e.kind.as_str(), e.elapsed.as_secs_f64()),
+            Ok(_) => nova.request("list", "ok", started.elapsed().as_secs_f64()),
+            Err(e) => nova.request("list", e.kind.as_str(), e.elapsed.as_secs_f64()),
         }
         listed
     }

@@ -34,7 +34,7 @@ impl Reconciler {
         listed: &Observation,
         db_now: DateTime<Utc>,
     ) -> PassResult {
-        self.exec.metrics.reconciler_passes.inc();
+        self.metrics.passes.inc();
         let until = Instant::now() + self.settings.observe_timeout;
         let mut run = Run::new(op.clone(), Budget::observe_only(until), true);
         let present = match Seen::by_list(listed, op.volume_id) {
@@ -232,7 +232,7 @@ impl Reconciler {
     }
 
     async fn decide(&self, run: &mut Run, d: Decision, what: &str) -> PassResult {
-        self.exec.metrics.decision(what);
+        self.metrics.decision(what);
         match self.exec.record(run, d).await.state {
             State::Succeeded => PassResult::Succeeded,
             State::Failed => PassResult::Failed,
@@ -293,7 +293,7 @@ impl Reconciler {
         }
         match self.exec.budget_from_row(&op, db_now) {
             Some(budget) => {
-                self.exec.metrics.decision("resent");
+                self.metrics.decision("resent");
                 let mut resend = Run::new(op, budget, true);
                 resend.events = std::mem::take(&mut run.events);
                 resend.events.push(NewEvent::new(
@@ -367,7 +367,7 @@ impl Reconciler {
                     .with_all(&e.metadata()),
             ];
         }
-        self.exec.metrics.decision("deferred");
+        self.metrics.decision("deferred");
         self.write(t).await;
         PassResult::Deferred
     }
@@ -380,7 +380,7 @@ impl Reconciler {
         why: String,
         context: &std::collections::BTreeMap<String, String>,
     ) -> PassResult {
-        self.exec.metrics.decision("escalated");
+        self.metrics.decision("escalated");
         tracing::warn!(operation_id = %op.id, "operation escalated to operators: {why}");
         let mut t = Transition::new(op, self.open_state(op), &self.exec.replica);
         t.release_lease = true;
@@ -439,7 +439,7 @@ impl Reconciler {
             );
         }
         t.events = events;
-        self.exec.metrics.decision("deferred");
+        self.metrics.decision("deferred");
         self.write(t).await;
         PassResult::Deferred
     }

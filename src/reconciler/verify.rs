@@ -118,7 +118,7 @@ impl Reconciler {
             }
             if op.completed_at.is_some_and(|c| c + late_after < db_now) {
                 // Counted, so an operator sees the verifier falling behind.
-                self.exec.metrics.verification_missed.inc();
+                self.metrics.verification_missed.inc();
                 continue;
             }
             todo.push(Pending {
@@ -169,7 +169,7 @@ impl Reconciler {
                                 });
                             }
                             None => {
-                                this.exec.metrics.verification_missed.inc();
+                                this.metrics.verification_missed.inc();
                             }
                         }
                     }
@@ -288,7 +288,7 @@ impl Reconciler {
                 return None;
             }
         }
-        self.exec.metrics.drift_detected.inc();
+        self.metrics.drift_detected.inc();
         let detail = format!(
             "decided {} but {}, and no later operation explains it; not acting on it: that is the orchestrator's call",
             op.state.as_str(),

@@ -12,19 +12,44 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::Executor;
-use crate::metrics::{Metrics, StageLabels};
+use crate::metrics::Metrics;
+use crate::reconciler::metrics::{ReconcilerMetrics, StageLabels};
+use crate::retention::metrics::RetentionMetrics;
 use crate::store::Store;
+use crate::store::metrics::StoreMetrics;
+
+/// The readiness gauge, registered into `metrics`: set at each scrape, so
+/// `sum()` over replicas counts the ready ones.
+pub(super) fn ready_gauge(metrics: &Metrics) -> Gauge {
+    let gauge = Gauge::default();
+    metrics.register(|r| {
+        r.register(
+            "ready",
+            "1 while this replica is ready (serving, not draining, database reachable)",
+            gauge.clone(),
+        )
+    });
+    gauge
+}
 
 #[derive(Clone)]
 pub(super) struct AdminState {
     pub(super) store: Arc<dyn Store>,
     /// The operation leases this replica holds (a gauge).
     pub(super) exec: Arc<Executor>,
+    /// The registry `/metrics` renders.
     pub(super) metrics: Arc<Metrics>,
+    /// The families set at each scrape (besides the executor's leases).
+    pub(super) store_metrics: Arc<StoreMetrics>,
+    pub(super) reconciler_metrics: Arc<ReconcilerMetrics>,
+    pub(super) retention_metrics: Arc<RetentionMetrics>,
+    /// 1 while this replica would answer `/readyz` with 200.
+    pub(super) ready_gauge: Gauge,
     pub(super) ready: Arc<AtomicBool>,
     /// The database's reachability, as the periodic check finds it.
     pub(super) db: Arc<super::reach::Reach>,
@@ -94,7 +119,7 @@ async fn metrics_text(
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     let database_ok = match st.store.operation_open_by_state().await {
         Ok(counts) => {
-            st.metrics.set_open_operations(&counts);
+            st.store_metrics.set_open_operations(&counts);
             let unknown: i64 = counts
                 .iter()
                 .filter(|c| c.state == crate::domain::State::Unknown.as_str())
@@ -107,13 +132,13 @@ async fn metrics_text(
             };
             match age {
                 Ok(secs) => {
-                    st.metrics.oldest_unknown_age.set(secs);
+                    st.reconciler_metrics.oldest_unknown_age.set(secs);
                 }
                 Err(e) => {
                     // NaN, not a stale value: an alert on it stays quiet
                     // rather than firing on (or hiding behind) old data.
                     tracing::warn!(error = %e, "metrics: could not read the UNKNOWN operations");
-                    st.metrics.oldest_unknown_age.set(f64::NAN);
+                    st.reconciler_metrics.oldest_unknown_age.set(f64::NAN);
                 }
             }
             true
@@ -127,9 +152,9 @@ async fn metrics_text(
         retention_age(&st).await;
         verification_backlog(&st).await;
     }
-    st.metrics.set_saturation(st.store.saturation());
-    st.metrics.leases_held.set(st.exec.held().len() as i64);
-    st.metrics.ready.set(i64::from(readiness(&st).is_ok()));
+    st.store_metrics.set_saturation(st.store.saturation());
+    st.exec.metrics.leases_held.set(st.exec.held().len() as i64);
+    st.ready_gauge.set(i64::from(readiness(&st).is_ok()));
     (
         StatusCode::OK,
         [(
@@ -152,10 +177,10 @@ async fn retention_age(st: &AdminState) {
         )
     };
     match read.await {
-        Ok(age) => st.metrics.retention_oldest_decided_age.set(age),
+        Ok(age) => st.retention_metrics.oldest_decided_age.set(age),
         Err(e) => {
             tracing::warn!(error = %e, "metrics: could not read the oldest decision");
-            st.metrics.retention_oldest_decided_age.set(f64::NAN)
+            st.retention_metrics.oldest_decided_age.set(f64::NAN)
         }
     };
 }
@@ -182,7 +207,7 @@ async fn verification_backlog(st: &AdminState) {
             }
         };
         // The family's guard is not held across an await.
-        st.metrics
+        st.reconciler_metrics
             .verification_backlog
             .get_or_create(&StageLabels { stage: name.into() })
             .set(secs);

@@ -36,14 +36,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ServeArgs;
 use crate::executor::Executor;
+use crate::executor::metrics::ExecutorMetrics;
 use crate::grpc::deadline::DeadlineLayer;
-use crate::grpc::metrics::GrpcMetricsLayer;
+use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
 use crate::grpc::pb::volume_reconciler_server::VolumeReconcilerServer;
 use crate::grpc::{Api, pb};
 use crate::metrics::Metrics;
 use crate::nova::NovaClient;
+use crate::nova::metrics::NovaMetrics;
 use crate::reconciler::Reconciler;
+use crate::reconciler::metrics::ReconcilerMetrics;
+use crate::retention::metrics::RetentionMetrics;
 use crate::store::Store;
+use crate::store::metrics::StoreMetrics;
 use admin::{AdminState, serve_admin};
 use nova_checks::{check_nova, recheck_nova};
 use shutdown::{GrpcServer, Stages};
@@ -65,6 +70,11 @@ pub struct Application {
     pub reconciler: Arc<Reconciler>,
     pub pruner: Arc<crate::retention::Pruner>,
     pub metrics: Arc<Metrics>,
+    /// The families the scrape sets and the server chain records into
+    /// (the others are held by what records them).
+    store_metrics: Arc<StoreMetrics>,
+    grpc_metrics: Arc<GrpcMetrics>,
+    ready_gauge: prometheus_client::metrics::gauge::Gauge,
     /// The TLS configuration, when TLS is on (reloadable).
     pub tls: Option<Arc<crate::tls::Reloadable>>,
     ready: Arc<AtomicBool>,
@@ -98,19 +108,24 @@ impl Application {
         )
         .await
         .map_err(|e| e.context(crate::config::LEDGER_CONTEXT))?;
+        // Each room's families, registered into the one registry.
         let metrics = Arc::new(Metrics::new());
+        let store_metrics = StoreMetrics::new(&metrics);
+        let nova_metrics = NovaMetrics::new(&metrics);
+        let grpc_metrics = GrpcMetrics::new(&metrics);
+        let ready_gauge = admin::ready_gauge(&metrics);
         let db_reach = Arc::new(reach::Reach::new("database", "round trip"));
         store.observe(Arc::new(probe::ObservedDb {
-            metrics: metrics.clone(),
+            metrics: store_metrics.clone(),
             reach: db_reach.clone(),
         }));
         let nova_reach = Arc::new(reach::Reach::new("Nova", "request"));
-        let mut nova = observed_nova(nova_cfg, &metrics, &nova_reach);
+        let mut nova = observed_nova(nova_cfg, &nova_metrics, &nova_reach);
         let checked = check_nova(&mut nova, &cfg).await?;
         let nova = Arc::new(nova);
         nova.announce_confirmation();
         if let Some(auth) = nova.auth() {
-            metrics.observe_keystone(auth.clone());
+            crate::nova::metrics::observe_keystone(&metrics, auth.clone());
         }
         let background = CancellationToken::new();
         if !checked {
@@ -127,11 +142,18 @@ impl Application {
             cfg.budget_policy(),
             cfg.replica(),
             cfg.exec_settings(),
-            metrics.clone(),
+            ExecutorMetrics::new(&metrics, nova_metrics.clone()),
         );
-        let reconciler = Reconciler::new(exec.clone(), cfg.reconciler_settings());
-        let pruner =
-            crate::retention::Pruner::new(store.clone(), cfg.retention_settings(), metrics.clone());
+        let reconciler = Reconciler::new(
+            exec.clone(),
+            cfg.reconciler_settings(),
+            ReconcilerMetrics::new(&metrics, nova_metrics),
+        );
+        let pruner = crate::retention::Pruner::new(
+            store.clone(),
+            cfg.retention_settings(),
+            RetentionMetrics::new(&metrics),
+        );
         let tls = match (&cfg.tls_cert, &cfg.tls_key) {
             (Some(cert), Some(key)) => Some(crate::tls::Reloadable::new(crate::tls::TlsFiles {
                 cert: cert.clone(),
@@ -141,7 +163,7 @@ impl Application {
             _ => None,
         };
         if let Some(tls) = &tls {
-            metrics.observe_tls(tls.clone());
+            crate::tls::metrics::observe(&metrics, tls.clone());
         }
         Ok(Self {
             tls,
@@ -153,6 +175,9 @@ impl Application {
             reconciler,
             pruner,
             metrics,
+            store_metrics,
+            grpc_metrics,
+            ready_gauge,
             ready: Arc::new(AtomicBool::new(false)),
             background,
             nova_reach,
@@ -184,6 +209,9 @@ impl Application {
             reconciler,
             pruner,
             metrics,
+            store_metrics,
+            grpc_metrics,
+            ready_gauge,
             tls,
             ready,
             background,
@@ -196,25 +224,20 @@ impl Application {
             store: store.clone(),
             exec: exec.clone(),
             metrics: metrics.clone(),
+            store_metrics,
+            reconciler_metrics: reconciler.metrics.clone(),
+            retention_metrics: pruner.metrics.clone(),
+            ready_gauge,
             ready: ready.clone(),
             db: db_reach.clone(),
             ready_db_grace: cfg.ready_db_grace,
             verification: reconciler.settings.verification_stages(),
         };
-        spawn_watchers(
-            &cfg,
-            &exec,
-            &metrics,
-            nova_reach,
-            db_reach,
-            &store,
-            &background,
-        );
+        spawn_watchers(&cfg, &exec, nova_reach, db_reach, &store, &background);
         let tasks = Tasks::start(&cfg, admin_listener, admin, &exec, &reconciler, pruner);
         let api = Api {
             exec: exec.clone(),
             reconciler: reconciler.clone(),
-            metrics: metrics.clone(),
             watch_idle: cfg.watch_idle_timeout,
         };
         let drain = CancellationToken::new();
@@ -225,7 +248,7 @@ impl Application {
             &cfg,
             api,
             health_svc,
-            &metrics,
+            &grpc_metrics,
             grpc_listener,
             tls.as_ref(),
             drain.clone(),
@@ -298,13 +321,13 @@ fn announce_openstack(nova_cfg: &crate::nova::NovaConfig) {
 /// request says of Nova's reachability to `reach` (and its gauges).
 fn observed_nova(
     nova_cfg: crate::nova::NovaConfig,
-    metrics: &Arc<Metrics>,
+    metrics: &Arc<NovaMetrics>,
     reach: &Arc<reach::Reach>,
 ) -> NovaClient {
     let slot_metrics = metrics.clone();
     NovaClient::new(nova_cfg)
         .with_slot_wait_observer(Arc::new(move |waited| {
-            slot_metrics.nova_slot_wait.observe(waited.as_secs_f64())
+            slot_metrics.slot_wait.observe(waited.as_secs_f64())
         }))
         .with_reachability_observer(probe::nova_observer(metrics.clone(), reach.clone()))
 }
@@ -314,7 +337,6 @@ fn observed_nova(
 fn spawn_watchers(
     cfg: &ServeArgs,
     exec: &Arc<Executor>,
-    metrics: &Arc<Metrics>,
     nova_reach: Arc<reach::Reach>,
     db_reach: Arc<reach::Reach>,
     store: &Arc<dyn Store>,
@@ -323,7 +345,7 @@ fn spawn_watchers(
     let nova_probe = probe::NovaProbe {
         nova: exec.nova.clone(),
         reach: nova_reach,
-        metrics: metrics.clone(),
+        metrics: exec.metrics.nova.clone(),
         interval: cfg.nova_probe_interval,
         timeout: cfg.nova_probe_timeout,
     };
@@ -421,7 +443,7 @@ fn spawn_grpc(
     health_svc: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
-    metrics: &Arc<Metrics>,
+    metrics: &Arc<GrpcMetrics>,
     listener: TcpListener,
     tls: Option<&Arc<crate::tls::Reloadable>>,
     drain: CancellationToken,

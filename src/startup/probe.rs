@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::reach::Reach;
-use crate::metrics::Metrics;
+use crate::nova::metrics::NovaMetrics;
 use crate::nova::{NovaClient, Reached};
 use crate::store::Store;
 
@@ -29,25 +29,25 @@ pub const DB_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 pub const DB_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Nova answered: the gauges and the outage, if one was open.
-pub fn nova_contact(metrics: &Metrics, reach: &Reach) {
-    metrics.nova_reachable.set(1);
+pub fn nova_contact(metrics: &NovaMetrics, reach: &Reach) {
+    metrics.reachable.set(1);
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
-    metrics.nova_last_contact.set(now.as_secs_f64());
+    metrics.last_contact.set(now.as_secs_f64());
     reach.answered();
 }
 
 /// Nova could not be reached: the gauge, and the outage's first line.
-pub fn nova_lost(metrics: &Metrics, reach: &Reach, error: &dyn std::fmt::Display) {
-    metrics.nova_reachable.set(0);
+pub fn nova_lost(metrics: &NovaMetrics, reach: &Reach, error: &dyn std::fmt::Display) {
+    metrics.reachable.set(0);
     reach.unreachable(error);
 }
 
 /// The Nova client's reachability observer: each request's answer (or
 /// its absence) as [`nova_contact`] and [`nova_lost`] say.
 pub fn nova_observer(
-    metrics: Arc<Metrics>,
+    metrics: Arc<NovaMetrics>,
     reach: Arc<Reach>,
 ) -> crate::nova::client::ReachabilityObserver {
     Arc::new(move |reached| match reached {
@@ -61,7 +61,7 @@ pub fn nova_observer(
 pub struct NovaProbe {
     pub nova: Arc<NovaClient>,
     pub reach: Arc<Reach>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<NovaMetrics>,
     pub interval: Duration,
     pub timeout: Duration,
 }
@@ -151,7 +151,7 @@ where
 /// The store's round trips, to the metrics, and (failed ones) to the
 /// database's [`Reach`], which counts them in an open outage.
 pub struct ObservedDb {
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<crate::store::metrics::StoreMetrics>,
     pub reach: Arc<Reach>,
 }
 

@@ -15,12 +15,15 @@
 //! - `rows`: what both stores read, read once.
 //! - `error`: `StoreError` and the driver failures under it.
 //! - `migrations`: both stores' migrations, embedded at build time.
+//! - [`metrics`]: the store's metric families (round trips, pool, queue,
+//!   open operations).
 //!
 //! Why it is one file: it is the ledger's interface, the `Store` trait and
 //! every value that crosses it, which both stores implement and every
 //! caller reads together.
 
 mod error;
+pub mod metrics;
 mod migrations;
 mod open;
 pub mod pg;

@@ -30,7 +30,7 @@ pub async fn run(args: ReconcileBenchArgs) -> anyhow::Result<()> {
         crate::domain::BudgetPolicy::default(),
         "bench-reconciler".into(),
         crate::executor::ExecSettings::default(),
-        Arc::new(crate::metrics::Metrics::new()),
+        crate::executor::metrics::ExecutorMetrics::unscraped(),
     );
     let rec = crate::reconciler::Reconciler::new(
         exec,
@@ -42,6 +42,7 @@ pub async fn run(args: ReconcileBenchArgs) -> anyhow::Result<()> {
             batch: 512,
             ..Default::default()
         },
+        crate::reconciler::metrics::ReconcilerMetrics::unscraped(),
     );
     let started = Instant::now();
     let mut decided = 0;

@@ -33,7 +33,7 @@ use crate::client::Client;
 use crate::config::ServeArgs;
 use crate::domain::Action;
 use crate::domain::parse::{duration, render_duration};
-use crate::metrics::Metrics;
+use crate::executor::metrics::ExecutorMetrics;
 use crate::sim::{self, SimConfig};
 use crate::startup::Application;
 use crate::store::Store;
@@ -104,7 +104,7 @@ struct Running {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
     store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ExecutorMetrics>,
 }
 
 fn free_addr() -> anyhow::Result<SocketAddr> {
@@ -144,7 +144,7 @@ async fn start_service(setup: &Setup, replica: &str) -> anyhow::Result<Running> 
     ])
     .map_err(|e| anyhow::anyhow!("demo flags: {e}"))?;
     let app = Application::build(args).await?;
-    let (store, metrics) = (app.store.clone(), app.metrics.clone());
+    let (store, metrics) = (app.store.clone(), app.exec.metrics.clone());
     let stop = CancellationToken::new();
     let s = stop.clone();
     let task = tokio::spawn(app.run_until(async move { s.cancelled().await }));
@@ -307,7 +307,7 @@ async fn drive(
     setup: &Setup,
     tally: &Tally,
     total: usize,
-) -> anyhow::Result<(Running, Vec<Arc<Metrics>>)> {
+) -> anyhow::Result<(Running, Vec<Arc<ExecutorMetrics>>)> {
     let mut metrics = vec![first.metrics.clone()];
     let mut current = first;
     let mut progress = Progress::new(total as u64, "calls answered");

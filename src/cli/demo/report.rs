@@ -10,7 +10,7 @@ use super::faults::Plan;
 use super::{Tally, lock, ms};
 use crate::cli::output::{align_right, bare_table, plain_table, quantile};
 use crate::domain::{Action, Reason, Resolution, State};
-use crate::metrics::Metrics;
+use crate::executor::metrics::ExecutorMetrics;
 use crate::sim;
 use crate::store::Store;
 
@@ -92,7 +92,7 @@ pub async fn compare(store: &dyn Store, sim: &sim::Sim, plan: &Plan) -> anyhow::
     Ok(verdict)
 }
 
-pub fn print_report(verdict: &Verdict, metrics: &[Arc<Metrics>], tally: &Tally) {
+pub fn print_report(verdict: &Verdict, metrics: &[Arc<ExecutorMetrics>], tally: &Tally) {
     let lost: u64 = metrics.iter().map(|m| m.responses_lost.get()).sum();
     let recovered: u64 = metrics.iter().map(|m| m.responses_recovered.get()).sum();
     let mut lat = lock(&tally.latencies).clone();
