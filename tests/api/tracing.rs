@@ -488,9 +488,9 @@ async fn the_operations_json_log_lines_carry_its_trace_id() {
     sim.stop().await;
 }
 
-/// With the `otlp` feature (`cargo test --features otlp --test tracing`):
-/// the operation's span reaches an OTLP collector under the ids its
-/// requests carry.
+/// With the `otlp` feature
+/// (`cargo test --features otlp --test api tracing::`): the operation's
+/// span reaches an OTLP collector under the ids its requests carry.
 #[cfg(feature = "otlp")]
 #[tokio::test]
 async fn with_otlp_the_operations_span_reaches_the_collector_under_the_requests_ids() {

@@ -1411,7 +1411,7 @@ fn the_monitoring_kit_scrapes_the_admin_service_and_ships_the_dashboard_and_rule
             "ServiceMonitor port {:?} is not a port of the admin Service",
             ep["port"]
         );
-        // The path the admin router serves (tests/observability.rs scrapes it).
+        // The path the admin router serves (tests/ops/observability.rs scrapes it).
         assert_eq!(ep["path"].as_str(), Some("/metrics"));
     }
     // The job label is the one the alert rules select.

@@ -8,8 +8,8 @@
 //! durations, ports, trace ids) are normalized; the order, kinds, details,
 //! metadata keys and replicas are compared as they are.
 //!
-//! `UPDATE_GOLDEN=1 cargo test --test reconcile_log` rewrites the files
-//! (review the diff: that is a change of what operators see).
+//! `UPDATE_GOLDEN=1 cargo test --test store reconcile_log::` rewrites the
+//! files (review the diff: that is a change of what operators see).
 
 use crate::support;
 
