@@ -90,7 +90,7 @@ static CONFLICT_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 /// Every index of `operations`, with a statement of the service's that
 /// reads through it (its parameter types, as `PREPARE` takes them): each
 /// index earns its place by a query, and a plan test
-/// (`tests/store_conformance.rs`) holds each statement to its index and the
+/// (`tests/store/store_conformance.rs`) holds each statement to its index and the
 /// table to exactly these indexes.
 pub fn index_queries() -> Vec<(&'static str, String, &'static str)> {
     vec![
@@ -635,7 +635,7 @@ impl Store for PgStore {
                 // (an autocommit statement behind a lock goes on without its
                 // client): its outcome is unknown (`may_have_written`), and the
                 // executor reads it back and drives what it finds
-                // (tests/db_faults.rs, an intent held up past its answer
+                // (tests/faults/db_faults.rs, an intent held up past its answer
                 // time).
                 // Matched in place: a row bound to a name would keep its
                 // room (512 bytes) through the cold path's await below.
