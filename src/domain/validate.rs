@@ -103,7 +103,7 @@ impl IdempotencyKey {
 /// an SQL function (`volume_reconciler_key_hash`, since the migration that
 /// added tombstones), which must stay: a trigger fills the column with it
 /// for writers that leave it out (the previous release, during a rolling
-/// upgrade). `tests/upgrade.rs` holds the two equal for rows of both.
+/// upgrade). `tests/store/upgrade.rs` holds the two equal for rows of both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KeyHash([u8; 16]);
 

@@ -545,7 +545,7 @@ pub(crate) fn cinder_failed_event(when: &str, e: &CinderError) -> NewEvent {
 mod tests {
     //! docs/design.md's "before the first request" table, row by row,
     //! against the pre-check (the rows about a failed or 404 look are I/O,
-    //! tested in tests/cinder_decisions.rs).
+    //! tested in tests/adapter/cinder_decisions.rs).
     use super::*;
     use crate::nova::CinderAttachment;
 

@@ -7,7 +7,7 @@
 //! later) without being read: a flooding caller shed some thousands of
 //! times while the service was busy got its whole connection closed
 //! (`GOAWAY ENHANCE_YOUR_CALM, too_many_data_frames`), and with it every
-//! other call on it, its well-behaved ones too (tests/security.rs, the flooding caller). Read
+//! other call on it, its well-behaved ones too (tests/api/security.rs, the flooding caller). Read
 //! (and dropped), the frames are refunded, and the answer ends the stream
 //! cleanly. A unary request's body is already here or a moment away; a
 //! client that sends more than [`DRAIN_BYTES`], or takes longer than

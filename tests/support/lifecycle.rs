@@ -1,4 +1,4 @@
-//! What the lifecycle tests share (tests/lifecycle*.rs): requests,
+//! What the lifecycle tests share (tests/api/lifecycle*.rs): requests,
 //! ledger reads, the simulator's view of an operation's requests, and
 //! waits that drive the reconciler.
 

@@ -165,8 +165,8 @@ impl Spec {
 
 /// Crashes the tests' PostgreSQL (an immediate shutdown: no checkpoint,
 /// recovery from its WAL at the next start, as after a crash), waits for it
-/// to be gone, and starts it again on the same data and port. For a test
-/// binary of its own: every test of the binary shares the cluster.
+/// to be gone, and starts it again on the same data and port. For a
+/// test that holds its binary's cluster alone (tests/whole_cluster).
 pub fn crash_and_restart() {
     let spec = SPEC
         .get()

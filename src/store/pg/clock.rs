@@ -6,7 +6,7 @@
 //! of it that reaches the server after it (a proxy or a network that held
 //! its bytes while the service gave up on it) inserts nothing, so that an
 //! intent its task read back and gave up on can never be recorded behind
-//! its back (tests/db_faults.rs).
+//! its back (tests/faults/db_faults.rs).
 //!
 //! A round trip sent at `sent` whose answer carries the server's `now()`
 //! `db` bounds the server's clock from above at any later instant `t`:

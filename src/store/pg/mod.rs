@@ -103,7 +103,7 @@ impl Store for PgStore {
                 // (an autocommit statement behind a lock goes on without its
                 // client): its outcome is unknown (`may_have_written`), and the
                 // executor reads it back and drives what it finds
-                // (tests/db_faults.rs, an intent held up past its answer
+                // (tests/faults/db_faults.rs, an intent held up past its answer
                 // time).
                 // Matched in place: a row bound to a name would keep its
                 // room (512 bytes) through the cold path's await below.

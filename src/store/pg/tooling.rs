@@ -18,7 +18,7 @@ pub use crate::store::rows::list_statement;
 /// Every index of `operations`, with a statement of the service's that
 /// reads through it (its parameter types, as `PREPARE` takes them): each
 /// index earns its place by a query, and a plan test
-/// (`tests/store_conformance.rs`) holds each statement to its index and the
+/// (`tests/store/store_conformance.rs`) holds each statement to its index and the
 /// table to exactly these indexes.
 pub fn index_queries() -> Vec<(&'static str, String, &'static str)> {
     vec![

@@ -125,7 +125,7 @@ fn list_statement(filter: &OperationFilter, after: Option<i64>, limit: u32) -> S
 
 /// Every index of `operations`, with a statement of the store's that reads
 /// through it: each index earns its place by a query, and a plan test
-/// (`tests/store_conformance.rs`) holds each statement to its index and the
+/// (`tests/store/store_conformance.rs`) holds each statement to its index and the
 /// table to exactly these indexes (SQLite's own for `id UNIQUE` included).
 pub fn index_queries() -> Vec<(&'static str, String)> {
     let by = |server_id, volume_id| OperationFilter {

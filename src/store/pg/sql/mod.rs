@@ -360,7 +360,7 @@ pub(super) const OLDEST_DECIDED: &str =
 /// intent's insert binds it; the database's own function
 /// (`volume_reconciler_key_hash`) stays for the rows of writers that leave
 /// the hash out (the previous release), filled in by a trigger, and
-/// `tests/upgrade.rs` holds the two equal.
+/// `tests/store/upgrade.rs` holds the two equal.
 pub(super) const KEY_TOMBSTONE: &str =
     "SELECT pruned_at FROM idempotency_tombstones WHERE key_hash = $1";
 
