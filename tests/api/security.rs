@@ -461,10 +461,18 @@ async fn a_flooding_caller_is_shed_while_a_well_behaved_one_is_unharmed() {
         under_flood.2,
         under_flood.3
     );
-    assert!(shed > ok, "most of the flood is shed");
+    // What the flood offers depends on the machine (32 loops share the
+    // test's cores with the service and, in this binary, other tests): its
+    // calls past the rate are shed, whatever their number; where it offered
+    // more than twice its allowance, most of it is shed.
+    let allowance = 100.0 * (flooded + 0.5) + 20.0;
+    assert!(shed > 0, "the flood went past its rate and was shed");
+    if (ok + shed) as f64 > 2.0 * allowance + 50.0 {
+        assert!(shed > ok, "most of the flood is shed");
+    }
     assert_eq!(with_retry, shed, "every shed answer suggests a delay");
     assert!(
-        (ok as f64) <= 100.0 * (flooded + 0.5) + 20.0 + 50.0,
+        (ok as f64) <= allowance + 50.0,
         "the flooding caller stays near its rate: {ok} in {flooded:.1} s"
     );
     assert_eq!(under_flood.1, 0, "the well-behaved caller sees no errors");
