@@ -18,6 +18,10 @@
 //! - anything else is `Foreign` (an error status) or `Undecodable` (a
 //!   success): of unknown effect, like a lost response, so the executor
 //!   looks before it decides.
+//!
+//! Why it is one file: past its tests (two fifths of it), it is one table —
+//! status × body shape × call → decision — read in one place, so that no
+//! call's reading drifts from the others'.
 
 // `NovaError` is the client's error, returned as it is by every one of its
 // async calls (which this lint does not see); these are the same results

@@ -13,6 +13,11 @@
 //! goes to Keystone, so a Keystone in trouble is not asked once per call;
 //! a caller without a token whose deadline comes before the next renewal
 //! is answered at once with the last one's failure.
+//!
+//! Why it is one file: past its tests (a quarter of it), it is one state
+//! machine (the cached token, the renewal in flight, the backoff) whose
+//! transitions must be read together to see that no caller waits on
+//! Keystone while a token Nova accepts is held.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};

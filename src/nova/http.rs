@@ -12,6 +12,10 @@
 //! handshake) keeps its own short bound, because it is not the service's
 //! working time. A body is read chunk by chunk under the request's
 //! deadline and refused past [`MAX_BODY_BYTES`] (a size, not a clock).
+//!
+//! Why it is one file: past its tests (a sixteenth of it), it is one
+//! request's life under one deadline, stage by stage; split, the stages
+//! would each need the budget and the failure's vocabulary passed around.
 
 use std::sync::Arc;
 use std::time::Duration;
