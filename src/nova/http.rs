@@ -474,6 +474,40 @@ impl Service {
         Box::pin(self.send_with_replay(&call, request_id, method, path, body, gate)).await
     }
 
+    /// The request to `base` + `path`, with its headers (the request id,
+    /// the trace, the token when there is one) and its JSON body; and its
+    /// URL, as failures name it.
+    fn request<B: serde::Serialize>(
+        &self,
+        base: &str,
+        token: Option<&Secret>,
+        method: Method,
+        path: &str,
+        request_id: &str,
+        body: Option<&B>,
+    ) -> (String, reqwest::RequestBuilder) {
+        let url = format!("{base}{path}");
+        let request = match self.url_of(base, path) {
+            Some(parsed) => self.http.request(method, parsed),
+            None => self.http.request(method, &url),
+        };
+        let mut req = with_trace(
+            request
+                .header("Accept", "application/json")
+                .header("X-OpenStack-Request-ID", request_id),
+        );
+        for (name, value) in &self.headers {
+            req = req.header(*name, value);
+        }
+        if let Some(t) = token {
+            req = req.header("X-Auth-Token", t.expose());
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        (url, req)
+    }
+
     async fn send_with_replay<B: serde::Serialize>(
         &self,
         call: &Call,
@@ -497,25 +531,14 @@ impl Service {
                     return Err(call.failure(kind, Stage::Authenticate, path, false, cause));
                 }
             };
-            let url = format!("{base}{path}");
-            let request = match self.url_of(&base, path) {
-                Some(parsed) => self.http.request(method.clone(), parsed),
-                None => self.http.request(method.clone(), &url),
-            };
-            let mut req = with_trace(
-                request
-                    .header("Accept", "application/json")
-                    .header("X-OpenStack-Request-ID", request_id),
+            let (url, req) = self.request(
+                &base,
+                token.as_ref(),
+                method.clone(),
+                path,
+                request_id,
+                body,
             );
-            for (name, value) in &self.headers {
-                req = req.header(*name, value);
-            }
-            if let Some(t) = &token {
-                req = req.header("X-Auth-Token", t.expose());
-            }
-            if let Some(b) = body {
-                req = req.json(b);
-            }
             // A slot or a token that came at the last instant can leave no
             // time: then the request must not leave, and the failure must
             // say it never did (sent with no time, it would count as one

@@ -88,7 +88,9 @@ pub struct Application {
 
 impl Application {
     /// Binds both listeners, connects to the database (applying pending
-    /// migrations) and wires the executor and the reconciler.
+    /// migrations) and wires the executor and the reconciler. Long on
+    /// purpose: the whole assembly of the service in the order it happens,
+    /// the one place to read what `main` builds.
     pub async fn build(cfg: ServeArgs) -> anyhow::Result<Self> {
         cfg.validate()?;
         let nova_cfg = cfg.nova_config()?;
@@ -195,7 +197,11 @@ impl Application {
             .unwrap_or(self.cfg.admin_listen)
     }
 
-    /// Serves until `shutdown` resolves, then drains in stages.
+    /// Serves until `shutdown` resolves, then drains in stages. Long on
+    /// purpose: it starts every part (admin, gRPC, background work) and
+    /// then stops them in the staged order (not ready, the drain and its
+    /// GOAWAYs, the reconciler, the leases handed over, the database last);
+    /// the two halves mirror each other, and the order is the point.
     pub async fn run_until(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send,

@@ -219,6 +219,8 @@ impl DbFaults {
     }
 
     /// Plays one fault to its end (a freeze on `cluster`'s replica).
+    /// Long on purpose: one arm per kind of fault, each the whole of it
+    /// (start, hold, end), so that the kinds read side by side.
     pub async fn play(&self, fault: &DbFault, cluster: &Cluster) {
         match *fault {
             DbFault::Freeze { replica, ms } => {
