@@ -82,7 +82,9 @@ impl Executor {
                     // Fenced: another writer decided, or holds it now.
                     self.lose(held(&run.op));
                     let current = self.reread(&run.op).await;
-                    return self.after_fence(current, run.budget.answer_by).await;
+                    return self
+                        .after_fence(current, super::CallerTime::of(&run.budget))
+                        .await;
                 }
                 Err(e) if first_try.elapsed() < DECISION_HORIZON => {
                     // Once per operation at warn (an outage fails them all).

@@ -34,7 +34,7 @@ impl Reconciler {
         listed: &Observation,
         db_now: DateTime<Utc>,
     ) -> PassResult {
-        self.exec.metrics.reconciler_passes.inc();
+        self.metrics.reconciler_passes.inc();
         let until = Instant::now() + self.settings.observe_timeout;
         let mut run = Run::new(op.clone(), Budget::observe_only(until), true);
         let present = match Seen::by_list(listed, op.volume_id) {
@@ -185,7 +185,6 @@ impl Reconciler {
         now: &crate::domain::AttachmentInfo,
     ) -> Result<Option<Decision>, String> {
         let events = self
-            .exec
             .store
             .operation_events(run.op.id)
             .await
@@ -232,7 +231,7 @@ impl Reconciler {
     }
 
     async fn decide(&self, run: &mut Run, d: Decision, what: &str) -> PassResult {
-        self.exec.metrics.decision(what);
+        self.metrics.decision(what);
         match self.exec.record(run, d).await.state {
             State::Succeeded => PassResult::Succeeded,
             State::Failed => PassResult::Failed,
@@ -293,7 +292,7 @@ impl Reconciler {
         }
         match self.exec.budget_from_row(&op, db_now) {
             Some(budget) => {
-                self.exec.metrics.decision("resent");
+                self.metrics.decision("resent");
                 let mut resend = Run::new(op, budget, true);
                 resend.events = std::mem::take(&mut run.events);
                 resend.events.push(NewEvent::new(
@@ -345,7 +344,7 @@ impl Reconciler {
             .last_error
             .as_ref()
             .is_some_and(|last| last.message == message && last.reason == e.reason());
-        let mut t = Transition::new(op, self.open_state(op), &self.exec.replica);
+        let mut t = Transition::new(op, self.open_state(op), &self.replica);
         t.release_lease = true;
         let mut error =
             OperationError::new(e.reason(), message.clone()).with("operation_id", op.id);
@@ -367,7 +366,7 @@ impl Reconciler {
                     .with_all(&e.metadata()),
             ];
         }
-        self.exec.metrics.decision("deferred");
+        self.metrics.decision("deferred");
         self.write(t).await;
         PassResult::Deferred
     }
@@ -380,9 +379,9 @@ impl Reconciler {
         why: String,
         context: &std::collections::BTreeMap<String, String>,
     ) -> PassResult {
-        self.exec.metrics.decision("escalated");
+        self.metrics.decision("escalated");
         tracing::warn!(operation_id = %op.id, "operation escalated to operators: {why}");
-        let mut t = Transition::new(op, self.open_state(op), &self.exec.replica);
+        let mut t = Transition::new(op, self.open_state(op), &self.replica);
         t.release_lease = true;
         t.escalation = Some(why.clone());
         t.last_error = Some(Some(OperationError::new(
@@ -422,7 +421,7 @@ impl Reconciler {
             .last_error
             .as_ref()
             .is_some_and(|last| last.message == why);
-        let mut t = Transition::new(op, state, &self.exec.replica);
+        let mut t = Transition::new(op, state, &self.replica);
         t.release_lease = true;
         t.next_attempt_in = Some(wait.min(self.settings.max_backoff.max(Duration::from_secs(1))));
         t.last_error = Some(Some(
@@ -439,7 +438,7 @@ impl Reconciler {
             );
         }
         t.events = events;
-        self.exec.metrics.decision("deferred");
+        self.metrics.decision("deferred");
         self.write(t).await;
         PassResult::Deferred
     }
@@ -447,7 +446,6 @@ impl Reconciler {
     async fn write(&self, t: Transition) {
         let id = t.id;
         if let Err(e) = self
-            .exec
             .store
             .operation_transition(t, Instant::now() + self.settings.observe_timeout)
             .await

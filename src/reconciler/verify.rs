@@ -76,7 +76,6 @@ impl Reconciler {
         }
         for (stage, delay) in self.settings.verification_stages() {
             let due = self
-                .exec
                 .store
                 .verification_next(stage, delay, self.settings.batch)
                 .await?;
@@ -96,7 +95,7 @@ impl Reconciler {
         delay: Duration,
         due: Vec<Operation>,
     ) -> Result<(usize, usize), StoreError> {
-        let store = &self.exec.store;
+        let store = &self.store;
         let db_now = store.now().await?;
         let volumes: Vec<Uuid> = due.iter().map(|o| o.volume_id).collect();
         let latest: HashMap<Uuid, DateTime<Utc>> = store
@@ -118,7 +117,7 @@ impl Reconciler {
             }
             if op.completed_at.is_some_and(|c| c + late_after < db_now) {
                 // Counted, so an operator sees the verifier falling behind.
-                self.exec.metrics.verification_missed.inc();
+                self.metrics.verification_missed.inc();
                 continue;
             }
             todo.push(Pending {
@@ -169,7 +168,7 @@ impl Reconciler {
                                 });
                             }
                             None => {
-                                this.exec.metrics.verification_missed.inc();
+                                this.metrics.verification_missed.inc();
                             }
                         }
                     }
@@ -218,7 +217,6 @@ impl Reconciler {
     /// decided (its change is then no drift).
     async fn explained_by_later(&self, op: &Operation) -> Result<bool, StoreError> {
         Ok(self
-            .exec
             .store
             .volumes_latest_operation(&[op.volume_id])
             .await?
@@ -288,7 +286,7 @@ impl Reconciler {
                 return None;
             }
         }
-        self.exec.metrics.drift_detected.inc();
+        self.metrics.drift_detected.inc();
         let detail = format!(
             "decided {} but {}, and no later operation explains it; not acting on it: that is the orchestrator's call",
             op.state.as_str(),
@@ -300,9 +298,8 @@ impl Reconciler {
             .with("present", present)
             .with("verification", if stage == 0 { "first" } else { "last" });
         if let Err(e) = self
-            .exec
             .store
-            .operation_mark_drift(op.id, &self.exec.replica, vec![ev])
+            .operation_mark_drift(op.id, &self.replica, vec![ev])
             .await
         {
             tracing::warn!(operation_id = %op.id, error = %e, "could not record drift");

@@ -62,6 +62,9 @@ pub struct Application {
     admin_listener: TcpListener,
     pub store: Arc<dyn Store>,
     pub exec: Arc<Executor>,
+    /// The Nova client the executor and the reconciler share (its probe's
+    /// too).
+    pub nova: Arc<NovaClient>,
     pub reconciler: Arc<Reconciler>,
     pub pruner: Arc<crate::retention::Pruner>,
     pub metrics: Arc<Metrics>,
@@ -122,13 +125,22 @@ impl Application {
         }
         let exec = Executor::new(
             store.clone(),
-            nova,
+            nova.clone(),
             cfg.budget_policy(),
             cfg.replica(),
             cfg.exec_settings(),
             metrics.clone(),
         );
-        let reconciler = Reconciler::new(exec.clone(), cfg.reconciler_settings());
+        let deps = crate::reconciler::Deps {
+            store: store.clone(),
+            nova: nova.clone(),
+            policy: cfg.budget_policy(),
+            replica: cfg.replica(),
+            lease: cfg.exec_settings().lease,
+            metrics: metrics.clone(),
+            failures: exec.failures().clone(),
+        };
+        let reconciler = Reconciler::new(exec.clone(), deps, cfg.reconciler_settings());
         let pruner =
             crate::retention::Pruner::new(store.clone(), cfg.retention_settings(), metrics.clone());
         let tls = match (&cfg.tls_cert, &cfg.tls_key) {
@@ -149,6 +161,7 @@ impl Application {
             admin_listener,
             store,
             exec,
+            nova,
             reconciler,
             pruner,
             metrics,
@@ -180,6 +193,7 @@ impl Application {
             admin_listener,
             store,
             exec,
+            nova,
             reconciler,
             pruner,
             metrics,
@@ -202,16 +216,26 @@ impl Application {
         };
         spawn_watchers(
             &cfg,
-            &exec,
+            &nova,
             &metrics,
             nova_reach,
             db_reach,
             &store,
             &background,
         );
+        // The failure summaries' warn lines (the executor's and its
+        // reconciler's), until the same stop.
+        let failures = exec.failures().clone();
+        let stop = background.clone();
+        tokio::spawn(async move {
+            failures
+                .run(crate::telemetry::summary::SUMMARY_INTERVAL, stop)
+                .await
+        });
         let tasks = Tasks::start(&cfg, admin_listener, admin, &exec, &reconciler, pruner);
         let api = Api {
             exec: exec.clone(),
+            store: store.clone(),
             reconciler: reconciler.clone(),
             metrics: metrics.clone(),
             watch_idle: cfg.watch_idle_timeout,
@@ -230,7 +254,7 @@ impl Application {
             drain.clone(),
         )?;
         ready.store(true, Ordering::SeqCst);
-        tracing::info!(replica = %exec.replica, "serving");
+        tracing::info!(replica = %exec.replica(), "serving");
 
         let server_ended_early = tokio::select! {
             _ = shutdown => false,
@@ -308,11 +332,11 @@ fn observed_nova(
         .with_reachability_observer(probe::nova_observer(metrics.clone(), reach.clone()))
 }
 
-/// The watchers beside serving, until `stop`: Nova's probe, the database
-/// check (readiness reads it), and the failure summaries' warn lines.
+/// The watchers beside serving, until `stop`: Nova's probe and the
+/// database check (readiness reads it).
 fn spawn_watchers(
     cfg: &ServeArgs,
-    exec: &Arc<Executor>,
+    nova: &Arc<NovaClient>,
     metrics: &Arc<Metrics>,
     nova_reach: Arc<reach::Reach>,
     db_reach: Arc<reach::Reach>,
@@ -320,7 +344,7 @@ fn spawn_watchers(
     stop: &CancellationToken,
 ) {
     let nova_probe = probe::NovaProbe {
-        nova: exec.nova.clone(),
+        nova: nova.clone(),
         reach: nova_reach,
         metrics: metrics.clone(),
         interval: cfg.nova_probe_interval,
@@ -332,13 +356,6 @@ fn spawn_watchers(
         reach: db_reach,
     };
     tokio::spawn(db_check.run(stop.clone()));
-    let failures = exec.failures.clone();
-    let stop = stop.clone();
-    tokio::spawn(async move {
-        failures
-            .run(crate::telemetry::summary::SUMMARY_INTERVAL, stop)
-            .await
-    });
 }
 
 /// The replica's tasks beside the gRPC server, stopped in two steps: the

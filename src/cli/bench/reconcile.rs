@@ -24,16 +24,27 @@ pub async fn run(args: ReconcileBenchArgs) -> anyhow::Result<()> {
         endpoint: crate::nova::NovaEndpoint::Direct(args.nova_url.clone()),
         ..Default::default()
     }));
+    let metrics = Arc::new(crate::metrics::Metrics::new());
     let exec = crate::executor::Executor::new(
         store.clone(),
-        nova,
+        nova.clone(),
         crate::domain::BudgetPolicy::default(),
         "bench-reconciler".into(),
         crate::executor::ExecSettings::default(),
-        Arc::new(crate::metrics::Metrics::new()),
+        metrics.clone(),
     );
+    let deps = crate::reconciler::Deps {
+        store: store.clone(),
+        nova,
+        policy: crate::domain::BudgetPolicy::default(),
+        replica: "bench-reconciler".into(),
+        lease: crate::executor::ExecSettings::default().lease,
+        metrics,
+        failures: exec.failures().clone(),
+    };
     let rec = crate::reconciler::Reconciler::new(
         exec,
+        deps,
         crate::reconciler::ReconcilerSettings {
             settle_attach: Duration::ZERO,
             settle_detach: Duration::ZERO,
