@@ -17,6 +17,10 @@ use super::run::{Decision, Fenced, Run};
 
 impl Executor {
     /// Writes a decision (terminal or unknown) with the pending events.
+    ///
+    /// Why it is long: one write and everything its outcome means (the
+    /// events that explain it, the count once it commits, a fenced write's
+    /// new holder, a database that stays away), in the order they happen.
     pub(crate) async fn record(&self, run: &mut Run, d: Decision) -> Operation {
         let resolution = if run.by_reconciler && d.resolution.is_some() {
             Some(Resolution::Reconciler)

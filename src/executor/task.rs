@@ -183,6 +183,13 @@ impl Executor {
     /// The operation's own task: the intent, then (for a new operation) the
     /// run to its decision, under a lease its heartbeat keeps, and holding
     /// its caller's place under the in-flight cap (`inflight`) until then.
+    ///
+    /// Why it is long: the task's life in order, and what each step found
+    /// is held across the awaits after it (the hold, the `created` sender,
+    /// the caller's place); split into awaited parts, each part's future
+    /// would sit inside this one, whose size the size probe below bounds
+    /// (tens of thousands wait at once). Its cold paths are apart
+    /// (`intent_fate`, `decide_after_looking_again`, `drive_when_ready`).
     async fn own(
         self: Arc<Self>,
         mut new: Box<NewOperation>,

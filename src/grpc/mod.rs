@@ -309,6 +309,8 @@ impl VolumeReconciler for Api {
         self.done("GetOperation", result)
     }
 
+    /// Why it is long: the filter's fields are read one by one, each with
+    /// its own error for the caller, before the one read and its page.
     async fn list_operations(
         &self,
         request: Request<pb::ListOperationsRequest>,

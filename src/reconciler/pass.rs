@@ -27,6 +27,11 @@ use crate::executor::{CinderSays, Decision, Run, Seen};
 use crate::store::Transition;
 
 impl Reconciler {
+    /// One pass over a claimed operation, from what the server's list
+    /// (`listed`) shows. Why it is long: it is the table of what a look
+    /// means for each action (the server gone, the volume there or not),
+    /// with the events each row writes; every step it leads to (confirm,
+    /// decide, defer, re-send) is a call of its own.
     #[tracing::instrument(name = "reconcile operation", skip_all, fields(operation_id = %op.id, action = op.action.as_str(), trace_id = op.trace.as_ref().map(|t| t.trace_id())))]
     pub(super) async fn pass_with(
         self: &Arc<Self>,

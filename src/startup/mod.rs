@@ -131,16 +131,7 @@ impl Application {
             cfg.exec_settings(),
             metrics.clone(),
         );
-        let deps = crate::reconciler::Deps {
-            store: store.clone(),
-            nova: nova.clone(),
-            policy: cfg.budget_policy(),
-            replica: cfg.replica(),
-            lease: cfg.exec_settings().lease,
-            metrics: metrics.clone(),
-            failures: exec.failures().clone(),
-        };
-        let reconciler = Reconciler::new(exec.clone(), deps, cfg.reconciler_settings());
+        let reconciler = reconciler_of(&cfg, &exec, &store, &nova, &metrics);
         let pruner =
             crate::retention::Pruner::new(store.clone(), cfg.retention_settings(), metrics.clone());
         let tls = match (&cfg.tls_cert, &cfg.tls_key) {
@@ -183,6 +174,10 @@ impl Application {
     }
 
     /// Serves until `shutdown` resolves, then drains in stages.
+    ///
+    /// Why it is long: it is the replica's life in order (what serves
+    /// beside the gRPC server is started, then the stages of the shutdown,
+    /// each logged), and a reader follows one sequence, not a call tree.
     pub async fn run_until(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send,
@@ -330,6 +325,28 @@ fn observed_nova(
             slot_metrics.nova_slot_wait.observe(waited.as_secs_f64())
         }))
         .with_reachability_observer(probe::nova_observer(metrics.clone(), reach.clone()))
+}
+
+/// The reconciler beside `exec`, given its own dependencies (the same
+/// store, Nova client and metrics; the executor's policy, replica name,
+/// lease and failure summaries).
+fn reconciler_of(
+    cfg: &ServeArgs,
+    exec: &Arc<Executor>,
+    store: &Arc<dyn Store>,
+    nova: &Arc<NovaClient>,
+    metrics: &Arc<Metrics>,
+) -> Arc<Reconciler> {
+    let deps = crate::reconciler::Deps {
+        store: store.clone(),
+        nova: nova.clone(),
+        policy: cfg.budget_policy(),
+        replica: cfg.replica(),
+        lease: cfg.exec_settings().lease,
+        metrics: metrics.clone(),
+        failures: exec.failures().clone(),
+    };
+    Reconciler::new(exec.clone(), deps, cfg.reconciler_settings())
 }
 
 /// The watchers beside serving, until `stop`: Nova's probe and the
