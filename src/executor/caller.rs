@@ -4,7 +4,7 @@
 //! waits for an operation this or another replica runs (a joined replay, a
 //! reconciler's `ReconcileOperation`).
 //!
-//! Every wait here ends by the caller's time ([`CallerTime`]), and so does
+//! Every wait here ends by the caller's time ([`CallerTime`](super::CallerTime)), and so does
 //! every ledger read made while a caller waits: a database that stops
 //! answering never holds a caller past it. A read cut short answers as the
 //! deadline does: the operation as last seen if it is unknown (the caller
@@ -17,32 +17,18 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::task::{Created, Decided};
-use super::{ExecError, Executor, OpRequest};
+use super::{CallerTime, ExecError, Executor, OpRequest};
 use crate::domain::deadline::BudgetTooSmall;
-use crate::domain::{Budget, Deadline, IdempotencyKey, Operation, State, request_fingerprint};
+use crate::domain::{Deadline, IdempotencyKey, Operation, State, request_fingerprint};
 use crate::store::{CreateOutcome, StoreError};
 
-/// A waiting caller's time. It is answered by `answer_by`; every ledger
-/// read made for it ends by `read_by`, which leaves the one read made at
-/// `answer_by` (the operation as it stands then) a slice of the margin:
-/// a quarter of it, before the deadline layer answers for the handler
-/// (half the margin before the caller's deadline).
-#[derive(Debug, Clone, Copy)]
-pub struct CallerTime {
-    pub answer_by: Instant,
-    pub read_by: Instant,
-}
+/// An operation's decision as its task announces it (boxed: tens of
+/// thousands of these slots wait at once, empty).
+pub(super) type Decided = Option<Box<Operation>>;
 
-impl CallerTime {
-    /// The time of a caller whose work runs under `budget`.
-    pub fn of(budget: &Budget) -> Self {
-        Self {
-            answer_by: budget.answer_by,
-            read_by: budget.answer_by + budget.margin / 4,
-        }
-    }
-}
+/// What an operation's intent write found, as its task tells the caller
+/// (boxed, for the same reason).
+pub(super) type Created = Box<Result<CreateOutcome, StoreError>>;
 
 /// A submitted operation: its task runs already; these wait for it.
 pub(super) struct Spawned {

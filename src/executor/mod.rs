@@ -44,15 +44,17 @@ mod task;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::domain::deadline::BudgetTooSmall;
-use crate::domain::{Action, BudgetPolicy, Clock, IdempotencyKey, RequestParams, TraceContext};
+use crate::domain::{
+    Action, Budget, BudgetPolicy, Clock, IdempotencyKey, RequestParams, TraceContext,
+};
 use crate::metrics::Metrics;
 use crate::nova::NovaClient;
 use crate::store::{Store, StoreError};
 
-pub use caller::CallerTime;
 pub(crate) use confirm::{CinderSays, DETACH_TARGET};
 pub(crate) use run::{Decision, Run, Seen};
 
@@ -131,6 +133,27 @@ pub enum ExecError {
     /// The operation's task ended without an answer (it panicked).
     #[error("the task running the operation ended without an answer")]
     TaskLost,
+}
+
+/// A waiting caller's time. It is answered by `answer_by`; every ledger
+/// read made for it ends by `read_by`, which leaves the one read made at
+/// `answer_by` (the operation as it stands then) a slice of the margin:
+/// a quarter of it, before the deadline layer answers for the handler
+/// (half the margin before the caller's deadline).
+#[derive(Debug, Clone, Copy)]
+pub struct CallerTime {
+    pub answer_by: Instant,
+    pub read_by: Instant,
+}
+
+impl CallerTime {
+    /// The time of a caller whose work runs under `budget`.
+    pub fn of(budget: &Budget) -> Self {
+        Self {
+            answer_by: budget.answer_by,
+            read_by: budget.answer_by + budget.margin / 4,
+        }
+    }
 }
 
 /// The executor of one replica. Its fields are its own: the files of

@@ -21,22 +21,14 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::caller::{CallerTime, Spawned};
-use super::{Executor, OpRequest, confirm, ledger, run};
+use super::caller::{Created, Decided, Spawned};
+use super::{CallerTime, Executor, OpRequest, confirm, ledger, run};
 use crate::domain::{
     Budget, Deadline, NewEvent, Operation, State, TraceContext, event, request_fingerprint,
 };
-use crate::store::{CreateOutcome, HeldLease, NewOperation, Renewal, StoreError};
+use crate::store::{CreateOutcome, HeldLease, NewOperation, Renewal};
 
 use super::run::Run;
-
-/// An operation's decision as its task announces it (boxed: tens of
-/// thousands of these slots wait at once, empty).
-pub(super) type Decided = Option<Box<Operation>>;
-
-/// What an operation's intent write found, as its task tells the caller
-/// (boxed, for the same reason).
-pub(super) type Created = Box<Result<CreateOutcome, StoreError>>;
 
 /// What an operation's task does once its intent is recorded, by what
 /// the look before it (`confirm::precheck`) found.
