@@ -14,8 +14,10 @@
 //! - [`grpc`]: the only place that sees protobuf: the service, the layers of
 //!   the server chain (metrics, deadline, auth, load shedding, message
 //!   size), conversions, the one mapping to `Status`.
-//! - [`executor`]: runs one operation: intent, owned task, classify,
-//!   re-observe, record.
+//! - [`executor`]: runs one operation, split by role: the caller's side
+//!   and its waits (`caller.rs`), the operation's task (`task.rs`), lease
+//!   keeping (`lease.rs`, `holds.rs`, `gate.rs`), deciding and recording
+//!   (`ledger.rs`); classify, re-observe, confirm beside them.
 //! - [`reconciler`]: resolves what could not be known in time; verifies
 //!   decisions for late effects.
 //! - [`retention`]: prunes decided operations past `--retain`, leaving a

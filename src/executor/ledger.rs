@@ -17,6 +17,10 @@ use super::run::{Decision, Fenced, Run};
 
 impl Executor {
     /// Writes a decision (terminal or unknown) with the pending events.
+    ///
+    /// Why it is long: one write and everything its outcome means (the
+    /// events that explain it, the count once it commits, a fenced write's
+    /// new holder, a database that stays away), in the order they happen.
     pub(crate) async fn record(&self, run: &mut Run, d: Decision) -> Operation {
         let resolution = if run.by_reconciler && d.resolution.is_some() {
             Some(Resolution::Reconciler)
@@ -82,7 +86,9 @@ impl Executor {
                     // Fenced: another writer decided, or holds it now.
                     self.lose(held(&run.op));
                     let current = self.reread(&run.op).await;
-                    return self.after_fence(current, run.budget.answer_by).await;
+                    return self
+                        .after_fence(current, super::CallerTime::of(&run.budget))
+                        .await;
                 }
                 Err(e) if first_try.elapsed() < DECISION_HORIZON => {
                     // Once per operation at warn (an outage fails them all).

@@ -64,6 +64,8 @@ pub const MAX_REASON_LEN: usize = 1024;
 
 pub struct Api {
     pub exec: Arc<Executor>,
+    /// The ledger, read by the methods that only read it.
+    pub store: Arc<dyn crate::store::Store>,
     pub reconciler: Arc<Reconciler>,
     /// The longest a watch waits for its next message.
     pub watch_idle: Duration,
@@ -151,7 +153,7 @@ impl Api {
         let read = crate::store::within(
             deadline.at,
             "read the operation holding the volume",
-            self.exec.store.operation_get(holder),
+            self.store.operation_get(holder),
         )
         .await;
         match read {
@@ -239,7 +241,7 @@ impl VolumeReconciler for Api {
         let own = caller_of(&request);
         let scope = Scope::of(&request);
         let r = request.into_inner();
-        let store = &self.exec.store;
+        let store = &self.store;
         let result = async {
             let op = match (r.operation_id.is_empty(), r.idempotency_key.is_empty()) {
                 (false, true) => {
@@ -305,6 +307,8 @@ impl VolumeReconciler for Api {
         self.done("GetOperation", result)
     }
 
+    /// Why it is long: the filter's fields are read one by one, each with
+    /// its own error for the caller, before the one read and its page.
     async fn list_operations(
         &self,
         request: Request<pb::ListOperationsRequest>,
@@ -371,7 +375,6 @@ impl VolumeReconciler for Api {
                 })?)
             };
             let page = self
-                .exec
                 .store
                 .operation_list(&filter, after, limit)
                 .await
@@ -405,7 +408,7 @@ impl VolumeReconciler for Api {
             Ok(id) => id,
             Err(s) => return self.done("WatchOperation", Err(s)),
         };
-        let store = self.exec.store.clone();
+        let store = self.store.clone();
         // Another caller's operation registers no wait, as one nobody has.
         if let Err(s) = scope.admits(store.as_ref(), id).await {
             return self.done("WatchOperation", Err(s));
@@ -461,7 +464,7 @@ impl VolumeReconciler for Api {
             let id = op_id("operation_id", &r.operation_id)?;
             // Only operators pass the auth layer here; should another role
             // ever, another caller's operation is none of its business.
-            scope.admits(self.exec.store.as_ref(), id).await?;
+            scope.admits(self.store.as_ref(), id).await?;
             let op = self
                 .reconciler
                 .reconcile_now(id, deadline)
@@ -481,7 +484,7 @@ impl VolumeReconciler for Api {
         let r = request.into_inner();
         let result = async {
             let id = op_id("operation_id", &r.operation_id)?;
-            let store = &self.exec.store;
+            let store = &self.store;
             let found = store.operation_get(id).await.map_err(status::from_store)?;
             if scope.visible(found).is_none() {
                 return Err(status::from_store(crate::store::StoreError::NotFound(id)));
@@ -505,7 +508,6 @@ impl VolumeReconciler for Api {
         // Only operators pass the auth layer here.
         let result = async {
             let counts = self
-                .exec
                 .store
                 .operation_count_by_state()
                 .await
@@ -531,7 +533,7 @@ impl VolumeReconciler for Api {
             };
             let reason = convert::resolve_reason(&r.reason).map_err(status::invalid)?;
             // Only operators pass the auth layer here (see ReconcileOperation).
-            scope.admits(self.exec.store.as_ref(), id).await?;
+            scope.admits(self.store.as_ref(), id).await?;
             let op = self
                 .exec
                 .resolve_by_operator(id, state, reason, caller.as_deref())
@@ -557,6 +559,37 @@ mod size_probe {
     use crate::reconciler::metrics::ReconcilerMetrics;
     use pb::volume_reconciler_server::VolumeReconciler;
 
+    /// The service's methods over `store` and `nova`, as `startup` wires
+    /// them, with the default settings.
+    pub(super) fn api_over(
+        store: Arc<dyn crate::store::Store>,
+        nova: Arc<crate::nova::NovaClient>,
+    ) -> Api {
+        let exec = Executor::new(
+            store.clone(),
+            nova.clone(),
+            BudgetPolicy::default(),
+            "r".into(),
+            ExecSettings::default(),
+            ExecutorMetrics::unscraped(),
+        );
+        let deps = crate::reconciler::Deps {
+            store: store.clone(),
+            nova,
+            policy: BudgetPolicy::default(),
+            replica: "r".into(),
+            lease: ExecSettings::default().lease,
+            metrics: ReconcilerMetrics::unscraped(),
+            failures: exec.failures().clone(),
+        };
+        Api {
+            reconciler: Reconciler::new(exec.clone(), deps, Default::default()),
+            exec,
+            store,
+            watch_idle: Duration::from_secs(1),
+        }
+    }
+
     #[tokio::test]
     async fn a_waiting_attach_handler_stays_small() {
         let store: Arc<dyn crate::store::Store> = Arc::new(
@@ -567,23 +600,7 @@ mod size_probe {
         let nova = Arc::new(crate::nova::NovaClient::new(
             crate::nova::NovaConfig::default(),
         ));
-        let exec = Executor::new(
-            store,
-            nova,
-            BudgetPolicy::default(),
-            "r".into(),
-            ExecSettings::default(),
-            ExecutorMetrics::unscraped(),
-        );
-        let api = Api {
-            exec: exec.clone(),
-            reconciler: Reconciler::new(
-                exec.clone(),
-                Default::default(),
-                ReconcilerMetrics::unscraped(),
-            ),
-            watch_idle: Duration::from_secs(1),
-        };
+        let api = api_over(store, nova);
         let f = api.attach_volume(tonic::Request::new(pb::AttachVolumeRequest {
             idempotency_key: "k".into(),
             server_id: Uuid::from_u128(1).to_string(),
@@ -604,11 +621,9 @@ mod scope_tests {
     //! ResolveOperation, behind the auth layer's role check (which no
     //! orchestrator passes for them today): another caller's operation is
     //! none, as an id nobody has.
+    use super::size_probe::api_over;
     use super::*;
-    use crate::domain::{BudgetPolicy, NewEvent, request_fingerprint};
-    use crate::executor::ExecSettings;
-    use crate::executor::metrics::ExecutorMetrics;
-    use crate::reconciler::metrics::ReconcilerMetrics;
+    use crate::domain::{NewEvent, request_fingerprint};
     use crate::store::{CreateOutcome, NewOperation, Store};
     use pb::volume_reconciler_server::VolumeReconciler;
 
@@ -647,19 +662,7 @@ mod scope_tests {
         let nova = Arc::new(crate::nova::NovaClient::new(
             crate::nova::NovaConfig::default(),
         ));
-        let exec = Executor::new(
-            store,
-            nova,
-            BudgetPolicy::default(),
-            "r".into(),
-            ExecSettings::default(),
-            ExecutorMetrics::unscraped(),
-        );
-        let api = Api {
-            exec: exec.clone(),
-            reconciler: Reconciler::new(exec, Default::default(), ReconcilerMetrics::unscraped()),
-            watch_idle: Duration::from_secs(1),
-        };
+        let api = api_over(store, nova);
         (api, op.id)
     }
 
@@ -706,7 +709,7 @@ mod scope_tests {
             answers[0], answers[1],
             "another caller's is as one nobody has"
         );
-        let row = api.exec.store.operation_get(id).await.unwrap().unwrap();
+        let row = api.store.operation_get(id).await.unwrap().unwrap();
         assert_eq!(row.state, State::Pending, "nothing was decided");
     }
 }

@@ -190,26 +190,59 @@ enum PassResult {
     Escalated,
 }
 
-pub struct Reconciler {
-    exec: Arc<Executor>,
-    pub settings: ReconcilerSettings,
+/// What a reconciler works with, its own (not reached through the
+/// executor's): the ledger, Nova, the budget policy, this replica's name
+/// and lease, the metrics and the failure summaries.
+pub struct Deps {
+    pub store: Arc<dyn crate::store::Store>,
+    pub nova: Arc<crate::nova::NovaClient>,
+    pub policy: crate::domain::BudgetPolicy,
+    pub replica: String,
+    /// How long a claimed lease lasts (the executor's `--lease`).
+    pub lease: Duration,
     pub metrics: Arc<ReconcilerMetrics>,
+    /// Failed looks, summed up in the executor's warn line of the interval.
+    pub failures: Arc<crate::telemetry::summary::Summaries>,
+}
+
+pub struct Reconciler {
+    /// Runs re-sends and holds the leases of passes (its methods only).
+    exec: Arc<Executor>,
+    store: Arc<dyn crate::store::Store>,
+    nova: Arc<crate::nova::NovaClient>,
+    policy: crate::domain::BudgetPolicy,
+    replica: String,
+    lease: Duration,
+    pub metrics: Arc<ReconcilerMetrics>,
+    failures: Arc<crate::telemetry::summary::Summaries>,
+    pub settings: ReconcilerSettings,
     limiter: RateLimiter,
     /// Verifications whose look failed, tried again next round.
     verify_retries: std::sync::Mutex<Vec<verify::Pending>>,
 }
 
 impl Reconciler {
-    pub fn new(
-        exec: Arc<Executor>,
-        settings: ReconcilerSettings,
-        metrics: Arc<ReconcilerMetrics>,
-    ) -> Arc<Self> {
+    pub fn new(exec: Arc<Executor>, deps: Deps, settings: ReconcilerSettings) -> Arc<Self> {
+        let Deps {
+            store,
+            nova,
+            policy,
+            replica,
+            lease,
+            metrics,
+            failures,
+        } = deps;
         Arc::new(Self {
             limiter: RateLimiter::new(settings.rate_limit),
             exec,
-            settings,
+            store,
+            nova,
+            policy,
+            replica,
+            lease,
             metrics,
+            failures,
+            settings,
             verify_retries: std::sync::Mutex::new(Vec::new()),
         })
     }
@@ -249,18 +282,13 @@ impl Reconciler {
 
     /// One round: lease a batch, pass over each, then verify decided ones.
     pub async fn run_once(self: &Arc<Self>) -> Result<RoundCounts, StoreError> {
-        let store = &self.exec.store;
+        let store = &self.store;
         // Never this replica's own live work: a lease of a run here that
         // lapsed in a stall is the run's to renew (or to lose to another
         // replica), not a second run's to take here.
         let held = self.exec.held();
         let claimed = store
-            .operation_claim(
-                &self.exec.replica,
-                self.exec.settings.lease,
-                self.settings.batch,
-                &held,
-            )
+            .operation_claim(&self.replica, self.lease, self.settings.batch, &held)
             .await?;
         let mut counts = RoundCounts {
             claimed: claimed.len(),
@@ -312,27 +340,40 @@ impl Reconciler {
     /// warn line of the interval, not one line per operation per round (a
     /// Nova outage would otherwise write hundreds).
     pub(super) fn look_failed(&self, server: uuid::Uuid, error: &dyn std::fmt::Display) {
-        self.exec.failures.note("verification look", &server, error);
+        self.failures.note("verification look", &server, error);
     }
 
     /// `ReconcileOperation`: one pass now over one operation. An operation
     /// a live holder works on (this replica's executor included) is never
     /// taken over: its decision is awaited until `deadline`, and the
-    /// operation is reported as it stands then.
+    /// operation is reported as it stands then. Every ledger read made
+    /// while its caller waits ends by the caller's time (`read_by`).
     pub async fn reconcile_now(
         self: &Arc<Self>,
         id: Uuid,
         deadline: Deadline,
     ) -> Result<Operation, StoreError> {
-        let store = &self.exec.store;
+        let now = Instant::now();
+        let until = deadline.at.min(now + Duration::from_secs(3600));
+        // The deadline layer answers DEADLINE_EXCEEDED half the policy's
+        // margin before the deadline: the reads end a margin before it,
+        // the wait a margin before them, to read the row and answer with
+        // it (the current state) first.
+        let margin = self.policy.margin_for(until.saturating_duration_since(now));
+        let read_by = until.checked_sub(margin).unwrap_or(now).max(now);
+        let stop = until.checked_sub(margin * 2).unwrap_or(now).max(now);
+        let store = &self.store;
         // A run of this replica's own holds it (its lease may have lapsed
         // in a stall): waited for, like another holder's.
         let claimed = if self.exec.held().contains(&id) {
             None
         } else {
-            store
-                .operation_claim_one(id, &self.exec.replica, self.exec.settings.lease)
-                .await?
+            crate::store::within(
+                read_by,
+                "claim the operation to reconcile",
+                store.operation_claim_one(id, &self.replica, self.lease),
+            )
+            .await?
         };
         match claimed {
             Some(op) => {
@@ -343,26 +384,22 @@ impl Reconciler {
                 drop(hold);
             }
             None => {
-                let op = store
-                    .operation_get(id)
-                    .await?
-                    .ok_or(StoreError::NotFound(id))?;
+                let op = crate::store::within(
+                    read_by,
+                    "read the operation to reconcile",
+                    store.operation_get(id),
+                )
+                .await?
+                .ok_or(StoreError::NotFound(id))?;
                 if op.state.is_terminal() {
                     // Decided already: look once more for drift.
                     self.verify_one(op).await?;
                 } else {
-                    let now = Instant::now();
-                    let until = deadline.at.min(now + Duration::from_secs(3600));
-                    // The deadline layer answers DEADLINE_EXCEEDED the
-                    // policy's margin before the deadline: stop waiting
-                    // that margin again earlier, to read the row and answer
-                    // with it (the current state) first.
-                    let margin = self
-                        .exec
-                        .policy
-                        .margin_for(until.saturating_duration_since(now));
-                    let stop = until.checked_sub(margin * 2).unwrap_or(now).max(now);
-                    match self.exec.wait_decided(id, stop).await {
+                    let time = crate::executor::CallerTime {
+                        answer_by: stop,
+                        read_by,
+                    };
+                    match self.exec.wait_decided(id, time).await {
                         // The row as it was just read: no second read
                         // eating into the caller's margin.
                         Ok(op) => return Ok(op),
@@ -375,10 +412,13 @@ impl Reconciler {
                 }
             }
         }
-        store
-            .operation_get(id)
-            .await?
-            .ok_or(StoreError::NotFound(id))
+        crate::store::within(
+            read_by,
+            "read the reconciled operation",
+            store.operation_get(id),
+        )
+        .await?
+        .ok_or(StoreError::NotFound(id))
     }
 
     /// A pass over `op` under its trace: the requests it sends (Cinder's
@@ -412,7 +452,7 @@ impl Reconciler {
         let started = Instant::now();
         let until = started + self.settings.observe_timeout;
         let rid = RequestId::fresh();
-        let list = self.exec.nova.list_as(&rid, server, until);
+        let list = self.nova.list_as(&rid, server, until);
         let listed = crate::telemetry::context::within_opt(trace, list)
             .await
             .map(|a| a.value);

@@ -27,6 +27,11 @@ use crate::executor::{CinderSays, Decision, Run, Seen};
 use crate::store::Transition;
 
 impl Reconciler {
+    /// One pass over a claimed operation, from what the server's list
+    /// (`listed`) shows. Why it is long: it is the table of what a look
+    /// means for each action (the server gone, the volume there or not),
+    /// with the events each row writes; every step it leads to (confirm,
+    /// decide, defer, re-send) is a call of its own.
     #[tracing::instrument(name = "reconcile operation", skip_all, fields(operation_id = %op.id, action = op.action.as_str(), trace_id = op.trace.as_ref().map(|t| t.trace_id())))]
     pub(super) async fn pass_with(
         self: &Arc<Self>,
@@ -185,7 +190,6 @@ impl Reconciler {
         now: &crate::domain::AttachmentInfo,
     ) -> Result<Option<Decision>, String> {
         let events = self
-            .exec
             .store
             .operation_events(run.op.id)
             .await
@@ -345,7 +349,7 @@ impl Reconciler {
             .last_error
             .as_ref()
             .is_some_and(|last| last.message == message && last.reason == e.reason());
-        let mut t = Transition::new(op, self.open_state(op), &self.exec.replica);
+        let mut t = Transition::new(op, self.open_state(op), &self.replica);
         t.release_lease = true;
         let mut error =
             OperationError::new(e.reason(), message.clone()).with("operation_id", op.id);
@@ -382,7 +386,7 @@ impl Reconciler {
     ) -> PassResult {
         self.metrics.decision("escalated");
         tracing::warn!(operation_id = %op.id, "operation escalated to operators: {why}");
-        let mut t = Transition::new(op, self.open_state(op), &self.exec.replica);
+        let mut t = Transition::new(op, self.open_state(op), &self.replica);
         t.release_lease = true;
         t.escalation = Some(why.clone());
         t.last_error = Some(Some(OperationError::new(
@@ -422,7 +426,7 @@ impl Reconciler {
             .last_error
             .as_ref()
             .is_some_and(|last| last.message == why);
-        let mut t = Transition::new(op, state, &self.exec.replica);
+        let mut t = Transition::new(op, state, &self.replica);
         t.release_lease = true;
         t.next_attempt_in = Some(wait.min(self.settings.max_backoff.max(Duration::from_secs(1))));
         t.last_error = Some(Some(
@@ -447,7 +451,6 @@ impl Reconciler {
     async fn write(&self, t: Transition) {
         let id = t.id;
         if let Err(e) = self
-            .exec
             .store
             .operation_transition(t, Instant::now() + self.settings.observe_timeout)
             .await

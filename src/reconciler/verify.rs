@@ -76,7 +76,6 @@ impl Reconciler {
         }
         for (stage, delay) in self.settings.verification_stages() {
             let due = self
-                .exec
                 .store
                 .verification_next(stage, delay, self.settings.batch)
                 .await?;
@@ -96,7 +95,7 @@ impl Reconciler {
         delay: Duration,
         due: Vec<Operation>,
     ) -> Result<(usize, usize), StoreError> {
-        let store = &self.exec.store;
+        let store = &self.store;
         let db_now = store.now().await?;
         let volumes: Vec<Uuid> = due.iter().map(|o| o.volume_id).collect();
         let latest: HashMap<Uuid, DateTime<Utc>> = store
@@ -218,7 +217,6 @@ impl Reconciler {
     /// decided (its change is then no drift).
     async fn explained_by_later(&self, op: &Operation) -> Result<bool, StoreError> {
         Ok(self
-            .exec
             .store
             .volumes_latest_operation(&[op.volume_id])
             .await?
@@ -298,7 +296,7 @@ impl Reconciler {
         // attachments would otherwise write one per operation); the
         // detail is in the operation's reconcile log, and here at debug.
         tracing::debug!(operation_id = %op.id, "{detail}");
-        self.exec.failures.note(
+        self.failures.note(
             crate::telemetry::summary::DRIFT,
             &op.server_id,
             &format_args!("operation {}: {detail}", op.id),
@@ -308,9 +306,8 @@ impl Reconciler {
             .with("present", present)
             .with("verification", if stage == 0 { "first" } else { "last" });
         if let Err(e) = self
-            .exec
             .store
-            .operation_mark_drift(op.id, &self.exec.replica, vec![ev])
+            .operation_mark_drift(op.id, &self.replica, vec![ev])
             .await
         {
             tracing::warn!(operation_id = %op.id, error = %e, "could not record drift");

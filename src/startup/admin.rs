@@ -153,7 +153,10 @@ async fn metrics_text(
         verification_backlog(&st).await;
     }
     st.store_metrics.set_saturation(st.store.saturation());
-    st.exec.metrics.leases_held.set(st.exec.held().len() as i64);
+    st.exec
+        .metrics()
+        .leases_held
+        .set(st.exec.held().len() as i64);
     st.ready_gauge.set(i64::from(readiness(&st).is_ok()));
     (
         StatusCode::OK,

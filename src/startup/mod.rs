@@ -67,6 +67,9 @@ pub struct Application {
     admin_listener: TcpListener,
     pub store: Arc<dyn Store>,
     pub exec: Arc<Executor>,
+    /// The Nova client the executor and the reconciler share (its probe's
+    /// too).
+    pub nova: Arc<NovaClient>,
     pub reconciler: Arc<Reconciler>,
     pub pruner: Arc<crate::retention::Pruner>,
     pub metrics: Arc<Metrics>,
@@ -140,15 +143,17 @@ impl Application {
         }
         let exec = Executor::new(
             store.clone(),
-            nova,
+            nova.clone(),
             cfg.budget_policy(),
             cfg.replica(),
             cfg.exec_settings(),
             ExecutorMetrics::new(&metrics, nova_metrics.clone()),
         );
-        let reconciler = Reconciler::new(
-            exec.clone(),
-            cfg.reconciler_settings(),
+        let reconciler = reconciler_of(
+            &cfg,
+            &exec,
+            &store,
+            &nova,
             ReconcilerMetrics::new(&metrics, nova_metrics),
         );
         let pruner = crate::retention::Pruner::new(
@@ -174,6 +179,7 @@ impl Application {
             admin_listener,
             store,
             exec,
+            nova,
             reconciler,
             pruner,
             metrics,
@@ -197,11 +203,11 @@ impl Application {
             .unwrap_or(self.cfg.admin_listen)
     }
 
-    /// Serves until `shutdown` resolves, then drains in stages. Long on
-    /// purpose: it starts every part (admin, gRPC, background work) and
-    /// then stops them in the staged order (not ready, the drain and its
-    /// GOAWAYs, the reconciler, the leases handed over, the database last);
-    /// the two halves mirror each other, and the order is the point.
+    /// Serves until `shutdown` resolves, then drains in stages.
+    ///
+    /// Why it is long: it is the replica's life in order (what serves
+    /// beside the gRPC server is started, then the stages of the shutdown,
+    /// each logged), and a reader follows one sequence, not a call tree.
     pub async fn run_until(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send,
@@ -212,6 +218,7 @@ impl Application {
             admin_listener,
             store,
             exec,
+            nova,
             reconciler,
             pruner,
             metrics,
@@ -239,10 +246,28 @@ impl Application {
             ready_db_grace: cfg.ready_db_grace,
             verification: reconciler.settings.verification_stages(),
         };
-        spawn_watchers(&cfg, &exec, nova_reach, db_reach, &store, &background);
+        spawn_watchers(
+            &cfg,
+            &nova,
+            &reconciler.metrics.nova,
+            nova_reach,
+            db_reach,
+            &store,
+            &background,
+        );
+        // The failure summaries' warn lines (the executor's and its
+        // reconciler's), until the same stop.
+        let failures = exec.failures().clone();
+        let stop = background.clone();
+        tokio::spawn(async move {
+            failures
+                .run(crate::telemetry::summary::SUMMARY_INTERVAL, stop)
+                .await
+        });
         let tasks = Tasks::start(&cfg, admin_listener, admin, &exec, &reconciler, pruner);
         let api = Api {
             exec: exec.clone(),
+            store: store.clone(),
             reconciler: reconciler.clone(),
             watch_idle: cfg.watch_idle_timeout,
         };
@@ -260,7 +285,7 @@ impl Application {
             drain.clone(),
         )?;
         ready.store(true, Ordering::SeqCst);
-        tracing::info!(replica = %exec.replica, "serving");
+        tracing::info!(replica = %exec.replica(), "serving");
 
         let server_ended_early = tokio::select! {
             _ = shutdown => false,
@@ -338,20 +363,43 @@ fn observed_nova(
         .with_reachability_observer(probe::nova_observer(metrics.clone(), reach.clone()))
 }
 
-/// The watchers beside serving, until `stop`: Nova's probe, the database
-/// check (readiness reads it), and the failure summaries' warn lines.
-fn spawn_watchers(
+/// The reconciler beside `exec`, given its own dependencies (the same
+/// store, Nova client and metrics; the executor's policy, replica name,
+/// lease and failure summaries).
+fn reconciler_of(
     cfg: &ServeArgs,
     exec: &Arc<Executor>,
+    store: &Arc<dyn Store>,
+    nova: &Arc<NovaClient>,
+    metrics: Arc<ReconcilerMetrics>,
+) -> Arc<Reconciler> {
+    let deps = crate::reconciler::Deps {
+        store: store.clone(),
+        nova: nova.clone(),
+        policy: cfg.budget_policy(),
+        replica: cfg.replica(),
+        lease: cfg.exec_settings().lease,
+        metrics,
+        failures: exec.failures().clone(),
+    };
+    Reconciler::new(exec.clone(), deps, cfg.reconciler_settings())
+}
+
+/// The watchers beside serving, until `stop`: Nova's probe and the
+/// database check (readiness reads it).
+fn spawn_watchers(
+    cfg: &ServeArgs,
+    nova: &Arc<NovaClient>,
+    nova_metrics: &Arc<crate::nova::metrics::NovaMetrics>,
     nova_reach: Arc<reach::Reach>,
     db_reach: Arc<reach::Reach>,
     store: &Arc<dyn Store>,
     stop: &CancellationToken,
 ) {
     let nova_probe = probe::NovaProbe {
-        nova: exec.nova.clone(),
+        nova: nova.clone(),
         reach: nova_reach,
-        metrics: exec.metrics.nova.clone(),
+        metrics: nova_metrics.clone(),
         interval: cfg.nova_probe_interval,
         timeout: cfg.nova_probe_timeout,
     };
@@ -361,13 +409,6 @@ fn spawn_watchers(
         reach: db_reach,
     };
     tokio::spawn(db_check.run(stop.clone()));
-    let failures = exec.failures.clone();
-    let stop = stop.clone();
-    tokio::spawn(async move {
-        failures
-            .run(crate::telemetry::summary::SUMMARY_INTERVAL, stop)
-            .await
-    });
 }
 
 /// The replica's tasks beside the gRPC server, stopped in two steps: the

@@ -97,7 +97,7 @@ impl Stages<'_> {
         // task here may still send a request.
         let running = self.exec.held();
         let handed = match store
-            .operation_release_leases(&self.exec.replica, &running)
+            .operation_release_leases(self.exec.replica(), &running)
             .await
         {
             Ok(n) => n,

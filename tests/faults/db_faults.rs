@@ -17,8 +17,10 @@ use support::{AppOptions, TestApp, eventually, eventually_explained, spawn_app, 
 use tokio::time::Instant;
 use uuid::Uuid;
 use volume_reconciler::domain::State;
+use volume_reconciler::executor::{CallerTime, ExecError};
 use volume_reconciler::grpc::pb;
 use volume_reconciler::sim::netfault::{FaultProxy, NewConns};
+use volume_reconciler::sim::{Fault, FaultOp, FaultRule};
 
 /// A service whose ledger is a fresh database reached through a fault
 /// proxy; the reconciler off unless `args` turn it on.
@@ -788,4 +790,67 @@ async fn an_intent_in_a_batch_with_longer_ones_is_answered_by_its_own_deadline()
             .all(|(r, _)| matches!(r, Ok(CreateOutcome::Created(_)))),
         "the minute-long intents commit once the lock goes"
     );
+}
+
+#[tokio::test]
+async fn a_caller_waiting_on_an_operation_is_answered_at_its_time_while_the_database_holds_its_replies()
+ {
+    // A caller that waits on an operation (a replay that joined it, a
+    // ReconcileOperation) reads the ledger when its time comes, to answer
+    // with the operation as it stands. With the database's replies held
+    // (statements reach the server; nothing comes back), that read ends at
+    // the caller's time: the caller hears that the operation still runs,
+    // by its time, whether the operation runs here or not.
+    let (app, proxy) = behind_proxy(&[]).await;
+    // One decided, its run over: a wait for it reads the ledger alone.
+    let (key, _, h) = one_attach(&app, secs(10.0)).await;
+    assert!(matches!(h, Heard::Decided(_)), "{key}: {h:?}");
+    let decided = app
+        .store
+        .operation_get_by_key(None, &key)
+        .await
+        .unwrap()
+        .expect("the attach is recorded")
+        .id;
+    // One still running here: Nova holds its request.
+    let (server, volume) = ids();
+    app.sim.add_fault(
+        FaultRule::new(FaultOp::Attach, Fault::DelayBeforeEffect { ms: 20_000 }).volume(volume),
+    );
+    let key = support::uuid();
+    let mut client = app.raw();
+    let request = with_timeout(attach(&key, server, volume), secs(25.0));
+    let call = tokio::spawn(async move { client.attach_volume(request).await });
+    let store = app.store.clone();
+    let k = key.clone();
+    eventually(secs(5.0), "the held attach is recorded", || {
+        let (store, k) = (store.clone(), k.clone());
+        async move { matches!(store.operation_get_by_key(None, &k).await, Ok(Some(_))) }
+    })
+    .await;
+    let running = app
+        .store
+        .operation_get_by_key(None, &key)
+        .await
+        .unwrap()
+        .expect("the held attach is recorded")
+        .id;
+    proxy.hold_replies(true);
+    for (id, what) in [(running, "running here"), (decided, "not running here")] {
+        let start = Instant::now();
+        let time = CallerTime {
+            answer_by: start + secs(1.0),
+            read_by: start + secs(1.5),
+        };
+        let answered = tokio::time::timeout(secs(10.0), app.exec.wait_decided(id, time)).await;
+        let took = start.elapsed();
+        assert!(
+            matches!(answered, Ok(Err(ExecError::StillRunning(i))) if i == id),
+            "{what}: the caller heard {answered:?} after {took:?}"
+        );
+        assert!(took < secs(2.5), "{what}: answered after {took:?}");
+    }
+    proxy.hold_replies(false);
+    call.abort();
+    app.stop().await;
 }

@@ -542,7 +542,7 @@ async fn latest_resolves_to_the_clouds_maximum_from_its_version_document() {
         support::spawn_app(support::AppOptions::default().arg("--nova-microversion", "latest"))
             .await;
     assert_eq!(
-        app.exec.nova.microversion(),
+        app.exec.nova_microversion(),
         "2.104",
         "the simulator's maximum"
     );

@@ -199,7 +199,7 @@ async fn a_renewal_that_meets_a_locked_row_reads_it_busy_never_lost() {
             op.id
         ))
         .await;
-    let replica = a.exec.replica.clone();
+    let replica = a.exec.replica().to_string();
     let found = a
         .store
         .operation_renew_leases(&replica, &[lease], secs(3.0))
@@ -268,7 +268,7 @@ async fn an_intent_still_being_written_is_held_and_its_lease_kept_at_hand_over()
     lock.run("COMMIT").await;
     let op = support::lifecycle::recorded(&a, "writing").await;
     assert_eq!(keep, vec![op.id]);
-    let replica = a.exec.replica.clone();
+    let replica = a.exec.replica().to_string();
     a.store
         .operation_release_leases(&replica, &keep)
         .await

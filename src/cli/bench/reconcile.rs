@@ -26,14 +26,24 @@ pub async fn run(args: ReconcileBenchArgs) -> anyhow::Result<()> {
     }));
     let exec = crate::executor::Executor::new(
         store.clone(),
-        nova,
+        nova.clone(),
         crate::domain::BudgetPolicy::default(),
         "bench-reconciler".into(),
         crate::executor::ExecSettings::default(),
         crate::executor::metrics::ExecutorMetrics::unscraped(),
     );
+    let deps = crate::reconciler::Deps {
+        store: store.clone(),
+        nova,
+        policy: crate::domain::BudgetPolicy::default(),
+        replica: "bench-reconciler".into(),
+        lease: crate::executor::ExecSettings::default().lease,
+        metrics: crate::reconciler::metrics::ReconcilerMetrics::unscraped(),
+        failures: exec.failures().clone(),
+    };
     let rec = crate::reconciler::Reconciler::new(
         exec,
+        deps,
         crate::reconciler::ReconcilerSettings {
             settle_attach: Duration::ZERO,
             settle_detach: Duration::ZERO,
@@ -42,7 +52,6 @@ pub async fn run(args: ReconcileBenchArgs) -> anyhow::Result<()> {
             batch: 512,
             ..Default::default()
         },
-        crate::reconciler::metrics::ReconcilerMetrics::unscraped(),
     );
     let started = Instant::now();
     let mut decided = 0;

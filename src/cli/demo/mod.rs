@@ -144,7 +144,7 @@ async fn start_service(setup: &Setup, replica: &str) -> anyhow::Result<Running> 
     ])
     .map_err(|e| anyhow::anyhow!("demo flags: {e}"))?;
     let app = Application::build(args).await?;
-    let (store, metrics) = (app.store.clone(), app.exec.metrics.clone());
+    let (store, metrics) = (app.store.clone(), app.exec.metrics().clone());
     let stop = CancellationToken::new();
     let s = stop.clone();
     let task = tokio::spawn(app.run_until(async move { s.cancelled().await }));
