@@ -410,6 +410,8 @@ mod tests {
     /// one waits it holds no event (a request's line, ~0.8 KB of strings,
     /// is made once the request is over), and the line it makes then is
     /// stamped with when the request started, so the log reads as before.
+    /// Long on purpose: one run against the simulator, held at Nova, looked
+    /// at while it waits and after, in the order the log is written.
     #[tokio::test]
     async fn a_run_waiting_on_nova_holds_no_event_and_stamps_the_request_when_it_started() {
         let sim = crate::sim::start(

@@ -57,7 +57,9 @@ const JSON: &str = "application/json; charset=UTF-8";
 
 /// Answers as they come over the wire, judged by the adapter itself
 /// (`nova::answer`): what docs/design.md calls Nova's own answers and what
-/// it says is not. (cell, [(call, status, content type, body)]).
+/// it says is not. (cell, [(call, status, content type, body)]). Long on
+/// purpose: a table of samples, one per cell of the design doc's table,
+/// read against it row by row.
 fn wire_samples() -> Vec<(&'static str, Vec<NovaError>)> {
     let server_gone = format!(
         r#"{{"itemNotFound": {{"code": 404, "message": "Instance {SERVER} could not be found."}}}}"#
