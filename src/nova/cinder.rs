@@ -288,7 +288,7 @@ impl CinderClient {
                 &path,
                 None,
                 deadline,
-                &super::http::Open,
+                &super::gate::Open,
             )
             .await?;
         let answer = Exchange {

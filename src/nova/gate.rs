@@ -16,8 +16,6 @@ use std::task::{Context, Poll};
 
 use futures_util::future::BoxFuture;
 
-use super::http::SendGate;
-
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 tokio::task_local! {
@@ -92,6 +90,32 @@ where
             }
             Ok(conn)
         })
+    }
+}
+
+/// Asked right before a request leaves, once its slot and token are had
+/// (a wait for either may be long), and again once a connection made for
+/// it is ready (`owned`, with `scoped` above): `Err(why)` keeps it from leaving,
+/// and the request fails as `Withheld`, not sent. The executor's gate makes
+/// sure its operation's lease still holds, so a request never leaves after
+/// another replica may have taken the operation over, and notes the instant
+/// it left.
+pub trait SendGate: Send + Sync {
+    fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>>;
+
+    /// The gate as a value the connection's setup can carry, to be asked
+    /// again when a new connection is ready; `None`: asked once only.
+    fn owned(&self) -> Option<Arc<dyn SendGate>> {
+        None
+    }
+}
+
+/// A gate that is always open (reads, and requests no lease guards).
+pub struct Open;
+
+impl SendGate for Open {
+    fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 

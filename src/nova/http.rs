@@ -31,6 +31,7 @@ use super::body::{BodyError, read_body};
 use super::error::error_chain;
 use super::error::fault::{clean_text, keystone_refusal};
 use super::error::{Stage, UpstreamError};
+use super::gate::SendGate;
 use super::trace::with_trace;
 
 /// The largest response body read from Nova or Cinder: 2 MiB. The largest
@@ -133,32 +134,6 @@ pub(crate) enum FailureKind {
     /// Its gate kept the request from leaving (see [`SendGate`]): nothing
     /// was sent.
     Withheld,
-}
-
-/// Asked right before a request leaves, once its slot and token are had
-/// (a wait for either may be long), and again once a connection made for
-/// it is ready (`owned`; see `gate.rs`): `Err(why)` keeps it from leaving,
-/// and the request fails as `Withheld`, not sent. The executor's gate makes
-/// sure its operation's lease still holds, so a request never leaves after
-/// another replica may have taken the operation over, and notes the instant
-/// it left.
-pub trait SendGate: Send + Sync {
-    fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>>;
-
-    /// The gate as a value the connection's setup can carry, to be asked
-    /// again when a new connection is ready; `None`: asked once only.
-    fn owned(&self) -> Option<Arc<dyn SendGate>> {
-        None
-    }
-}
-
-/// A gate that is always open (reads, and requests no lease guards).
-pub struct Open;
-
-impl SendGate for Open {
-    fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
-        Box::pin(std::future::ready(Ok(())))
-    }
 }
 
 /// A request that ended without an answer, with all its context (the

@@ -86,7 +86,7 @@ pub async fn migration_status(
         let applied = super::pg::applied_migrations(url, wait).await?;
         Ok(MigrationStatus::of(PG, &applied))
     } else if url.starts_with("sqlite:") {
-        let applied = super::sqlite::applied_migrations_of(url).await?;
+        let applied = applied_migrations_of(url).await?;
         Ok(MigrationStatus::of(SQLITE, &applied))
     } else {
         anyhow::bail!(
@@ -94,6 +94,44 @@ pub async fn migration_status(
             super::mask_url(url)
         )
     }
+}
+
+/// The migrations applied to the embedded database `url` names, by
+/// version, with their descriptions (none: no file yet, or not migrated).
+/// Opens it read-only: it changes nothing, and may run beside `serve`.
+pub async fn applied_migrations_of(url: &str) -> anyhow::Result<Vec<(i64, String)>> {
+    use sqlx::Connection as _;
+    use std::str::FromStr as _;
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+        .map_err(|e| anyhow::anyhow!("invalid SQLite URL {url:?}: {e}"))?
+        .create_if_missing(false)
+        .read_only(true);
+    if !options.get_filename().exists() {
+        return Ok(Vec::new());
+    }
+    let what = |e| anyhow::anyhow!("reading the migrations of the embedded database {url}: {e}");
+    let mut conn = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .map_err(what)?;
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .map_err(what)?;
+    let applied = if exists == 0 {
+        Vec::new()
+    } else {
+        sqlx::query_as(
+            "SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .map_err(what)?
+    };
+    // The answer is read; a failed goodbye changes nothing of it.
+    drop(conn.close().await);
+    Ok(applied)
 }
 
 #[cfg(test)]

@@ -30,8 +30,10 @@ pub const INVARIANTS: &[&str] = &[
     "keys-are-per-caller",
     "busy-means-busy",
     "story-in-order",
-    super::waits::ANSWER_FOLLOWS_DECISION,
+    ANSWER_FOLLOWS_DECISION,
 ];
+
+pub const ANSWER_FOLLOWS_DECISION: &str = "answer-follows-decision";
 
 #[derive(Debug, Clone)]
 pub struct Violation {

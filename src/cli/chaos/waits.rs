@@ -11,12 +11,10 @@
 
 use chrono::{DateTime, Utc};
 
-use super::check::Violation;
+use super::check::{ANSWER_FOLLOWS_DECISION, Violation};
 use super::dbfaults::DbOutage;
 use super::play::{Outcome, Played};
 use super::windows::dur;
-
-pub const ANSWER_FOLLOWS_DECISION: &str = "answer-follows-decision";
 
 /// The violations of `answer-follows-decision` in `p`.
 pub fn check(

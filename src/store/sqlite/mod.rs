@@ -943,43 +943,6 @@ impl SqliteStore {
     }
 }
 
-/// The migrations applied to the embedded database `url` names, by
-/// version, with their descriptions (none: no file yet, or not migrated).
-/// Opens it read-only: it changes nothing, and may run beside `serve`.
-pub async fn applied_migrations_of(url: &str) -> anyhow::Result<Vec<(i64, String)>> {
-    use sqlx::Connection as _;
-    let options = SqliteConnectOptions::from_str(url)
-        .map_err(|e| anyhow::anyhow!("invalid SQLite URL {url:?}: {e}"))?
-        .create_if_missing(false)
-        .read_only(true);
-    if !options.get_filename().exists() {
-        return Ok(Vec::new());
-    }
-    let what = |e| anyhow::anyhow!("reading the migrations of the embedded database {url}: {e}");
-    let mut conn = sqlx::SqliteConnection::connect_with(&options)
-        .await
-        .map_err(what)?;
-    let exists: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .map_err(what)?;
-    let applied = if exists == 0 {
-        Vec::new()
-    } else {
-        sqlx::query_as(
-            "SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version",
-        )
-        .fetch_all(&mut conn)
-        .await
-        .map_err(what)?
-    };
-    // The answer is read; a failed goodbye changes nothing of it.
-    drop(conn.close().await);
-    Ok(applied)
-}
-
 /// The new `last_request_at` of a claimed row, as PostgreSQL's claim
 /// writes it (`store::pg::sql`'s `TAKEOVER_RESTAMP`, which says why): at a
 /// takeover of an expired lease, the old lease's end when it is later.
