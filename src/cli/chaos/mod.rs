@@ -93,7 +93,7 @@ pub struct ChaosArgs {
     /// (its runtime stopped, then resumed, as SIGSTOP and SIGCONT) or its
     /// database replies held, then delivered (PostgreSQL, 2 replicas or
     /// more; 0 turns them off). A third of their calls get a 20 s deadline.
-    #[arg(long, default_value_t = 0.0, value_parser = share)]
+    #[arg(long, default_value_t = 0.25, value_parser = share)]
     pub pauses: f64,
     /// How long a caller may still wait once its operation was decided
     /// (the invariant answer-follows-decision).
