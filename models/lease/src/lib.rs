@@ -32,6 +32,8 @@
 //! can be removed (`Guards`) to show that the checker then finds the
 //! counterexample.
 
+#[cfg(test)]
+mod checks;
 pub mod props;
 mod step;
 

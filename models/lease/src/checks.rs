@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use lease_model::{Guards, LeaseModel, PROPERTIES, State};
+use crate::{Guards, LeaseModel, PROPERTIES, State};
 use stateright::{Checker, HasDiscoveries, Model};
 
 /// Deep enough for every counterexample below and for a history of two
@@ -72,7 +72,7 @@ fn without_the_fence_a_replica_that_lost_its_lease_overwrites_a_decision() {
         fence: false,
         ..Guards::ALL
     };
-    counterexample(guards, &[lease_model::props::DECIDED_STAYS]);
+    counterexample(guards, &[crate::props::DECIDED_STAYS]);
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn without_the_epoch_in_renewals_a_replicas_stale_run_sends_beside_its_own_takeo
         claim_skips_own_runs: false,
         ..Guards::ALL
     };
-    counterexample(guards, &[lease_model::props::NO_OVERLAP]);
+    counterexample(guards, &[crate::props::NO_OVERLAP]);
 }
 
 #[test]
@@ -93,7 +93,7 @@ fn without_the_settle_window_a_re_send_overlaps_a_request_still_in_nova() {
         settle_window: false,
         ..Guards::ALL
     };
-    counterexample(guards, &[lease_model::props::NO_OVERLAP]);
+    counterexample(guards, &[crate::props::NO_OVERLAP]);
 }
 
 #[test]
@@ -102,7 +102,7 @@ fn without_the_send_gate_a_request_leaves_after_its_operation_was_taken_over() {
         send_gate: false,
         ..Guards::ALL
     };
-    counterexample(guards, &[lease_model::props::NO_OVERLAP]);
+    counterexample(guards, &[crate::props::NO_OVERLAP]);
 }
 
 #[test]
@@ -119,8 +119,8 @@ fn without_the_takeovers_restamp_a_late_departure_outlives_the_settle_window() {
     counterexample(
         guards,
         &[
-            lease_model::props::NO_OVERLAP,
-            lease_model::props::DECISION_STAYS_TRUE,
+            crate::props::NO_OVERLAP,
+            crate::props::DECISION_STAYS_TRUE,
         ],
     );
 }
