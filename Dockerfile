@@ -4,7 +4,7 @@
 # non-root user. `serve` is the default command; `nova-sim`, `ops`,
 # `migrate` and `healthcheck` come from the same image.
 #
-#   docker build -t volume-reconciler:0.1.0 \
+#   docker build -t volume-reconciler:0.2.0 \
 #     --build-arg GIT_SHA=$(git rev-parse HEAD) \
 #     --build-arg CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ) .
 #
@@ -46,7 +46,7 @@ RUN VOLUME_RECONCILER_GIT_SHA=${GIT_SHA} cargo build --release --locked \
  && mkdir -p /data
 
 FROM gcr.io/distroless/cc-debian12
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 ARG GIT_SHA=unknown
 ARG CREATED=
 ARG SOURCE=
