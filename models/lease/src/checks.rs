@@ -118,10 +118,7 @@ fn without_the_takeovers_restamp_a_late_departure_outlives_the_settle_window() {
     };
     counterexample(
         guards,
-        &[
-            crate::props::NO_OVERLAP,
-            crate::props::DECISION_STAYS_TRUE,
-        ],
+        &[crate::props::NO_OVERLAP, crate::props::DECISION_STAYS_TRUE],
     );
 }
 
