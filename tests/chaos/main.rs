@@ -17,14 +17,8 @@ use std::time::Duration;
 use volume_reconciler::cli::chaos::history::Shape;
 use volume_reconciler::cli::chaos::{ChaosConfig, Ledger, Summary, run_chaos};
 
-/// One run at a time: the checker's bounds (deadline + settle window +
-/// slack) are wall-clock, and two runs sharing a loaded 2-core machine
-/// measure the machine, not the service.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// Plays `cfg` and fails with the checker's report on any violation.
 async fn play(what: &str, cfg: ChaosConfig) -> Summary {
-    let _alone = ONE_AT_A_TIME.lock().await;
     let last = cfg.seed + cfg.histories - 1;
     println!(
         "chaos on {what}: seeds {}..={last}, {} replica(s), {} at once",

@@ -536,9 +536,18 @@ pub struct Listed {
     pub attachment_id: Option<String>,
 }
 
+/// How many tests use the binary's Nova at once, whatever the test threads
+/// (`.cargo/config.toml` runs more for the other binaries, whose tests
+/// mostly wait): Nova is one Python process, and with six tests at once its
+/// answers slowed past a test's own deadline (a look in the reserve came
+/// too late: a failure of the machine, not of the service).
+static AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 /// A test's view of the Nova: its own HTTP client (a client's pool must not
 /// outlive the runtime that made its connections) and a project.
 pub struct Api {
+    /// This test's turn on the binary's Nova, held to its end.
+    _turn: tokio::sync::SemaphorePermit<'static>,
     pub nova: &'static RealNova,
     http: reqwest::Client,
     _watchdog: Watchdog,
@@ -548,9 +557,11 @@ pub struct Api {
 }
 
 impl Api {
-    /// A fresh project on the binary's Nova (started here on first use).
+    /// A fresh project on the binary's Nova (started here on first use),
+    /// once it is this test's turn: at most `AT_ONCE` tests at a time.
     pub async fn new() -> Api {
         super::init_logs();
+        let turn = AT_ONCE.acquire().await.expect("the gate is never closed");
         let nova = tokio::task::spawn_blocking(nova)
             .await
             .expect("starting Nova (see the panic above)");
@@ -560,6 +571,7 @@ impl Api {
             );
         }
         Api {
+            _turn: turn,
             nova,
             _watchdog: Watchdog::start(nova),
             http: reqwest::Client::builder()
