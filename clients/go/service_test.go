@@ -88,39 +88,74 @@ type service struct {
 }
 
 // startService starts nova-sim and serve (with extra serve flags) and
-// stops both when the test ends.
+// stops both when the test ends. A port chosen free can be taken by
+// another process before the binary binds it (every free-port helper has
+// that race, and the tests run eight at once): a process that exits before
+// it answers because its address is in use is started again on fresh
+// ports, up to three times; any other early exit fails the test at once
+// with its log.
 func startService(t testing.TB, extra ...string) *service {
 	t.Helper()
 	s := &service{t: t, bin: binary(t), dir: t.TempDir()}
-	simAddr := freeAddr(t)
-	s.simURL = "http://" + simAddr
-	sim := s.command("nova-sim.log", "nova-sim", "--listen", simAddr, "--record-history")
-	if err := sim.Start(); err != nil {
-		t.Fatalf("nova-sim: %v", err)
+	// Registered first so it runs last, after both processes stopped, and
+	// also when the start itself fails.
+	t.Cleanup(s.dumpLogsOnFailure)
+	for attempt := 1; ; attempt++ {
+		simAddr := freeAddr(t)
+		s.simURL = "http://" + simAddr
+		from := s.logSize("nova-sim.log")
+		sim := s.command("nova-sim.log", "nova-sim", "--listen", simAddr, "--record-history")
+		if err := sim.Start(); err != nil {
+			t.Fatalf("nova-sim: %v", err)
+		}
+		simDone := waitFor(sim)
+		exit := s.waitReady("nova-sim answers at "+s.simURL, simDone, func() bool {
+			return httpOK(s.simURL + "/sim/truth")
+		})
+		if exit == nil {
+			t.Cleanup(func() { stop(t, sim, simDone, "nova-sim") })
+			break
+		}
+		s.startFailed("nova-sim", "nova-sim.log", from, attempt, exit)
 	}
-	t.Cleanup(func() { stop(t, sim, "nova-sim") })
-	eventually(t, 60*time.Second, "nova-sim answers at "+s.simURL, func() bool {
-		return httpOK(s.simURL + "/sim/truth")
-	})
-	s.Addr, s.admin = freeAddr(t), freeAddr(t)
-	s.serveArgs = append([]string{
-		"serve",
-		"--listen", s.Addr,
-		"--admin-listen", s.admin,
-		"--database-url", "sqlite://" + filepath.Join(s.dir, "ledger.db"),
-		"--nova-url", s.simURL + "/v2.1",
-		"--cinder-url", s.simURL + "/v3/" + simProject,
-		// A drain at once (no load balancer to tell first).
-		"--shutdown-delay", "0s",
-	}, extra...)
-	s.startServe()
+	for attempt := 1; ; attempt++ {
+		s.Addr, s.admin = freeAddr(t), freeAddr(t)
+		s.serveArgs = append([]string{
+			"serve",
+			"--listen", s.Addr,
+			"--admin-listen", s.admin,
+			"--database-url", "sqlite://" + filepath.Join(s.dir, "ledger.db"),
+			"--nova-url", s.simURL + "/v2.1",
+			"--cinder-url", s.simURL + "/v3/" + simProject,
+			// A drain at once (no load balancer to tell first).
+			"--shutdown-delay", "0s",
+		}, extra...)
+		from := s.logSize("serve.log")
+		exit := s.tryServe()
+		if exit == nil {
+			break
+		}
+		s.startFailed("serve", "serve.log", from, attempt, exit)
+	}
 	t.Cleanup(func() {
 		if s.serve != nil {
 			s.signal(syscall.SIGTERM)
 		}
-		s.dumpLogsOnFailure()
 	})
 	return s
+}
+
+// startFailed decides about a process that exited before it answered:
+// another try on fresh ports when its log (from offset from) says its
+// address was in use and tries are left, else the test fails with the log.
+func (s *service) startFailed(what, logName string, from int64, attempt int, exit error) {
+	s.t.Helper()
+	log := s.logFrom(logName, from)
+	if attempt < 3 && strings.Contains(log, "Address already in use") {
+		s.t.Logf("%s: a port chosen free was taken before it bound it; starting it again on fresh ports (try %d)", what, attempt+1)
+		return
+	}
+	s.t.Fatalf("%s exited before it answered (%v); its log:\n%s", what, exit, log)
 }
 
 // simProject is the project id the simulator's Cinder serves under.
@@ -146,19 +181,88 @@ func (s *service) command(logName string, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// startServe starts serve with s.serveArgs and waits until it is ready;
+// an exit before that fails the test with serve's log.
 func (s *service) startServe() {
+	s.t.Helper()
+	from := s.logSize("serve.log")
+	if exit := s.tryServe(); exit != nil {
+		s.t.Fatalf("serve exited before it was ready (%v); its log:\n%s", exit, s.logFrom("serve.log", from))
+	}
+}
+
+// tryServe starts serve with s.serveArgs and waits until it is ready (nil)
+// or has exited (its exit, and s.serve is nil again).
+func (s *service) tryServe() error {
 	s.t.Helper()
 	s.starts++
 	s.serve = s.command("serve.log", s.serveArgs...)
 	if err := s.serve.Start(); err != nil {
 		s.t.Fatalf("serve: %v", err)
 	}
-	done := make(chan error, 1)
-	go func(cmd *exec.Cmd) { done <- cmd.Wait() }(s.serve)
-	s.serveDone = done
-	eventually(s.t, 60*time.Second, "serve is ready at "+s.admin, func() bool {
+	s.serveDone = waitFor(s.serve)
+	exit := s.waitReady("serve is ready at "+s.admin, s.serveDone, func() bool {
 		return httpOK("http://" + s.admin + "/readyz")
 	})
+	if exit != nil {
+		s.serve = nil
+	}
+	return exit
+}
+
+// waitFor is a channel that gets cmd's exit (exactly once).
+func waitFor(cmd *exec.Cmd) chan error {
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return done
+}
+
+// waitReady polls ready every 50 ms until it holds (nil) or the process
+// whose exit done reports has exited (that exit, never nil), and fails the
+// test after 60 s (wide: the machine is shared with compiles).
+func (s *service) waitReady(what string, done <-chan error, ready func() bool) error {
+	s.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !ready() {
+		select {
+		case err := <-done:
+			if err == nil {
+				err = fmt.Errorf("exit status 0")
+			}
+			return err
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("not within 60s: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
+
+// logSize is the length of the log name now (0 before it exists).
+func (s *service) logSize(name string) int64 {
+	fi, err := os.Stat(filepath.Join(s.dir, name))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// logFrom is the log name from offset from on (its last 20000 bytes).
+func (s *service) logFrom(name string, from int64) string {
+	b, err := os.ReadFile(filepath.Join(s.dir, name))
+	if err != nil {
+		return fmt.Sprintf("(no %s: %v)", name, err)
+	}
+	if from > int64(len(b)) {
+		from = 0
+	}
+	b = b[from:]
+	if len(b) > 20000 {
+		b = b[len(b)-20000:]
+	}
+	return string(b)
 }
 
 // signal sends sig to serve and waits for it to exit.
@@ -186,15 +290,12 @@ func (s *service) restart() {
 	s.startServe()
 }
 
-func stop(t testing.TB, cmd *exec.Cmd, what string) {
-	if cmd.Process == nil {
-		return
-	}
+func stop(t testing.TB, cmd *exec.Cmd, done <-chan error, what string) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Logf("%s: %v", what, err)
 	}
 	// Its exit status after a SIGTERM says nothing the test needs.
-	_ = cmd.Wait()
+	<-done
 }
 
 func (s *service) dumpLogsOnFailure() {
@@ -213,8 +314,13 @@ func (s *service) dumpLogsOnFailure() {
 	}
 }
 
+// probe is the client of the readiness polls: a port whose listener never
+// answers (another process's, taken in the free-port race) is a failed poll
+// after 5 s, not a poll that hangs the test.
+var probe = &http.Client{Timeout: 5 * time.Second}
+
 func httpOK(url string) bool {
-	resp, err := http.Get(url)
+	resp, err := probe.Get(url)
 	if err != nil {
 		return false
 	}
