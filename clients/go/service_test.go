@@ -100,10 +100,9 @@ func startService(t testing.TB, extra ...string) *service {
 	// Registered first so it runs last, after both processes stopped, and
 	// also when the start itself fails.
 	t.Cleanup(s.dumpLogsOnFailure)
-	for attempt := 1; ; attempt++ {
+	s.onFreePorts("nova-sim", "nova-sim.log", func() error {
 		simAddr := freeAddr(t)
 		s.simURL = "http://" + simAddr
-		from := s.logSize("nova-sim.log")
 		sim := s.command("nova-sim.log", "nova-sim", "--listen", simAddr, "--record-history")
 		if err := sim.Start(); err != nil {
 			t.Fatalf("nova-sim: %v", err)
@@ -114,11 +113,10 @@ func startService(t testing.TB, extra ...string) *service {
 		})
 		if exit == nil {
 			t.Cleanup(func() { stop(t, sim, simDone, "nova-sim") })
-			break
 		}
-		s.startFailed("nova-sim", "nova-sim.log", from, attempt, exit)
-	}
-	for attempt := 1; ; attempt++ {
+		return exit
+	})
+	s.onFreePorts("serve", "serve.log", func() error {
 		s.Addr, s.admin = freeAddr(t), freeAddr(t)
 		s.serveArgs = append([]string{
 			"serve",
@@ -130,13 +128,8 @@ func startService(t testing.TB, extra ...string) *service {
 			// A drain at once (no load balancer to tell first).
 			"--shutdown-delay", "0s",
 		}, extra...)
-		from := s.logSize("serve.log")
-		exit := s.tryServe()
-		if exit == nil {
-			break
-		}
-		s.startFailed("serve", "serve.log", from, attempt, exit)
-	}
+		return s.tryServe()
+	})
 	t.Cleanup(func() {
 		if s.serve != nil {
 			s.signal(syscall.SIGTERM)
@@ -145,14 +138,30 @@ func startService(t testing.TB, extra ...string) *service {
 	return s
 }
 
+// onFreePorts runs start (which picks its ports, starts a process and
+// waits until it answers: nil, or the process's exit) until it answers,
+// up to three times while the process's log says its address was in use.
+func (s *service) onFreePorts(what, logName string, start func() error) {
+	s.t.Helper()
+	for attempt := 1; ; attempt++ {
+		from := s.logSize(logName)
+		exit := start()
+		if exit == nil {
+			return
+		}
+		s.startFailed(what, logName, from, attempt < 3, exit)
+	}
+}
+
 // startFailed decides about a process that exited before it answered:
-// another try on fresh ports when its log (from offset from) says its
-// address was in use and tries are left, else the test fails with the log.
-func (s *service) startFailed(what, logName string, from int64, attempt int, exit error) {
+// when retry and its log (from offset from) says its address was in use,
+// it returns for another try on fresh ports; else the test fails with the
+// log.
+func (s *service) startFailed(what, logName string, from int64, retry bool, exit error) {
 	s.t.Helper()
 	log := s.logFrom(logName, from)
-	if attempt < 3 && strings.Contains(log, "Address already in use") {
-		s.t.Logf("%s: a port chosen free was taken before it bound it; starting it again on fresh ports (try %d)", what, attempt+1)
+	if retry && strings.Contains(log, "Address already in use") {
+		s.t.Logf("%s: a port chosen free was taken before it bound it; starting it again on fresh ports", what)
 		return
 	}
 	s.t.Fatalf("%s exited before it answered (%v); its log:\n%s", what, exit, log)
@@ -181,13 +190,14 @@ func (s *service) command(logName string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// startServe starts serve with s.serveArgs and waits until it is ready;
-// an exit before that fails the test with serve's log.
+// startServe starts serve with s.serveArgs (its ports kept: a restart's
+// clients reconnect to them) and waits until it is ready; an exit before
+// that fails the test with serve's log.
 func (s *service) startServe() {
 	s.t.Helper()
 	from := s.logSize("serve.log")
 	if exit := s.tryServe(); exit != nil {
-		s.t.Fatalf("serve exited before it was ready (%v); its log:\n%s", exit, s.logFrom("serve.log", from))
+		s.startFailed("serve", "serve.log", from, false, exit)
 	}
 }
 
@@ -217,27 +227,25 @@ func waitFor(cmd *exec.Cmd) chan error {
 	return done
 }
 
-// waitReady polls ready every 50 ms until it holds (nil) or the process
-// whose exit done reports has exited (that exit, never nil), and fails the
-// test after 60 s (wide: the machine is shared with compiles).
+// waitReady waits (as eventually: 60 s, then the test fails) until ready
+// holds (nil) or the process whose exit done reports has exited (that
+// exit, never nil).
 func (s *service) waitReady(what string, done <-chan error, ready func() bool) error {
 	s.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !ready() {
+	var exit error
+	eventually(s.t, 60*time.Second, what, func() bool {
 		select {
 		case err := <-done:
-			if err == nil {
-				err = fmt.Errorf("exit status 0")
+			exit = err
+			if exit == nil {
+				exit = fmt.Errorf("exit status 0")
 			}
-			return err
+			return true
 		default:
+			return ready()
 		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("not within 60s: %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return nil
+	})
+	return exit
 }
 
 // logSize is the length of the log name now (0 before it exists).
