@@ -19,7 +19,9 @@ use super::run::{Decision, Fenced, Run, Seen};
 /// What carrying out a step led to.
 enum Acted {
     Decided(Decision),
-    SendAgain,
+    /// Send again after the pause slept; the step stands for the row's own
+    /// alternative (`retry, else ...`), for when no request fits after all.
+    SendAgain(Next),
 }
 
 /// What a step may draw on: the answer's error and the attachment last
@@ -48,19 +50,27 @@ impl Executor {
         first_sent: bool,
     ) -> Result<Decision, Fenced> {
         let mut need_record = !first_sent;
+        // The last answer and its row's alternative, once a pause was slept
+        // to send again: the pause fitted, but the runtime may wake late, or
+        // the next attempt may not be recorded in time. Then no request fits
+        // after all, and the alternative decides with that answer, as it
+        // would have had the pause not fitted (a connect refused all along
+        // is NOVA_UNREACHABLE, not a deadline that came before any send).
+        let mut paused: Option<(Sent, Next, classify::History)> = None;
         loop {
             let now = Instant::now();
             if !self.policy.can_send_again(&run.budget, now) {
-                return Ok(self.out_of_time(run, "no time left to send again").await);
+                return Ok(self
+                    .no_request_fits(run, paused, "no time left to send again")
+                    .await);
             }
             let outbound = self.policy.outbound(&run.budget, now);
             if need_record && !Box::pin(self.record_attempt(run)).await? {
                 // The attempt's intent could not be recorded by the
-                // deadline: it is not sent, and the run ends as one out of
-                // time (its earlier requests took no effect, or it would
-                // not be sending again).
+                // deadline: it is not sent (its earlier requests took no
+                // effect, or it would not be sending again).
                 return Ok(self
-                    .out_of_time(run, "the next attempt could not be recorded")
+                    .no_request_fits(run, paused, "the next attempt could not be recorded")
                     .await);
             }
             need_record = true;
@@ -84,10 +94,37 @@ impl Executor {
                 },
                 attachment,
             };
-            match self.step(run, next, &mut ctx, history).await {
+            let acted = self.step(run, next, &mut ctx, history).await;
+            match acted {
                 Acted::Decided(d) => return Ok(d),
-                Acted::SendAgain => continue,
+                Acted::SendAgain(otherwise) => paused = Some((sent, otherwise, history)),
             }
+        }
+    }
+
+    /// No request may be sent again: the alternative of the answer before
+    /// the pause decides, with that answer (see `paused` in `send_loop`);
+    /// with no such answer, out of time.
+    async fn no_request_fits(
+        self: &Arc<Self>,
+        run: &mut Run,
+        paused: Option<(Sent, Next, classify::History)>,
+        why: &'static str,
+    ) -> Decision {
+        let Some((sent, otherwise, history)) = paused else {
+            return self.out_of_time(run, why).await;
+        };
+        let mut ctx = Context {
+            error: match &sent {
+                Sent::Failed(e) => Some(e),
+                _ => None,
+            },
+            attachment: None,
+        };
+        match self.step(run, otherwise, &mut ctx, history).await {
+            Acted::Decided(d) => d,
+            // An alternative never asks to send again.
+            Acted::SendAgain(_) => Decision::unknown(self.unknown_error(run, ctx.error, why)),
         }
     }
 
@@ -102,7 +139,7 @@ impl Executor {
         match self.step(run, Next::OutOfTime, &mut ctx, history).await {
             Acted::Decided(d) => d,
             // A look never asks to send; out of time it cannot.
-            Acted::SendAgain => Decision::unknown(self.unknown_error(run, None, why)),
+            Acted::SendAgain(_) => Decision::unknown(self.unknown_error(run, None, why)),
         }
     }
 
@@ -213,7 +250,7 @@ impl Executor {
                         // another could make a second effect for the key.
                         watch
                     } else if self.backoff(run, why).await {
-                        return Acted::SendAgain;
+                        return Acted::SendAgain(*otherwise);
                     } else {
                         *otherwise
                     }
@@ -406,6 +443,82 @@ mod tests {
     use crate::nova::NovaClient;
     use crate::store::Store;
 
+    /// An executor on an in-memory ledger, sending to Nova at `nova_url`.
+    async fn executor_on(nova_url: String) -> Arc<Executor> {
+        let store: Arc<dyn Store> = Arc::new(
+            crate::store::SqliteStore::connect("sqlite::memory:")
+                .await
+                .unwrap(),
+        );
+        Executor::new(
+            store,
+            Arc::new(NovaClient::new(crate::nova::NovaConfig {
+                endpoint: crate::nova::NovaEndpoint::Direct(nova_url),
+                ..Default::default()
+            })),
+            BudgetPolicy::default(),
+            "r".into(),
+            ExecSettings::default(),
+            ExecutorMetrics::unscraped(),
+        )
+    }
+
+    /// A run whose request is refused at connect (nobody listens) pauses to
+    /// send again; the runtime then wakes it too late for another request
+    /// (a loaded machine; here its one thread is held past the deadline).
+    /// The pause's alternative decides with the answer before it: every
+    /// request was refused, so NOVA_UNREACHABLE with its error class, not
+    /// a deadline "before any request could be sent".
+    #[tokio::test]
+    async fn a_pause_that_wakes_too_late_to_send_decides_with_the_answer_before_it() {
+        let nobody = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let exec = executor_on(format!("http://{nobody}/v2.1")).await;
+        let budget = BudgetPolicy::default()
+            .plan(Instant::now(), Instant::now() + Duration::from_secs(3))
+            .unwrap();
+        let req = crate::executor::test_request(Uuid::new_v4(), Uuid::new_v4());
+        let at = chrono::Utc::now();
+        let op = exec
+            .intent(&req, Deadline::none(), &budget, Instant::now())
+            .recorded_as(at, at, None, None);
+        let _hold = exec.holds.hold(op.id, Some(1));
+        exec.holds
+            .confirm(&[op.id], Instant::now() + Duration::from_secs(60));
+        let mut run = Run::new(op, budget, false);
+        // As `drive` does: the intent counted the first request, not sent yet.
+        run.maybe_effect = false;
+        let held_past = budget.answer_by + Duration::from_millis(100);
+
+        // The failure is noted just before the pause, with no await between
+        // them: once it shows, the run sleeps in its pause (the test's one
+        // thread runs both), and holding the thread makes the pause overrun.
+        let hold_thread_in_the_pause = async {
+            while exec.failures.flush(Duration::from_secs(10)) == 0 {
+                tokio::task::yield_now().await;
+            }
+            std::thread::sleep(held_past.saturating_duration_since(Instant::now()));
+        };
+        let (decided, ()) = tokio::join!(exec.send_loop(&mut run, true), hold_thread_in_the_pause);
+        let Ok(d) = decided else { panic!("fenced") };
+        assert_eq!(d.state, crate::domain::State::Failed, "{:?}", d.error);
+        let err = d.error.expect("a failure's error");
+        assert_eq!(err.reason, Reason::NovaUnreachable, "{err:?}");
+        assert_eq!(
+            err.metadata.get("error_class").map(String::as_str),
+            Some("connect_failed"),
+            "{err:?}"
+        );
+        assert_eq!(run.op.attempts, 1, "no second request: {err:?}");
+        assert!(
+            run.events.iter().any(|e| e.kind == event::RETRY_SCHEDULED),
+            "the run paused to send again: {:?}",
+            run.events
+        );
+    }
+
     /// Thousands of runs wait on Nova (or its per-host cap) at once: while
     /// one waits it holds no event (a request's line, ~0.8 KB of strings,
     /// is made once the request is over), and the line it makes then is
@@ -420,22 +533,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let store: Arc<dyn Store> = Arc::new(
-            crate::store::SqliteStore::connect("sqlite::memory:")
-                .await
-                .unwrap(),
-        );
-        let exec = Executor::new(
-            store,
-            Arc::new(NovaClient::new(crate::nova::NovaConfig {
-                endpoint: crate::nova::NovaEndpoint::Direct(sim.nova_url.clone()),
-                ..Default::default()
-            })),
-            BudgetPolicy::default(),
-            "r".into(),
-            ExecSettings::default(),
-            ExecutorMetrics::unscraped(),
-        );
+        let exec = executor_on(sim.nova_url.clone()).await;
         let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
         let delay = Duration::from_millis(400);
         sim.sim.add_fault(
