@@ -74,6 +74,9 @@ impl Executor {
                     .await);
             }
             need_record = true;
+            // This request brings its own answer: a run waiting on Nova
+            // holds no earlier one.
+            drop(paused.take());
             self.metrics
                 .nova
                 .outbound_deadline
