@@ -466,6 +466,29 @@ mod tests {
         )
     }
 
+    /// A run of a fresh attach of `volume` to `server` within `deadline`,
+    /// with its lease known to hold (the gate lets its requests out) while
+    /// the returned hold lives.
+    fn held_run(
+        exec: &Arc<Executor>,
+        server: Uuid,
+        volume: Uuid,
+        deadline: Duration,
+    ) -> (Run, crate::executor::holds::Hold) {
+        let budget = BudgetPolicy::default()
+            .plan(Instant::now(), Instant::now() + deadline)
+            .unwrap();
+        let req = crate::executor::test_request(server, volume);
+        let at = chrono::Utc::now();
+        let op = exec
+            .intent(&req, Deadline::none(), &budget, Instant::now())
+            .recorded_as(at, at, None, None);
+        let hold = exec.holds.hold(op.id, Some(1));
+        exec.holds
+            .confirm(&[op.id], Instant::now() + Duration::from_secs(60));
+        (Run::new(op, budget, false), hold)
+    }
+
     /// A run whose request is refused at connect (nobody listens) pauses to
     /// send again; the runtime then wakes it too late for another request
     /// (a loaded machine; here its one thread is held past the deadline).
@@ -479,21 +502,15 @@ mod tests {
             .local_addr()
             .unwrap();
         let exec = executor_on(format!("http://{nobody}/v2.1")).await;
-        let budget = BudgetPolicy::default()
-            .plan(Instant::now(), Instant::now() + Duration::from_secs(3))
-            .unwrap();
-        let req = crate::executor::test_request(Uuid::new_v4(), Uuid::new_v4());
-        let at = chrono::Utc::now();
-        let op = exec
-            .intent(&req, Deadline::none(), &budget, Instant::now())
-            .recorded_as(at, at, None, None);
-        let _hold = exec.holds.hold(op.id, Some(1));
-        exec.holds
-            .confirm(&[op.id], Instant::now() + Duration::from_secs(60));
-        let mut run = Run::new(op, budget, false);
+        let (mut run, _hold) = held_run(
+            &exec,
+            Uuid::new_v4(),
+            Uuid::new_v4(),
+            Duration::from_secs(3),
+        );
         // As `drive` does: the intent counted the first request, not sent yet.
         run.maybe_effect = false;
-        let held_past = budget.answer_by + Duration::from_millis(100);
+        let held_past = run.budget.answer_by + Duration::from_millis(100);
 
         // The failure is noted just before the pause, with no await between
         // them: once it shows, the run sleeps in its pause (the test's one
@@ -548,20 +565,7 @@ mod tests {
             )
             .always(),
         );
-        let budget = BudgetPolicy::default()
-            .plan(Instant::now(), Instant::now() + Duration::from_secs(60))
-            .unwrap();
-        let req = crate::executor::test_request(server, volume);
-        let at = chrono::Utc::now();
-        let op = exec
-            .intent(&req, Deadline::none(), &budget, Instant::now())
-            .recorded_as(at, at, None, None);
-        let id = op.id;
-        // The lease is known to hold: the gate lets the request out.
-        let _hold = exec.holds.hold(id, Some(1));
-        exec.holds
-            .confirm(&[id], Instant::now() + Duration::from_secs(60));
-        let mut run = Run::new(op, budget, false);
+        let (mut run, _hold) = held_run(&exec, server, volume, Duration::from_secs(60));
         let outbound = Instant::now() + Duration::from_secs(30);
 
         // Waiting on Nova (the simulator has the request and holds its
