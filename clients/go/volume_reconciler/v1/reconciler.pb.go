@@ -360,6 +360,146 @@ func (x *DetachVolumeRequest) GetVolumeId() string {
 	return ""
 }
 
+// The volume attached to the server, however many times it is asked
+// (EnsureAttached).
+type EnsureAttachedRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Nova server UUID (a CSI node id, as cinder-csi's NodeGetInfo gives).
+	ServerId string `protobuf:"bytes,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	// Cinder volume UUID (a CSI volume id).
+	VolumeId string `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// Optional, e.g. "/dev/vdb": used only if an attach is sent; a volume
+	// attached to the server already holds whatever device it has.
+	Device string `protobuf:"bytes,3,opt,name=device,proto3" json:"device,omitempty"`
+	// Optional (Nova microversion >= 2.49); used only if an attach is sent.
+	Tag string `protobuf:"bytes,4,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Optional (microversion >= 2.79); used only if an attach is sent.
+	DeleteOnTermination *bool `protobuf:"varint,5,opt,name=delete_on_termination,json=deleteOnTermination,proto3,oneof" json:"delete_on_termination,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *EnsureAttachedRequest) Reset() {
+	*x = EnsureAttachedRequest{}
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnsureAttachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnsureAttachedRequest) ProtoMessage() {}
+
+func (x *EnsureAttachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnsureAttachedRequest.ProtoReflect.Descriptor instead.
+func (*EnsureAttachedRequest) Descriptor() ([]byte, []int) {
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EnsureAttachedRequest) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *EnsureAttachedRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *EnsureAttachedRequest) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *EnsureAttachedRequest) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *EnsureAttachedRequest) GetDeleteOnTermination() bool {
+	if x != nil && x.DeleteOnTermination != nil {
+		return *x.DeleteOnTermination
+	}
+	return false
+}
+
+// The volume not attached to the server, however many times it is asked
+// (EnsureDetached).
+type EnsureDetachedRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Nova server UUID.
+	ServerId string `protobuf:"bytes,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	// Cinder volume UUID.
+	VolumeId      string `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnsureDetachedRequest) Reset() {
+	*x = EnsureDetachedRequest{}
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnsureDetachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnsureDetachedRequest) ProtoMessage() {}
+
+func (x *EnsureDetachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnsureDetachedRequest.ProtoReflect.Descriptor instead.
+func (*EnsureDetachedRequest) Descriptor() ([]byte, []int) {
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *EnsureDetachedRequest) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *EnsureDetachedRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
 // Which operation to get.
 type GetOperationRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -377,7 +517,7 @@ type GetOperationRequest struct {
 
 func (x *GetOperationRequest) Reset() {
 	*x = GetOperationRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[2]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +529,7 @@ func (x *GetOperationRequest) String() string {
 func (*GetOperationRequest) ProtoMessage() {}
 
 func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[2]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +542,7 @@ func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationRequest.ProtoReflect.Descriptor instead.
 func (*GetOperationRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{2}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetOperationRequest) GetOperationId() string {
@@ -453,7 +593,7 @@ type ListOperationsRequest struct {
 
 func (x *ListOperationsRequest) Reset() {
 	*x = ListOperationsRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[3]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +605,7 @@ func (x *ListOperationsRequest) String() string {
 func (*ListOperationsRequest) ProtoMessage() {}
 
 func (x *ListOperationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[3]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +618,7 @@ func (x *ListOperationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperationsRequest.ProtoReflect.Descriptor instead.
 func (*ListOperationsRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{3}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListOperationsRequest) GetState() State {
@@ -550,7 +690,7 @@ type ListOperationsResponse struct {
 
 func (x *ListOperationsResponse) Reset() {
 	*x = ListOperationsResponse{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[4]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +702,7 @@ func (x *ListOperationsResponse) String() string {
 func (*ListOperationsResponse) ProtoMessage() {}
 
 func (x *ListOperationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[4]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +715,7 @@ func (x *ListOperationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperationsResponse.ProtoReflect.Descriptor instead.
 func (*ListOperationsResponse) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{4}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListOperationsResponse) GetOperations() []*Operation {
@@ -603,7 +743,7 @@ type WatchOperationRequest struct {
 
 func (x *WatchOperationRequest) Reset() {
 	*x = WatchOperationRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[5]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +755,7 @@ func (x *WatchOperationRequest) String() string {
 func (*WatchOperationRequest) ProtoMessage() {}
 
 func (x *WatchOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[5]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +768,7 @@ func (x *WatchOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchOperationRequest.ProtoReflect.Descriptor instead.
 func (*WatchOperationRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{5}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchOperationRequest) GetOperationId() string {
@@ -649,7 +789,7 @@ type ReconcileOperationRequest struct {
 
 func (x *ReconcileOperationRequest) Reset() {
 	*x = ReconcileOperationRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[6]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +801,7 @@ func (x *ReconcileOperationRequest) String() string {
 func (*ReconcileOperationRequest) ProtoMessage() {}
 
 func (x *ReconcileOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[6]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +814,7 @@ func (x *ReconcileOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileOperationRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileOperationRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{6}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReconcileOperationRequest) GetOperationId() string {
@@ -695,7 +835,7 @@ type ListOperationEventsRequest struct {
 
 func (x *ListOperationEventsRequest) Reset() {
 	*x = ListOperationEventsRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[7]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +847,7 @@ func (x *ListOperationEventsRequest) String() string {
 func (*ListOperationEventsRequest) ProtoMessage() {}
 
 func (x *ListOperationEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[7]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +860,7 @@ func (x *ListOperationEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperationEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListOperationEventsRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{7}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListOperationEventsRequest) GetOperationId() string {
@@ -741,7 +881,7 @@ type ListOperationEventsResponse struct {
 
 func (x *ListOperationEventsResponse) Reset() {
 	*x = ListOperationEventsResponse{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[8]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -753,7 +893,7 @@ func (x *ListOperationEventsResponse) String() string {
 func (*ListOperationEventsResponse) ProtoMessage() {}
 
 func (x *ListOperationEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[8]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -766,7 +906,7 @@ func (x *ListOperationEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperationEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListOperationEventsResponse) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{8}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListOperationEventsResponse) GetEvents() []*OperationEvent {
@@ -785,7 +925,7 @@ type GetOperationStatsRequest struct {
 
 func (x *GetOperationStatsRequest) Reset() {
 	*x = GetOperationStatsRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[9]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +937,7 @@ func (x *GetOperationStatsRequest) String() string {
 func (*GetOperationStatsRequest) ProtoMessage() {}
 
 func (x *GetOperationStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[9]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +950,7 @@ func (x *GetOperationStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetOperationStatsRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{9}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{11}
 }
 
 // The whole ledger's operations, counted.
@@ -826,7 +966,7 @@ type OperationStats struct {
 
 func (x *OperationStats) Reset() {
 	*x = OperationStats{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[10]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +978,7 @@ func (x *OperationStats) String() string {
 func (*OperationStats) ProtoMessage() {}
 
 func (x *OperationStats) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[10]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +991,7 @@ func (x *OperationStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationStats.ProtoReflect.Descriptor instead.
 func (*OperationStats) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{10}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OperationStats) GetCounts() []*StateCount {
@@ -883,7 +1023,7 @@ type StateCount struct {
 
 func (x *StateCount) Reset() {
 	*x = StateCount{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[11]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +1035,7 @@ func (x *StateCount) String() string {
 func (*StateCount) ProtoMessage() {}
 
 func (x *StateCount) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[11]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1048,7 @@ func (x *StateCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateCount.ProtoReflect.Descriptor instead.
 func (*StateCount) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{11}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StateCount) GetState() State {
@@ -947,7 +1087,7 @@ type ResolveOperationRequest struct {
 
 func (x *ResolveOperationRequest) Reset() {
 	*x = ResolveOperationRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[12]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1099,7 @@ func (x *ResolveOperationRequest) String() string {
 func (*ResolveOperationRequest) ProtoMessage() {}
 
 func (x *ResolveOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[12]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1112,7 @@ func (x *ResolveOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveOperationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveOperationRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{12}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResolveOperationRequest) GetOperationId() string {
@@ -1001,7 +1141,8 @@ type Operation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// UUID.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	// The key the caller asked with.
+	// The key the caller asked with (empty for an operation EnsureAttached
+	// or EnsureDetached started: see ensure).
 	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// Attach or detach.
 	Action Action `protobuf:"varint,3,opt,name=action,proto3,enum=volume_reconciler.v1.Action" json:"action,omitempty"`
@@ -1034,14 +1175,18 @@ type Operation struct {
 	// operator decides (ResolveOperation). Why, in escalation.
 	EscalatedAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=escalated_at,json=escalatedAt,proto3" json:"escalated_at,omitempty"`
 	// Why it was escalated (empty unless escalated_at is set).
-	Escalation    string `protobuf:"bytes,17,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	Escalation string `protobuf:"bytes,17,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	// Started by EnsureAttached or EnsureDetached (added): it has no
+	// idempotency key (idempotency_key is empty), and no later call is
+	// answered with it once it is decided.
+	Ensure        bool `protobuf:"varint,18,opt,name=ensure,proto3" json:"ensure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[13]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1198,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[13]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1211,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{13}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Operation) GetId() string {
@@ -1188,6 +1333,13 @@ func (x *Operation) GetEscalation() string {
 	return ""
 }
 
+func (x *Operation) GetEnsure() bool {
+	if x != nil {
+		return x.Ensure
+	}
+	return false
+}
+
 // A volume attachment, as Nova reported it.
 type Attachment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1205,7 +1357,7 @@ type Attachment struct {
 
 func (x *Attachment) Reset() {
 	*x = Attachment{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[14]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1369,7 @@ func (x *Attachment) String() string {
 func (*Attachment) ProtoMessage() {}
 
 func (x *Attachment) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[14]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1382,7 @@ func (x *Attachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
 func (*Attachment) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{14}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Attachment) GetId() string {
@@ -1276,7 +1428,7 @@ type OperationError struct {
 
 func (x *OperationError) Reset() {
 	*x = OperationError{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[15]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1440,7 @@ func (x *OperationError) String() string {
 func (*OperationError) ProtoMessage() {}
 
 func (x *OperationError) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[15]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1453,7 @@ func (x *OperationError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationError.ProtoReflect.Descriptor instead.
 func (*OperationError) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{15}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *OperationError) GetReason() string {
@@ -1345,7 +1497,7 @@ type OperationEvent struct {
 
 func (x *OperationEvent) Reset() {
 	*x = OperationEvent{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[16]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1509,7 @@ func (x *OperationEvent) String() string {
 func (*OperationEvent) ProtoMessage() {}
 
 func (x *OperationEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[16]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1522,7 @@ func (x *OperationEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationEvent.ProtoReflect.Descriptor instead.
 func (*OperationEvent) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{16}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *OperationEvent) GetAt() *timestamppb.Timestamp {
@@ -1424,7 +1576,17 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x13DetachVolumeRequest\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x1b\n" +
-	"\tvolume_id\x18\x03 \x01(\tR\bvolumeId\"y\n" +
+	"\tvolume_id\x18\x03 \x01(\tR\bvolumeId\"\xce\x01\n" +
+	"\x15EnsureAttachedRequest\x12\x1b\n" +
+	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12\x16\n" +
+	"\x06device\x18\x03 \x01(\tR\x06device\x12\x10\n" +
+	"\x03tag\x18\x04 \x01(\tR\x03tag\x127\n" +
+	"\x15delete_on_termination\x18\x05 \x01(\bH\x00R\x13deleteOnTermination\x88\x01\x01B\x18\n" +
+	"\x16_delete_on_termination\"Q\n" +
+	"\x15EnsureDetachedRequest\x12\x1b\n" +
+	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\"y\n" +
 	"\x13GetOperationRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12\x16\n" +
@@ -1466,7 +1628,7 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x17ResolveOperationRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x121\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1b.volume_reconciler.v1.StateR\x05state\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x92\x06\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xaa\x06\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x124\n" +
@@ -1494,7 +1656,8 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\fescalated_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\vescalatedAt\x12\x1e\n" +
 	"\n" +
 	"escalation\x18\x11 \x01(\tR\n" +
-	"escalation\"z\n" +
+	"escalation\x12\x16\n" +
+	"\x06ensure\x18\x12 \x01(\bR\x06ensure\"z\n" +
 	"\n" +
 	"Attachment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
@@ -1534,7 +1697,7 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x13RESOLUTION_RESPONSE\x10\x01\x12\x19\n" +
 	"\x15RESOLUTION_REOBSERVED\x10\x02\x12\x19\n" +
 	"\x15RESOLUTION_RECONCILER\x10\x03\x12\x17\n" +
-	"\x13RESOLUTION_OPERATOR\x10\x042\xa8\a\n" +
+	"\x13RESOLUTION_OPERATOR\x10\x042\xe8\b\n" +
 	"\x10VolumeReconciler\x12Z\n" +
 	"\fAttachVolume\x12).volume_reconciler.v1.AttachVolumeRequest\x1a\x1f.volume_reconciler.v1.Operation\x12Z\n" +
 	"\fDetachVolume\x12).volume_reconciler.v1.DetachVolumeRequest\x1a\x1f.volume_reconciler.v1.Operation\x12Z\n" +
@@ -1544,7 +1707,9 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x12ReconcileOperation\x12/.volume_reconciler.v1.ReconcileOperationRequest\x1a\x1f.volume_reconciler.v1.Operation\x12z\n" +
 	"\x13ListOperationEvents\x120.volume_reconciler.v1.ListOperationEventsRequest\x1a1.volume_reconciler.v1.ListOperationEventsResponse\x12b\n" +
 	"\x10ResolveOperation\x12-.volume_reconciler.v1.ResolveOperationRequest\x1a\x1f.volume_reconciler.v1.Operation\x12i\n" +
-	"\x11GetOperationStats\x12..volume_reconciler.v1.GetOperationStatsRequest\x1a$.volume_reconciler.v1.OperationStatsB\x88\x01\n" +
+	"\x11GetOperationStats\x12..volume_reconciler.v1.GetOperationStatsRequest\x1a$.volume_reconciler.v1.OperationStats\x12^\n" +
+	"\x0eEnsureAttached\x12+.volume_reconciler.v1.EnsureAttachedRequest\x1a\x1f.volume_reconciler.v1.Operation\x12^\n" +
+	"\x0eEnsureDetached\x12+.volume_reconciler.v1.EnsureDetachedRequest\x1a\x1f.volume_reconciler.v1.OperationB\x88\x01\n" +
 	"\x16io.volumereconciler.v1B\x0fReconcilerProtoP\x01Z[github.com/volume-reconciler/volume-reconciler/clients/go/volume_reconciler/v1;reconcilerv1b\x06proto3"
 
 var (
@@ -1560,72 +1725,78 @@ func file_volume_reconciler_v1_reconciler_proto_rawDescGZIP() []byte {
 }
 
 var file_volume_reconciler_v1_reconciler_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_volume_reconciler_v1_reconciler_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_volume_reconciler_v1_reconciler_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_volume_reconciler_v1_reconciler_proto_goTypes = []any{
 	(Action)(0),                         // 0: volume_reconciler.v1.Action
 	(State)(0),                          // 1: volume_reconciler.v1.State
 	(Resolution)(0),                     // 2: volume_reconciler.v1.Resolution
 	(*AttachVolumeRequest)(nil),         // 3: volume_reconciler.v1.AttachVolumeRequest
 	(*DetachVolumeRequest)(nil),         // 4: volume_reconciler.v1.DetachVolumeRequest
-	(*GetOperationRequest)(nil),         // 5: volume_reconciler.v1.GetOperationRequest
-	(*ListOperationsRequest)(nil),       // 6: volume_reconciler.v1.ListOperationsRequest
-	(*ListOperationsResponse)(nil),      // 7: volume_reconciler.v1.ListOperationsResponse
-	(*WatchOperationRequest)(nil),       // 8: volume_reconciler.v1.WatchOperationRequest
-	(*ReconcileOperationRequest)(nil),   // 9: volume_reconciler.v1.ReconcileOperationRequest
-	(*ListOperationEventsRequest)(nil),  // 10: volume_reconciler.v1.ListOperationEventsRequest
-	(*ListOperationEventsResponse)(nil), // 11: volume_reconciler.v1.ListOperationEventsResponse
-	(*GetOperationStatsRequest)(nil),    // 12: volume_reconciler.v1.GetOperationStatsRequest
-	(*OperationStats)(nil),              // 13: volume_reconciler.v1.OperationStats
-	(*StateCount)(nil),                  // 14: volume_reconciler.v1.StateCount
-	(*ResolveOperationRequest)(nil),     // 15: volume_reconciler.v1.ResolveOperationRequest
-	(*Operation)(nil),                   // 16: volume_reconciler.v1.Operation
-	(*Attachment)(nil),                  // 17: volume_reconciler.v1.Attachment
-	(*OperationError)(nil),              // 18: volume_reconciler.v1.OperationError
-	(*OperationEvent)(nil),              // 19: volume_reconciler.v1.OperationEvent
-	nil,                                 // 20: volume_reconciler.v1.OperationError.MetadataEntry
-	nil,                                 // 21: volume_reconciler.v1.OperationEvent.MetadataEntry
-	(*timestamppb.Timestamp)(nil),       // 22: google.protobuf.Timestamp
+	(*EnsureAttachedRequest)(nil),       // 5: volume_reconciler.v1.EnsureAttachedRequest
+	(*EnsureDetachedRequest)(nil),       // 6: volume_reconciler.v1.EnsureDetachedRequest
+	(*GetOperationRequest)(nil),         // 7: volume_reconciler.v1.GetOperationRequest
+	(*ListOperationsRequest)(nil),       // 8: volume_reconciler.v1.ListOperationsRequest
+	(*ListOperationsResponse)(nil),      // 9: volume_reconciler.v1.ListOperationsResponse
+	(*WatchOperationRequest)(nil),       // 10: volume_reconciler.v1.WatchOperationRequest
+	(*ReconcileOperationRequest)(nil),   // 11: volume_reconciler.v1.ReconcileOperationRequest
+	(*ListOperationEventsRequest)(nil),  // 12: volume_reconciler.v1.ListOperationEventsRequest
+	(*ListOperationEventsResponse)(nil), // 13: volume_reconciler.v1.ListOperationEventsResponse
+	(*GetOperationStatsRequest)(nil),    // 14: volume_reconciler.v1.GetOperationStatsRequest
+	(*OperationStats)(nil),              // 15: volume_reconciler.v1.OperationStats
+	(*StateCount)(nil),                  // 16: volume_reconciler.v1.StateCount
+	(*ResolveOperationRequest)(nil),     // 17: volume_reconciler.v1.ResolveOperationRequest
+	(*Operation)(nil),                   // 18: volume_reconciler.v1.Operation
+	(*Attachment)(nil),                  // 19: volume_reconciler.v1.Attachment
+	(*OperationError)(nil),              // 20: volume_reconciler.v1.OperationError
+	(*OperationEvent)(nil),              // 21: volume_reconciler.v1.OperationEvent
+	nil,                                 // 22: volume_reconciler.v1.OperationError.MetadataEntry
+	nil,                                 // 23: volume_reconciler.v1.OperationEvent.MetadataEntry
+	(*timestamppb.Timestamp)(nil),       // 24: google.protobuf.Timestamp
 }
 var file_volume_reconciler_v1_reconciler_proto_depIdxs = []int32{
 	1,  // 0: volume_reconciler.v1.ListOperationsRequest.state:type_name -> volume_reconciler.v1.State
-	16, // 1: volume_reconciler.v1.ListOperationsResponse.operations:type_name -> volume_reconciler.v1.Operation
-	19, // 2: volume_reconciler.v1.ListOperationEventsResponse.events:type_name -> volume_reconciler.v1.OperationEvent
-	14, // 3: volume_reconciler.v1.OperationStats.counts:type_name -> volume_reconciler.v1.StateCount
+	18, // 1: volume_reconciler.v1.ListOperationsResponse.operations:type_name -> volume_reconciler.v1.Operation
+	21, // 2: volume_reconciler.v1.ListOperationEventsResponse.events:type_name -> volume_reconciler.v1.OperationEvent
+	16, // 3: volume_reconciler.v1.OperationStats.counts:type_name -> volume_reconciler.v1.StateCount
 	1,  // 4: volume_reconciler.v1.StateCount.state:type_name -> volume_reconciler.v1.State
 	2,  // 5: volume_reconciler.v1.StateCount.resolution:type_name -> volume_reconciler.v1.Resolution
 	1,  // 6: volume_reconciler.v1.ResolveOperationRequest.state:type_name -> volume_reconciler.v1.State
 	0,  // 7: volume_reconciler.v1.Operation.action:type_name -> volume_reconciler.v1.Action
 	1,  // 8: volume_reconciler.v1.Operation.state:type_name -> volume_reconciler.v1.State
 	2,  // 9: volume_reconciler.v1.Operation.resolution:type_name -> volume_reconciler.v1.Resolution
-	17, // 10: volume_reconciler.v1.Operation.attachment:type_name -> volume_reconciler.v1.Attachment
-	18, // 11: volume_reconciler.v1.Operation.last_error:type_name -> volume_reconciler.v1.OperationError
-	22, // 12: volume_reconciler.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
-	22, // 13: volume_reconciler.v1.Operation.updated_at:type_name -> google.protobuf.Timestamp
-	22, // 14: volume_reconciler.v1.Operation.completed_at:type_name -> google.protobuf.Timestamp
-	22, // 15: volume_reconciler.v1.Operation.escalated_at:type_name -> google.protobuf.Timestamp
-	20, // 16: volume_reconciler.v1.OperationError.metadata:type_name -> volume_reconciler.v1.OperationError.MetadataEntry
-	22, // 17: volume_reconciler.v1.OperationEvent.at:type_name -> google.protobuf.Timestamp
-	21, // 18: volume_reconciler.v1.OperationEvent.metadata:type_name -> volume_reconciler.v1.OperationEvent.MetadataEntry
+	19, // 10: volume_reconciler.v1.Operation.attachment:type_name -> volume_reconciler.v1.Attachment
+	20, // 11: volume_reconciler.v1.Operation.last_error:type_name -> volume_reconciler.v1.OperationError
+	24, // 12: volume_reconciler.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	24, // 13: volume_reconciler.v1.Operation.updated_at:type_name -> google.protobuf.Timestamp
+	24, // 14: volume_reconciler.v1.Operation.completed_at:type_name -> google.protobuf.Timestamp
+	24, // 15: volume_reconciler.v1.Operation.escalated_at:type_name -> google.protobuf.Timestamp
+	22, // 16: volume_reconciler.v1.OperationError.metadata:type_name -> volume_reconciler.v1.OperationError.MetadataEntry
+	24, // 17: volume_reconciler.v1.OperationEvent.at:type_name -> google.protobuf.Timestamp
+	23, // 18: volume_reconciler.v1.OperationEvent.metadata:type_name -> volume_reconciler.v1.OperationEvent.MetadataEntry
 	3,  // 19: volume_reconciler.v1.VolumeReconciler.AttachVolume:input_type -> volume_reconciler.v1.AttachVolumeRequest
 	4,  // 20: volume_reconciler.v1.VolumeReconciler.DetachVolume:input_type -> volume_reconciler.v1.DetachVolumeRequest
-	5,  // 21: volume_reconciler.v1.VolumeReconciler.GetOperation:input_type -> volume_reconciler.v1.GetOperationRequest
-	6,  // 22: volume_reconciler.v1.VolumeReconciler.ListOperations:input_type -> volume_reconciler.v1.ListOperationsRequest
-	8,  // 23: volume_reconciler.v1.VolumeReconciler.WatchOperation:input_type -> volume_reconciler.v1.WatchOperationRequest
-	9,  // 24: volume_reconciler.v1.VolumeReconciler.ReconcileOperation:input_type -> volume_reconciler.v1.ReconcileOperationRequest
-	10, // 25: volume_reconciler.v1.VolumeReconciler.ListOperationEvents:input_type -> volume_reconciler.v1.ListOperationEventsRequest
-	15, // 26: volume_reconciler.v1.VolumeReconciler.ResolveOperation:input_type -> volume_reconciler.v1.ResolveOperationRequest
-	12, // 27: volume_reconciler.v1.VolumeReconciler.GetOperationStats:input_type -> volume_reconciler.v1.GetOperationStatsRequest
-	16, // 28: volume_reconciler.v1.VolumeReconciler.AttachVolume:output_type -> volume_reconciler.v1.Operation
-	16, // 29: volume_reconciler.v1.VolumeReconciler.DetachVolume:output_type -> volume_reconciler.v1.Operation
-	16, // 30: volume_reconciler.v1.VolumeReconciler.GetOperation:output_type -> volume_reconciler.v1.Operation
-	7,  // 31: volume_reconciler.v1.VolumeReconciler.ListOperations:output_type -> volume_reconciler.v1.ListOperationsResponse
-	16, // 32: volume_reconciler.v1.VolumeReconciler.WatchOperation:output_type -> volume_reconciler.v1.Operation
-	16, // 33: volume_reconciler.v1.VolumeReconciler.ReconcileOperation:output_type -> volume_reconciler.v1.Operation
-	11, // 34: volume_reconciler.v1.VolumeReconciler.ListOperationEvents:output_type -> volume_reconciler.v1.ListOperationEventsResponse
-	16, // 35: volume_reconciler.v1.VolumeReconciler.ResolveOperation:output_type -> volume_reconciler.v1.Operation
-	13, // 36: volume_reconciler.v1.VolumeReconciler.GetOperationStats:output_type -> volume_reconciler.v1.OperationStats
-	28, // [28:37] is the sub-list for method output_type
-	19, // [19:28] is the sub-list for method input_type
+	7,  // 21: volume_reconciler.v1.VolumeReconciler.GetOperation:input_type -> volume_reconciler.v1.GetOperationRequest
+	8,  // 22: volume_reconciler.v1.VolumeReconciler.ListOperations:input_type -> volume_reconciler.v1.ListOperationsRequest
+	10, // 23: volume_reconciler.v1.VolumeReconciler.WatchOperation:input_type -> volume_reconciler.v1.WatchOperationRequest
+	11, // 24: volume_reconciler.v1.VolumeReconciler.ReconcileOperation:input_type -> volume_reconciler.v1.ReconcileOperationRequest
+	12, // 25: volume_reconciler.v1.VolumeReconciler.ListOperationEvents:input_type -> volume_reconciler.v1.ListOperationEventsRequest
+	17, // 26: volume_reconciler.v1.VolumeReconciler.ResolveOperation:input_type -> volume_reconciler.v1.ResolveOperationRequest
+	14, // 27: volume_reconciler.v1.VolumeReconciler.GetOperationStats:input_type -> volume_reconciler.v1.GetOperationStatsRequest
+	5,  // 28: volume_reconciler.v1.VolumeReconciler.EnsureAttached:input_type -> volume_reconciler.v1.EnsureAttachedRequest
+	6,  // 29: volume_reconciler.v1.VolumeReconciler.EnsureDetached:input_type -> volume_reconciler.v1.EnsureDetachedRequest
+	18, // 30: volume_reconciler.v1.VolumeReconciler.AttachVolume:output_type -> volume_reconciler.v1.Operation
+	18, // 31: volume_reconciler.v1.VolumeReconciler.DetachVolume:output_type -> volume_reconciler.v1.Operation
+	18, // 32: volume_reconciler.v1.VolumeReconciler.GetOperation:output_type -> volume_reconciler.v1.Operation
+	9,  // 33: volume_reconciler.v1.VolumeReconciler.ListOperations:output_type -> volume_reconciler.v1.ListOperationsResponse
+	18, // 34: volume_reconciler.v1.VolumeReconciler.WatchOperation:output_type -> volume_reconciler.v1.Operation
+	18, // 35: volume_reconciler.v1.VolumeReconciler.ReconcileOperation:output_type -> volume_reconciler.v1.Operation
+	13, // 36: volume_reconciler.v1.VolumeReconciler.ListOperationEvents:output_type -> volume_reconciler.v1.ListOperationEventsResponse
+	18, // 37: volume_reconciler.v1.VolumeReconciler.ResolveOperation:output_type -> volume_reconciler.v1.Operation
+	15, // 38: volume_reconciler.v1.VolumeReconciler.GetOperationStats:output_type -> volume_reconciler.v1.OperationStats
+	18, // 39: volume_reconciler.v1.VolumeReconciler.EnsureAttached:output_type -> volume_reconciler.v1.Operation
+	18, // 40: volume_reconciler.v1.VolumeReconciler.EnsureDetached:output_type -> volume_reconciler.v1.Operation
+	30, // [30:41] is the sub-list for method output_type
+	19, // [19:30] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -1637,13 +1808,14 @@ func file_volume_reconciler_v1_reconciler_proto_init() {
 		return
 	}
 	file_volume_reconciler_v1_reconciler_proto_msgTypes[0].OneofWrappers = []any{}
+	file_volume_reconciler_v1_reconciler_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_volume_reconciler_v1_reconciler_proto_rawDesc), len(file_volume_reconciler_v1_reconciler_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,8 @@ const (
 	VolumeReconciler_ListOperationEvents_FullMethodName = "/volume_reconciler.v1.VolumeReconciler/ListOperationEvents"
 	VolumeReconciler_ResolveOperation_FullMethodName    = "/volume_reconciler.v1.VolumeReconciler/ResolveOperation"
 	VolumeReconciler_GetOperationStats_FullMethodName   = "/volume_reconciler.v1.VolumeReconciler/GetOperationStats"
+	VolumeReconciler_EnsureAttached_FullMethodName      = "/volume_reconciler.v1.VolumeReconciler/EnsureAttached"
+	VolumeReconciler_EnsureDetached_FullMethodName      = "/volume_reconciler.v1.VolumeReconciler/EnsureDetached"
 )
 
 // VolumeReconcilerClient is the client API for VolumeReconciler service.
@@ -69,6 +71,25 @@ type VolumeReconcilerClient interface {
 	// Every operation of the ledger by state and resolution (added; for
 	// operators: one pass over the whole ledger, on demand — never scraped).
 	GetOperationStats(ctx context.Context, in *GetOperationStatsRequest, opts ...grpc.CallOption) (*OperationStats, error)
+	// "Make it so" (added): the volume attached to the server, for callers
+	// that hold no state between calls and ask again until it holds (a CSI
+	// controller's publish, a controller that re-reads the server and
+	// attaches what it does not list). No idempotency key: the call's
+	// identity is (caller, server, volume, attached). It joins the open
+	// operation of that identity if there is one (the same parameters);
+	// otherwise it starts a new operation whose first step looks at the
+	// server (and Cinder, where configured): already attached there, it is
+	// answered SUCCEEDED at once, nothing sent. A decided operation is never
+	// the answer to a later call: each call looks at the truth again, so a
+	// success is never stale and a refusal never sticks. Another open
+	// operation on the volume: ABORTED VOLUME_BUSY (with its operation_id
+	// to its own caller). Deadlines, answers and errors as AttachVolume.
+	EnsureAttached(ctx context.Context, in *EnsureAttachedRequest, opts ...grpc.CallOption) (*Operation, error)
+	// "Make it so" for a detach (added): the volume not attached to the
+	// server; identity (caller, server, volume, detached); as EnsureAttached
+	// (not attached there, or the server gone: SUCCEEDED at once, nothing
+	// sent).
+	EnsureDetached(ctx context.Context, in *EnsureDetachedRequest, opts ...grpc.CallOption) (*Operation, error)
 }
 
 type volumeReconcilerClient struct {
@@ -178,6 +199,26 @@ func (c *volumeReconcilerClient) GetOperationStats(ctx context.Context, in *GetO
 	return out, nil
 }
 
+func (c *volumeReconcilerClient) EnsureAttached(ctx context.Context, in *EnsureAttachedRequest, opts ...grpc.CallOption) (*Operation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Operation)
+	err := c.cc.Invoke(ctx, VolumeReconciler_EnsureAttached_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *volumeReconcilerClient) EnsureDetached(ctx context.Context, in *EnsureDetachedRequest, opts ...grpc.CallOption) (*Operation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Operation)
+	err := c.cc.Invoke(ctx, VolumeReconciler_EnsureDetached_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VolumeReconcilerServer is the server API for VolumeReconciler service.
 // All implementations must embed UnimplementedVolumeReconcilerServer
 // for forward compatibility.
@@ -217,6 +258,25 @@ type VolumeReconcilerServer interface {
 	// Every operation of the ledger by state and resolution (added; for
 	// operators: one pass over the whole ledger, on demand — never scraped).
 	GetOperationStats(context.Context, *GetOperationStatsRequest) (*OperationStats, error)
+	// "Make it so" (added): the volume attached to the server, for callers
+	// that hold no state between calls and ask again until it holds (a CSI
+	// controller's publish, a controller that re-reads the server and
+	// attaches what it does not list). No idempotency key: the call's
+	// identity is (caller, server, volume, attached). It joins the open
+	// operation of that identity if there is one (the same parameters);
+	// otherwise it starts a new operation whose first step looks at the
+	// server (and Cinder, where configured): already attached there, it is
+	// answered SUCCEEDED at once, nothing sent. A decided operation is never
+	// the answer to a later call: each call looks at the truth again, so a
+	// success is never stale and a refusal never sticks. Another open
+	// operation on the volume: ABORTED VOLUME_BUSY (with its operation_id
+	// to its own caller). Deadlines, answers and errors as AttachVolume.
+	EnsureAttached(context.Context, *EnsureAttachedRequest) (*Operation, error)
+	// "Make it so" for a detach (added): the volume not attached to the
+	// server; identity (caller, server, volume, detached); as EnsureAttached
+	// (not attached there, or the server gone: SUCCEEDED at once, nothing
+	// sent).
+	EnsureDetached(context.Context, *EnsureDetachedRequest) (*Operation, error)
 	mustEmbedUnimplementedVolumeReconcilerServer()
 }
 
@@ -253,6 +313,12 @@ func (UnimplementedVolumeReconcilerServer) ResolveOperation(context.Context, *Re
 }
 func (UnimplementedVolumeReconcilerServer) GetOperationStats(context.Context, *GetOperationStatsRequest) (*OperationStats, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetOperationStats not implemented")
+}
+func (UnimplementedVolumeReconcilerServer) EnsureAttached(context.Context, *EnsureAttachedRequest) (*Operation, error) {
+	return nil, status.Error(codes.Unimplemented, "method EnsureAttached not implemented")
+}
+func (UnimplementedVolumeReconcilerServer) EnsureDetached(context.Context, *EnsureDetachedRequest) (*Operation, error) {
+	return nil, status.Error(codes.Unimplemented, "method EnsureDetached not implemented")
 }
 func (UnimplementedVolumeReconcilerServer) mustEmbedUnimplementedVolumeReconcilerServer() {}
 func (UnimplementedVolumeReconcilerServer) testEmbeddedByValue()                          {}
@@ -430,6 +496,42 @@ func _VolumeReconciler_GetOperationStats_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VolumeReconciler_EnsureAttached_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EnsureAttachedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeReconcilerServer).EnsureAttached(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeReconciler_EnsureAttached_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeReconcilerServer).EnsureAttached(ctx, req.(*EnsureAttachedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VolumeReconciler_EnsureDetached_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EnsureDetachedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeReconcilerServer).EnsureDetached(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeReconciler_EnsureDetached_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeReconcilerServer).EnsureDetached(ctx, req.(*EnsureDetachedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VolumeReconciler_ServiceDesc is the grpc.ServiceDesc for VolumeReconciler service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -468,6 +570,14 @@ var VolumeReconciler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetOperationStats",
 			Handler:    _VolumeReconciler_GetOperationStats_Handler,
+		},
+		{
+			MethodName: "EnsureAttached",
+			Handler:    _VolumeReconciler_EnsureAttached_Handler,
+		},
+		{
+			MethodName: "EnsureDetached",
+			Handler:    _VolumeReconciler_EnsureDetached_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
