@@ -241,6 +241,14 @@ impl Report {
             row.value = Some(value);
             row.source = format!("via {}", by.setting);
         }
+        // The lease left out is the least the round-trip bound and the
+        // heartbeat allow: shown as in force.
+        if let Some(row) = settings.iter_mut().find(|s| s.setting == "lease")
+            && row.value.is_none()
+        {
+            row.value = Some(crate::domain::parse::render_duration(args.lease()));
+            row.source = "via db-statement-timeout, heartbeat".into();
+        }
         Self {
             settings,
             notes,

@@ -198,8 +198,11 @@ pub struct ServeArgs {
     pub min_budget: Duration,
     /// How long an operation's lease lasts unrenewed: a replica that dies
     /// is taken over this long after its last heartbeat (database time).
-    #[arg(help_heading = "Leases", long, env = "VOLUME_RECONCILER_LEASE", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.lease))]
-    pub lease: Duration,
+    /// Default and least: 2 × --db-statement-timeout + --heartbeat + 500ms
+    /// (11.5s with theirs), so that no round trip the service calls
+    /// healthy loses a lease or closes the send gate.
+    #[arg(help_heading = "Leases", long, env = "VOLUME_RECONCILER_LEASE", value_parser = duration)]
+    pub lease: Option<Duration>,
     /// How often a replica renews the leases it holds (a third of --lease at most).
     #[arg(help_heading = "Leases", long, env = "VOLUME_RECONCILER_HEARTBEAT", value_parser = duration, default_value = render_duration(ExecSettings::DEFAULT.heartbeat))]
     pub heartbeat: Duration,

@@ -40,11 +40,21 @@ impl ServeArgs {
     /// once, each naming its flags.
     pub fn validate(&self) -> anyhow::Result<()> {
         let mut problems = Vec::new();
-        if self.heartbeat.is_zero() || self.heartbeat * 3 > self.lease {
+        let least = crate::executor::min_lease(self.db_statement_timeout, self.heartbeat);
+        if self.heartbeat.is_zero() || self.heartbeat * 3 > self.lease() {
             problems.push(format!(
                 "--heartbeat ({}) must be more than zero and at most a third of --lease ({}): one late heartbeat must not lose a lease",
                 render_duration(self.heartbeat),
-                render_duration(self.lease)
+                render_duration(self.lease())
+            ));
+        }
+        if self.lease() < least {
+            problems.push(format!(
+                "--lease ({}) must be at least 2 × --db-statement-timeout ({}) + --heartbeat ({}) + 500ms = {}: a holder whose round trips to the database take as long as the service calls healthy must keep its lease (or leave --lease out: that is its default)",
+                render_duration(self.lease()),
+                render_duration(self.db_statement_timeout),
+                render_duration(self.heartbeat),
+                render_duration(least)
             ));
         }
         let settle_attach = self.settle_window.unwrap_or(self.settle_window_attach);
@@ -119,9 +129,17 @@ impl ServeArgs {
         }
     }
 
+    /// The lease: `--lease`, else the least the round-trip bound and the
+    /// heartbeat allow (`executor::min_lease`).
+    pub fn lease(&self) -> Duration {
+        self.lease.unwrap_or_else(|| {
+            crate::executor::min_lease(self.db_statement_timeout, self.heartbeat)
+        })
+    }
+
     pub fn exec_settings(&self) -> ExecSettings {
         ExecSettings {
-            lease: self.lease,
+            lease: self.lease(),
             heartbeat: self.heartbeat,
             clock: crate::domain::Clock::skewed(self.clock_skew),
             ..ExecSettings::default()

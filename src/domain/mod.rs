@@ -3,6 +3,8 @@
 //! the edge). Nothing here knows SQL, HTTP or protobuf.
 //!
 //! - [`deadline`]: the caller's deadline and the budgets of each stage.
+//! - [`key`]: who asked ([`Caller`]) and what an operation is known by
+//!   ([`CallerKey`], [`OpKey`]).
 //! - [`parse`]: how durations, rates and shares are written and read back.
 //! - [`reason`]: why something failed or is not known, with its code.
 //! - [`trace`]: the W3C trace context an operation carries.
@@ -10,6 +12,7 @@
 //! - [`event`]: the kinds of an operation's events.
 
 pub mod deadline;
+pub mod key;
 pub mod parse;
 pub mod reason;
 pub mod trace;
@@ -22,7 +25,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub use deadline::{Budget, BudgetPolicy, Clock, Deadline};
-pub use reason::{ErrorCode, Reason};
+pub use key::{Caller, CallerKey, OpKey};
+pub use reason::{ErrorCode, Reason, ReasonKind};
 pub use trace::{InvalidTrace, TraceContext};
 pub use validate::{DevicePath, IdempotencyKey, InvalidField, KeyHash, Tag};
 
@@ -215,6 +219,16 @@ pub struct Operation {
     /// was taken with (fencing).
     pub lease_epoch: i64,
     pub caller: Option<String>,
+    /// Asked by an Ensure call (no caller's key: `idempotency_key` holds
+    /// its own id; the API shows it empty).
+    pub ensure: bool,
+    /// The epoch its last attempt was recorded under (`None`: none
+    /// recorded, or a row of the previous release).
+    pub attempt_epoch: Option<i64>,
+    /// Its last attempt is known never to have left, and no earlier
+    /// request may still take effect: a pass decides it at once, as one
+    /// never sent.
+    pub attempt_unsent: bool,
     pub drifted: bool,
     /// Reconciler passes so far.
     pub passes: i32,
@@ -229,6 +243,30 @@ pub struct Operation {
     /// with this service's span: every request sent for it carries it.
     /// `None` for operations recorded before traces were kept.
     pub trace: Option<TraceContext>,
+}
+
+impl Operation {
+    /// Whether nothing of it may take effect: never sent (`Pending`), or
+    /// its last attempt known never to have left with nothing earlier that
+    /// may (`attempt_unsent`). No settle window to wait out for it.
+    pub fn nothing_sent(&self) -> bool {
+        self.state == State::Pending || self.attempt_unsent
+    }
+
+    /// Whether it saved no result for its key: FAILED for a reason Nova
+    /// provably never acted on and whose code says "retry"
+    /// ([`Reason::frees_key`]). A replay of its key starts a new operation
+    /// under the key (Stripe keeps no result when nothing began), so a
+    /// caller retrying with its key recipe is never answered "retry" for
+    /// ever.
+    pub fn frees_key(&self) -> bool {
+        self.state == State::Failed
+            && !self.ensure
+            && self
+                .last_error
+                .as_ref()
+                .is_some_and(|e| e.reason.frees_key())
+    }
 }
 
 /// One line of the reconcile log.
@@ -313,6 +351,40 @@ pub mod event {
     pub const OPERATOR_RESOLVED: &str = "operator_resolved";
     pub const HANDED_OVER: &str = "handed_over";
     pub const ESCALATED: &str = "escalated";
+    /// A key handed on: on the FAILED operation that saved no result for
+    /// its key, and on the new operation a replay of the key started.
+    pub const KEY_HANDED_ON: &str = "key_handed_on";
+    /// The holder that lost its lease knew its last attempt never left:
+    /// the operation is decided as one never sent.
+    pub const ATTEMPT_UNSENT: &str = "attempt_unsent";
+}
+
+/// The events a key handed on leaves (`Operation::frees_key`): on `old`,
+/// and on `new`, the operation a replay of its key started.
+pub fn key_handed_on(old: &Operation, new: Uuid) -> (NewEvent, NewEvent) {
+    let reason = old
+        .last_error
+        .as_ref()
+        .map_or("FAILED", |e| e.reason.as_str());
+    (
+        NewEvent::new(
+            event::KEY_HANDED_ON,
+            format!(
+                "a replay of its key started operation {new}: {reason} is a refusal Nova never acted on, which saves no result for the key"
+            ),
+        )
+        .with("new_operation_id", new)
+        .with("reason", reason),
+        NewEvent::new(
+            event::KEY_HANDED_ON,
+            format!(
+                "the key's operation {} was FAILED {reason}, which Nova never acted on: this replay is a new attempt under the key",
+                old.id
+            ),
+        )
+        .with("previous_operation_id", old.id)
+        .with("reason", reason),
+    )
 }
 
 /// A fingerprint of what a request asks for: the same idempotency key with a

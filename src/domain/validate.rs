@@ -118,6 +118,18 @@ impl KeyHash {
         Self(out)
     }
 
+    /// A hash no caller's key can have, for `tag` and `id`: an Ensure
+    /// operation's (it has no key) and a key retired by a replay that
+    /// started a new operation under it. Its input begins with `!`, and
+    /// every key's with its caller's length in decimal: the two never meet.
+    pub fn unkeyed(tag: &str, id: Uuid) -> Self {
+        let input = format!("!{tag}:{id}");
+        let digest = ring::digest::digest(&ring::digest::SHA256, input.as_bytes());
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&digest.as_ref()[..16]);
+        Self(out)
+    }
+
     /// Its 16 bytes (SQLite's `BLOB`).
     pub fn bytes(self) -> [u8; 16] {
         self.0

@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::{CallerTime, ExecError, Executor, OpRequest};
 use crate::domain::deadline::BudgetTooSmall;
-use crate::domain::{Deadline, IdempotencyKey, Operation, State, request_fingerprint};
+use crate::domain::{Deadline, OpKey, Operation, State, request_fingerprint};
 use crate::store::{CreateOutcome, StoreError};
 
 /// An operation's decision as its task announces it (boxed: tens of
@@ -43,10 +43,9 @@ pub(super) struct Spawned {
 }
 
 /// Why a request could not start: its caller's time is too short (unless
-/// its key is a replay of a decided operation).
+/// its key names an operation already: then it is answered with it).
 struct TooShort {
-    caller: Option<String>,
-    key: IdempotencyKey,
+    key: OpKey,
     fingerprint: String,
     small: BudgetTooSmall,
     /// The caller's deadline: the replay's read ends by it.
@@ -98,8 +97,7 @@ impl Executor {
                     req.volume_id,
                     &req.params,
                 ),
-                caller: req.caller,
-                key: req.idempotency_key,
+                key: req.key,
                 small,
                 until: deadline.at,
             })),
@@ -232,30 +230,41 @@ impl Executor {
         }
     }
 
-    /// The caller's time is too short to call Nova; but a replay of a key
-    /// whose operation is decided answers the decision whatever the time
-    /// (read by the caller's deadline: past it, the time is too short).
+    /// The caller's time is too short to start a request; but a replay of
+    /// a key names its operation, and is answered with it whatever the
+    /// time: decided, its decision; still open, the operation as it
+    /// stands (OUTCOME_UNKNOWN or OPERATION_IN_PROGRESS, with its id), so
+    /// that a caller retrying in the last moments of its deadline never
+    /// loses the operation id to "too small". A key that saved no result
+    /// (`Operation::frees_key`) would start a new operation: too short.
+    /// An Ensure call has no key to look up: too short. The read ends by
+    /// the caller's deadline; past it, the time is too short.
     async fn replay_or_too_short(&self, short: TooShort) -> Result<Operation, ExecError> {
+        let OpKey::Keyed(key) = &short.key else {
+            return Err(ExecError::BudgetTooSmall(short.small));
+        };
         let read = crate::store::within(
             short.until,
             "read the operation of a replayed key",
-            self.store
-                .operation_get_by_key(short.caller.as_deref(), short.key.as_str()),
+            self.store.operation_get_by_key(key),
         )
         .await;
         let found = match read {
             Err(StoreError::DeadlineExceeded { .. }) => None,
             read => read?,
         };
-        match found {
-            Some(op)
-                if op.state.is_terminal()
-                    && request_fingerprint(op.action, op.server_id, op.volume_id, &op.params)
-                        == short.fingerprint =>
-            {
-                Ok(op)
+        let Some(op) = found.filter(|op| {
+            request_fingerprint(op.action, op.server_id, op.volume_id, &op.params)
+                == short.fingerprint
+        }) else {
+            return Err(ExecError::BudgetTooSmall(short.small));
+        };
+        match op.state {
+            State::Succeeded | State::Failed if op.frees_key() => {
+                Err(ExecError::BudgetTooSmall(short.small))
             }
-            _ => Err(ExecError::BudgetTooSmall(short.small)),
+            State::Succeeded | State::Failed | State::Unknown => Ok(op),
+            State::Pending | State::InProgress => Err(ExecError::StillRunning(op.id)),
         }
     }
 

@@ -127,7 +127,13 @@ impl Executor {
         let now = Instant::now();
         let until = now + (budget.send_by.saturating_duration_since(now) / 4).min(PRECHECK_MAX);
         let Some(cinder) = self.cinder(&mut new.events, until).await else {
-            return Precheck::Send;
+            // An Ensure call asks for a state, not a request: Nova's list
+            // tells whether the world is so already.
+            return if new.ensure() {
+                self.precheck_by_list(new, until).await
+            } else {
+                Precheck::Send
+            };
         };
         let rid = RequestId::for_operation(new.id);
         let (pre, ev) = match self
@@ -168,6 +174,98 @@ impl Executor {
             }
             // Nova is asked anyway and decides; Cinder confirms later.
             Err(e) => (Precheck::Send, cinder_failed_event("before sending", &e)),
+        };
+        new.events.push(ev);
+        if !matches!(pre, Precheck::Send) {
+            new.state = State::Pending;
+            new.attempts = 0;
+        }
+        pre
+    }
+
+    /// An Ensure call's look before its first request where no Cinder
+    /// confirms: the server's attachment list. The volume there for an
+    /// attach, or not there (or the server gone) for a detach: decided,
+    /// nothing sent. The server gone for an attach: FAILED. Anything else
+    /// (the look failed included): send, and the tables decide.
+    async fn precheck_by_list(&self, new: &mut NewOperation, until: Instant) -> Precheck {
+        let rid = RequestId::for_operation(new.id);
+        let listed = self
+            .nova
+            .list_as(&rid, new.server_id, until)
+            .await
+            .map(|a| a.value);
+        let (pre, ev) = match (new.action, Seen::by_list(&listed, new.volume_id)) {
+            (Action::Attach, Ok(Seen::Attached(att))) => (
+                Precheck::Decided(Decision::succeeded(
+                    Resolution::Reobserved,
+                    Some(att),
+                    "Nova lists the volume attached to this server already: nothing sent",
+                )),
+                NewEvent::new(
+                    event::OBSERVED,
+                    "before sending: the volume is in the server's attachment list",
+                )
+                .with("present", true),
+            ),
+            (Action::Detach, Ok(Seen::Absent)) => (
+                Precheck::Decided(Decision::succeeded(
+                    Resolution::Reobserved,
+                    None,
+                    "Nova does not list the volume on this server: nothing to detach; nothing sent",
+                )),
+                NewEvent::new(
+                    event::OBSERVED,
+                    "before sending: the volume is not in the server's attachment list",
+                )
+                .with("present", false),
+            ),
+            (action, Ok(Seen::ServerGone)) => {
+                let pre = match action {
+                    Action::Attach => Precheck::Decided(Decision::failed(
+                        Resolution::Reobserved,
+                        OperationError::new(
+                            Reason::NovaServerNotFound,
+                            format!("server {} does not exist (Nova's 404 naming it, for the list and for GET /servers/{{id}}): nothing sent", new.server_id),
+                        )
+                        .with("operation_id", new.id),
+                    )),
+                    Action::Detach => Precheck::Decided(Decision::succeeded(
+                        Resolution::Reobserved,
+                        None,
+                        "the server no longer exists: the volume is not attached to it; nothing sent",
+                    )),
+                };
+                (
+                    pre,
+                    NewEvent::new(event::OBSERVED, "before sending: the server no longer exists (Nova's 404 naming it, for the list and for GET /servers/{id})")
+                        .with("present", false),
+                )
+            }
+            (_, Ok(seen)) => (
+                Precheck::Send,
+                NewEvent::new(
+                    event::OBSERVED,
+                    if seen.present() {
+                        "before sending: the volume is in the server's attachment list"
+                    } else {
+                        "before sending: the volume is not in the server's attachment list"
+                    },
+                )
+                .with("present", seen.present()),
+            ),
+            (_, Err(e)) => (
+                Precheck::Send,
+                NewEvent::new(
+                    event::OBSERVED,
+                    format!(
+                        "before sending: observation failed: {}; the request decides",
+                        e.clock()
+                    ),
+                )
+                .with("reason", e.reason())
+                .with_all(&e.metadata()),
+            ),
         };
         new.events.push(ev);
         if !matches!(pre, Precheck::Send) {

@@ -17,9 +17,7 @@ use uuid::Uuid;
 use super::Executor;
 use crate::store::{HeldLease, Renewal};
 
-/// A request leaves only this long before its lease is known to end, at
-/// the latest: room for the two clocks' drift and the request's way out.
-const SEND_MARGIN: Duration = Duration::from_millis(500);
+use super::SEND_MARGIN;
 
 #[derive(Clone)]
 pub(crate) struct LeaseGate {
@@ -27,15 +25,19 @@ pub(crate) struct LeaseGate {
     id: Uuid,
     /// The request's own deadline: a renewal made here waits no longer.
     deadline: Instant,
+    /// The attempt (the operation's count) whose request this gate lets
+    /// out: its holds learn it left.
+    attempt: i32,
     left_at: Arc<Mutex<Option<Instant>>>,
 }
 
 impl LeaseGate {
-    pub(crate) fn new(exec: &Arc<Executor>, id: Uuid, deadline: Instant) -> Self {
+    pub(crate) fn new(exec: &Arc<Executor>, id: Uuid, deadline: Instant, attempt: i32) -> Self {
         Self {
             exec: exec.clone(),
             id,
             deadline,
+            attempt,
             left_at: Arc::new(Mutex::new(None)),
         }
     }
@@ -57,7 +59,10 @@ impl LeaseGate {
         let Some(lease) = holds.lease(self.id) else {
             return Err("the operation's lease is not held here".into());
         };
-        let by = self.deadline.min(now + self.exec.settings.lease / 2);
+        // A renewal the store calls healthy may take its whole round-trip
+        // bound; the lease is sized so that one that long still leaves the
+        // gate its margin (`min_lease`).
+        let by = self.deadline.min(now + self.exec.store.round_trip_bound());
         match tokio::time::timeout_at(by, self.renew(lease)).await {
             Ok(r) => r,
             Err(_) => Err(format!(
@@ -106,6 +111,9 @@ impl crate::nova::SendGate for LeaseGate {
     fn may_send(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
             self.confirm_lease().await?;
+            // Noted before the request may leave: a run stopped from here on
+            // counts it as sent.
+            self.exec.holds.depart(self.id, self.attempt);
             *self.left_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
             Ok(())
         })

@@ -39,6 +39,9 @@ struct Held {
     /// fenced write found another holder or a decision): whoever works on
     /// the operation here stops.
     lost: CancellationToken,
+    /// The last attempt (its count) whose request the send gate let out
+    /// here: a later attempt recorded but never let out never left.
+    departed: Option<i32>,
 }
 
 #[derive(Default, Clone)]
@@ -137,6 +140,19 @@ impl Holds {
             }
             _ => false,
         }
+    }
+
+    /// The request of attempt `attempt` of `id` is leaving (its send gate
+    /// let it out).
+    pub fn depart(&self, id: Uuid, attempt: i32) {
+        if let Some(h) = self.map().get_mut(&id) {
+            h.departed = h.departed.max(Some(attempt));
+        }
+    }
+
+    /// The last attempt of `id` whose request the send gate let out here.
+    pub fn departed(&self, id: Uuid) -> Option<i32> {
+        self.map().get(&id).and_then(|h| h.departed)
     }
 
     /// Fires when `id`'s lease is found lost; `None` when it is not held.

@@ -49,7 +49,18 @@ impl Executor {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.settings.heartbeat) => {}
             }
-            self.renew_held().await;
+            // A renewal slower than its bound ends there: the next beat
+            // renews again (the lease outlasts two bounds and a beat).
+            let bound = self.store.round_trip_bound();
+            if tokio::time::timeout(bound, self.renew_held())
+                .await
+                .is_err()
+            {
+                tracing::debug!(
+                    bound_ms = bound.as_millis() as u64,
+                    "renewing leases took longer than the database's round-trip bound; renewing again"
+                );
+            }
         }
     }
 

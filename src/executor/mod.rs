@@ -50,9 +50,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::domain::deadline::BudgetTooSmall;
-use crate::domain::{
-    Action, Budget, BudgetPolicy, Clock, IdempotencyKey, RequestParams, TraceContext,
-};
+use crate::domain::{Action, Budget, BudgetPolicy, Clock, OpKey, RequestParams, TraceContext};
 use crate::nova::NovaClient;
 use crate::store::{Store, StoreError};
 use metrics::ExecutorMetrics;
@@ -64,11 +62,12 @@ pub(crate) use run::{Decision, Run, Seen};
 #[derive(Debug)]
 pub struct OpRequest {
     pub action: Action,
-    pub idempotency_key: IdempotencyKey,
+    /// Who asks, and what the operation is known by: a caller's key, or
+    /// (an Ensure call) the identity alone.
+    pub key: OpKey,
     pub server_id: Uuid,
     pub volume_id: Uuid,
     pub params: RequestParams,
-    pub caller: Option<String>,
     /// The caller's trace (or one begun for the request), with this
     /// service's span: the operation's requests and log lines carry it.
     pub trace: TraceContext,
@@ -79,11 +78,41 @@ pub struct OpRequest {
     pub inflight: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
+/// A request leaves only this long before its lease is known to end, at
+/// the latest: room for the request's way out between the send gate and
+/// the wire (the gate is asked again once a connection made for it is
+/// ready).
+pub const SEND_MARGIN: Duration = Duration::from_millis(500);
+
+/// The shortest lease a holder keeps through every round trip the store
+/// calls healthy (each up to `round_trip`, the store's bound), renewing
+/// every `heartbeat`: `2 × round_trip + heartbeat + SEND_MARGIN`.
+///
+/// A renewal sent at *t* holds the lease until *t* + lease (the database
+/// sets the expiry after the statement left). The heartbeat sends the
+/// next renewal `heartbeat` after the last one ended, so one answered at
+/// the latest (`round_trip` after it left) is followed by another sent
+/// `heartbeat` later and answered up to `round_trip` after that: the
+/// lease must last that long and still leave the send gate its margin.
+/// The intent's own lease, set as its write runs, is confirmed from when
+/// the write left: a write answered `round_trip` later leaves the first
+/// request a whole `round_trip + heartbeat` to go. Shorter, a latency the
+/// store calls healthy would close the send gate on every new operation
+/// (`FAILED NOT_SENT`, its key spent, Nova untouched), or let another
+/// replica take over an intent whose acknowledgement was merely slow.
+pub const fn min_lease(round_trip: Duration, heartbeat: Duration) -> Duration {
+    round_trip
+        .saturating_mul(2)
+        .saturating_add(heartbeat)
+        .saturating_add(SEND_MARGIN)
+}
+
 #[derive(Debug, Clone)]
 pub struct ExecSettings {
     /// How long an operation's lease lasts without renewal: a holder that
     /// dies (kill -9, a lost network) is taken over this long after its
-    /// last heartbeat. Measured on the database's clock.
+    /// last heartbeat. Measured on the database's clock. At least
+    /// [`min_lease`] of the store's round-trip bound and the heartbeat.
     pub lease: Duration,
     /// How often a live holder renews its leases (at most a third of the
     /// lease, so one late heartbeat never loses one).
@@ -106,7 +135,12 @@ impl ExecSettings {
     /// The built-in defaults: the one source of the flags' defaults too
     /// (`config/serve.rs` refers to these; a test checks they agree).
     pub const DEFAULT: Self = Self {
-        lease: Duration::from_secs(3),
+        // 11.5 s: the default round-trip bound (5 s) twice, a heartbeat
+        // and the send margin.
+        lease: min_lease(
+            crate::store::pg::Bounds::DEFAULT.round_trip,
+            Duration::from_secs(1),
+        ),
         heartbeat: Duration::from_secs(1),
         record_grace: Duration::from_secs(10),
         observe_interval: Duration::from_millis(50),
@@ -233,11 +267,10 @@ impl Executor {
 pub(crate) fn test_request(server_id: Uuid, volume_id: Uuid) -> OpRequest {
     OpRequest {
         action: Action::Attach,
-        idempotency_key: IdempotencyKey::parse("k").unwrap(),
+        key: crate::domain::CallerKey::parse(None, "k").unwrap().into(),
         server_id,
         volume_id,
         params: RequestParams::default(),
-        caller: None,
         trace: TraceContext::start(),
         inflight: None,
     }

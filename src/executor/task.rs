@@ -24,7 +24,7 @@ use uuid::Uuid;
 use super::caller::{Created, Decided, Spawned};
 use super::{CallerTime, Executor, OpRequest, confirm, ledger, run};
 use crate::domain::{
-    Budget, Deadline, NewEvent, Operation, State, TraceContext, event, request_fingerprint,
+    Budget, Deadline, NewEvent, OpKey, Operation, State, TraceContext, event, request_fingerprint,
 };
 use crate::store::{CreateOutcome, HeldLease, NewOperation, Renewal};
 
@@ -358,9 +358,15 @@ impl Executor {
             match self.store.operation_get(id).await {
                 Ok(Some(op))
                     if op.state.is_terminal()
-                        || op.lease_owner.as_deref() != Some(&self.replica) =>
+                        || op.lease_owner.as_deref() != Some(&self.replica)
+                        || op.lease_epoch != 1 =>
                 {
                     tracing::info!(operation_id = %id, state = op.state.as_str(), "the intent was recorded and is decided or driven elsewhere");
+                    // Taken over before anything of it was sent here: its
+                    // attempt never left.
+                    if !op.state.is_terminal() {
+                        self.mark_unsent(id, 1, 1).await;
+                    }
                     return None;
                 }
                 Ok(Some(op)) => {
@@ -454,11 +460,15 @@ impl Executor {
         budget: &Budget,
         now: Instant,
     ) -> NewOperation {
-        let recorded = NewEvent::new(event::RECORDED, format!("{} recorded", req.action.as_str()))
-            .with("idempotency_key", req.idempotency_key.as_str())
+        let recorded = NewEvent::new(event::RECORDED, format!("{} recorded", req.action.as_str()));
+        let recorded = match &req.key {
+            OpKey::Keyed(k) => recorded.with("idempotency_key", k.key().as_str()),
+            OpKey::Ensure(_) => recorded.with("ensure", true),
+        };
+        let recorded = recorded
             .with("caller_deadline_ms", deadline.remaining().as_millis())
             .with("deadline_from_caller", deadline.from_caller)
-            .with("caller", req.caller.as_deref().unwrap_or("-"))
+            .with("caller", req.key.caller())
             .with(
                 "answer_by_ms",
                 budget.answer_by.saturating_duration_since(now).as_millis(),
@@ -472,7 +482,7 @@ impl Executor {
         NewOperation {
             id: Uuid::now_v7(),
             fingerprint: request_fingerprint(req.action, req.server_id, req.volume_id, &req.params),
-            idempotency_key: req.idempotency_key.as_str().to_string(),
+            key: req.key.clone(),
             action: req.action,
             server_id: req.server_id,
             volume_id: req.volume_id,
@@ -482,7 +492,6 @@ impl Executor {
             deadline_in: budget.answer_by.saturating_duration_since(now),
             lease_owner: self.replica.clone(),
             lease_for: self.settings.lease,
-            caller: req.caller.clone(),
             trace: Some(req.trace.clone()),
             replica: self.replica.clone(),
             events: vec![recorded],
@@ -540,11 +549,43 @@ impl Executor {
     /// new holder's decision if it comes by the caller's answer time (as a
     /// replay of the key would be answered).
     pub(crate) async fn after_loss(&self, run: &Run) -> Operation {
+        // Nothing of this run may take effect, and its last attempt never
+        // left: say so, so that the operation is decided as one never
+        // sent, not after a settle window for a request that never left.
+        let never_left = self.holds.departed(run.op.id) < Some(run.op.attempts);
+        if run.op.attempts > 0 && !run.maybe_effect && never_left {
+            self.mark_unsent(run.op.id, run.op.lease_epoch, run.op.attempts)
+                .await;
+        }
         let current = self.reread(&run.op).await;
         tracing::info!(operation_id = %run.op.id, lease_epoch = run.op.lease_epoch,
             state = current.state.as_str(), holder = current.lease_owner.as_deref().unwrap_or("-"),
             "lease lost: stopped working on the operation; answering from the ledger");
         self.after_fence(current, CallerTime::of(&run.budget)).await
+    }
+
+    /// Marks attempt `attempts` of `id`, recorded under `epoch`, as one
+    /// that never left (`Store::operation_mark_unsent`): a statement of
+    /// fact whoever holds the operation now, made once it lost its lease
+    /// here, within a round trip or two; what it cannot write, the settle
+    /// window covers (as it did before the mark existed).
+    pub(super) async fn mark_unsent(&self, id: Uuid, epoch: i64, attempts: i32) {
+        let by = Instant::now() + 2 * self.store.round_trip_bound();
+        let marked = crate::store::within(
+            by,
+            "marking an attempt that never left",
+            self.store
+                .operation_mark_unsent(id, epoch, attempts, &self.replica),
+        )
+        .await;
+        match marked {
+            Ok(true) => tracing::info!(operation_id = %id, lease_epoch = epoch, attempts,
+                "its lease was lost before the attempt's request left: marked unsent, to be decided as never sent"),
+            Ok(false) => tracing::debug!(operation_id = %id, lease_epoch = epoch, attempts,
+                "an attempt that never left was not marked: a later attempt, or a decision, came first"),
+            Err(e) => tracing::warn!(operation_id = %id, error = %e,
+                "could not mark an attempt that never left; the reconciler waits for its settle window"),
+        }
     }
 
     /// After this run was fenced (another replica took the operation over):

@@ -74,6 +74,7 @@ pub fn operation_to_pb(op: &Operation) -> pb::Operation {
         caller: op.caller.clone().unwrap_or_default(),
         escalated_at: op.escalated_at.map(timestamp),
         escalation: op.escalation.clone().unwrap_or_default(),
+        ensure: op.ensure,
     }
 }
 

@@ -42,7 +42,8 @@ use uuid::Uuid;
 
 use crate::domain::validate::parse_uuid;
 use crate::domain::{
-    Action, Deadline, DevicePath, IdempotencyKey, InvalidField, RequestParams, State, Tag,
+    Action, Caller, CallerKey, Deadline, DevicePath, IdempotencyKey, InvalidField, OpKey,
+    RequestParams, State, Tag,
 };
 use crate::executor::{ExecError, Executor, OpRequest};
 use crate::reconciler::Reconciler;
@@ -101,13 +102,28 @@ impl Api {
     fn mutate<'a>(
         &'a self,
         method: &'static str,
-        parsed: Result<OpRequest, Status>,
-        scope: Scope,
-        deadline: Deadline,
+        parsed: Result<Parsed, Status>,
+        m: Mutation,
     ) -> Pin<Box<dyn Future<Output = Result<Response<pb::Operation>, Status>> + Send + 'a>> {
+        let Mutation {
+            deadline,
+            scope,
+            trace,
+            inflight,
+            ..
+        } = m;
         match parsed {
             Err(s) => Box::pin(std::future::ready(self.done(method, Err(s)))),
-            Ok(req) => {
+            Ok(p) => {
+                let req = OpRequest {
+                    action: p.action,
+                    key: p.key,
+                    server_id: p.server_id,
+                    volume_id: p.volume_id,
+                    params: p.params,
+                    trace,
+                    inflight,
+                };
                 use futures_util::FutureExt as _;
                 use futures_util::future::Either;
                 // A combinator, not an async block: a block would keep the
@@ -168,12 +184,59 @@ impl Api {
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::Operation, Status>> + Send>>;
 
+/// A mutating call's message, parsed (the rest of its request is its
+/// `Mutation`).
+struct Parsed {
+    action: Action,
+    key: OpKey,
+    server_id: Uuid,
+    volume_id: Uuid,
+    params: RequestParams,
+}
+
+/// An attach's fields, parsed (AttachVolume, EnsureAttached).
+fn attach_request(
+    key: OpKey,
+    server_id: &str,
+    volume_id: &str,
+    device: &str,
+    tag: &str,
+    delete_on_termination: Option<bool>,
+) -> Result<Parsed, Status> {
+    let server_id = op_id("server_id", server_id)?;
+    let volume_id = op_id("volume_id", volume_id)?;
+    let device = optional(device, DevicePath::parse)?;
+    let tag = optional(tag, Tag::parse)?;
+    Ok(Parsed {
+        action: Action::Attach,
+        key,
+        server_id,
+        volume_id,
+        params: RequestParams {
+            device: device.map(|d| d.as_str().to_string()),
+            tag: tag.map(|t| t.as_str().to_string()),
+            delete_on_termination,
+        },
+    })
+}
+
+/// A detach's fields, parsed (DetachVolume, EnsureDetached).
+fn detach_request(key: OpKey, server_id: &str, volume_id: &str) -> Result<Parsed, Status> {
+    Ok(Parsed {
+        action: Action::Detach,
+        key,
+        server_id: op_id("server_id", server_id)?,
+        volume_id: op_id("volume_id", volume_id)?,
+        params: RequestParams::default(),
+    })
+}
+
 #[tonic::async_trait]
 impl VolumeReconciler for Api {
-    // AttachVolume and DetachVolume are written out (not `async fn`): the
-    // request is parsed before the future is made, so each of the thousands
-    // of calls that can wait at once holds only the operation it waits on,
-    // not the request it came with.
+    // The mutating calls are written out (not `async fn`): the request is
+    // parsed before the future is made, so each of the thousands of calls
+    // that can wait at once holds only the operation it waits on, not the
+    // request it came with.
     fn attach_volume<'life0, 'async_trait>(
         &'life0 self,
         request: Request<pb::AttachVolumeRequest>,
@@ -184,28 +247,20 @@ impl VolumeReconciler for Api {
     {
         let m = Mutation::of(&request);
         let r = request.into_inner();
-        let parsed = (|| {
-            let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
-            let server_id = op_id("server_id", &r.server_id)?;
-            let volume_id = op_id("volume_id", &r.volume_id)?;
-            let device = optional(&r.device, DevicePath::parse)?;
-            let tag = optional(&r.tag, Tag::parse)?;
-            Ok::<_, Status>(OpRequest {
-                action: Action::Attach,
-                idempotency_key: key,
-                server_id,
-                volume_id,
-                params: RequestParams {
-                    device: device.map(|d| d.as_str().to_string()),
-                    tag: tag.map(|t| t.as_str().to_string()),
-                    delete_on_termination: r.delete_on_termination,
-                },
-                caller: m.caller,
-                trace: m.trace,
-                inflight: m.inflight,
-            })
-        })();
-        self.mutate("AttachVolume", parsed, m.scope, m.deadline)
+        let parsed = IdempotencyKey::parse(&r.idempotency_key)
+            .map_err(status::invalid)
+            .and_then(|key| {
+                let key = OpKey::Keyed(CallerKey::new(m.caller.clone(), key));
+                attach_request(
+                    key,
+                    &r.server_id,
+                    &r.volume_id,
+                    &r.device,
+                    &r.tag,
+                    r.delete_on_termination,
+                )
+            });
+        self.mutate("AttachVolume", parsed, m)
     }
 
     fn detach_volume<'life0, 'async_trait>(
@@ -218,20 +273,49 @@ impl VolumeReconciler for Api {
     {
         let m = Mutation::of(&request);
         let r = request.into_inner();
-        let parsed = (|| {
-            let key = IdempotencyKey::parse(&r.idempotency_key).map_err(status::invalid)?;
-            Ok::<_, Status>(OpRequest {
-                action: Action::Detach,
-                idempotency_key: key,
-                server_id: op_id("server_id", &r.server_id)?,
-                volume_id: op_id("volume_id", &r.volume_id)?,
-                params: RequestParams::default(),
-                caller: m.caller,
-                trace: m.trace,
-                inflight: m.inflight,
-            })
-        })();
-        self.mutate("DetachVolume", parsed, m.scope, m.deadline)
+        let parsed = IdempotencyKey::parse(&r.idempotency_key)
+            .map_err(status::invalid)
+            .and_then(|key| {
+                let key = OpKey::Keyed(CallerKey::new(m.caller.clone(), key));
+                detach_request(key, &r.server_id, &r.volume_id)
+            });
+        self.mutate("DetachVolume", parsed, m)
+    }
+
+    fn ensure_attached<'life0, 'async_trait>(
+        &'life0 self,
+        request: Request<pb::EnsureAttachedRequest>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<pb::Operation>, Status>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        let m = Mutation::of(&request);
+        let r = request.into_inner();
+        let key = OpKey::Ensure(m.caller.clone());
+        let parsed = attach_request(
+            key,
+            &r.server_id,
+            &r.volume_id,
+            &r.device,
+            &r.tag,
+            r.delete_on_termination,
+        );
+        self.mutate("EnsureAttached", parsed, m)
+    }
+
+    fn ensure_detached<'life0, 'async_trait>(
+        &'life0 self,
+        request: Request<pb::EnsureDetachedRequest>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<pb::Operation>, Status>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        let m = Mutation::of(&request);
+        let r = request.into_inner();
+        let parsed = detach_request(OpKey::Ensure(m.caller.clone()), &r.server_id, &r.volume_id);
+        self.mutate("EnsureDetached", parsed, m)
     }
 
     async fn get_operation(
@@ -257,8 +341,8 @@ impl VolumeReconciler for Api {
                     // operator may name whose.
                     let whose = match (named, scope == Scope::All) {
                         (None, _) => own.clone(),
-                        (Some(c), true) => Some(c),
-                        (Some(c), false) if own.as_deref() == Some(c.as_str()) => own.clone(),
+                        (Some(c), true) => Caller::named(c),
+                        (Some(c), false) if own.as_str() == c => own.clone(),
                         (Some(_), false) => {
                             return Err(status::invalid(InvalidField::new(
                                 "caller",
@@ -266,19 +350,20 @@ impl VolumeReconciler for Api {
                             )));
                         }
                     };
+                    let key = CallerKey::new(whose, key);
                     let found = store
-                        .operation_get_by_key(whose.as_deref(), key.as_str())
+                        .operation_get_by_key(&key)
                         .await
                         .map_err(status::from_store)?;
                     if found.is_none()
                         && let Some(pruned_at) = store
-                            .operation_key_expired(whose.as_deref(), key.as_str())
+                            .operation_key_expired(&key)
                             .await
                             .map_err(status::from_store)?
                     {
                         // Pruned by retention: say so, not "no such key".
                         return Err(status::from_store(crate::store::StoreError::KeyExpired {
-                            key: key.as_str().to_string(),
+                            key: key.key().as_str().to_string(),
                             pruned_at,
                         }));
                     }
@@ -536,7 +621,7 @@ impl VolumeReconciler for Api {
             scope.admits(self.store.as_ref(), id).await?;
             let op = self
                 .exec
-                .resolve_by_operator(id, state, reason, caller.as_deref())
+                .resolve_by_operator(id, state, reason, caller.name())
                 .await
                 .map_err(status::from_store)?;
             tracing::info!(operation_id = %op.id, state = state.as_str(), reason, "operation resolved by an operator");
@@ -637,7 +722,9 @@ mod scope_tests {
         let params = RequestParams::default();
         let new = NewOperation {
             id: Uuid::now_v7(),
-            idempotency_key: "k".into(),
+            key: crate::domain::CallerKey::parse(Some(caller), "k")
+                .unwrap()
+                .into(),
             fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
             action: Action::Attach,
             server_id: server,
@@ -648,7 +735,6 @@ mod scope_tests {
             deadline_in: Duration::from_secs(60),
             lease_owner: "nobody".into(),
             lease_for: Duration::ZERO,
-            caller: Some(caller.into()),
             trace: None,
             replica: "r".into(),
             events: vec![NewEvent::new("recorded", "pending")],

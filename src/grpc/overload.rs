@@ -7,7 +7,7 @@
 //!
 //! | class | RPCs | cap | reason | a place is held |
 //! |---|---|---|---|---|
-//! | `mutation` | AttachVolume, DetachVolume | `--max-inflight-mutations` | `OVERLOADED` (and `CALLER_RATE_LIMITED` past `--caller-rate-limit`) | until the operation's own task ends |
+//! | `mutation` | AttachVolume, DetachVolume, EnsureAttached, EnsureDetached | `--max-inflight-mutations` | `OVERLOADED` (and `CALLER_RATE_LIMITED` past `--caller-rate-limit`) | until the operation's own task ends |
 //! | `read` | GetOperation, ListOperations, ListOperationEvents | `--max-inflight-reads` | `READS_OVERLOADED` | until HTTP/2 took the last piece of its answer (a client that stops reading keeps it), or the client went away |
 //! | `watch` | WatchOperation | `--max-watch-streams` | `WATCHES_OVERLOADED` | while the stream is open |
 //!
@@ -54,7 +54,9 @@ enum Class {
 impl Class {
     fn of(path: &str) -> Option<Self> {
         match path.strip_prefix("/volume_reconciler.v1.VolumeReconciler/")? {
-            "AttachVolume" | "DetachVolume" => Some(Self::Mutation),
+            "AttachVolume" | "DetachVolume" | "EnsureAttached" | "EnsureDetached" => {
+                Some(Self::Mutation)
+            }
             "GetOperation" | "ListOperations" | "ListOperationEvents" => Some(Self::Read),
             "WatchOperation" => Some(Self::Watch),
             _ => None,
@@ -475,6 +477,8 @@ mod tests {
         let of = |m: &str| Class::of(&format!("/volume_reconciler.v1.VolumeReconciler/{m}"));
         assert_eq!(of("AttachVolume"), Some(Class::Mutation));
         assert_eq!(of("DetachVolume"), Some(Class::Mutation));
+        assert_eq!(of("EnsureAttached"), Some(Class::Mutation));
+        assert_eq!(of("EnsureDetached"), Some(Class::Mutation));
         for read in ["GetOperation", "ListOperations", "ListOperationEvents"] {
             assert_eq!(of(read), Some(Class::Read), "{read}");
         }

@@ -8,7 +8,7 @@ use tonic::{Request, Status};
 use uuid::Uuid;
 
 use super::{auth, overload, status};
-use crate::domain::{Deadline, Operation, TraceContext};
+use crate::domain::{Caller, Deadline, Operation, TraceContext};
 
 pub(super) fn deadline_of<T>(req: &Request<T>) -> Deadline {
     // The deadline layer is always in the chain that `startup` builds; a
@@ -19,11 +19,11 @@ pub(super) fn deadline_of<T>(req: &Request<T>) -> Deadline {
         .unwrap_or_else(Deadline::none)
 }
 
-/// The authenticated caller's name, when auth is on.
-pub(super) fn caller_of<T>(req: &Request<T>) -> Option<String> {
+/// The authenticated caller ([`Caller::ANONYMOUS`] when auth is off).
+pub(super) fn caller_of<T>(req: &Request<T>) -> Caller {
     req.extensions()
         .get::<auth::Caller>()
-        .map(|c| c.name.clone())
+        .map_or(Caller::ANONYMOUS, |c| Caller::named(c.name.clone()))
 }
 
 /// The request's place under `--max-inflight-mutations`, which the
@@ -113,7 +113,7 @@ impl Scope {
 /// message is taken out of it.
 pub(super) struct Mutation {
     pub deadline: Deadline,
-    pub caller: Option<String>,
+    pub caller: Caller,
     pub scope: Scope,
     pub trace: TraceContext,
     pub inflight: Option<tokio::sync::OwnedSemaphorePermit>,

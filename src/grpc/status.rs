@@ -169,7 +169,10 @@ pub fn from_exec(e: ExecError) -> Status {
             m.insert("clock".into(), "caller deadline".into());
             status(
                 Reason::BudgetTooSmall,
-                format!("{}; Nova was not called", ExecError::BudgetTooSmall(b)),
+                format!(
+                    "{}; this call started nothing (ask again with a longer deadline)",
+                    ExecError::BudgetTooSmall(b)
+                ),
                 m,
             )
         }
@@ -229,10 +232,15 @@ pub fn from_operation(op: Operation) -> Result<Operation, Status> {
                 .as_ref()
                 .map(|e| e.message.clone())
                 .unwrap_or_else(|| "the outcome is not known yet".into());
+            let again = if op.ensure {
+                "call again (it joins the operation) or GetOperation"
+            } else {
+                "ask again with the same key or GetOperation"
+            };
             Err(status(
                 Reason::OutcomeUnknown,
                 format!(
-                    "operation {}: outcome unknown ({message}); the reconciler resolves it — ask again with the same key or GetOperation",
+                    "operation {}: outcome unknown ({message}); the reconciler resolves it — {again}",
                     op.id
                 ),
                 m,

@@ -300,7 +300,14 @@ impl Reconciler {
                 .iter()
                 .map(|op| self.exec.hold(lease_of(op)))
                 .collect();
-            let db_now = store.now().await?;
+            // The database's time at the claim (its statement stamps the
+            // rows it took): no read after it that could fail and leave
+            // the batch claimed with nobody working on it for a lease.
+            let db_now = claimed
+                .iter()
+                .map(|op| op.updated_at)
+                .max()
+                .unwrap_or_default();
             // One observation per server per round, shared by its operations.
             let results: Vec<PassResult> = futures_util::stream::iter(group_by_server(claimed))
                 .map(|(server, ops)| {

@@ -79,7 +79,7 @@ impl Reconciler {
                 );
                 self.confirm_then_decide(run, d, db_now).await
             }
-            (Action::Detach, Some(att)) if op.state != State::Pending => {
+            (Action::Detach, Some(att)) if !op.nothing_sent() => {
                 match self.replaced(&mut run, &att).await {
                     Ok(Some(d)) => self.decide(&mut run, d, "succeeded").await,
                     Ok(None) => self.not_yet(run, db_now).await,
@@ -104,7 +104,7 @@ impl Reconciler {
                 let d = Decision::succeeded(
                     Resolution::Reconciler,
                     None,
-                    if op.state == State::Pending {
+                    if op.nothing_sent() {
                         "the volume is not on the server: nothing to detach; nothing sent"
                     } else {
                         "volume observed detached by the reconciler"
@@ -274,9 +274,10 @@ impl Reconciler {
     async fn not_yet(self: &Arc<Self>, mut run: Run, db_now: DateTime<Utc>) -> PassResult {
         let op = run.op.clone();
         let settle = self.settings.settle(op.action);
-        if op.state != State::Pending
-            && let Some(sent) = op.last_request_at
-        {
+        // Nothing of it may take effect (never sent, or its last attempt
+        // known never to have left): no settle window to wait out.
+        let never_sent = op.nothing_sent();
+        if !never_sent && let Some(sent) = op.last_request_at {
             let settled_at = sent + super::window(settle);
             if settled_at > db_now {
                 let why = format!(
@@ -299,6 +300,11 @@ impl Reconciler {
             Some(budget) => {
                 self.metrics.decision("resent");
                 let mut resend = Run::new(op, budget, true);
+                // Nothing earlier may take effect: its answers decide as a
+                // first request's would.
+                if never_sent {
+                    resend.maybe_effect = false;
+                }
                 resend.events = std::mem::take(&mut run.events);
                 resend.events.push(NewEvent::new(
                     event::RETRY_SCHEDULED,
@@ -309,18 +315,21 @@ impl Reconciler {
                 PassResult::Deferred
             }
             None => {
-                let reason = if op.state == State::Pending {
+                let reason = if never_sent {
                     Reason::NotSent
                 } else {
                     Reason::NotObserved
                 };
                 let err = OperationError::new(
                     reason,
-                    match op.action {
-                        Action::Attach => {
+                    match (never_sent, op.action) {
+                        (true, _) => {
+                            "no request of it ever left, and the operation's deadline has passed"
+                        }
+                        (false, Action::Attach) => {
                             "the attachment never appeared and the operation's deadline has passed"
                         }
-                        Action::Detach => {
+                        (false, Action::Detach) => {
                             "the volume is still attached and the operation's deadline has passed"
                         }
                     },

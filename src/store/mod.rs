@@ -45,8 +45,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::domain::{
-    Action, AttachmentInfo, KeyHash, NewEvent, Operation, OperationError, OperationEvent,
-    RequestParams, Resolution, State, TraceContext,
+    Action, AttachmentInfo, CallerKey, KeyHash, NewEvent, OpKey, Operation, OperationError,
+    OperationEvent, RequestParams, Resolution, State, TraceContext,
 };
 
 /// How long opening the store waits, by default, for a database that does
@@ -145,7 +145,9 @@ pub struct NewOperation {
     /// Chosen by the caller. The same intent recorded twice (a re-run, a
     /// repeat) is one row: the repeat finds its own id and is `Created`.
     pub id: Uuid,
-    pub idempotency_key: String,
+    /// Who asked, and what it is known by: a caller's key, or (an Ensure
+    /// call) its identity alone.
+    pub key: OpKey,
     pub fingerprint: String,
     pub action: Action,
     pub server_id: Uuid,
@@ -162,8 +164,6 @@ pub struct NewOperation {
     /// The lease, from now on the database's clock; the holder's heartbeat
     /// renews it (`operation_renew_leases`).
     pub lease_for: Duration,
-    /// Who asked: keys are unique per caller.
-    pub caller: Option<String>,
     /// The trace it belongs to, with this service's span (kept with the
     /// row: the reconciler's later requests carry it too).
     pub trace: Option<TraceContext>,
@@ -181,9 +181,24 @@ pub struct NewOperation {
 /// What `operation_create` found.
 impl NewOperation {
     /// What the ledger knows its key by (the one computation of it:
-    /// `KeyHash::of`).
+    /// `OpKey::hash`).
     pub fn key_hash(&self) -> KeyHash {
-        KeyHash::of(self.caller.as_deref(), &self.idempotency_key)
+        self.key.hash(self.id)
+    }
+
+    /// The ledger's `idempotency_key` (see `OpKey::stored_key`).
+    pub fn stored_key(&self) -> String {
+        self.key.stored_key(self.id)
+    }
+
+    /// The ledger's `caller` (`None`: anonymous).
+    pub fn caller_name(&self) -> Option<String> {
+        self.key.caller().name().map(str::to_string)
+    }
+
+    /// Whether an Ensure call asked for it.
+    pub fn ensure(&self) -> bool {
+        self.key.is_ensure()
     }
 
     /// The row this intent is once written, given what the database set
@@ -197,7 +212,7 @@ impl NewOperation {
     ) -> Operation {
         Operation {
             id: self.id,
-            idempotency_key: self.idempotency_key.clone(),
+            idempotency_key: self.stored_key(),
             action: self.action,
             state: self.state,
             resolution: None,
@@ -215,7 +230,10 @@ impl NewOperation {
             lease_owner: Some(self.lease_owner.clone()),
             lease_expires_at,
             lease_epoch: 1,
-            caller: self.caller.clone(),
+            caller: self.caller_name(),
+            ensure: self.ensure(),
+            attempt_epoch: (self.attempts > 0).then_some(1),
+            attempt_unsent: false,
             drifted: false,
             passes: 0,
             escalated_at: None,
@@ -290,6 +308,11 @@ impl Transition {
         op.resolution = self.resolution;
         if self.attachment.is_some() {
             op.attachment = self.attachment.clone();
+        }
+        if attempts > op.attempts {
+            // An attempt recorded: under this epoch, and not known unsent.
+            op.attempt_epoch = Some(self.lease_epoch);
+            op.attempt_unsent = false;
         }
         op.attempts = attempts;
         if let Some(e) = &self.last_error {
@@ -497,12 +520,9 @@ pub trait Store: Send + Sync + 'static {
 
     async fn operation_get(&self, id: Uuid) -> Result<Option<Operation>, StoreError>;
 
-    /// The operation `caller`'s `key` names (keys are per caller).
-    async fn operation_get_by_key(
-        &self,
-        caller: Option<&str>,
-        key: &str,
-    ) -> Result<Option<Operation>, StoreError>;
+    /// The operation a caller's key names now (keys are per caller; a key
+    /// retired by a replay names the operation that replay started).
+    async fn operation_get_by_key(&self, key: &CallerKey) -> Result<Option<Operation>, StoreError>;
 
     async fn operation_list(
         &self,
@@ -666,12 +686,26 @@ pub trait Store: Send + Sync + 'static {
     /// decided (the retention metrics).
     async fn retention_oldest_decided(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
 
-    /// When `caller`'s `key` was pruned, if its tombstone still stands.
+    /// When a caller's key was pruned, if its tombstone still stands.
     async fn operation_key_expired(
         &self,
-        caller: Option<&str>,
-        key: &str,
+        key: &CallerKey,
     ) -> Result<Option<DateTime<Utc>>, StoreError>;
+
+    /// Marks the attempt `attempts` recorded under `epoch` as one that never
+    /// left (its holder lost the lease before its send gate let it out, and
+    /// no earlier request of the operation may still take effect), and due
+    /// for a pass now. A fact about that attempt, so not fenced by the
+    /// current lease: it changes the row only while that attempt is still
+    /// its last (`attempt_epoch = epoch AND attempts = attempts`) and it is
+    /// open. True when it did.
+    async fn operation_mark_unsent(
+        &self,
+        id: Uuid,
+        epoch: i64,
+        attempts: i32,
+        replica: &str,
+    ) -> Result<bool, StoreError>;
 
     /// Closes the pool (last step of a drain).
     async fn close(&self);

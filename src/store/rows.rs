@@ -22,16 +22,18 @@ use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
     request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
     completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes, escalated_at, \
-    escalation, verify_expect, trace_parent, trace_state";
+    escalation, verify_expect, trace_parent, trace_state, ensure, attempt_epoch, attempt_unsent";
 
 /// "Not decided yet", as the partial indexes of open operations say it.
 pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
 
-/// The operation a caller's key names (`$1` the caller, '' for none; `$2`
-/// the key).
+/// The operation a caller's key names now (`$1` the caller, '' for none;
+/// `$2` the key): not one a replay retired (SQLite; PostgreSQL finds it by
+/// the key's hash, which a retired row no longer has).
 pub(super) fn by_key_sql() -> String {
     format!(
-        "SELECT {COLUMNS} FROM operations WHERE COALESCE(caller, '') = $1 AND idempotency_key = $2"
+        "SELECT {COLUMNS} FROM operations
+         WHERE COALESCE(caller, '') = $1 AND idempotency_key = $2 AND key_retired_at IS NULL"
     )
 }
 
@@ -97,9 +99,11 @@ pub(super) fn by_id_sql() -> String {
 /// says which.
 pub(super) fn conflict_sql() -> String {
     format!(
-        "SELECT {COLUMNS}, (idempotency_key = $1 AND COALESCE(caller, '') = $3) AS by_key
+        "SELECT {COLUMNS},
+            (idempotency_key = $1 AND COALESCE(caller, '') = $3 AND key_retired_at IS NULL) AS by_key
          FROM operations
-         WHERE (idempotency_key = $1 AND COALESCE(caller, '') = $3) OR (volume_id = $2 AND {OPEN})
+         WHERE (idempotency_key = $1 AND COALESCE(caller, '') = $3 AND key_retired_at IS NULL)
+            OR (volume_id = $2 AND {OPEN})
          ORDER BY by_key DESC LIMIT 1"
     )
 }
@@ -122,15 +126,16 @@ pub(super) fn compact_recorded(n: &NewOperation) -> Option<RecordedIntent<'_>> {
         .events
         .first()
         .filter(|e| e.kind == crate::domain::event::RECORDED)?;
-    let caller = n.caller.as_deref().unwrap_or("-");
+    let caller = n.key.caller().to_string();
+    let key = n.key.keyed().map(|k| k.key().as_str());
     let (trace_id, traceparent) = match n.trace.as_ref() {
         Some(t) => (Some(t.trace_id()), Some(t.traceparent())),
         None => (None, None),
     };
-    let derived = |key: &str| -> Option<&str> {
-        match key {
-            "idempotency_key" => Some(&n.idempotency_key),
-            "caller" => Some(caller),
+    let derived = |name: &str| -> Option<&str> {
+        match name {
+            "idempotency_key" => key,
+            "caller" => Some(&caller),
             "trace_id" => trace_id.as_deref(),
             "traceparent" => traceparent.as_deref(),
             _ => None,
@@ -321,6 +326,9 @@ pub(super) struct OperationRow {
     verify_expect: Option<bool>,
     trace_parent: Option<String>,
     trace_state: Option<String>,
+    ensure: bool,
+    attempt_epoch: Option<i64>,
+    attempt_unsent: bool,
 }
 }
 
@@ -414,7 +422,13 @@ impl OperationRow {
                     Some(Resolution::parse(r).ok_or_else(|| corrupt(format!("resolution {r:?}")))?)
                 }
             },
-            idempotency_key: self.idempotency_key,
+            // An Ensure operation's column holds its own id (every row
+            // fills it); it has no caller's key.
+            idempotency_key: if self.ensure {
+                String::new()
+            } else {
+                self.idempotency_key
+            },
             server_id: self.server_id.0,
             volume_id: self.volume_id.0,
             params: self.request.parse().map_err(|e| json("request", e))?,
@@ -438,6 +452,9 @@ impl OperationRow {
             lease_expires_at: self.lease_expires_at.map(|t| t.0),
             lease_epoch: self.lease_epoch,
             caller: self.caller,
+            ensure: self.ensure,
+            attempt_epoch: self.attempt_epoch,
+            attempt_unsent: self.attempt_unsent,
             drifted: self.drifted,
             passes: self.passes,
             escalated_at: self.escalated_at.map(|t| t.0),
@@ -535,51 +552,81 @@ where
     }
 }
 
+/// Why an intent row was not inserted, as `not_inserted` reads it.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "made once per intent that was not inserted (a cold path), and matched at once"
+)]
+pub(super) enum Conflict {
+    /// The answer: the new row itself (an earlier run of the same write),
+    /// the key's operation to join, an open operation of the same Ensure
+    /// identity to join, or a refusal.
+    Answer(Result<CreateOutcome, StoreError>),
+    /// The key names a FAILED operation that saved no result for it
+    /// (`Operation::frees_key`): retire it and record the new one.
+    FreedKey(Box<Operation>),
+}
+
 /// Why an intent row was not inserted, from the row `conflict_sql` found:
-/// the key exists (our own row, written by an earlier run of the same
-/// write: it is ours; the same request: join it; another request:
-/// refused), or the volume has an open operation (busy). `None`: neither
-/// (for PostgreSQL, the busy operation finished meanwhile: try again).
-pub(super) fn not_inserted<'r, R>(
-    new: &NewOperation,
-    found: Option<&'r R>,
-) -> Option<Result<CreateOutcome, StoreError>>
+/// its own id (an earlier run of the same write: it is ours); the key's
+/// operation (the same request: join it, or hand its key on when it saved
+/// no result; another request: refused); or the volume's open operation
+/// (joined by an Ensure call of the same identity, else busy). `None`:
+/// neither (for PostgreSQL, the busy operation finished meanwhile: try
+/// again).
+pub(super) fn not_inserted<'r, R>(new: &NewOperation, found: Option<&'r R>) -> Option<Conflict>
 where
     R: sqlx::Row,
     ConflictRow: sqlx::FromRow<'r, R>,
 {
     let row = match <ConflictRow as sqlx::FromRow<'r, R>>::from_row(found?) {
         Ok(row) => row,
-        Err(e) => return Some(Err(unreadable(None, e))),
+        Err(e) => return Some(Conflict::Answer(Err(unreadable(None, e)))),
     };
     let same_request = row.op.fingerprint == new.fingerprint;
     let existing = match row.op.into_operation() {
         Ok(op) => op,
-        Err(e) => return Some(Err(e)),
+        Err(e) => return Some(Conflict::Answer(Err(e))),
     };
+    if existing.id == new.id {
+        return Some(Conflict::Answer(Ok(CreateOutcome::Created(existing))));
+    }
+    let caller = new.key.caller();
+    let same_caller = crate::domain::Caller::of_row(existing.caller.as_deref()) == *caller;
+    if !row.by_key {
+        // The volume's open operation: an Ensure call joins the one of its
+        // identity (caller, server, volume, action) asked the same way.
+        let joins = new.ensure()
+            && same_caller
+            && same_request
+            && existing.action == new.action
+            && existing.server_id == new.server_id;
+        return Some(Conflict::Answer(if joins {
+            Ok(CreateOutcome::Existing(existing))
+        } else {
+            Err(StoreError::VolumeBusy {
+                volume_id: new.volume_id,
+                operation_id: existing.id,
+            })
+        }));
+    }
     // Found by the key's hash (PostgreSQL's uniqueness) but another key
     // or caller: a collision of 128 bits, refused, never joined.
-    let collides = row.by_key
-        && (existing.idempotency_key != new.idempotency_key
-            || existing.caller.as_deref().unwrap_or("") != new.caller.as_deref().unwrap_or(""));
-    Some(if collides {
-        Err(StoreError::KeyCollision {
-            key: new.idempotency_key.clone(),
-        })
-    } else if !row.by_key {
-        Err(StoreError::VolumeBusy {
-            volume_id: new.volume_id,
-            operation_id: existing.id,
-        })
-    } else if existing.id == new.id {
-        Ok(CreateOutcome::Created(existing))
-    } else if same_request {
-        Ok(CreateOutcome::Existing(existing))
-    } else {
-        Err(StoreError::KeyReused {
-            key: new.idempotency_key.clone(),
+    let stored = new.stored_key();
+    if existing.ensure || new.ensure() || existing.idempotency_key != stored || !same_caller {
+        return Some(Conflict::Answer(Err(StoreError::KeyCollision {
+            key: stored,
+        })));
+    }
+    Some(if !same_request {
+        Conflict::Answer(Err(StoreError::KeyReused {
+            key: stored,
             existing: Box::new(existing),
-        })
+        }))
+    } else if existing.frees_key() {
+        Conflict::FreedKey(Box::new(existing))
+    } else {
+        Conflict::Answer(Ok(CreateOutcome::Existing(existing)))
     })
 }
 

@@ -46,7 +46,7 @@ async fn app(store: Store, sim: SimConfig) -> TestApp {
 
 async fn row_by_key(app: &TestApp, key: &str) -> Operation {
     app.store
-        .operation_get_by_key(None, key)
+        .operation_get_by_key(&crate::support::ck(None, key))
         .await
         .unwrap()
         .expect("the row exists")

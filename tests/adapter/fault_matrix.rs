@@ -25,7 +25,7 @@ async fn row(app: &TestApp, id: &str) -> Operation {
 
 async fn row_by_key(app: &TestApp, key: &str) -> Operation {
     app.store
-        .operation_get_by_key(None, key)
+        .operation_get_by_key(&crate::support::ck(None, key))
         .await
         .unwrap()
         .expect("the row exists")
@@ -245,7 +245,7 @@ async fn a_budget_below_the_minimum_never_calls_nova() {
     assert_eq!(app.sim.attach_requests(v), 0, "Nova was not called");
     assert!(
         app.store
-            .operation_get_by_key(None, "tiny-1")
+            .operation_get_by_key(&crate::support::ck(None, "tiny-1"))
             .await
             .unwrap()
             .is_none(),
@@ -374,7 +374,11 @@ async fn a_refused_connection_is_retried_until_nova_is_up() {
         || {
             let store = store.clone();
             async move {
-                match store.operation_get_by_key(None, "refused-1").await.unwrap() {
+                match store
+                    .operation_get_by_key(&crate::support::ck(None, "refused-1"))
+                    .await
+                    .unwrap()
+                {
                     Some(op) => store
                         .operation_events(op.id)
                         .await
@@ -485,7 +489,11 @@ async fn a_locked_server_is_retried_until_unlocked_and_fails_as_conflict_if_neve
         || {
             let store = store.clone();
             async move {
-                match store.operation_get_by_key(None, "lock-1").await.unwrap() {
+                match store
+                    .operation_get_by_key(&crate::support::ck(None, "lock-1"))
+                    .await
+                    .unwrap()
+                {
                     Some(op) => op.attempts >= 2,
                     None => false,
                 }
@@ -668,7 +676,7 @@ async fn a_caller_that_disconnects_mid_call_still_gets_the_true_state_recorded()
         let store = store.clone();
         async move {
             store
-                .operation_get_by_key(None, "gone-1")
+                .operation_get_by_key(&crate::support::ck(None, "gone-1"))
                 .await
                 .unwrap()
                 .is_some()
@@ -684,7 +692,7 @@ async fn a_caller_that_disconnects_mid_call_still_gets_the_true_state_recorded()
             let store = store.clone();
             async move {
                 store
-                    .operation_get_by_key(None, "gone-1")
+                    .operation_get_by_key(&crate::support::ck(None, "gone-1"))
                     .await
                     .unwrap()
                     .unwrap()

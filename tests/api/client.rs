@@ -52,7 +52,7 @@ async fn a_call_made_before_the_server_is_up_is_retried_with_its_key_until_it_la
     );
     let row = app
         .store
-        .operation_get_by_key(None, "early-1")
+        .operation_get_by_key(&crate::support::ck(None, "early-1"))
         .await
         .unwrap()
         .unwrap();
@@ -147,7 +147,7 @@ async fn the_rust_client_sends_its_token_and_the_ledger_names_the_caller() {
     assert_eq!(op.caller, "ci");
     let row = app
         .store
-        .operation_get_by_key(Some("ci"), "tok-1")
+        .operation_get_by_key(&crate::support::ck(Some("ci"), "tok-1"))
         .await
         .unwrap()
         .unwrap();
@@ -174,7 +174,7 @@ async fn the_rust_client_sends_its_token_and_the_ledger_names_the_caller() {
     assert_eq!(err.code, Code::Unauthenticated, "{err}");
     assert!(
         app.store
-            .operation_get_by_key(None, "tok-2")
+            .operation_get_by_key(&crate::support::ck(None, "tok-2"))
             .await
             .unwrap()
             .is_none()
@@ -241,7 +241,7 @@ async fn the_rust_client_attaches_over_mutual_tls() {
     );
     assert!(
         app.store
-            .operation_get_by_key(None, "mtls-2")
+            .operation_get_by_key(&crate::support::ck(None, "mtls-2"))
             .await
             .unwrap()
             .is_none()

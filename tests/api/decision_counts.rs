@@ -175,7 +175,9 @@ async fn seed_unknown(app: &TestApp) -> Uuid {
     let id = Uuid::now_v7();
     let new = NewOperation {
         id,
-        idempotency_key: format!("u-{id}"),
+        key: volume_reconciler::domain::CallerKey::parse(None, &format!("u-{id}"))
+            .unwrap()
+            .into(),
         fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
         action: Action::Attach,
         server_id: server,
@@ -186,7 +188,6 @@ async fn seed_unknown(app: &TestApp) -> Uuid {
         deadline_in: Duration::ZERO,
         lease_owner: "crashed".into(),
         lease_for: Duration::ZERO,
-        caller: None,
         trace: None,
         replica: "crashed".into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],

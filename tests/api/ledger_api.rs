@@ -827,7 +827,9 @@ async fn control_characters_in_free_text_are_refused_naming_the_field() {
     let params = RequestParams::default();
     let new = NewOperation {
         id: uuid::Uuid::now_v7(),
-        idempotency_key: "pending".into(),
+        key: volume_reconciler::domain::CallerKey::parse(None, "pending")
+            .unwrap()
+            .into(),
         fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
         action: Action::Attach,
         server_id: server,
@@ -838,7 +840,6 @@ async fn control_characters_in_free_text_are_refused_naming_the_field() {
         deadline_in: Duration::from_secs(60),
         lease_owner: "nobody".into(),
         lease_for: Duration::ZERO,
-        caller: None,
         trace: None,
         replica: "test".into(),
         events: vec![NewEvent::new("recorded", "left pending")],

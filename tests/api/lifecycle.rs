@@ -680,7 +680,7 @@ async fn a_deadline_that_fires_while_the_intent_write_waits_leaves_nothing_open(
         let store = store.clone();
         async move {
             store
-                .operation_get_by_key(None, "late")
+                .operation_get_by_key(&crate::support::ck(None, "late"))
                 .await
                 .unwrap()
                 .is_none_or(|op| op.state.is_terminal())
@@ -824,10 +824,12 @@ async fn cluster_with(
         clients: 1,
         skews,
         extra_args: [
+            "--db-statement-timeout",
+            "1s",
             "--lease",
             "3s",
             "--heartbeat",
-            "1s",
+            "250ms",
             "--reconcile-interval",
             "100ms",
             "--reconcile-max-backoff",
@@ -903,7 +905,7 @@ async fn a_killed_replicas_operation_is_taken_over_within_three_heartbeats() {
     .await;
     let caller = volume_reconciler::cli::chaos::cluster::caller_name(0);
     let id = store
-        .operation_get_by_key(Some(&caller), "held")
+        .operation_get_by_key(&crate::support::ck(Some(&caller), "held"))
         .await
         .unwrap()
         .expect("recorded")
@@ -1008,7 +1010,7 @@ async fn a_detach_whose_volume_is_attached_again_before_a_takeover_is_not_sent_t
     .await;
     let caller = volume_reconciler::cli::chaos::cluster::caller_name(0);
     let id = store
-        .operation_get_by_key(Some(&caller), "lost")
+        .operation_get_by_key(&crate::support::ck(Some(&caller), "lost"))
         .await
         .unwrap()
         .expect("recorded")
@@ -1167,7 +1169,9 @@ async fn dead_holders_attach(
     let params = RequestParams::default();
     let new = NewOperation {
         id: Uuid::now_v7(),
-        idempotency_key: format!("dead-{volume}"),
+        key: volume_reconciler::domain::CallerKey::parse(None, &format!("dead-{volume}"))
+            .unwrap()
+            .into(),
         fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
         action: Action::Attach,
         server_id: server,
@@ -1178,7 +1182,6 @@ async fn dead_holders_attach(
         deadline_in: secs(60.0),
         lease_owner: "a-dead-replica".into(),
         lease_for: Duration::ZERO,
-        caller: None,
         trace: None,
         replica: "a-dead-replica".into(),
         events: vec![NewEvent::new("recorded", "left by a replica that died")],

@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod callers_loop;
 mod client;
 mod decision_counts;
 mod ledger_api;

@@ -177,7 +177,7 @@ async fn attaches_whose_callers_left_keep_their_place_until_their_tasks_end_and_
     );
     assert!(
         app.store
-            .operation_get_by_key(None, "fourth")
+            .operation_get_by_key(&crate::support::ck(None, "fourth"))
             .await
             .unwrap()
             .is_none(),
@@ -198,7 +198,7 @@ async fn attaches_whose_callers_left_keep_their_place_until_their_tasks_end_and_
     for (i, v) in volumes.iter().enumerate() {
         let op = app
             .store
-            .operation_get_by_key(None, &format!("slow-{i}"))
+            .operation_get_by_key(&crate::support::ck(None, &format!("slow-{i}")))
             .await
             .unwrap()
             .unwrap();

@@ -878,7 +878,12 @@ async fn pending_of(app: &support::TestApp, caller: &str) -> Uuid {
     let params = RequestParams::default();
     let new = NewOperation {
         id: Uuid::now_v7(),
-        idempotency_key: format!("pending-{volume}"),
+        key: volume_reconciler::domain::CallerKey::parse(
+            Some(caller),
+            &format!("pending-{volume}"),
+        )
+        .unwrap()
+        .into(),
         fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
         action: Action::Attach,
         server_id: server,
@@ -889,7 +894,6 @@ async fn pending_of(app: &support::TestApp, caller: &str) -> Uuid {
         deadline_in: Duration::from_secs(60),
         lease_owner: "nobody".into(),
         lease_for: Duration::ZERO,
-        caller: Some(caller.into()),
         trace: None,
         replica: "test".into(),
         events: vec![NewEvent::new("recorded", "left pending")],

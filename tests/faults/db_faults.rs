@@ -100,7 +100,7 @@ async fn reconcile_all(app: &TestApp, keys: &[String], within: Duration) {
                 .map_err(|e| format!("a reconciler round failed: {e}"))?;
             for k in &keys {
                 let op = store
-                    .operation_get_by_key(None, k)
+                    .operation_get_by_key(&crate::support::ck(None, k))
                     .await
                     .map_err(|e| format!("reading {k}: {e}"))?;
                 let Some(op) = op.filter(|op| !op.state.is_terminal()) else {
@@ -142,7 +142,12 @@ async fn check_against_truth(app: &TestApp, heard: &[(String, Uuid, Heard)]) {
     let truth = app.sim.truth();
     let mut rows = HashMap::new();
     for (key, volume, _) in heard {
-        if let Some(op) = app.store.operation_get_by_key(None, key).await.unwrap() {
+        if let Some(op) = app
+            .store
+            .operation_get_by_key(&crate::support::ck(None, key))
+            .await
+            .unwrap()
+        {
             assert_eq!(op.volume_id, *volume);
             rows.insert(op.id, op);
         }
@@ -173,7 +178,11 @@ async fn check_against_truth(app: &TestApp, heard: &[(String, Uuid, Heard)]) {
             effects <= 1,
             "{key}: volume {volume} attached {effects} times"
         );
-        let op = app.store.operation_get_by_key(None, key).await.unwrap();
+        let op = app
+            .store
+            .operation_get_by_key(&crate::support::ck(None, key))
+            .await
+            .unwrap();
         match (h, &op) {
             (Heard::Decided(told), Some(op)) => {
                 let told_state = pb::State::try_from(told.state).unwrap();
@@ -234,7 +243,11 @@ async fn silent_database_connections_are_replaced_and_new_attaches_succeed_withi
     let warm = futures_util::future::join_all((0..16).map(|_| one_attach(&app, secs(10.0)))).await;
     for (key, _, h) in &warm {
         assert!(matches!(h, Heard::Decided(_)), "{key}: {h:?}");
-        let op = app.store.operation_get_by_key(None, key).await.unwrap();
+        let op = app
+            .store
+            .operation_get_by_key(&crate::support::ck(None, key))
+            .await
+            .unwrap();
         assert!(op.is_some());
     }
     heard.extend(warm);
@@ -438,7 +451,7 @@ async fn a_detach_whose_intent_was_held_up_looks_again_before_deciding_nothing_t
     let answered = call.await.expect("the call's task");
     let op = app
         .store
-        .operation_get_by_key(None, &key)
+        .operation_get_by_key(&crate::support::ck(None, &key))
         .await
         .unwrap()
         .expect("the detach is recorded");
@@ -553,7 +566,7 @@ async fn an_intent_held_up_past_its_answer_time_is_of_unknown_outcome_and_driven
         let (store, k) = (store.clone(), k.clone());
         async move {
             store
-                .operation_get_by_key(None, &k)
+                .operation_get_by_key(&crate::support::ck(None, &k))
                 .await
                 .unwrap()
                 .is_some_and(|o| o.state.is_terminal())
@@ -562,7 +575,7 @@ async fn an_intent_held_up_past_its_answer_time_is_of_unknown_outcome_and_driven
     .await;
     let decided = app
         .store
-        .operation_get_by_key(None, &key)
+        .operation_get_by_key(&crate::support::ck(None, &key))
         .await
         .unwrap()
         .unwrap();
@@ -634,7 +647,7 @@ async fn an_intent_the_server_receives_after_its_task_gave_up_on_it_is_never_rec
     .await;
     assert!(
         app.store
-            .operation_get_by_key(None, &key)
+            .operation_get_by_key(&crate::support::ck(None, &key))
             .await
             .unwrap()
             .is_none(),
@@ -679,7 +692,11 @@ async fn an_intent_the_server_receives_after_its_task_gave_up_on_it_is_never_rec
         },
     )
     .await;
-    let late = app.store.operation_get_by_key(None, &key).await.unwrap();
+    let late = app
+        .store
+        .operation_get_by_key(&crate::support::ck(None, &key))
+        .await
+        .unwrap();
     assert!(
         late.is_none(),
         "{key}: recorded after its task had given it up, and driven by nobody: {late:?}"
@@ -702,7 +719,9 @@ fn intent(key: &str) -> volume_reconciler::store::NewOperation {
     let params = RequestParams::default();
     volume_reconciler::store::NewOperation {
         id: Uuid::now_v7(),
-        idempotency_key: key.into(),
+        key: volume_reconciler::domain::CallerKey::parse(None, key)
+            .unwrap()
+            .into(),
         fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
         action: Action::Attach,
         server_id: server,
@@ -713,7 +732,6 @@ fn intent(key: &str) -> volume_reconciler::store::NewOperation {
         deadline_in: Duration::from_secs(60),
         lease_owner: "batch".into(),
         lease_for: Duration::from_secs(60),
-        caller: None,
         trace: None,
         replica: "batch".into(),
         events: Vec::new(),
@@ -807,7 +825,7 @@ async fn a_caller_waiting_on_an_operation_is_answered_at_its_time_while_the_data
     assert!(matches!(h, Heard::Decided(_)), "{key}: {h:?}");
     let decided = app
         .store
-        .operation_get_by_key(None, &key)
+        .operation_get_by_key(&crate::support::ck(None, &key))
         .await
         .unwrap()
         .expect("the attach is recorded")
@@ -825,12 +843,19 @@ async fn a_caller_waiting_on_an_operation_is_answered_at_its_time_while_the_data
     let k = key.clone();
     eventually(secs(5.0), "the held attach is recorded", || {
         let (store, k) = (store.clone(), k.clone());
-        async move { matches!(store.operation_get_by_key(None, &k).await, Ok(Some(_))) }
+        async move {
+            matches!(
+                store
+                    .operation_get_by_key(&crate::support::ck(None, &k))
+                    .await,
+                Ok(Some(_))
+            )
+        }
     })
     .await;
     let running = app
         .store
-        .operation_get_by_key(None, &key)
+        .operation_get_by_key(&crate::support::ck(None, &key))
         .await
         .unwrap()
         .expect("the held attach is recorded")

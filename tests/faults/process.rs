@@ -168,7 +168,11 @@ async fn assert_truth(
     for (key, v) in keys {
         let attached = sim.sim.is_attached(server, *v);
         assert!(sim.sim.attach_effects(*v) <= 1, "{v} attached twice");
-        match store.operation_get_by_key(None, key).await.unwrap() {
+        match store
+            .operation_get_by_key(&crate::support::ck(None, key))
+            .await
+            .unwrap()
+        {
             Some(op) => {
                 recorded += 1;
                 assert!(op.state.is_terminal(), "{key} still {:?}", op.state);
@@ -200,10 +204,14 @@ async fn a_killed_service_resolves_everything_after_restart_and_attaches_nothing
         &[
             "--settle-window",
             "500ms",
+            // The least lease a 1s round-trip bound allows (2.75s), for
+            // a quick takeover.
+            "--db-statement-timeout",
+            "1s",
             "--lease",
-            "1500ms",
+            "3s",
             "--heartbeat",
-            "500ms",
+            "250ms",
             "--reconcile-interval",
             "100ms",
             "--shutdown-delay",
@@ -409,10 +417,12 @@ async fn rolling_restarts_under_load_show_callers_no_errors() {
         // Not short: the test is about the staged shutdown, and a stall of
         // a loaded machine must not let the other replica take over live
         // work.
+        "--db-statement-timeout",
+        "1s",
         "--lease",
         "3s",
         "--heartbeat",
-        "1s",
+        "250ms",
     ];
     let mut a = Replica::new("roll-a", &db, &sim.nova_url, &flags);
     let mut b = Replica::new("roll-b", &db, &sim.nova_url, &flags);
@@ -497,10 +507,14 @@ async fn killing_one_of_two_replicas_under_load_loses_nothing() {
         "0s",
         "--settle-window",
         "500ms",
+        // The least lease a 1s round-trip bound allows (2.75s), for a
+        // quick takeover.
+        "--db-statement-timeout",
+        "1s",
         "--lease",
-        "1500ms",
+        "3s",
         "--heartbeat",
-        "500ms",
+        "250ms",
         "--reconcile-interval",
         "100ms",
     ];
@@ -972,7 +986,7 @@ async fn a_replica_paused_past_its_lease_stops_at_once_and_answers_the_decision_
             let store = store.clone();
             async move {
                 store
-                    .operation_get_by_key(None, "paused-attach")
+                    .operation_get_by_key(&crate::support::ck(None, "paused-attach"))
                     .await
                     .unwrap()
                     .is_some_and(|op| op.state.is_terminal())
@@ -981,7 +995,7 @@ async fn a_replica_paused_past_its_lease_stops_at_once_and_answers_the_decision_
     )
     .await;
     let op = store
-        .operation_get_by_key(None, "paused-attach")
+        .operation_get_by_key(&crate::support::ck(None, "paused-attach"))
         .await
         .unwrap()
         .unwrap();

@@ -15,4 +15,5 @@ mod operating;
 mod operator_cli;
 mod operator_logs;
 mod production_kit;
+mod reasons;
 mod startup;

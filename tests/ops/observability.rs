@@ -168,7 +168,9 @@ async fn seed_unknown(app: &TestApp) -> Uuid {
     let params = RequestParams::default();
     let new = NewOperation {
         id,
-        idempotency_key: format!("u-{id}"),
+        key: volume_reconciler::domain::CallerKey::parse(None, &format!("u-{id}"))
+            .unwrap()
+            .into(),
         fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
         action: Action::Attach,
         server_id: server,
@@ -181,7 +183,6 @@ async fn seed_unknown(app: &TestApp) -> Uuid {
         lease_owner: "crashed".into(),
         // Expired at once: the crashed replica's lease is over.
         lease_for: Duration::ZERO,
-        caller: None,
         trace: None,
         replica: "crashed".into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],
@@ -290,7 +291,7 @@ async fn every_answer_is_counted_and_timed_with_its_canonical_code() {
         let store = store.clone();
         async move {
             matches!(
-                store.operation_get_by_key(Some("ci"), "o-4").await.unwrap(),
+                store.operation_get_by_key(&crate::support::ck(Some("ci"), "o-4")).await.unwrap(),
                 Some(op) if op.state == State::InProgress
             )
         }

@@ -166,7 +166,7 @@ async fn a_device_longer_than_novas_column_is_refused_naming_the_field() {
     assert_eq!(app.sim.attach_requests(v), 0, "Nova never saw it");
     assert!(
         app.store
-            .operation_get_by_key(None, "long-device")
+            .operation_get_by_key(&crate::support::ck(None, "long-device"))
             .await
             .unwrap()
             .is_none(),

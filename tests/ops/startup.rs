@@ -635,7 +635,7 @@ async fn a_nova_refusing_connections_for_the_whole_budget_is_unreachable_and_the
     );
     let op = app
         .store
-        .operation_get_by_key(None, "refused-all-along")
+        .operation_get_by_key(&crate::support::ck(None, "refused-all-along"))
         .await
         .unwrap()
         .expect("recorded");

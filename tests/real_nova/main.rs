@@ -97,7 +97,7 @@ const LONG: Duration = Duration::from_secs(30);
 
 async fn row(app: &TestApp, key: &str) -> Operation {
     app.store
-        .operation_get_by_key(None, key)
+        .operation_get_by_key(&crate::support::ck(None, key))
         .await
         .expect("the ledger answers")
         .expect("the row exists")
@@ -635,7 +635,11 @@ async fn locked(mv: &str) {
     support::eventually(Duration::from_secs(20), "a retry on the 409", || {
         let store = store.clone();
         async move {
-            match store.operation_get_by_key(None, "unlocked").await.unwrap() {
+            match store
+                .operation_get_by_key(&crate::support::ck(None, "unlocked"))
+                .await
+                .unwrap()
+            {
                 Some(op) => op.attempts >= 2,
                 None => false,
             }

@@ -49,7 +49,9 @@ async fn left_op(
     let params = RequestParams::default();
     let new = NewOperation {
         id,
-        idempotency_key: format!("u-{id}"),
+        key: volume_reconciler::domain::CallerKey::parse(None, &format!("u-{id}"))
+            .unwrap()
+            .into(),
         fingerprint: request_fingerprint(action, server, volume, &params),
         action,
         server_id: server,
@@ -60,7 +62,6 @@ async fn left_op(
         deadline_in: deadline_in.to_std().unwrap_or_default(),
         lease_owner: "crashed".into(),
         lease_for: Duration::ZERO,
-        caller: None,
         trace: None,
         replica: "crashed".into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],
@@ -447,7 +448,7 @@ async fn a_replay_on_another_replica_waits_as_a_registered_watcher() {
             let store = store.clone();
             async move {
                 store
-                    .operation_get_by_key(None, "replayed-elsewhere")
+                    .operation_get_by_key(&crate::support::ck(None, "replayed-elsewhere"))
                     .await
                     .unwrap()
                     .is_some()
@@ -457,7 +458,7 @@ async fn a_replay_on_another_replica_waits_as_a_registered_watcher() {
     .await;
     let id = a
         .store
-        .operation_get_by_key(None, "replayed-elsewhere")
+        .operation_get_by_key(&crate::support::ck(None, "replayed-elsewhere"))
         .await
         .unwrap()
         .unwrap()

@@ -11,7 +11,8 @@ use support::proxy::{Lose, Proxy};
 use tokio::time::Instant;
 use uuid::Uuid;
 use volume_reconciler::domain::{
-    Action, NewEvent, OperationError, RequestParams, Resolution, State, request_fingerprint,
+    Action, CallerKey, NewEvent, OperationError, RequestParams, Resolution, State,
+    request_fingerprint,
 };
 use volume_reconciler::store::{
     CreateOutcome, DbFailure, HeldLease, NewOperation, OperationFilter, Renewal, Store, StoreError,
@@ -42,7 +43,7 @@ fn new_op(key: &str, volume: Uuid, state: State) -> NewOperation {
     let params = RequestParams::default();
     NewOperation {
         id: Uuid::now_v7(),
-        idempotency_key: key.into(),
+        key: CallerKey::parse(Some("tester"), key).unwrap().into(),
         fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
         action: Action::Attach,
         server_id: server,
@@ -54,7 +55,6 @@ fn new_op(key: &str, volume: Uuid, state: State) -> NewOperation {
         lease_owner: "owner".into(),
         // Expired at once: claimable (like a holder that died).
         lease_for: Duration::ZERO,
-        caller: Some("tester".into()),
         trace: None,
         replica: "r0".into(),
         events: vec![
@@ -68,7 +68,7 @@ fn new_op(key: &str, volume: Uuid, state: State) -> NewOperation {
 /// `new_op` of another caller.
 fn new_op_of(caller: &str, key: &str, volume: Uuid) -> NewOperation {
     NewOperation {
-        caller: Some(caller.into()),
+        key: CallerKey::parse(Some(caller), key).unwrap().into(),
         ..new_op(key, volume, State::InProgress)
     }
 }
@@ -127,7 +127,7 @@ async fn keys_are_unique_and_replays_join(store: Arc<dyn Store>) {
     }
     assert_eq!(
         store
-            .operation_get_by_key(Some("tester"), "k")
+            .operation_get_by_key(&crate::support::ck(Some("tester"), "k"))
             .await
             .unwrap()
             .unwrap()
@@ -564,7 +564,7 @@ async fn keys_are_per_caller(store: Arc<dyn Store>) {
     let anonymous = create(
         store.as_ref(),
         NewOperation {
-            caller: None,
+            key: CallerKey::parse(None, "shared").unwrap().into(),
             ..new_op("shared", Uuid::new_v4(), State::InProgress)
         },
     )
@@ -576,7 +576,7 @@ async fn keys_are_per_caller(store: Arc<dyn Store>) {
     ] {
         assert_eq!(
             store
-                .operation_get_by_key(caller, "shared")
+                .operation_get_by_key(&crate::support::ck(caller, "shared"))
                 .await
                 .unwrap()
                 .unwrap()
@@ -586,7 +586,7 @@ async fn keys_are_per_caller(store: Arc<dyn Store>) {
     }
     assert!(
         store
-            .operation_get_by_key(Some("carol"), "shared")
+            .operation_get_by_key(&crate::support::ck(Some("carol"), "shared"))
             .await
             .unwrap()
             .is_none()
@@ -1528,7 +1528,7 @@ async fn postgres_an_intent_run_past_its_record_by_time_is_not_recorded_and_says
     );
     assert!(
         store
-            .operation_get_by_key(Some("tester"), "late")
+            .operation_get_by_key(&crate::support::ck(Some("tester"), "late"))
             .await
             .unwrap()
             .is_none()

@@ -626,7 +626,9 @@ async fn the_previous_release_keeps_working_while_the_new_one_serves_on_the_expa
 async fn new_release_attach(store: &PgStore, caller: &str, key: &str) -> uuid::Uuid {
     use std::time::Duration;
     let new = volume_reconciler::store::NewOperation {
-        caller: Some(caller.into()),
+        key: volume_reconciler::domain::CallerKey::parse(Some(caller), key)
+            .unwrap()
+            .into(),
         ..support::pending_attach(
             key,
             "new-release",

@@ -80,7 +80,10 @@ pub async fn row(app: &TestApp, id: Uuid) -> Operation {
 }
 
 pub async fn row_by_key(app: &TestApp, key: &str) -> Option<Operation> {
-    app.store.operation_get_by_key(None, key).await.unwrap()
+    app.store
+        .operation_get_by_key(&crate::support::ck(None, key))
+        .await
+        .unwrap()
 }
 
 pub async fn log(app: &TestApp, id: Uuid) -> Vec<OperationEvent> {
@@ -114,7 +117,7 @@ pub async fn recorded(app: &TestApp, key: &str) -> Operation {
         let (store, key) = (store.clone(), key.to_string());
         async move {
             store
-                .operation_get_by_key(None, &key)
+                .operation_get_by_key(&crate::support::ck(None, &key))
                 .await
                 .unwrap()
                 .is_some()

@@ -181,6 +181,13 @@ pub async fn spawn_app(opts: AppOptions) -> TestApp {
         "5s",
         "--db-max-connections",
         "8",
+        // The lease follows the round-trip bound (2 × 2s + 500ms + 500ms:
+        // 5s): a dead replica's work is taken over within seconds, and a
+        // statement of a loaded machine has four times the room it needs.
+        "--db-statement-timeout",
+        "2s",
+        "--heartbeat",
+        "500ms",
         "--no-reconciler",
     ]
     .iter()
@@ -355,7 +362,9 @@ pub fn pending_attach(
     let params = RequestParams::default();
     volume_reconciler::store::NewOperation {
         id: uuid::Uuid::now_v7(),
-        idempotency_key: key.into(),
+        key: volume_reconciler::domain::CallerKey::parse(None, key)
+            .unwrap()
+            .into(),
         fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
         action: Action::Attach,
         server_id: server,
@@ -366,7 +375,6 @@ pub fn pending_attach(
         deadline_in,
         lease_owner: by.into(),
         lease_for,
-        caller: None,
         trace: None,
         replica: by.into(),
         events: vec![NewEvent::new("recorded", "seeded by the test")],
@@ -388,4 +396,9 @@ pub async fn record_new(
         CreateOutcome::Created(op) => op.id,
         CreateOutcome::Existing(op) => panic!("a fresh key joined {op:?}"),
     }
+}
+
+/// A caller's key, as a test names it (`None`: the anonymous caller).
+pub fn ck(caller: Option<&str>, key: &str) -> volume_reconciler::domain::CallerKey {
+    volume_reconciler::domain::CallerKey::parse(caller, key).expect("a valid key")
 }

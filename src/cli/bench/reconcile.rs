@@ -100,7 +100,8 @@ async fn seed(store: &dyn Store, args: &ReconcileBenchArgs) -> anyhow::Result<()
         let params = RequestParams::default();
         let new = NewOperation {
             id: Uuid::now_v7(),
-            idempotency_key: format!("rb-{}", Uuid::new_v4().simple()),
+            key: crate::domain::CallerKey::parse(None, &format!("rb-{}", Uuid::new_v4().simple()))?
+                .into(),
             fingerprint: request_fingerprint(Action::Attach, server, v, &params),
             action: Action::Attach,
             server_id: server,
@@ -112,7 +113,6 @@ async fn seed(store: &dyn Store, args: &ReconcileBenchArgs) -> anyhow::Result<()
             deadline_in: Duration::ZERO,
             lease_owner: "bench-crashed".into(),
             lease_for: Duration::ZERO,
-            caller: None,
             trace: None,
             replica: "bench".into(),
             events: vec![NewEvent::new("recorded", "seeded by bench reconcile")],

@@ -287,7 +287,11 @@ impl Context {
         let key = key_of(h, n);
         // The operator finds the operation by the caller's key.
         let caller = caller_name(h.calls[n].client);
-        let op = match self.store.operation_get_by_key(Some(&caller), &key).await {
+        let Ok(key) = crate::domain::CallerKey::parse(Some(&caller), &key) else {
+            tracing::debug!(key, "chaos: an operator's key that is no key");
+            return;
+        };
+        let op = match self.store.operation_get_by_key(&key).await {
             Ok(Some(op)) => op,
             // Nothing to act on (yet): no call made it; an operator would
             // find nothing either.

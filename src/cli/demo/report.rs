@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::faults::Plan;
 use super::{Tally, lock, ms};
 use crate::cli::output::{align_right, bare_table, plain_table, quantile};
-use crate::domain::{Action, Reason, Resolution, State};
+use crate::domain::{Action, CallerKey, Reason, Resolution, State};
 use crate::executor::metrics::ExecutorMetrics;
 use crate::sim;
 use crate::store::Store;
@@ -35,10 +35,10 @@ pub async fn compare(store: &dyn Store, sim: &sim::Sim, plan: &Plan) -> anyhow::
     let mut verdict = Verdict::default();
     for (s, v) in &plan.volumes {
         let att = store
-            .operation_get_by_key(None, &format!("demo-attach-{v}"))
+            .operation_get_by_key(&CallerKey::parse(None, &format!("demo-attach-{v}"))?)
             .await?;
         let det = store
-            .operation_get_by_key(None, &format!("demo-detach-{v}"))
+            .operation_get_by_key(&CallerKey::parse(None, &format!("demo-detach-{v}"))?)
             .await?;
         // Effects that stood: a rolled-back attach did not attach.
         let rollbacks = sim.rollbacks(*v);

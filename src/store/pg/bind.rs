@@ -213,7 +213,7 @@ fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
     };
     let cols = Cols::new(many, one, news)
         .bind(|n| n.id)
-        .bind(|n| n.idempotency_key.clone())
+        .bind(|n| n.stored_key())
         .bind(|n| n.fingerprint.clone())
         .bind(|n| n.action.as_str().to_string())
         .bind(|n| n.state.as_str().to_string())
@@ -224,7 +224,7 @@ fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
         .bind(|n| n.deadline_in.as_secs_f64() * 1000.0)
         .bind(|n| n.lease_owner.clone())
         .bind(|n| n.lease_for.as_secs_f64() * 1000.0)
-        .bind(|n| n.caller.clone())
+        .bind(|n| n.caller_name())
         .bind(|n| n.trace.as_ref().map(|t| t.traceparent()))
         .bind(|n| {
             n.trace
@@ -232,12 +232,36 @@ fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
                 .and_then(|t| t.tracestate().map(str::to_string))
         })
         .bind(|n| n.key_hash().uuid())
-        .bind(|n| n.record_by.unwrap_or(*WHENEVER));
+        .bind(|n| n.record_by.unwrap_or(*WHENEVER))
+        .bind(|n| n.ensure());
     let intents: Vec<Option<Jsonb>> = json.iter_mut().map(|(intent, _)| intent.take()).collect();
     let logs: Vec<Option<Jsonb>> = json.into_iter().map(|(_, log)| log).collect();
     let q = cols.bind_owned(intents);
     let q = if logged { q.bind_owned(logs).q } else { q.q };
     Batch { q }
+}
+
+/// One intent's insert, guarded (`ON CONFLICT DO NOTHING`), for a
+/// transaction of its own (a key handed on); its row back if inserted
+/// (`intent_of`).
+pub(super) fn create_guarded(
+    new: &NewOperation,
+) -> sqlx::query::Query<'static, Postgres, PgArguments> {
+    creates(&[new], true).q
+}
+
+/// The operation an intent's insert returned (what the database set, the
+/// rest from the intent).
+pub(super) fn intent_of(new: &NewOperation, row: &PgRow) -> Result<Operation, StoreError> {
+    let mut made = inserted(&[new], std::slice::from_ref(row))?;
+    match made.remove(&new.id) {
+        Some(Ok(Some(op))) => Ok(op),
+        _ => Err(StoreError::database(
+            "reading what an intent's write set",
+            crate::store::DbFailure::Constraint,
+            "the insert returned another operation's row",
+        )),
+    }
 }
 
 /// Log rows appended to a batch's operations.
@@ -278,6 +302,7 @@ fn transitions(ts: &[&Transition]) -> Batch {
         .bind(|t| t.write_id)
         .bind(|t| t.escalation.clone())
         .bind(|t| t.replica.clone())
+        .bind(|t| t.base.attempt_unsent)
         .bind(|t| log_events(&t.events))
         .q;
     Batch { q }

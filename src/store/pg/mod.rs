@@ -58,7 +58,7 @@ use super::{
     CreateOutcome, DbFailure, DbObserver, HeldLease, NewOperation, OperationFilter, OperationPage,
     PruneRound, Renewal, RoundTrip, Saturation, StateCount, Store, StoreError, Transition, within,
 };
-use crate::domain::{KeyHash, NewEvent, Operation, OperationEvent, State};
+use crate::domain::{CallerKey, NewEvent, Operation, OperationEvent, State};
 
 column!(Postgres, Id, Uuid, |v| Ok(Id(v)));
 column!(Postgres, Time, DateTime<Utc>, |v| Ok(Time(v)));
@@ -67,6 +67,17 @@ column!(Postgres, Json, serde_json::Value, |v| Ok(Json::Value(v)));
 /// Appending events has no caller's deadline (background work); a write
 /// that waits this long for the group commit is given up and reported.
 const APPEND_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The event an attempt marked unsent logs (both stores).
+pub(crate) fn unsent_event(epoch: i64, attempts: i32) -> NewEvent {
+    NewEvent::new(
+        crate::domain::event::ATTEMPT_UNSENT,
+        "its holder lost the lease before this attempt's request left, and no earlier request \
+         may still take effect: decided as never sent (re-sent within its deadline, else FAILED NOT_SENT)",
+    )
+    .with("lease_epoch", epoch)
+    .with("attempts", attempts)
+}
 
 /// The PostgreSQL ledger (`connect` opens it).
 pub struct PgStore {
@@ -123,8 +134,24 @@ impl Store for PgStore {
                     "recording the operation",
                     Box::pin(self.why_not_inserted(&new)),
                 );
-                if let Some(found) = Box::pin(why).await? {
-                    return found;
+                // Taken apart before the next await: a scrutinee matched
+                // across it would keep its room (536 bytes) in every
+                // waiting intent's future.
+                let old = match Box::pin(why).await? {
+                    Some(rows::Conflict::Answer(found)) => return found,
+                    Some(rows::Conflict::FreedKey(old)) => old,
+                    None => continue,
+                };
+                // The key saved no result: handed on to this intent, unless
+                // another replay took it first (then the next try joins
+                // that one).
+                let handed = within(
+                    deadline,
+                    "recording the operation",
+                    Box::pin(self.hand_key_on(&old, &new)),
+                );
+                if let Some(op) = Box::pin(handed).await? {
+                    return Ok(CreateOutcome::Created(op));
                 }
             }
             Err(StoreError::database(
@@ -143,13 +170,12 @@ impl Store for PgStore {
             .pop())
     }
 
-    async fn operation_get_by_key(
-        &self,
-        caller: Option<&str>,
-        key: &str,
-    ) -> Result<Option<Operation>, StoreError> {
-        let (caller, key) = (caller.unwrap_or("").to_string(), key.to_string());
-        let hash = KeyHash::of(Some(&caller), &key).uuid();
+    async fn operation_get_by_key(&self, key: &CallerKey) -> Result<Option<Operation>, StoreError> {
+        let hash = key.hash().uuid();
+        let (caller, key) = (
+            key.caller().as_str().to_string(),
+            key.key().as_str().to_string(),
+        );
         let q = move || {
             sqlx::query(sqlx::AssertSqlSafe(sql::BY_KEY.as_str()))
                 .bind(hash)
@@ -237,22 +263,35 @@ impl Store for PgStore {
         held: &[Uuid],
     ) -> Result<Vec<Operation>, StoreError> {
         let sql = sql::claim_many_sql();
-        let (replica, held) = (replica.to_string(), held.to_vec());
+        // The claim's rows carry its tag (`last_write`), so that a claim
+        // whose reply was lost can give back what it may have taken.
+        let tag = Uuid::now_v7();
+        let (name, held) = (replica.to_string(), held.to_vec());
         let q = move || {
             sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                .bind(replica.clone())
+                .bind(name.clone())
                 .bind(lease.as_millis() as f64)
                 .bind(i64::from(limit))
                 .bind(held.clone())
+                .bind(tag)
         };
-        // Safe to run again: rows a lost first run claimed are this
-        // replica's until their lease expires, then claimed anew.
-        let rows = self
-            .read(RoundTrip::Reconcile, "claiming operations", |c| {
+        // Made once, never run blind again: a second run would claim
+        // other rows while the first run's, had it committed, waited out
+        // their lease with nobody working on them.
+        let claimed = self
+            .write_once(RoundTrip::Reconcile, "claiming operations", |c| {
                 Box::pin(read::fetch_all_by_index(c, q()))
             })
-            .await?;
-        rows::operations(&rows)
+            .await;
+        match claimed {
+            Ok(rows) => rows::operations(&rows),
+            Err(e) => {
+                if e.may_have_written() {
+                    self.release_claimed(replica, tag).await;
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn operation_claim_one(
@@ -263,11 +302,13 @@ impl Store for PgStore {
     ) -> Result<Option<Operation>, StoreError> {
         let sql = sql::claim_one_sql();
         let replica = replica.to_string();
+        let tag = Uuid::now_v7();
         let q = move || {
             sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(replica.clone())
                 .bind(lease.as_millis() as f64)
                 .bind(id)
+                .bind(tag)
         };
         // Made once: a second run after a lost first one would find the
         // lease held (by this replica) and claim nothing.
@@ -538,10 +579,9 @@ impl Store for PgStore {
 
     async fn operation_key_expired(
         &self,
-        caller: Option<&str>,
-        key: &str,
+        key: &CallerKey,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let hash = KeyHash::of(caller, key).uuid();
+        let hash = key.hash().uuid();
         self.read(RoundTrip::Read, "reading a key's tombstone", move |c| {
             Box::pin(
                 sqlx::query_scalar(sql::KEY_TOMBSTONE)
@@ -550,6 +590,37 @@ impl Store for PgStore {
             )
         })
         .await
+    }
+
+    async fn operation_mark_unsent(
+        &self,
+        id: Uuid,
+        epoch: i64,
+        attempts: i32,
+        replica: &str,
+    ) -> Result<bool, StoreError> {
+        let events = bind::events_array(&[unsent_event(epoch, attempts)]);
+        let (write, replica) = (Uuid::now_v7(), replica.to_string());
+        let n: i64 = self
+            .write_once(
+                RoundTrip::Lease,
+                "marking an attempt that never left",
+                move |c| {
+                    let (events, replica) = (events.clone(), replica.clone());
+                    Box::pin(
+                        sqlx::query_scalar(sql::MARK_UNSENT)
+                            .bind(id)
+                            .bind(epoch)
+                            .bind(attempts)
+                            .bind(write)
+                            .bind(replica)
+                            .bind(events)
+                            .fetch_one(c),
+                    )
+                },
+            )
+            .await?;
+        Ok(n > 0)
     }
 
     async fn close(&self) {

@@ -14,15 +14,14 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::PgStore;
-use super::bind::Jsonb;
+use super::bind::{self, Jsonb};
 use super::bounds::Bounds;
 use super::conns::{Conns, Repeat};
 use super::sql::{self, NOTIFY_CHANNEL};
-use crate::domain::Operation;
+use crate::domain::{KeyHash, Operation};
 use crate::store::rows::{self, list_statement};
 use crate::store::{
-    CreateOutcome, DbFailure, NewOperation, OperationFilter, RoundTrip, StateCount, Store,
-    StoreError,
+    DbFailure, NewOperation, OperationFilter, RoundTrip, StateCount, Store, StoreError,
 };
 
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
@@ -89,7 +88,7 @@ impl PgStore {
     pub(super) async fn why_not_inserted(
         &self,
         new: &NewOperation,
-    ) -> Result<Option<Result<CreateOutcome, StoreError>>, StoreError> {
+    ) -> Result<Option<rows::Conflict>, StoreError> {
         let (hash, volume) = (new.key_hash().uuid(), new.volume_id);
         let found = self
             .read(
@@ -107,14 +106,13 @@ impl PgStore {
             return Ok(Some(why));
         }
         // No operation has the key: its tombstone kept the intent out ...
-        let expired = self
-            .operation_key_expired(new.caller.as_deref(), &new.idempotency_key)
-            .await?;
-        if let Some(pruned_at) = expired {
-            return Ok(Some(Err(StoreError::KeyExpired {
-                key: new.idempotency_key.clone(),
+        if let Some(key) = new.key.keyed()
+            && let Some(pruned_at) = self.operation_key_expired(key).await?
+        {
+            return Ok(Some(rows::Conflict::Answer(Err(StoreError::KeyExpired {
+                key: key.key().as_str().to_string(),
                 pruned_at,
-            })));
+            }))));
         }
         // ... or its guard: the database's clock read past `record_by`
         // (this read corrects the bound it was drawn from, if the server's
@@ -123,17 +121,98 @@ impl PgStore {
         if let Some(by) = new.record_by {
             let now = self.now().await?;
             if now >= by {
-                return Ok(Some(Err(StoreError::database(
+                return Ok(Some(rows::Conflict::Answer(Err(StoreError::database(
                     "recording the operation",
                     DbFailure::Contention,
                     format!(
                         "the database's clock ({now}) was past the time the intent had to be \
                          recorded by ({by}) when it ran; nothing was recorded"
                     ),
-                ))));
+                )))));
             }
         }
         Ok(None)
+    }
+
+    /// Gives back what the claim tagged `tag` took for `replica`, if it
+    /// committed (its reply was lost): released, those operations are the
+    /// next round's to claim, anyone's, with no settle window started
+    /// again. One bounded try: what it cannot release lapses after a lease.
+    pub(super) async fn release_claimed(&self, replica: &str, tag: Uuid) {
+        let replica = replica.to_string();
+        let released = self
+            .write_once(
+                RoundTrip::Reconcile,
+                "releasing a claim of unknown outcome",
+                move |c| {
+                    let replica = replica.clone();
+                    Box::pin(async move {
+                        sqlx::query(sql::RELEASE_CLAIMED)
+                            .bind(replica)
+                            .bind(tag)
+                            .execute(c)
+                            .await
+                    })
+                },
+            )
+            .await;
+        match released {
+            Ok(done) if done.rows_affected() > 0 => tracing::info!(
+                released = done.rows_affected(),
+                "a claim whose reply was lost had committed: released what it took"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e,
+                "could not release what a claim of unknown outcome took; it lapses after one lease"),
+        }
+    }
+
+    /// Hands a key that saved no result (`old`: FAILED, `Operation::frees_key`)
+    /// on to `new`, in one transaction: `old` gives up its key's hash and
+    /// `new` is inserted under the key, each with an event saying so. The
+    /// new row; `None` when it was not inserted (another replay handed the
+    /// key on first, or the volume is busy: the caller looks again why).
+    /// Made once: a lost acknowledgement is an outcome the executor reads
+    /// back by the new operation's id.
+    pub(super) async fn hand_key_on(
+        &self,
+        old: &Operation,
+        new: &NewOperation,
+    ) -> Result<Option<Operation>, StoreError> {
+        let (on_old, on_new) = crate::domain::key_handed_on(old, new.id);
+        let mut new = new.clone();
+        new.events.push(on_new);
+        let (old_id, live) = (old.id, new.key_hash().uuid());
+        let retired = KeyHash::unkeyed("retired", old_id).uuid();
+        let (write, replica) = (Uuid::now_v7(), new.replica.clone());
+        let events = bind::events_array(&[on_old]);
+        let new = std::sync::Arc::new(new);
+        let row = self
+            .write_once(RoundTrip::Intent, "handing a key on", |c| {
+                let (events, replica, new) = (events.clone(), replica.clone(), new.clone());
+                Box::pin(async move {
+                    let mut tx = sqlx::Connection::begin(c).await?;
+                    let took: Option<Uuid> = sqlx::query_scalar(sql::write::RETIRE_KEY)
+                        .bind(old_id)
+                        .bind(retired)
+                        .bind(live)
+                        .bind(write)
+                        .bind(replica)
+                        .bind(events)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    if took.is_none() {
+                        return Ok(None);
+                    }
+                    let row = bind::create_guarded(&new).fetch_optional(&mut *tx).await?;
+                    if row.is_some() {
+                        tx.commit().await?;
+                    }
+                    Ok(row)
+                })
+            })
+            .await?;
+        row.map(|r| bind::intent_of(&new, &r)).transpose()
     }
 
     /// The operations a query returns (by id or by key: at most one).

@@ -169,6 +169,8 @@ pub fn pgbench_script() -> String {
             "gen_random_uuid()",
             // The time past which it may no longer be recorded.
             "(now() + interval '10 seconds')",
+            // A keyed call's, not an Ensure call's.
+            "false",
             "'{\"replica\":\"pgbench\",\"metadata\":{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\",\"caller_span_id\":\"-\"},\"derived\":[\"idempotency_key\",\"caller\",\"trace_id\",\"traceparent\"]}'::jsonb",
             // No events beyond `recorded`: the statement without the log row.
         ],
@@ -191,6 +193,8 @@ pub fn pgbench_script() -> String {
             "__WRITEID__",
             "NULL::text",
             "'pgbench'",
+            // The row was read without an unsent mark.
+            "false",
             "'[{\"kind\":\"request_sent\",\"detail\":\"POST attach request #1\",\"metadata\":{\"attempt\":\"1\",\"outbound_deadline_ms\":\"23500\"},\"ago_ms\": 1.5},{\"kind\":\"response\",\"detail\":\"Nova answered 200: attachment created\",\"metadata\":{\"status\":\"200\"},\"ago_ms\": 1},{\"kind\":\"resolved\",\"detail\":\"attached\",\"metadata\":{\"state\":\"succeeded\"},\"ago_ms\": 0}]'::jsonb",
         ],
     );

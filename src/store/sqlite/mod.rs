@@ -47,7 +47,7 @@ use super::{
     CreateOutcome, DbFailure, HeldLease, NewOperation, OperationFilter, OperationPage, PruneRound,
     Renewal, StateCount, Store, StoreError, Transition, within,
 };
-use crate::domain::{KeyHash, NewEvent, Operation, OperationError, OperationEvent, State, event};
+use crate::domain::{CallerKey, NewEvent, Operation, OperationError, OperationEvent, State, event};
 
 /// The embedded migrations of `migrations/sqlite` (src/store/migrations.rs).
 pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
@@ -358,14 +358,10 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn operation_get_by_key(
-        &self,
-        caller: Option<&str>,
-        key: &str,
-    ) -> Result<Option<Operation>, StoreError> {
+    async fn operation_get_by_key(&self, key: &CallerKey) -> Result<Option<Operation>, StoreError> {
         self.fetch_one_operation(
             rows::by_key_sql(),
-            &[caller.unwrap_or(""), key],
+            &[key.caller().as_str(), key.key().as_str()],
             "reading an operation by key",
         )
         .await
@@ -843,17 +839,46 @@ impl Store for SqliteStore {
 
     async fn operation_key_expired(
         &self,
-        caller: Option<&str>,
-        key: &str,
+        key: &CallerKey,
     ) -> Result<Option<chrono::DateTime<chrono::Utc>>, StoreError> {
         let us: Option<i64> =
             sqlx::query_scalar("SELECT pruned_at FROM idempotency_tombstones WHERE key_hash = ?")
-                .bind(KeyHash::of(caller, key).bytes().to_vec())
+                .bind(key.hash().bytes().to_vec())
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db("reading a key's tombstone"))?;
         us.map(|us| instant_of(us, "idempotency_tombstones", "pruned_at"))
             .transpose()
+    }
+
+    async fn operation_mark_unsent(
+        &self,
+        id: Uuid,
+        epoch: i64,
+        attempts: i32,
+        replica: &str,
+    ) -> Result<bool, StoreError> {
+        const WHAT: &str = "marking an attempt that never left";
+        let mut tx = self.begin_write().await?;
+        let now = now_us();
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE operations SET attempt_unsent = 1, next_attempt_at = ?1, updated_at = ?1
+             WHERE id = ?2 AND attempt_epoch = ?3 AND attempts = ?4 AND {OPEN} AND NOT attempt_unsent"
+        )))
+        .bind(now)
+        .bind(id.to_string())
+        .bind(epoch)
+        .bind(attempts)
+        .execute(&mut *tx)
+        .await
+        .map_err(db(WHAT))?;
+        let marked = done.rows_affected() > 0;
+        if marked {
+            let ev = crate::store::pg::unsent_event(epoch, attempts);
+            insert_events(&mut tx, id, replica, None, &[ev]).await?;
+        }
+        tx.commit().await.map_err(db(WHAT))?;
+        Ok(marked)
     }
 
     async fn close(&self) {
@@ -885,32 +910,50 @@ impl SqliteStore {
             if let Some(pruned_at) = write::tombstone_of(&mut tx, &new).await? {
                 tx.rollback().await.map_err(db("recording the operation"))?;
                 return Err(StoreError::KeyExpired {
-                    key: new.idempotency_key.clone(),
+                    key: new.stored_key(),
                     pruned_at,
                 });
             }
-            let Some(op) = insert_intent(&mut tx, &new).await? else {
+            let mut new = std::borrow::Cow::Borrowed(&new);
+            let mut inserted = insert_intent(&mut tx, &new).await?;
+            if inserted.is_none()
+                && let Some(rows::Conflict::FreedKey(old)) = conflict_in(&mut tx, &new).await?
+            {
+                // The key saved no result: handed on to this intent, in
+                // this transaction.
+                let (on_old, on_new) = crate::domain::key_handed_on(&old, new.id);
+                if write::retire_key(&mut tx, &old, &new.lease_owner, on_old).await? {
+                    new.to_mut().events.push(on_new);
+                    inserted = insert_intent(&mut tx, &new).await?;
+                }
+            }
+            let Some(op) = inserted else {
                 // The key exists (a replay joins even while its volume is
                 // busy with itself), or the volume is busy.
-                let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
-                    .bind(&new.idempotency_key)
-                    .bind(new.volume_id.to_string())
-                    .bind(new.caller.as_deref().unwrap_or(""))
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db("looking up why an intent was not recorded"))?;
+                let found = conflict_in(&mut tx, &new).await?;
                 tx.rollback().await.map_err(db("recording the operation"))?;
-                // Neither, in the same transaction: the only other unique
-                // column, the id, is another key's.
-                return rows::not_inserted(&new, found.as_ref())
-                    .unwrap_or_else(|| {
-                        Err(StoreError::database(
-                            "recording the operation",
-                            DbFailure::Constraint,
-                            format!("operation id {} belongs to another key", new.id),
-                        ))
-                    })
-                    .map(Err);
+                let answer = match found {
+                    Some(rows::Conflict::Answer(answer)) => answer,
+                    // Handed on in this transaction, yet in the way: the
+                    // key's new operation is another's write (one writer:
+                    // never).
+                    Some(rows::Conflict::FreedKey(old)) => Err(StoreError::database(
+                        "recording the operation",
+                        DbFailure::Constraint,
+                        format!(
+                            "the key of operation {} stayed in the way after it was handed on",
+                            old.id
+                        ),
+                    )),
+                    // Neither, in the same transaction: the only other
+                    // unique column, the id, is another key's.
+                    None => Err(StoreError::database(
+                        "recording the operation",
+                        DbFailure::Constraint,
+                        format!("operation id {} belongs to another key", new.id),
+                    )),
+                };
+                return answer.map(Err);
             };
             // The intent's `recorded` event is in its row (`intent`); the
             // events after it (Cinder's word before sending) are logged
@@ -943,10 +986,29 @@ impl SqliteStore {
     }
 }
 
+/// What stands in the way of `new` (see `rows::not_inserted`), read in
+/// the intent's transaction.
+async fn conflict_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    new: &NewOperation,
+) -> Result<Option<rows::Conflict>, StoreError> {
+    let found = sqlx::query(sqlx::AssertSqlSafe(rows::conflict_sql()))
+        .bind(new.stored_key())
+        .bind(new.volume_id.to_string())
+        .bind(new.key.caller().as_str())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db("looking up why an intent was not recorded"))?;
+    Ok(rows::not_inserted(new, found.as_ref()))
+}
+
 /// The new `last_request_at` of a claimed row, as PostgreSQL's claim
 /// writes it (`store::pg::sql`'s `TAKEOVER_RESTAMP`, which says why): at a
-/// takeover of an expired lease, the old lease's end when it is later.
-/// SQLite reads every column of a `SET` from the row before the update.
+/// takeover of an expired lease under which an attempt was recorded (and
+/// not known unsent), the old lease's end when it is later. SQLite reads
+/// every column of a `SET` from the row before the update.
 const TAKEOVER_RESTAMP: &str =
     "CASE WHEN lease_owner IS NOT NULL AND last_request_at < lease_expires_at
+                      AND NOT attempt_unsent
+                      AND (attempt_epoch = lease_epoch OR (attempt_epoch IS NULL AND attempts > 0))
                      THEN lease_expires_at ELSE last_request_at END";

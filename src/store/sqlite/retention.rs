@@ -28,7 +28,8 @@ pub(super) fn begin(pool: &SqlitePool, lock: &Arc<Mutex<()>>) -> Option<Box<dyn 
 /// The cutoff in microseconds: `keep` before now, as if the clock read
 /// `ahead` later.
 /// The oldest decisions before `?1`, at most `?2`: by `operations_decided`.
-pub(super) const VICTIMS: &str = "SELECT id, caller, idempotency_key, completed_at FROM operations
+pub(super) const VICTIMS: &str = "SELECT id, caller, idempotency_key, completed_at,
+         (ensure OR key_retired_at IS NOT NULL) AS keyless FROM operations
      WHERE completed_at IS NOT NULL AND completed_at < ?1 ORDER BY completed_at LIMIT ?2";
 
 /// When the oldest decision was made: by `operations_decided`.
@@ -44,7 +45,7 @@ impl PruneRound for SqliteRound {
     async fn prune_batch(&mut self, p: &PruneParams) -> Result<PruneCounts, StoreError> {
         const WHAT: &str = "retention: pruning decided operations";
         let mut tx = self.pool.begin().await.map_err(db(WHAT))?;
-        let victims: Vec<(String, Option<String>, String, i64)> = sqlx::query_as(VICTIMS)
+        let victims: Vec<(String, Option<String>, String, i64, bool)> = sqlx::query_as(VICTIMS)
             .bind(cutoff_us(p.keep, p.ahead))
             .bind(i64::from(p.limit))
             .fetch_all(&mut *tx)
@@ -52,18 +53,27 @@ impl PruneRound for SqliteRound {
             .map_err(db(WHAT))?;
         let mut counts = PruneCounts::default();
         let now = now_us();
-        for (id, caller, key, decided) in &victims {
-            let written = sqlx::query(
+        for (id, caller, key, decided, keyless) in &victims {
+            // No key of its own to keep: an Ensure call's operation, or one
+            // whose key a replay handed on (the key's live operation
+            // leaves the tombstone when its turn comes).
+            let written = if *keyless {
+                None
+            } else {
+                Some(
+                    sqlx::query(
                 "INSERT INTO idempotency_tombstones (key_hash, decided_at, pruned_at) VALUES (?, ?, ?)
                  ON CONFLICT (key_hash) DO NOTHING",
             )
-            .bind(KeyHash::of(caller.as_deref(), key).bytes().to_vec())
-            .bind(decided)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(db(WHAT))?;
-            counts.tombstones_written += written.rows_affected();
+                    .bind(KeyHash::of(caller.as_deref(), key).bytes().to_vec())
+                    .bind(decided)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(WHAT))?,
+                )
+            };
+            counts.tombstones_written += written.map_or(0, |w| w.rows_affected());
             // Its log: the rows of before the log became a row per write,
             // and the rows since (one count of both, as PostgreSQL's).
             for delete in [

@@ -63,11 +63,15 @@ pub(super) async fn insert_events(
     Ok(())
 }
 
-/// When the intent's key was pruned, if its tombstone stands.
+/// When the intent's key was pruned, if its tombstone stands (an Ensure
+/// call's intent has no key, and none).
 pub(super) async fn tombstone_of(
     tx: &mut Transaction<'static, Sqlite>,
     new: &NewOperation,
 ) -> Result<Option<DateTime<Utc>>, StoreError> {
+    if new.ensure() {
+        return Ok(None);
+    }
     let us: Option<i64> =
         sqlx::query_scalar("SELECT pruned_at FROM idempotency_tombstones WHERE key_hash = ?")
             .bind(new.key_hash().bytes().to_vec())
@@ -79,6 +83,29 @@ pub(super) async fn tombstone_of(
             .ok_or_else(|| corrupt("idempotency_tombstones", format!("pruned_at {us} µs")))
     })
     .transpose()
+}
+
+/// Retires the key of `old` (FAILED, `Operation::frees_key`) for `new`,
+/// with the event on `old`; false when another write retired it first.
+pub(super) async fn retire_key(
+    tx: &mut Transaction<'static, Sqlite>,
+    old: &Operation,
+    replica: &str,
+    event: NewEvent,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "UPDATE operations SET key_retired_at = ? WHERE id = ? AND key_retired_at IS NULL AND state = 'failed'",
+    )
+    .bind(now_us())
+    .bind(old.id.to_string())
+    .execute(&mut **tx)
+    .await
+    .map_err(db("handing a key on"))?;
+    if done.rows_affected() == 0 {
+        return Ok(false);
+    }
+    insert_events(tx, old.id, replica, None, &[event]).await?;
+    Ok(true)
 }
 
 /// A time the store wrote (microseconds since the Unix epoch), read back
@@ -103,13 +130,13 @@ pub(super) async fn insert_intent(
     let row = sqlx::query(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
-            lease_expires_at, caller, trace_parent, trace_state, intent)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            lease_expires_at, caller, trace_parent, trace_state, intent, ensure, attempt_epoch)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT DO NOTHING
          RETURNING created_at, deadline_at, last_request_at, lease_expires_at",
     )
     .bind(new.id.to_string())
-    .bind(&new.idempotency_key)
+    .bind(new.stored_key())
     .bind(&new.fingerprint)
     .bind(new.action.as_str())
     .bind(new.state.as_str())
@@ -123,10 +150,12 @@ pub(super) async fn insert_intent(
     .bind(now)
     .bind(&new.lease_owner)
     .bind(now + new.lease_for.as_micros() as i64)
-    .bind(&new.caller)
+    .bind(new.caller_name())
     .bind(new.trace.as_ref().map(|t| t.traceparent()))
     .bind(new.trace.as_ref().and_then(|t| t.tracestate()))
     .bind(rows::compact_recorded(new).map(|i| to_json(&i)))
+    .bind(new.ensure())
+    .bind((new.attempts > 0).then_some(1i64))
     .fetch_optional(&mut **tx)
     .await
     .map_err(db("recording the operation"))?;
@@ -162,7 +191,9 @@ pub(super) async fn update_fenced(
             completed_at = CASE WHEN ?11 THEN ?10 END,
             lease_owner = CASE WHEN ?12 THEN NULL ELSE lease_owner END,
             lease_expires_at = CASE WHEN ?12 THEN NULL ELSE lease_expires_at END,
-            next_attempt_at = ?10 + ?13,
+            next_attempt_at = CASE WHEN attempt_unsent AND NOT ?17 THEN ?10 ELSE ?10 + ?13 END,
+            attempt_epoch = CASE WHEN ?6 > 0 THEN lease_epoch ELSE attempt_epoch END,
+            attempt_unsent = CASE WHEN ?6 > 0 THEN 0 ELSE attempt_unsent END,
             verify_expect = ?14,
             escalated_at = CASE WHEN ?16 IS NOT NULL THEN ?10 ELSE escalated_at END,
             escalation = COALESCE(?16, escalation),
@@ -188,6 +219,7 @@ pub(super) async fn update_fenced(
     .bind(t.verify_expect)
     .bind(t.write_id.to_string())
     .bind(t.escalation.as_deref())
+    .bind(t.base.attempt_unsent)
     .fetch_optional(&mut **tx)
     .await
     .map_err(db("recording a state change"))?;

@@ -91,17 +91,26 @@ pub fn verification_statement() -> String {
 /// over a released operation is not (its log would grow at every pass).
 /// Lease expiries count from the moment of the claim (`clock_timestamp()`).
 /// The new `last_request_at` of a claimed row (`o`: its values before the
-/// claim): at a takeover of an expired lease, the old lease's end when it
-/// is later than the stamp. The stamp is written when an attempt is
-/// recorded, but its request may leave later (it waits for a connection
-/// slot or a token); it cannot leave after its lease ends (the send gate),
-/// so the settle window counted from that end covers it. A released lease
-/// (`lease_owner` NULL) leaves the stamp as it is.
+/// claim): at a takeover of an expired lease under which an attempt was
+/// recorded, the old lease's end when it is later than the stamp. The
+/// stamp is written when an attempt is recorded, but its request may leave
+/// later (it waits for a connection slot or a token); it cannot leave
+/// after its lease ends (the send gate), so the settle window counted from
+/// that end covers it. A lease under which no attempt was recorded (a
+/// pass that only looked, a claim whose reply was lost, a replica killed
+/// mid-round) could send nothing: the stamp stays, and the settle window
+/// is not started again. Nor does an attempt known never to have left
+/// (`attempt_unsent`). A released lease (`lease_owner` NULL) leaves the
+/// stamp as it is. A row of the previous release (no `attempt_epoch`)
+/// restamps as it did.
 const TAKEOVER_RESTAMP: &str =
     "CASE WHEN o.lease_owner IS NOT NULL AND o.last_request_at < o.lease_expires_at
+                      AND NOT o.attempt_unsent
+                      AND (o.attempt_epoch = o.lease_epoch
+                           OR (o.attempt_epoch IS NULL AND o.attempts > 0))
                      THEN o.lease_expires_at ELSE o.last_request_at END";
 
-fn claim_sql(target: &str, also: &str) -> String {
+fn claim_sql(target: &str, also: &str, tag: &str) -> String {
     format!(
         "WITH target AS ({target}), claimed AS (
             UPDATE operations o SET
@@ -110,6 +119,7 @@ fn claim_sql(target: &str, also: &str) -> String {
                 lease_epoch = o.lease_epoch + 1,
                 passes = o.passes + 1,
                 last_request_at = {restamp},
+                last_write = {tag},
                 updated_at = now()
             FROM target WHERE o.id = target.id {also}
             RETURNING o.*, target.prev_owner
@@ -242,7 +252,7 @@ pub(super) fn claim_many_sql() -> String {
              LIMIT $3
              FOR UPDATE SKIP LOCKED"
     );
-    claim_sql(&target, "")
+    claim_sql(&target, "", "$5")
 }
 
 /// The operation `$3`, leased to `$1` for `$2` milliseconds if it is open
@@ -253,8 +263,33 @@ pub(super) fn claim_one_sql() -> String {
         "SELECT id, lease_owner AS prev_owner FROM operations WHERE id = $3 FOR UPDATE",
         "AND o.completed_at IS NULL
              AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())",
+        "$4",
     )
 }
+
+/// Releases what a claim tagged `$2` (its `last_write`) took for `$1` and
+/// still holds: a claim whose reply was lost may have committed, and what
+/// it took is nobody's to work on (its rows would wait out a whole lease).
+/// A released row keeps its stamp (no takeover's restamp).
+pub(super) const RELEASE_CLAIMED: &str =
+    "UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL
+     WHERE last_write = $2 AND lease_owner = $1 AND completed_at IS NULL";
+
+/// Marks the attempt `$3` recorded under epoch `$2` of operation `$1` as
+/// one that never left, due for a pass now, with a log row (`$4` its
+/// write, `$5` the replica, `$6` its events); the number of rows changed
+/// (see `Store::operation_mark_unsent`). Not fenced by the current lease:
+/// a statement about that attempt, true whoever holds the row now.
+pub(super) const MARK_UNSENT: &str = "WITH upd AS (
+        UPDATE operations SET attempt_unsent = true, next_attempt_at = now(), updated_at = now()
+        WHERE id = $1 AND attempt_epoch = $2 AND attempts = $3 AND completed_at IS NULL
+          AND NOT attempt_unsent
+        RETURNING id
+     ), lg AS (
+        INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+        SELECT id, $4, clock_timestamp(), $5, $6 FROM upd
+     )
+     SELECT count(*) FROM upd";
 
 /// Releases every lease `$1` holds on an open operation but those of `$2`,
 /// each with a `handed_over` event.

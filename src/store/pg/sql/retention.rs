@@ -5,14 +5,17 @@
 /// Marks up to `$2` decided operations older than the cutoff (`now()`
 /// minus `$1` ms), oldest first, by the index of decision time
 /// (`operations_decided`): a tombstone per key (committed by this
-/// statement); their ids back.
+/// statement); their ids back. An operation with no key of its own to
+/// keep (an Ensure call's, or one whose key a replay handed on) leaves
+/// none.
 pub(in crate::store::pg) const MARK: &str = "WITH victims AS (
-        SELECT id, key_hash, completed_at FROM operations
+        SELECT id, key_hash, completed_at, ensure, key_retired_at FROM operations
         WHERE completed_at IS NOT NULL AND completed_at < now() - $1 * interval '1 millisecond'
         ORDER BY completed_at LIMIT $2
      ), marked AS (
         INSERT INTO idempotency_tombstones (key_hash, decided_at, pruned_at)
         SELECT key_hash, completed_at, now() FROM victims
+        WHERE NOT ensure AND key_retired_at IS NULL
         ON CONFLICT (key_hash) DO NOTHING
         RETURNING 1
      )

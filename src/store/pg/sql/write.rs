@@ -52,7 +52,7 @@ pub(in crate::store::pg) static CREATE_ONE_LEAN_LOGGED: LazyLock<String> =
     LazyLock::new(|| create_one_sql(false, true));
 
 /// An intent row's parameters, in order: name and type.
-pub(in crate::store::pg) const INTENT_COLUMNS: [(&str, &str); 19] = [
+pub(in crate::store::pg) const INTENT_COLUMNS: [(&str, &str); 20] = [
     ("id", "uuid"),
     ("key", "text"),
     ("fp", "text"),
@@ -70,12 +70,13 @@ pub(in crate::store::pg) const INTENT_COLUMNS: [(&str, &str); 19] = [
     ("trace_state", "text"),
     ("key_hash", "uuid"),
     ("record_by", "timestamptz"),
+    ("ensure", "bool"),
     ("intent", "jsonb"),
     ("events", "jsonb"),
 ];
 
 /// A decision row's parameters, in order: name and type.
-pub(in crate::store::pg) const DECISION_COLUMNS: [(&str, &str); 16] = [
+pub(in crate::store::pg) const DECISION_COLUMNS: [(&str, &str); 17] = [
     ("id", "uuid"),
     ("epoch", "int8"),
     ("state", "text"),
@@ -91,6 +92,7 @@ pub(in crate::store::pg) const DECISION_COLUMNS: [(&str, &str); 16] = [
     ("write_id", "uuid"),
     ("escalation", "text"),
     ("replica", "text"),
+    ("unsent_seen", "bool"),
     ("events", "jsonb"),
 ];
 
@@ -168,11 +170,11 @@ fn insert_sql(guarded: bool) -> String {
     format!(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller,
-            trace_parent, trace_state, intent, key_hash)
+            trace_parent, trace_state, intent, key_hash, ensure, attempt_epoch)
         SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
             now() + u.deadline_ms * interval '1 millisecond', CASE WHEN u.attempts > 0 THEN now() END,
             u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller, u.trace_parent,
-            u.trace_state, u.intent, u.key_hash
+            u.trace_state, u.intent, u.key_hash, u.ensure, CASE WHEN u.attempts > 0 THEN 1 END
         {from}WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t WHERE t.key_hash = u.key_hash)
           AND now() < u.record_by
         {conflict}RETURNING {INTENDED_COLUMNS}",
@@ -247,6 +249,22 @@ pub(in crate::store::pg) static APPEND_MANY: LazyLock<String> = LazyLock::new(||
         .to_string()
 });
 
+/// Retires a key (`Operation::frees_key`): the FAILED operation `$1`
+/// whose key's hash is `$3` gives it up for `$2` (one no key can have,
+/// `KeyHash::unkeyed`), with a log row (`$4` its write, `$5` the replica,
+/// `$6` its events). Its id back, or nothing when another replay retired it
+/// first. Made in the transaction that inserts the new operation under the
+/// key: the unique index then sees the key free.
+pub(in crate::store::pg) const RETIRE_KEY: &str = "WITH old AS (
+        UPDATE operations SET key_hash = $2, key_retired_at = now()
+        WHERE id = $1 AND key_hash = $3 AND state = 'failed'
+        RETURNING id
+     ), lg AS (
+        INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+        SELECT id, $4, clock_timestamp(), $5, $6 FROM old
+     )
+     SELECT id FROM old";
+
 /// Decisions of a batch, by one statement, each fenced by its epoch, each
 /// with one log row of its events.
 ///
@@ -286,7 +304,8 @@ fn transition_sql(one: bool) -> String {
             completed_at = CASE WHEN u.state IN ('succeeded', 'failed') THEN now() END,
             lease_owner = CASE WHEN u.release THEN NULL ELSE o.lease_owner END,
             lease_expires_at = CASE WHEN u.release THEN NULL ELSE o.lease_expires_at END,
-            next_attempt_at = now() + u.next_attempt_ms * interval '1 millisecond',
+            next_attempt_at = CASE WHEN o.attempt_unsent AND NOT u.unsent_seen THEN now()
+                ELSE now() + u.next_attempt_ms * interval '1 millisecond' END,
             verify_expect = u.verify_expect,
             escalated_at = CASE WHEN u.escalation IS NOT NULL THEN now() ELSE o.escalated_at END,
             escalation = COALESCE(u.escalation, o.escalation),
