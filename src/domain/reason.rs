@@ -80,6 +80,8 @@ reasons! {
     NovaServerNotFound = "NOVA_SERVER_NOT_FOUND" => NotFound,
     NovaVolumeNotFound = "NOVA_VOLUME_NOT_FOUND" => NotFound,
     NovaForbidden = "NOVA_FORBIDDEN" => PermissionDenied,
+    /// Nova's 403 "maximum number of disk devices exceeded": the server takes no more.
+    NovaTooManyDisks = "NOVA_TOO_MANY_DISKS" => ResourceExhausted,
     /// Locked or in a task_state, and it never cleared within the budget.
     NovaConflict = "NOVA_CONFLICT" => Aborted,
     NovaThrottled = "NOVA_THROTTLED" => Aborted,
