@@ -55,7 +55,7 @@ const (
 	// The caller: none: check the volume id.
 	ReasonNovaVolumeNotFound = "NOVA_VOLUME_NOT_FOUND"
 
-	// ReasonNovaForbidden (PERMISSION_DENIED): Nova's policy refused the request (403).
+	// ReasonNovaForbidden (PERMISSION_DENIED): Nova's policy refused the request (403): at once when Nova's words say so; a 403 in words the service does not read (another language) after retrying until no request fitted.
 	// The caller: an operator checks the service account's roles; then call again with a new key.
 	ReasonNovaForbidden = "NOVA_FORBIDDEN"
 
@@ -71,7 +71,7 @@ const (
 	// The caller: retry later; a keyed replay starts a new attempt.
 	ReasonNovaThrottled = "NOVA_THROTTLED"
 
-	// ReasonNovaBadRequest (FAILED_PRECONDITION): Nova refused the request as invalid (400) for a reason the service recognises as final.
+	// ReasonNovaBadRequest (FAILED_PRECONDITION): Nova refused the request as invalid (400): at once when its words are one of Nova's final refusals; a 400 in words the service does not read (another language, other words) after retrying until no request fitted.
 	// The caller: none with the same request: read the message.
 	ReasonNovaBadRequest = "NOVA_BAD_REQUEST"
 

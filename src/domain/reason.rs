@@ -146,7 +146,7 @@ reasons! {
         "an attach's volume does not exist (Nova's or Cinder's 404 naming it)",
         "none: check the volume id";
     NovaForbidden = "NOVA_FORBIDDEN" => PermissionDenied, Decided,
-        "Nova's policy refused the request (403)",
+        "Nova's policy refused the request (403): at once when Nova's words say so; a 403 in words the service does not read (another language) after retrying until no request fitted",
         "an operator checks the service account's roles; then call again with a new key";
     /// Nova's 403 "the maximum allowed number of disk devices to attach to
     /// a single instance has been exceeded": the server can take no more.
@@ -161,7 +161,7 @@ reasons! {
         "Nova over its rate limit (413/429) until no request fitted; nothing took effect",
         "retry later; a keyed replay starts a new attempt";
     NovaBadRequest = "NOVA_BAD_REQUEST" => FailedPrecondition, Decided,
-        "Nova refused the request as invalid (400) for a reason the service recognises as final",
+        "Nova refused the request as invalid (400): at once when its words are one of Nova's final refusals; a 400 in words the service does not read (another language, other words) after retrying until no request fitted",
         "none with the same request: read the message";
     /// 401 even after re-authenticating once.
     NovaUnauthorized = "NOVA_UNAUTHORIZED" => Unavailable, Retried,

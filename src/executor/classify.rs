@@ -201,6 +201,8 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
         {
             already_attached(server, servers)
         }
+        // Naming this server and this volume (`nova::answer` reads the
+        // ids; an attach is never answered so).
         NovaErrorKind::Rejected(Rejection::NotAttached) if action == Action::Detach => {
             Next::Decide(succeeded(
                 Resolution::Reobserved,
@@ -240,6 +242,7 @@ fn classify_failure(action: Action, server: Uuid, e: &NovaError) -> Next {
             why: "the volume is not ready yet (creating, downloading or reserved)",
             otherwise: Box::new(Next::Refuse(e.reason())),
         },
+        NovaErrorKind::Rejected(Rejection::Unread { .. }) => unread_refusal(action, e.reason()),
         NovaErrorKind::Rejected(Rejection::Conflict | Rejection::Throttled) => Next::Retry {
             why: "Nova reported a transient conflict",
             otherwise: Box::new(Next::Refuse(Reason::NovaConflict)),
@@ -279,6 +282,37 @@ fn already_attached(server: Uuid, servers: &[String]) -> Next {
             })
         },
         error: unknown("volume reported attached, observation failed"),
+    }
+}
+
+/// A refusal whose message is not read (translated, unknown, or about
+/// another volume): Nova refused this request, so nothing took effect,
+/// but why is not known — it may be transient ("volume not ready"), or say
+/// the volume is already where the caller wants it ("already attached",
+/// "not in use"). So look: the wanted state there decides (by the look,
+/// not the message); else ask again, and only a refusal still standing
+/// when no request fits any more decides, by its status (`reason`).
+fn unread_refusal(action: Action, reason: Reason) -> Next {
+    let again = || {
+        Box::new(Next::Retry {
+            why: "Nova refused with a message not read: nothing took effect",
+            otherwise: Box::new(Next::Refuse(reason)),
+        })
+    };
+    let done = match action {
+        Action::Attach => "attached to this server (observed after a refusal not read)",
+        Action::Detach => "detached (observed after a refusal not read)",
+    };
+    let done = decide(succeeded(Resolution::Reobserved, done, true));
+    let (attached, absent) = match action {
+        Action::Attach => (done, again()),
+        Action::Detach => (again(), done),
+    };
+    Next::Observe {
+        until: Until::ObserveBy,
+        attached,
+        absent,
+        error: again(),
     }
 }
 

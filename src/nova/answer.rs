@@ -34,7 +34,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::error::fault::{
-    body_excerpt, classify_refusal, keystone_refusal, names_instance, nova_fault, parse_fault,
+    body_excerpt, classify_refusal, keystone_refusal, names_attachment, names_instance,
+    names_volume, names_volume_attached, nova_fault, parse_fault,
 };
 use super::error::{NovaError, NovaErrorKind, Rejection, Stage};
 pub(crate) use super::http::Exchange;
@@ -95,6 +96,14 @@ fn blank(body: &[u8]) -> bool {
 
 fn same_id(text: &str, id: Uuid) -> bool {
     Uuid::parse_str(text).ok() == Some(id)
+}
+
+/// What a fault naming a volume that is not `volume` names, for a cause.
+fn another_volume(volume: Option<Uuid>) -> String {
+    match volume {
+        Some(v) => format!("another volume, not {v}"),
+        None => "a volume, and this call is about none".into(),
+    }
 }
 
 /// Nova's reading of an answer (the core's `Exchange`: see `error/mod.rs`).
@@ -174,23 +183,56 @@ impl Exchange<'_> {
         )
     }
 
-    /// [`Self::refusal`] of a request about `server`: Nova's 404 "Instance
-    /// … could not be found." is about this server only when it names it
-    /// (the uuid, parsed whole). One naming another instance is no word
-    /// about this one — a request routed or relayed for another, a proxy
-    /// replaying a cached fault — so it is of unknown effect, like a 404
-    /// about nothing Nova's attachment calls know (`Rejection::Other`).
-    pub fn refusal_about(&self, server: Uuid) -> NovaError {
+    /// [`Self::refusal`] of a request about `server` (and `volume`, for a
+    /// call on one attachment): a refusal that names what it is about
+    /// decides only when it names this request's server and volume, each
+    /// uuid parsed whole and in its place. One naming another — an answer
+    /// routed or relayed for another request, a proxy replaying a cached
+    /// fault — is no word about this one: a 404 ("Instance … could not be
+    /// found.", "Volume … could not be found.", "Instance … is not attached
+    /// to volume …") is then of unknown effect, like a 404 about nothing
+    /// Nova's attachment calls know (`Rejection::Other`); a 400 "volume …
+    /// is already attached" is a refusal whose reason is not known
+    /// (`Rejection::Unread`).
+    pub fn refusal_about(&self, server: Uuid, volume: Option<Uuid>) -> NovaError {
         let mut e = self.refusal();
-        if e.rejection() == Some(&Rejection::ServerNotFound)
-            && !e
-                .message
-                .as_deref()
-                .is_some_and(|m| names_instance(m, server))
-        {
+        let message = e.message.as_deref().unwrap_or("");
+        let about_volume = |names: &dyn Fn(Uuid) -> bool| volume.is_some_and(names);
+        let (ours, what) = match e.rejection() {
+            Some(Rejection::ServerNotFound) => (
+                names_instance(message, server),
+                format!("another instance, not server {server}"),
+            ),
+            Some(Rejection::VolumeNotFound) => (
+                about_volume(&|v| names_volume(message, v)),
+                another_volume(volume),
+            ),
+            Some(Rejection::NotAttached) => (
+                about_volume(&|v| names_attachment(message, server, v)),
+                match volume {
+                    Some(v) => format!("other ids than server {server} and volume {v}"),
+                    None => "an attachment, and this call is about none".into(),
+                },
+            ),
+            Some(Rejection::AlreadyAttached { .. }) => (
+                about_volume(&|v| names_volume_attached(message, v)),
+                another_volume(volume),
+            ),
+            _ => return e,
+        };
+        if ours {
+            return e;
+        }
+        let status = e.status.unwrap_or(0);
+        if status == 404 {
             e.kind = NovaErrorKind::Rejected(Rejection::Other);
             e.cause = format!(
-                "HTTP 404: Nova's fault names another instance, not server {server}: it says nothing about this server, so its effect is unknown"
+                "HTTP 404: Nova's fault names {what}: it says nothing about this request, so its effect is unknown"
+            );
+        } else {
+            e.kind = NovaErrorKind::Rejected(Rejection::Unread { status });
+            e.cause = format!(
+                "HTTP {status}: Nova's fault names {what}: a refusal of this request whose reason is not known"
             );
         }
         e
@@ -221,17 +263,29 @@ impl Exchange<'_> {
             )),
             (200..=299, _) => Err(self
                 .not_novas_success("Nova answers an attach 200 (below 2.101) or 202 (from 2.101)")),
-            _ => Err(self.refusal_about(server)),
+            _ => Err(self.attach_refusal(server, volume)),
         }
     }
 
-    /// A detach's answer (from `server`): Nova's is 202 with an empty body.
-    pub fn detach(&self, server: Uuid) -> Result<(), NovaError> {
+    /// An attach's refusal: as [`Self::refusal_about`], and "not attached",
+    /// which Nova does not answer an attach, is no word about it either.
+    fn attach_refusal(&self, server: Uuid, volume: Uuid) -> NovaError {
+        let mut e = self.refusal_about(server, Some(volume));
+        if e.rejection() == Some(&Rejection::NotAttached) {
+            e.kind = NovaErrorKind::Rejected(Rejection::Other);
+            e.cause = "HTTP 404 \"not attached\": Nova does not answer an attach so; its effect is unknown".into();
+        }
+        e
+    }
+
+    /// A detach's answer (of `volume` from `server`): Nova's is 202 with
+    /// an empty body.
+    pub fn detach(&self, server: Uuid, volume: Uuid) -> Result<(), NovaError> {
         match self.raw.status {
             202 if blank(&self.raw.body) => Ok(()),
             202 => Err(self.not_novas_success("Nova's 202 to a detach has an empty body")),
             200..=299 => Err(self.not_novas_success("Nova answers a detach 202")),
-            _ => Err(self.refusal_about(server)),
+            _ => Err(self.refusal_about(server, Some(volume))),
         }
     }
 
@@ -257,7 +311,7 @@ impl Exchange<'_> {
     /// A list of the server's attachments: every item must be the server's.
     pub fn list(&self, server: Uuid) -> Result<Vec<NovaAttachment>, NovaError> {
         if self.raw.status != 200 {
-            return Err(self.refusal_about(server));
+            return Err(self.refusal_about(server, None));
         }
         let items = serde_json::from_slice::<AttachmentList>(&self.raw.body)
             .map_err(|e| {
@@ -280,7 +334,7 @@ impl Exchange<'_> {
     pub fn show(&self, server: Uuid, volume: Uuid) -> Result<NovaAttachment, NovaError> {
         match self.raw.status {
             200 => self.attachment(server, volume),
-            _ => Err(self.refusal_about(server)),
+            _ => Err(self.refusal_about(server, Some(volume))),
         }
     }
 
@@ -307,7 +361,7 @@ impl Exchange<'_> {
                 }
             }
             _ => {
-                let e = self.refusal_about(server);
+                let e = self.refusal_about(server, None);
                 if e.rejection() == Some(&Rejection::ServerNotFound) {
                     Ok(false)
                 } else {
@@ -396,7 +450,7 @@ pub(crate) fn judged(
     };
     let result = match call {
         Judged::Attach(shape) => ex.attach(shape, server, volume).map(drop),
-        Judged::Detach => ex.detach(server),
+        Judged::Detach => ex.detach(server, volume),
     };
     match result {
         Err(e) => e,
@@ -556,7 +610,7 @@ mod tests {
             assert_eq!(e.kind, NovaErrorKind::Undecodable, "{status} {body:?}");
             assert!(e.outcome_unknown(), "{e}");
         }
-        let detach = |status, body: &str| exchange(&raw(status, "text/html", body)).detach(s);
+        let detach = |status, body: &str| exchange(&raw(status, "text/html", body)).detach(s, v);
         assert!(detach(202, "").is_ok());
         for (status, body) in [(200, "<html>ok</html>"), (204, ""), (202, "<html/>")] {
             let e = detach(status, body).unwrap_err();
@@ -645,7 +699,7 @@ mod tests {
             let ex_raw = raw(404, JSON, &body);
             let ex = exchange(&ex_raw);
             for e in [
-                ex.detach(s).unwrap_err(),
+                ex.detach(s, v).unwrap_err(),
                 ex.attach(AttachShape::Either, s, v).unwrap_err(),
                 ex.list(s).unwrap_err(),
                 ex.show(s, v).unwrap_err(),
@@ -658,10 +712,86 @@ mod tests {
         }
         let ex_raw = raw(404, JSON, &ours);
         let ex = exchange(&ex_raw);
-        for e in [ex.detach(s).unwrap_err(), ex.list(s).unwrap_err()] {
+        for e in [ex.detach(s, v).unwrap_err(), ex.list(s).unwrap_err()] {
             assert_eq!(e.kind, NovaErrorKind::Rejected(Rejection::ServerNotFound));
         }
         assert!(!ex.server(s).unwrap());
+    }
+
+    #[test]
+    fn a_404_about_a_volume_or_an_attachment_decides_only_naming_this_ones_ids() {
+        let (s, v, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let fault = |m: String| format!(r#"{{"itemNotFound": {{"code": 404, "message": "{m}"}}}}"#);
+        let rejection = |e: NovaError| e.rejection().cloned();
+        let gone = raw(404, JSON, &fault(format!("Volume {v} could not be found.")));
+        let ex = exchange(&gone);
+        for e in [
+            ex.detach(s, v).unwrap_err(),
+            ex.attach(AttachShape::Either, s, v).unwrap_err(),
+        ] {
+            assert_eq!(rejection(e), Some(Rejection::VolumeNotFound));
+        }
+        let not_attached = raw(
+            404,
+            JSON,
+            &fault(format!("Instance {s} is not attached to volume {v}")),
+        );
+        let ex = exchange(&not_attached);
+        for e in [ex.detach(s, v).unwrap_err(), ex.show(s, v).unwrap_err()] {
+            assert_eq!(rejection(e), Some(Rejection::NotAttached));
+        }
+        // Nova does not answer an attach "not attached": no word about it.
+        let e = ex.attach(AttachShape::Either, s, v).unwrap_err();
+        assert!(e.outcome_unknown(), "{e}");
+        assert_eq!(rejection(e), Some(Rejection::Other));
+        // Another volume, another server, the two swapped: of unknown
+        // effect on every call about this attachment.
+        for m in [
+            format!("Volume {other} could not be found."),
+            format!("Instance {other} is not attached to volume {v}"),
+            format!("Instance {s} is not attached to volume {other}"),
+            format!("Instance {v} is not attached to volume {s}"),
+        ] {
+            let answer = raw(404, JSON, &fault(m.clone()));
+            let ex = exchange(&answer);
+            for e in [
+                ex.detach(s, v).unwrap_err(),
+                ex.attach(AttachShape::Either, s, v).unwrap_err(),
+                ex.show(s, v).unwrap_err(),
+            ] {
+                assert!(e.outcome_unknown(), "{m}: {e}");
+                assert!(e.cause.contains("names"), "{m}: {}", e.cause);
+                assert_eq!(rejection(e), Some(Rejection::Other), "{m}");
+            }
+        }
+        // A call about no volume: a volume's 404 is not about it.
+        let e = exchange(&gone).list(s).unwrap_err();
+        assert_eq!(rejection(e), Some(Rejection::Other));
+    }
+
+    #[test]
+    fn already_attached_naming_another_volume_is_a_refusal_not_read() {
+        let (s, v, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let body = |volume: Uuid| {
+            format!(
+                r#"{{"badRequest": {{"code": 400, "message": "Invalid volume: volume {volume} is already attached to instances: {s}"}}}}"#
+            )
+        };
+        let ours = raw(400, JSON, &body(v));
+        let e = exchange(&ours)
+            .attach(AttachShape::Either, s, v)
+            .unwrap_err();
+        assert!(matches!(
+            e.rejection(),
+            Some(Rejection::AlreadyAttached { .. })
+        ));
+        let theirs = raw(400, JSON, &body(other));
+        let e = exchange(&theirs)
+            .attach(AttachShape::Either, s, v)
+            .unwrap_err();
+        assert_eq!(e.rejection(), Some(&Rejection::Unread { status: 400 }));
+        assert!(!e.outcome_unknown(), "refused: nothing took effect");
+        assert_eq!(e.reason(), crate::domain::Reason::NovaBadRequest);
     }
 
     #[test]

@@ -658,7 +658,7 @@ impl NovaClient {
         let path = format!("/servers/{server_id}/os-volume_attachments/{volume_id}");
         self.send::<()>(rid, Verb::Delete, &path, None, deadline, gate)
             .await?
-            .judge(|answer| answer.detach(server_id))
+            .judge(|answer| answer.detach(server_id, volume_id))
     }
 
     /// Sends one request under `deadline` (see `http::Service::execute`),

@@ -58,9 +58,11 @@ impl Sim {
                     .into(),
             );
         }
-        // Below 2.101 Cinder's reservation runs before the answer.
+        // Below 2.101 the compute host's device reservation, then Cinder's,
+        // run before the answer.
         if mv < (2, 101)
-            && let Some(refused) = self.cinder_reserve_refusal(&w, volume)
+            && let Some(refused) =
+                too_many_disks(&w, server).or_else(|| self.cinder_reserve_refusal(&w, volume))
         {
             return refused;
         }
@@ -92,6 +94,7 @@ impl Sim {
                 let refused = {
                     let w = sim.world();
                     attach_refusal(&w, server, volume).is_some()
+                        || too_many_disks(&w, server).is_some()
                         || sim.cinder_reserve_refusal(&w, volume).is_some()
                 };
                 if !refused {
@@ -236,6 +239,22 @@ impl Sim {
             ),
         }
     }
+}
+
+/// The compute host's refusal to reserve one more device name on `server`
+/// (`reserve_block_device_name`): Nova's 403 TooManyDiskDevices once the
+/// server holds `max_disk_devices_to_attach` volumes (Nova counts its root
+/// and ephemeral disks too; the simulator's servers have none).
+fn too_many_disks(w: &World, server: Uuid) -> Option<Answer> {
+    let max = *w.max_disk_devices.get(&server)?;
+    (w.attachments.of_server(server).len() >= max as usize).then(|| {
+        fault(
+            403,
+            format!(
+                "The maximum allowed number of disk devices ({max}) to attach to a single instance has been exceeded."
+            ),
+        )
+    })
 }
 
 /// Nova's synchronous refusals of an attach, in its order: the server, the

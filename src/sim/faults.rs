@@ -64,6 +64,23 @@ pub enum Fault {
     /// server exists (a request routed to a cell or region that does not
     /// hold it), without effect.
     ServerNotFound,
+    /// Answer Nova's own 404 "Volume V could not be found." naming
+    /// `volume_id` (the request's when not given), without effect: with
+    /// another volume's id, an answer routed or relayed for another
+    /// request.
+    VolumeNotFound {
+        #[serde(default)]
+        volume_id: Option<Uuid>,
+    },
+    /// Answer Nova's own 404 "Instance S is not attached to volume V"
+    /// naming `server_id` and `volume_id` (the request's where not given),
+    /// without effect.
+    NotAttached {
+        #[serde(default)]
+        server_id: Option<Uuid>,
+        #[serde(default)]
+        volume_id: Option<Uuid>,
+    },
     /// Answer as usual (after the effect) with a body of `bytes` bytes
     /// instead of Nova's: with `Content-Length` when `announced`, else
     /// streamed in chunks without it.

@@ -83,6 +83,12 @@ pub struct SimConfig {
     pub project_name: String,
     /// An application credential of `username` Keystone also accepts: (id, name, secret).
     pub application_credential: Option<(String, String, String)>,
+    /// The languages the simulated Nova has translations for: a request
+    /// whose `Accept-Language` picks one (`de-DE` picks `de`) gets Nova's
+    /// fault messages translated into it (`http/i18n.rs`), as Nova's
+    /// oslo.i18n translates them. Empty (the default): English only,
+    /// whatever a request asks for.
+    pub locales: Vec<String>,
 }
 
 impl Default for SimConfig {
@@ -105,6 +111,7 @@ impl Default for SimConfig {
             password: "secret".into(),
             project_name: "demo".into(),
             application_credential: None,
+            locales: Vec::new(),
         }
     }
 }
@@ -210,6 +217,7 @@ impl Sim {
             request_id: header("x-openstack-request-id"),
             traceparent: header("traceparent"),
             tracestate: header("tracestate"),
+            accept_language: header("accept-language"),
         };
         w.truth.http.push(record);
     }
@@ -257,6 +265,17 @@ impl Sim {
 
     pub fn set_multiattach(&self, volume: Uuid) {
         self.world().multiattach.insert(volume);
+    }
+
+    /// Nova's `[compute] max_disk_devices_to_attach` for the host of
+    /// `server`: past `max` volumes on it, an attach is refused with 403
+    /// TooManyDiskDevices. Negative (Nova's -1): unlimited, the default.
+    pub fn set_max_disk_devices(&self, server: Uuid, max: i64) {
+        let mut w = self.world();
+        match u32::try_from(max) {
+            Ok(max) => w.max_disk_devices.insert(server, max),
+            Err(_) => w.max_disk_devices.remove(&server),
+        };
     }
 
     /// Attaches a volume behind the service's back (another tool, an

@@ -101,6 +101,10 @@ pub struct HttpRecord {
     /// W3C `traceparent` and `tracestate`, if sent.
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// `Accept-Language`, if sent (the service never sends one; something
+    /// in front of Nova may add it).
+    #[serde(default)]
+    pub accept_language: Option<String>,
 }
 
 /// What really happened, for tests to compare the ledger with.
@@ -205,6 +209,8 @@ pub(crate) struct World {
     pub removed_volumes: HashSet<Uuid>,
     pub locked_servers: HashSet<Uuid>,
     pub multiattach: HashSet<Uuid>,
+    /// `max_disk_devices_to_attach` by server, where one is set.
+    pub max_disk_devices: HashMap<Uuid, u32>,
     pub faults: Vec<FaultRule>,
     pub tokens: HashMap<String, DateTime<Utc>>,
     pub expire_all_tokens: bool,

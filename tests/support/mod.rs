@@ -3,6 +3,7 @@
 //! built exactly as `main` builds it (`Application::build` → `run_until`).
 #![allow(dead_code)]
 
+pub mod header_proxy;
 pub mod lifecycle;
 pub mod pg;
 pub mod pki;

@@ -99,7 +99,7 @@ fn wire_samples() -> Vec<(&'static str, Vec<NovaError>)> {
     };
     let detach =
         |status, ct: &str, body: &str| judged(Judged::Detach, status, ct, body, SERVER, OTHER_ID);
-    vec![
+    let mut samples = vec![
         (
             "404 server not found",
             refusals(&[(404, JSON, server_gone.clone())]),
@@ -166,13 +166,127 @@ fn wire_samples() -> Vec<(&'static str, Vec<NovaError>)> {
                 detach(202, "text/html", "<html>queued</html>"),
             ],
         ),
+    ];
+    samples.extend(message_samples());
+    samples
+}
+
+// Nova's messages, as its nova-api words them (and translated).
+const GERMAN_NOT_READY: &str = "Ungültige Eingabe empfangen: Ungültiger Datenträger: Der Datenträger muss verfügbar sein, aber sein Status ist creating.";
+const UNKNOWN_400: &str = "Some refusal no one wrote down here.";
+const MULTIATTACH_BEFORE_2_60: &str =
+    "Multiattach volumes are only supported starting with compute API version 2.60.";
+const SCHEMA: &str = "Invalid input for field/attribute volumeAttachment. Value: {'volumeId': 'x'}. 'x' is not a 'uuid'";
+const DEVICE_PATH: &str = "The supplied device path (/dev/hdz) is invalid.";
+const POLICY: &str =
+    "Policy doesn't allow os_compute_api:os-volumes-attachments:create to be performed.";
+const TOO_MANY_DISKS: &str = "The maximum allowed number of disk devices (26) to attach to a single instance has been exceeded.";
+const GERMAN_TOO_MANY_DISKS: &str =
+    "Die maximal zulässige Anzahl von Plattengeräten (26) wurde überschritten.";
+
+/// Nova's faults whose messages name what they are about, or whose words
+/// the service reads (or does not): as they come over the wire, judged by
+/// the adapter. `SERVER` and `OTHER_ID` are the request's server and
+/// volume.
+fn message_samples() -> Vec<(&'static str, Vec<NovaError>)> {
+    let fault = |status: u16, message: &str| {
+        let name = crate::nova::error::fault::fault_name(status);
+        let body = serde_json::json!({ name: {"code": status, "message": message} });
+        (status, body.to_string())
+    };
+    let on = |calls: &[Judged], faults: Vec<(u16, String)>| -> Vec<NovaError> {
+        faults
+            .iter()
+            .flat_map(|(status, body)| {
+                calls
+                    .iter()
+                    .map(|call| judged(*call, *status, JSON, body, SERVER, OTHER_ID))
+            })
+            .collect()
+    };
+    let both = [Judged::Attach(AttachShape::Attached), Judged::Detach];
+    let attach = [Judged::Attach(AttachShape::Attached)];
+    let (volume, another) = (OTHER_ID, "5aa119a8-d25b-45a7-8d1b-88e127885635");
+    let not_attached = |s: &dyn std::fmt::Display, v: &dyn std::fmt::Display| {
+        fault(404, &format!("Instance {s} is not attached to volume {v}"))
+    };
+    let volume_not_found =
+        |v: &dyn std::fmt::Display| fault(404, &format!("Volume {v} could not be found."));
+    // The simulator's pseudo-locale (every word but ids spelled backwards).
+    let pseudo_not_ready =
+        format!("dilavnI tupni :deviecer dilavnI :emulov emuloV {volume} sutats tsum eb elbaliava");
+    let elsewhere =
+        format!("Invalid volume: volume {another} is already attached to instances: {SERVER}");
+    vec![
+        (
+            "404 volume not found",
+            on(&both, vec![volume_not_found(&volume)]),
+        ),
+        (
+            "404 volume not found, naming another volume",
+            on(&both, vec![volume_not_found(&another)]),
+        ),
+        (
+            "404 not attached",
+            on(&[Judged::Detach], vec![not_attached(&SERVER, &volume)]),
+        ),
+        (
+            "404 not attached, answering an attach",
+            on(&attach, vec![not_attached(&SERVER, &volume)]),
+        ),
+        (
+            "404 not attached, naming another server or volume",
+            on(
+                &both,
+                vec![
+                    not_attached(&OTHER, &volume),
+                    not_attached(&SERVER, &another),
+                    not_attached(&volume, &SERVER),
+                ],
+            ),
+        ),
+        (
+            "400 already attached, naming another volume",
+            on(&attach, vec![fault(400, &elsewhere)]),
+        ),
+        (
+            "400 read as final",
+            on(
+                &both,
+                vec![
+                    fault(400, MULTIATTACH_BEFORE_2_60),
+                    fault(400, SCHEMA),
+                    fault(400, DEVICE_PATH),
+                ],
+            ),
+        ),
+        (
+            "400 not read",
+            on(
+                &both,
+                vec![
+                    fault(400, GERMAN_NOT_READY),
+                    fault(400, &pseudo_not_ready),
+                    fault(400, UNKNOWN_400),
+                ],
+            ),
+        ),
+        ("403 policy", on(&both, vec![fault(403, POLICY)])),
+        (
+            "403 too many disks",
+            on(&both, vec![fault(403, TOO_MANY_DISKS)]),
+        ),
+        (
+            "403 not read",
+            on(&both, vec![fault(403, GERMAN_TOO_MANY_DISKS)]),
+        ),
     ]
 }
 
 const OTHER_ID: Uuid = Uuid::from_u128(0x3a9b_7c1e_0000_4000_8000_0000_0000_0001);
 
 /// Nova's rejections: (cell, rejection, HTTP status).
-fn rejection_samples() -> [(&'static str, Rejection, u16); 15] {
+fn rejection_samples() -> [(&'static str, Rejection, u16); 11] {
     let already = |server: String| Rejection::AlreadyAttached {
         servers: vec![server],
     };
@@ -192,10 +306,6 @@ fn rejection_samples() -> [(&'static str, Rejection, u16); 15] {
             Rejection::Detaching,
             400,
         ),
-        ("404 not attached", Rejection::NotAttached, 404),
-        ("404 volume not found", Rejection::VolumeNotFound, 404),
-        ("403 forbidden", Rejection::Forbidden, 403),
-        ("400 other", Rejection::BadRequest, 400),
         ("401 after re-authenticating", Rejection::Unauthorized, 401),
         ("409 locked or task_state", Rejection::Conflict, 409),
         ("413/429 over limit", Rejection::Throttled, 429),
@@ -293,7 +403,7 @@ fn failure_samples() -> [FailureSample; 9] {
 type FailureSample = (&'static str, NovaErrorKind, Stage, Option<u16>, bool);
 
 fn sample_map(
-    rejections: [(&'static str, Rejection, u16); 15],
+    rejections: [(&'static str, Rejection, u16); 11],
     failures: [FailureSample; 9],
 ) -> BTreeMap<&'static str, Option<Vec<NovaError>>> {
     let mut m: BTreeMap<&'static str, Option<Vec<NovaError>>> =

@@ -105,6 +105,11 @@ pub fn keystone_refusal(body: &[u8]) -> bool {
         })
 }
 
+/// `s` parsed whole as a uuid, equal to `id`.
+fn is_id(s: &str, id: uuid::Uuid) -> bool {
+    uuid::Uuid::parse_str(s).ok() == Some(id)
+}
+
 /// Whether Nova's "Instance {id} could not be found." names `server`:
 /// the uuid between the words, parsed whole. A 404 naming another
 /// instance (an answer routed or relayed for another request, a proxy
@@ -113,52 +118,127 @@ pub fn names_instance(message: &str, server: uuid::Uuid) -> bool {
     message
         .strip_prefix("Instance ")
         .and_then(|rest| rest.strip_suffix(" could not be found."))
-        .and_then(|id| uuid::Uuid::parse_str(id).ok())
-        == Some(server)
+        .is_some_and(|id| is_id(id, server))
+}
+
+/// The id in Nova's "Volume {id} could not be found." (one word: not
+/// "Volume attachment {id} could not be found.", another fault).
+fn volume_not_found(message: &str) -> Option<&str> {
+    message
+        .strip_prefix("Volume ")
+        .and_then(|rest| rest.strip_suffix(" could not be found."))
+        .filter(|id| !id.contains(char::is_whitespace))
+}
+
+/// Whether Nova's "Volume {id} could not be found." names `volume`.
+pub fn names_volume(message: &str, volume: uuid::Uuid) -> bool {
+    volume_not_found(message).is_some_and(|id| is_id(id, volume))
+}
+
+/// The two ids in Nova's "Instance {server} is not attached to volume
+/// {volume}" (the controller's text for a volume with no block device
+/// mapping on the server, the server first; no full stop).
+fn not_attached(message: &str) -> Option<(&str, &str)> {
+    let (server, volume) = message
+        .strip_prefix("Instance ")?
+        .split_once(" is not attached to volume ")?;
+    let one_word = |s: &str| !s.is_empty() && !s.contains(char::is_whitespace);
+    (one_word(server) && one_word(volume)).then_some((server, volume))
+}
+
+/// Whether Nova's "Instance {server} is not attached to volume {volume}"
+/// names both this server and this volume, each in its place.
+pub fn names_attachment(message: &str, server: uuid::Uuid, volume: uuid::Uuid) -> bool {
+    not_attached(message).is_some_and(|(s, v)| is_id(s, server) && is_id(v, volume))
+}
+
+/// Whether Nova's "volume {id} is already attached to instances: ..." (or,
+/// for a multiattach volume, "volume {id} already attached") names
+/// `volume`.
+pub fn names_volume_attached(message: &str, volume: uuid::Uuid) -> bool {
+    message
+        .split_once("volume ")
+        .and_then(|(_, rest)| {
+            rest.split_once(" is already attached")
+                .or_else(|| rest.split_once(" already attached"))
+        })
+        .is_some_and(|(id, _)| is_id(id, volume))
+}
+
+/// Nova's 400s that are final whatever the moment, by the words of its
+/// messages (nova/exception.py, the volume-attachment controller, schema
+/// validation): the request itself cannot be taken, now or later.
+const FINAL_400: &[&str] = &[
+    // Schema validation of the request's body.
+    "Invalid input for field/attribute ",
+    "API Version String ",
+    "Multiattach volumes are only supported starting with compute API version ",
+    "Attaching multiattach volumes is not supported for shelved-offloaded instances.",
+    "Tagged volume attachment is not supported for ",
+    "The supplied device path (",
+    "Cannot detach a root device volume",
+];
+
+/// What a 400 of Nova's means, by its message; `Unread` when it is none
+/// the service knows.
+fn bad_request(msg: &str) -> Rejection {
+    if let Some(pos) = msg.find("already attached to instances:") {
+        let rest = &msg[pos + "already attached to instances:".len()..];
+        let servers = rest
+            .split(|c: char| c.is_whitespace() || c == ',' || c == '.')
+            .filter(|s| s.len() == 36)
+            .map(str::to_string)
+            .collect();
+        Rejection::AlreadyAttached { servers }
+    } else if msg.contains("already attached") {
+        Rejection::AlreadyAttached {
+            servers: Vec::new(),
+        }
+    } else if msg.contains("Unable to detach volume") || msg.contains("detaching") {
+        Rejection::Detaching
+    } else if let Some(pos) = msg.find("status must be available") {
+        // Cinder's reserve: the volume is creating, downloading or
+        // reserved — the create-then-attach race, transient.
+        let status = msg[pos..]
+            .split("status is ")
+            .nth(1)
+            .map(|s| s.split(['.', ' ', ')']).next().unwrap_or("").to_string())
+            .unwrap_or_default();
+        Rejection::VolumeNotReady { status }
+    } else if FINAL_400.iter().any(|p| msg.starts_with(p))
+        || msg.contains("are not in the same availability_zone")
+    {
+        Rejection::BadRequest
+    } else {
+        Rejection::Unread { status: 400 }
+    }
 }
 
 /// What Nova's refusal means, by its status and message (the body being
-/// Nova's own fault: see [`nova_fault`]).
+/// Nova's own fault: see [`nova_fault`]). Only messages the service knows
+/// in Nova's words decide by their meaning: a message translated into the
+/// request's `Accept-Language`, or any other text, is `Unread` (400, 403)
+/// or about nothing known (404: `Other`). Whether the ids a message names
+/// are the request's is `answer.rs`'s question.
 pub fn classify_refusal(status: u16, fault: &Fault) -> Rejection {
     let msg = fault.message.as_deref().unwrap_or("");
     match status {
-        400 => {
-            if let Some(pos) = msg.find("already attached to instances:") {
-                let rest = &msg[pos + "already attached to instances:".len()..];
-                let servers = rest
-                    .split(|c: char| c.is_whitespace() || c == ',' || c == '.')
-                    .filter(|s| s.len() == 36)
-                    .map(str::to_string)
-                    .collect();
-                Rejection::AlreadyAttached { servers }
-            } else if msg.contains("already attached") {
-                Rejection::AlreadyAttached {
-                    servers: Vec::new(),
-                }
-            } else if msg.contains("Unable to detach volume") || msg.contains("detaching") {
-                Rejection::Detaching
-            } else if let Some(pos) = msg.find("status must be available") {
-                // Cinder's reserve: the volume is creating, downloading or
-                // reserved — the create-then-attach race, transient.
-                let status = msg[pos..]
-                    .split("status is ")
-                    .nth(1)
-                    .map(|s| s.split(['.', ' ', ')']).next().unwrap_or("").to_string())
-                    .unwrap_or_default();
-                Rejection::VolumeNotReady { status }
-            } else {
-                Rejection::BadRequest
-            }
-        }
+        400 => bad_request(msg),
         401 => Rejection::Unauthorized,
-        403 => Rejection::Forbidden,
+        403 if msg.starts_with("The maximum allowed number of disk devices (")
+            && msg.ends_with(") to attach to a single instance has been exceeded.") =>
+        {
+            Rejection::TooManyDisks
+        }
+        403 if msg.starts_with("Policy doesn't allow ") => Rejection::Forbidden,
+        403 => Rejection::Unread { status },
         // Only the three 404s Nova's attachment calls give mean something;
         // any other ("The resource could not be found.", Nova's router's
         // answer to a path it has no route for) is not about the server.
         404 => {
-            if msg.contains("is not attached to volume") {
+            if not_attached(msg).is_some() {
                 Rejection::NotAttached
-            } else if msg.starts_with("Volume ") && msg.contains("could not be found") {
+            } else if volume_not_found(msg).is_some() {
                 Rejection::VolumeNotFound
             } else if msg.starts_with("Instance ") && msg.contains("could not be found") {
                 Rejection::ServerNotFound
@@ -166,6 +246,8 @@ pub fn classify_refusal(status: u16, fault: &Fault) -> Rejection {
                 Rejection::Other
             }
         }
+        // Locked, in a task_state, or a text not read: each is a conflict
+        // that may clear (retried); only the device path is final.
         409 if msg.contains("device path") && msg.contains("in use") => Rejection::DeviceInUse,
         409 => Rejection::Conflict,
         413 | 429 => Rejection::Throttled,
@@ -213,6 +295,10 @@ mod tests {
         let f = fault(
             r#"{"forbidden": {"code": 403, "message": "The maximum allowed number of disk devices (26) to attach to a single instance has been exceeded."}}"#,
         );
+        assert_eq!(classify_refusal(403, &f), Rejection::TooManyDisks);
+        let f = fault(
+            r#"{"forbidden": {"code": 403, "message": "Policy doesn't allow os_compute_api:os-volumes-attachments:create to be performed."}}"#,
+        );
         assert_eq!(classify_refusal(403, &f), Rejection::Forbidden);
         let f = fault(
             r#"{"badRequest": {"code": 400, "message": "Invalid volume: Invalid input received: Invalid volume: Unable to detach volume. Volume status must be 'in-use' and attach_status must be 'attached' to detach. (HTTP 400)"}}"#,
@@ -257,6 +343,91 @@ mod tests {
             r#"{"itemNotFound": {"code": 404, "message": "The resource could not be found."}}"#,
         );
         assert_eq!(classify_refusal(404, &f), Rejection::Other);
+    }
+
+    #[test]
+    fn final_400s_are_read_by_novas_words_and_any_other_text_is_not_read() {
+        for msg in [
+            "Invalid input for field/attribute volumeAttachment. Value: {'volumeId': 'x'}. Additional properties are not allowed ('tag' was unexpected)",
+            "Multiattach volumes are only supported starting with compute API version 2.60.",
+            "The supplied device path (/dev/sdz9) is invalid.",
+            "Invalid volume: Instance 7ebed2ce-85b3-40b5-84ae-8cc725c37ed2 and volume a07f71dc-8151-4e7d-a0cc-cd24a3f11113 are not in the same availability_zone. Instance is in nova. Volume is in az1",
+            "Cannot detach a root device volume",
+            "Tagged volume attachment is not supported for this server instance.",
+        ] {
+            let f = Fault {
+                name: Some("badRequest".into()),
+                message: Some(msg.into()),
+            };
+            assert_eq!(classify_refusal(400, &f), Rejection::BadRequest, "{msg}");
+        }
+        // Cinder's "not ready", translated (German, and the simulator's
+        // pseudo-translation), and a text nobody wrote here: not read.
+        for (status, msg) in [
+            (
+                400,
+                "Ungültige Eingabe empfangen: Ungültiger Datenträger: Der Status des Datenträgers muss verfügbar sein.",
+            ),
+            (
+                400,
+                "dilavnI tupni :deviecer dilavnI :emulov emuloV a07f71dc-8151-4e7d-a0cc-cd24a3f11113 sutats",
+            ),
+            (400, "Something else went wrong."),
+            (
+                403,
+                "Die maximal zulässige Anzahl von Plattengeräten (26) wurde überschritten.",
+            ),
+        ] {
+            let f = Fault {
+                name: None,
+                message: Some(msg.into()),
+            };
+            assert_eq!(
+                classify_refusal(status, &f),
+                Rejection::Unread { status },
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_messages_ids_are_read_whole_and_in_their_places() {
+        let (s, v) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let other = uuid::Uuid::new_v4();
+        assert!(names_volume(&format!("Volume {v} could not be found."), v));
+        for m in [
+            format!("Volume {other} could not be found."),
+            format!("Volume {v}0 could not be found."),
+            format!("Volume attachment {v} could not be found."),
+            format!("Volume {v} could not be found"),
+        ] {
+            assert!(!names_volume(&m, v), "{m}");
+        }
+        assert!(names_attachment(
+            &format!("Instance {s} is not attached to volume {v}"),
+            s,
+            v
+        ));
+        for m in [
+            format!("Instance {other} is not attached to volume {v}"),
+            format!("Instance {s} is not attached to volume {other}"),
+            format!("Instance {v} is not attached to volume {s}"),
+            format!("Instance {s} is not attached to volume {v}."),
+        ] {
+            assert!(!names_attachment(&m, s, v), "{m}");
+        }
+        assert!(names_volume_attached(
+            &format!("Invalid volume: volume {v} is already attached to instances: {s}"),
+            v
+        ));
+        assert!(names_volume_attached(
+            &format!("Invalid volume: volume {v} already attached"),
+            v
+        ));
+        assert!(!names_volume_attached(
+            &format!("Invalid volume: volume {other} is already attached to instances: {s}"),
+            v
+        ));
     }
 
     #[test]

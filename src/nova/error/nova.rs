@@ -21,21 +21,37 @@ pub enum Rejection {
     VolumeNotReady { status: String },
     /// 409 "The supplied device path (...) is in use": permanent.
     DeviceInUse,
-    /// 404 "Instance X is not attached to volume Y": a detach is done.
+    /// 404 "Instance X is not attached to volume Y", naming this
+    /// server and this volume (`answer.rs` reads the ids): a detach is
+    /// done.
     NotAttached,
-    /// 404 "Instance X could not be found." On a detach it decides only
-    /// once a look at the server agrees (`classify.rs`).
+    /// 404 "Instance X could not be found.", naming this server. On a
+    /// detach it decides only once a look at the server agrees
+    /// (`classify.rs`).
     ServerNotFound,
-    /// 404 "Volume X could not be found."
+    /// 404 "Volume X could not be found.", naming this volume.
     VolumeNotFound,
-    /// 403: policy or "maximum allowed number of disk devices".
+    /// 403 "Policy doesn't allow ... to be performed.".
     Forbidden,
+    /// 403 "The maximum allowed number of disk devices (N) to attach to a
+    /// single instance has been exceeded.": the server takes no more
+    /// volumes (Nova's `[compute] max_disk_devices_to_attach`).
+    TooManyDisks,
     /// 409: locked, or in a task_state: transient, did not take effect.
     Conflict,
     /// 413/429 overLimit: throttled, did not take effect.
     Throttled,
-    /// Any other 400: a definitive refusal.
+    /// A 400 whose message says it is final whatever the moment: a body
+    /// the schema refuses, a device path, a microversion, a server's
+    /// availability zone or state that the request cannot have.
     BadRequest,
+    /// Nova's refusal (its fault for a 400 or a 403) whose message the
+    /// service does not read: translated (Nova translates its messages
+    /// into the request's `Accept-Language`, which something in front of
+    /// it may add), a text it does not know, or one about another volume.
+    /// Nothing took effect; why is not known, so it decides nothing final
+    /// by itself (`classify.rs`).
+    Unread { status: u16 },
     /// 401 even after re-authenticating once.
     Unauthorized,
     /// Nova's own 5xx (`computeFault`, `serviceUnavailable`): the outcome
@@ -57,9 +73,11 @@ impl Rejection {
             Rejection::ServerNotFound => "server_not_found",
             Rejection::VolumeNotFound => "volume_not_found",
             Rejection::Forbidden => "forbidden",
+            Rejection::TooManyDisks => "too_many_disks",
             Rejection::Conflict => "conflict",
             Rejection::Throttled => "throttled",
             Rejection::BadRequest => "bad_request",
+            Rejection::Unread { .. } => "not_read",
             Rejection::Unauthorized => "unauthorized",
             Rejection::ServerError => "server_error",
             Rejection::Other => "other",
@@ -192,9 +210,12 @@ impl NovaError {
                 Rejection::ServerNotFound => Reason::NovaServerNotFound,
                 Rejection::VolumeNotFound => Reason::NovaVolumeNotFound,
                 Rejection::Forbidden => Reason::NovaForbidden,
+                Rejection::TooManyDisks => Reason::NovaTooManyDisks,
                 Rejection::Conflict => Reason::NovaConflict,
                 Rejection::Throttled => Reason::NovaThrottled,
-                Rejection::BadRequest => Reason::NovaBadRequest,
+                Rejection::BadRequest | Rejection::Unread { status: 400 } => Reason::NovaBadRequest,
+                Rejection::Unread { status: 403 } => Reason::NovaForbidden,
+                Rejection::Unread { .. } => Reason::NovaUnexpectedStatus,
                 Rejection::Unauthorized => Reason::NovaUnauthorized,
                 Rejection::ServerError => Reason::NovaServerError,
                 Rejection::Other => Reason::NovaUnexpectedStatus,

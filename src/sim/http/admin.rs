@@ -22,6 +22,10 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/sim/config", get(get_config).put(put_config))
         .route("/sim/servers/{server_id}/lock", post(lock).delete(unlock))
         .route(
+            "/sim/servers/{server_id}/max_disk_devices_to_attach",
+            post(max_disk_devices),
+        )
+        .route(
             "/sim/servers/{server_id}",
             axum::routing::delete(remove_server),
         )
@@ -319,6 +323,30 @@ async fn unlock(State(st): State<AppState>, Path(server): Path<String>) -> Statu
     match admin_id(&server) {
         Ok(s) => {
             st.sim.lock_server(s, false);
+            StatusCode::NO_CONTENT
+        }
+        Err(c) => c,
+    }
+}
+
+/// `{"max_disk_devices_to_attach": N}`: Nova's option of that name for
+/// the server's compute host (-1: unlimited).
+#[derive(serde::Deserialize)]
+struct MaxDiskDevices {
+    max_disk_devices_to_attach: i64,
+}
+
+async fn max_disk_devices(
+    State(st): State<AppState>,
+    Path(server): Path<String>,
+    axum::Json(body): axum::Json<MaxDiskDevices>,
+) -> StatusCode {
+    match admin_id(&server) {
+        // Nova's option is -1 or more.
+        Ok(_) if body.max_disk_devices_to_attach < -1 => StatusCode::BAD_REQUEST,
+        Ok(s) => {
+            st.sim
+                .set_max_disk_devices(s, body.max_disk_devices_to_attach);
             StatusCode::NO_CONTENT
         }
         Err(c) => c,

@@ -12,9 +12,11 @@
 //! - `version.rs`: around every versioned call: microversion negotiation,
 //!   request ids, `Vary`.
 //! - `admin.rs`: version discovery, Keystone, the `/sim` admin API.
+//! - `i18n.rs`: Nova's fault messages in the request's language.
 
 mod admin;
 mod cinder;
+mod i18n;
 mod nova;
 mod servers;
 mod version;
@@ -225,7 +227,8 @@ fn router(state: AppState) -> Router {
 /// A JSON answer with Nova's headers: the microversion, when one was
 /// negotiated (the request ids and `Vary` are `version.rs`'s). Nova's own
 /// answers say `application/json`; its faults (and keystonemiddleware's
-/// 401) add the charset.
+/// 401) add the charset. A fault of Nova's carries its body as
+/// `i18n::NovaFault`, for `version.rs` to translate.
 fn json(status: u16, v: serde_json::Value, mv: (u32, u32)) -> Response<Body> {
     let content_type = if status < 400 {
         "application/json"
@@ -240,6 +243,9 @@ fn json(status: u16, v: serde_json::Value, mv: (u32, u32)) -> Response<Body> {
         r = r
             .header("OpenStack-API-Version", format!("compute {v}"))
             .header("X-OpenStack-Nova-API-Version", v);
+    }
+    if let Some(fault) = i18n::NovaFault::of(status, &v) {
+        r = r.extension(fault);
     }
     r.body(Body::from(v.to_string()))
         .unwrap_or_else(|_| Response::new(Body::empty()))

@@ -380,6 +380,26 @@ fn early_answer(m: &Mutation, fault: &Option<Fault>) -> Option<Response<Body>> {
             "itemNotFound",
             format!("Instance {} could not be found.", m.server),
         ),
+        Some(Fault::VolumeNotFound { volume_id }) => (
+            404,
+            "itemNotFound",
+            format!(
+                "Volume {} could not be found.",
+                volume_id.unwrap_or(m.volume)
+            ),
+        ),
+        Some(Fault::NotAttached {
+            server_id,
+            volume_id,
+        }) => (
+            404,
+            "itemNotFound",
+            format!(
+                "Instance {} is not attached to volume {}",
+                server_id.unwrap_or(m.server),
+                volume_id.unwrap_or(m.volume)
+            ),
+        ),
         Some(Fault::DeviceInUse) => (
             409,
             "conflictingRequest",

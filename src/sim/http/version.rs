@@ -9,7 +9,9 @@
 //! - every answer carries Nova's request id (`X-OpenStack-Request-Id` and
 //!   `X-Compute-Request-Id`), a 401 of the auth middleware and a 400 of
 //!   schema validation included;
-//! - an answer with a negotiated version says `Vary` for both headers.
+//! - an answer with a negotiated version says `Vary` for both headers;
+//! - a fault's message is in the request's `Accept-Language`, when Nova
+//!   has a translation for it (`i18n.rs`).
 //!
 //! The auth middleware runs before the negotiation: a request without a
 //! valid token is 401, whatever its version header.
@@ -20,6 +22,7 @@ use axum::http::{HeaderMap, HeaderValue, Response};
 use axum::middleware::Next;
 use uuid::Uuid;
 
+use super::i18n::{self, NovaFault};
 use super::{AppState, json};
 
 /// Nova 34's range (`nova/api/openstack/api_version_request.py`).
@@ -100,6 +103,11 @@ pub(super) async fn layer(
     mut req: Request,
     next: Next,
 ) -> Response<Body> {
+    let language = req
+        .headers()
+        .get("accept-language")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|asked| i18n::best_match(asked, &st.sim.config().locales));
     let path = req.uri().path();
     let version_document = path == "/v2.1" || path == "/v2.1/";
     let token = req
@@ -124,6 +132,13 @@ pub(super) async fn layer(
         // The handler answers the auth middleware's 401.
         next.run(req).await
     };
+    if language.is_some()
+        && let Some(fault) = resp.extensions_mut().remove::<NovaFault>()
+    {
+        *resp.body_mut() = Body::from(fault.translated().to_string());
+        resp.headers_mut()
+            .remove(axum::http::header::CONTENT_LENGTH);
+    }
     let h = resp.headers_mut();
     if !h.contains_key("x-openstack-request-id")
         && let Ok(v) = HeaderValue::from_str(&format!("req-{}", Uuid::new_v4()))

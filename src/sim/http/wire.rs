@@ -7,6 +7,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::Response;
 
+// A body replaced here is no longer the fault it was: never rendered
+// again (translated) from the one it replaced.
+use super::i18n::NovaFault;
 use super::{abort, render};
 use crate::sim::Fault;
 
@@ -73,6 +76,7 @@ pub(super) async fn after_effect(
 fn huge(ok: Response<Body>, bytes: usize, announced: bool) -> Response<Body> {
     let (mut parts, _) = ok.into_parts();
     parts.headers.remove("content-length");
+    parts.extensions.remove::<NovaFault>();
     if announced {
         return Response::from_parts(parts, Body::from(vec![b' '; bytes]));
     }
@@ -117,6 +121,7 @@ async fn stalled(ok: Response<Body>, stall: Duration) -> Response<Body> {
     });
     let mut parts = parts;
     parts.headers.remove("content-length");
+    parts.extensions.remove::<NovaFault>();
     Response::from_parts(parts, Body::from_stream(stream))
 }
 
@@ -151,5 +156,6 @@ async fn truncated(ok: Response<Body>) -> Response<Body> {
         }
     });
     parts.headers.remove("content-length");
+    parts.extensions.remove::<NovaFault>();
     Response::from_parts(parts, Body::from_stream(stream))
 }
