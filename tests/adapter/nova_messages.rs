@@ -23,7 +23,7 @@ use volume_reconciler::sim::{self, Fault, FaultOp, FaultRule, Sim, SimConfig};
 
 async fn row_by_key(app: &TestApp, key: &str) -> Operation {
     app.store
-        .operation_get_by_key(None, key)
+        .operation_get_by_key(&crate::support::ck(None, key))
         .await
         .unwrap()
         .expect("the row exists")
