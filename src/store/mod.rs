@@ -212,7 +212,12 @@ impl NewOperation {
     ) -> Operation {
         Operation {
             id: self.id,
-            idempotency_key: self.stored_key(),
+            // As a row reads back: an Ensure operation has no caller's key.
+            idempotency_key: self
+                .key
+                .keyed()
+                .map(|k| k.key().as_str().to_string())
+                .unwrap_or_default(),
             action: self.action,
             state: self.state,
             resolution: None,
