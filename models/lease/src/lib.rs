@@ -4,13 +4,16 @@
 //! Three kinds of actor share one state:
 //!
 //! - **two replicas**, each with its tasks: an executor task (the caller's
-//!   run: send, await the answer, watch, decide), a reconciler pass
-//!   (claim, look, decide, defer, or become a re-send run) and the
-//!   heartbeat that renews every lease a task of the replica holds;
+//!   run: write the intent, send, await the answer, watch, decide), a
+//!   reconciler pass (claim, look, decide, defer, or become a re-send run)
+//!   and the heartbeat that renews every lease the replica holds (one hold
+//!   per operation, as `executor/holds.rs` keys them);
 //! - **the ledger**: one row per operation with its state, lease owner,
-//!   epoch, whether the lease is past its expiry, the attempts, and
-//!   whether the settle window after the last stamped request has passed;
-//!   every write goes through the fence as the real statements check it;
+//!   epoch, whether the lease is past its expiry, the attempts, the epoch
+//!   the last one was recorded under and whether it is known never to have
+//!   left, and whether the settle window after the last stamped request has
+//!   passed; every write goes through the fence as the real statements
+//!   check it;
 //! - **Nova**: whether the volume is attached, the requests in flight (each
 //!   may take effect with or without an answer, or be lost before taking
 //!   effect), and the answers not yet read.
@@ -18,19 +21,24 @@
 //! Time is abstracted: a lease is live or expired, a settle window open or
 //! passed, a deadline ahead or past, each by a step of the model
 //! (`Expire`, `Settle`, `Deadline`) that may happen only when the real
-//! clocks would allow it (a lease expires only when its holder cannot renew
-//! it: crashed, paused, its database replies held, or no task holds it).
+//! clocks would allow it. A lease expires only when its holder cannot renew
+//! it within the store's round-trip bound: crashed, paused, its database
+//! replies held or lost, or no task holding it (the lease is sized so that
+//! a live holder whose renewals are slow but within the bound keeps it).
 //!
 //! Faults, drawn from a budget so that they stop: a replica crashes
 //! (restarts with nothing running), pauses past its lease, its database
-//! replies are held, a request waits for a connection slot longer than the
-//! settle window's margin, a request is lost before or after taking effect,
-//! an answer comes after its request's deadline.
+//! replies are held past the round-trip bound, its database is slow (within
+//! the bound), the reply to an intent or to a claim is lost (it committed;
+//! its writer does not know), a request waits for a connection slot longer
+//! than the settle window's margin, a request is lost before or after
+//! taking effect, an answer comes after its request's deadline.
 //!
-//! The guards each stand for a clause of the real code (docs/testing.md,
-//! "The lease protocol, model-checked", maps each to its file and SQL); each
-//! can be removed (`Guards`) to show that the checker then finds the
-//! counterexample.
+//! The guards each stand for a clause of the real code (`Guards`, and
+//! docs/testing.md, "The lease protocol, model-checked", which maps each to
+//! its file and SQL); each can be removed to show that the checker then
+//! finds the counterexample, or, for the two that others imply, that it
+//! finds none (`checks.rs` says why).
 
 #[cfg(test)]
 mod checks;
@@ -51,38 +59,76 @@ pub const MAX_ATTEMPTS: u8 = 2;
 /// The protocol's guards; each one off stands for the real code without it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Guards {
-    /// Every write is fenced: `lease_epoch = $epoch AND lease_owner = $me
-    /// AND completed_at IS NULL`. Off: a write lands whatever the row.
-    pub fence: bool,
-    /// Renewals (heartbeat and gate) check the epoch too. Off: the owner
-    /// alone, as before issue 47.
-    pub epoch: bool,
+    /// A run's writes (a further attempt's record, a decision, a deferral)
+    /// are fenced by its epoch: `transition_sql`'s `o.lease_epoch =
+    /// u.epoch` (`store/pg/sql/write.rs`). Off: whatever the epoch.
+    pub fence_epoch: bool,
+    /// ... and only while the row is open: `o.completed_at IS NULL` (the
+    /// same statement; the unsent mark has its own). Off: decided rows too.
+    pub fence_open: bool,
+    /// Renewals (the heartbeat's and the send gate's) name the epoch the
+    /// replica holds the operation under: `RENEW_LEASES`'s `o.lease_epoch
+    /// = req.epoch` beside `o.lease_owner = $3` (`store/pg/sql/mod.rs`).
+    /// Off: the owner alone.
+    pub renewal_epoch: bool,
     /// No re-send and no FAILED before the settle window after the last
-    /// stamped request. Off: the reconciler acts on its first look.
+    /// stamped request: `reconciler/pass.rs` `not_yet`. Off: the
+    /// reconciler acts on its first look.
     pub settle_window: bool,
     /// A request leaves only while its lease is known to hold (by the last
-    /// renewal, else by one made now). Off: it leaves whatever the lease.
+    /// renewal, else by one made now): `executor/gate.rs`. Off: it leaves
+    /// whatever the lease.
     pub send_gate: bool,
-    /// The reconciler never claims an operation a task of its own replica
-    /// holds. Off: it claims any expired lease, as before issue 47.
+    /// The reconciler never claims an operation this replica holds:
+    /// `claim_many_sql`'s `NOT (id = ANY($4))` with `Executor::held`.
+    /// Off: it claims any expired lease.
     pub claim_skips_own_runs: bool,
-    /// A takeover counts the settle window from the old lease's end: the
-    /// claim moves `last_request_at` up to the expired `lease_expires_at`,
-    /// the latest its holder's request may have left (the gate lets none
-    /// leave after). Off: from the attempt's record alone (a request that
-    /// waited for a slot or a token leaves later than that stamp).
+    /// A takeover counts the settle window from the old lease's end:
+    /// `TAKEOVER_RESTAMP` moves `last_request_at` up to the expired
+    /// `lease_expires_at`, the latest its holder's request may have left
+    /// (the gate lets none leave after). Off: from the attempt's record
+    /// alone (a request that waited for a slot leaves later than that).
     pub takeover_restamps: bool,
+    /// ... only when an attempt was recorded under the expiring lease's
+    /// epoch and it is not marked unsent: `TAKEOVER_RESTAMP`'s
+    /// `o.attempt_epoch = o.lease_epoch AND NOT o.attempt_unsent`. Off:
+    /// every takeover of an expired lease restamps (a pass that only
+    /// looked, a claim whose reply was lost, start the window again).
+    pub restamp_needs_an_attempt: bool,
+    /// A holder that hears its lease lost before its run's last recorded
+    /// attempt passed the send gate marks that attempt unsent
+    /// (`MARK_UNSENT`: `attempt_unsent = true, next_attempt_at = now()
+    /// WHERE attempt_epoch = $2 AND attempts = $3 AND completed_at IS
+    /// NULL`), and a pass decides a marked operation as one never sent, no
+    /// settle window (`not_yet`). Off: it stops without a word.
+    pub unsent_mark: bool,
+    /// A write of a pass that did not see the mark (it claimed the row
+    /// before the mark landed) leaves a marked row due now:
+    /// `transition_sql`'s `next_attempt_at = CASE WHEN o.attempt_unsent AND
+    /// NOT u.unsent_seen THEN now() ...`. Off: its deferral moves
+    /// `next_attempt_at` to the end of the settle window, over the mark's.
+    pub deferral_keeps_unsent_due: bool,
+    /// The lease outlasts two round trips, a heartbeat and the gate's
+    /// margin (`--lease` ≥ 2R + `--heartbeat` + the send margin, checked at
+    /// start), so a holder whose renewals are slow but within the store's
+    /// round-trip bound R keeps it. Off: a slow renewal may let it lapse.
+    pub lease_outlasts_slow_renewals: bool,
 }
 
 impl Guards {
     /// The protocol as the real code makes it: every guard in place.
     pub const ALL: Guards = Guards {
-        fence: true,
-        epoch: true,
+        fence_epoch: true,
+        fence_open: true,
+        renewal_epoch: true,
         settle_window: true,
         send_gate: true,
         claim_skips_own_runs: true,
         takeover_restamps: true,
+        restamp_needs_an_attempt: true,
+        unsent_mark: true,
+        deferral_keeps_unsent_due: true,
+        lease_outlasts_slow_renewals: true,
     };
 }
 
@@ -121,6 +167,11 @@ pub struct Row {
     /// Past `lease_expires_at` on the database's clock (only with an owner).
     pub expired: bool,
     pub attempts: u8,
+    /// `attempt_epoch`: the lease epoch the last attempt was recorded under
+    /// (the intent's is 1; a trigger stamps the row's epoch on each record).
+    pub attempt_epoch: u8,
+    /// `attempt_unsent`: the last attempt is known never to have left.
+    pub unsent: bool,
     /// The settle window after `last_request_at` has passed.
     pub settled: bool,
     /// `next_attempt_at` set to the end of the settle window (a deferral).
@@ -137,6 +188,11 @@ pub enum Phase {
     /// The attempt is recorded; waiting for a connection slot or a token,
     /// then the gate and the request's first byte.
     PreSend,
+    /// The intent's reply was lost: reading the row back, and renewing its
+    /// lease if it is still this replica's under the intent's epoch
+    /// (`intent_fate`). Its epoch is not known meanwhile, so the heartbeat
+    /// does not renew it.
+    ReadBack,
     /// The request left; its answer is awaited.
     AwaitNova,
     /// The answer was lost or came late: looking until the wanted state
@@ -146,6 +202,9 @@ pub enum Phase {
     Look,
     /// A decision to write (fenced).
     Write(Decision),
+    /// The lease was heard lost before the run's recorded attempt left:
+    /// marking it unsent, then stopping.
+    MarkUnsent,
     /// A database reply held by the network: what it said, read once it
     /// arrives.
     Reply(Reply),
@@ -198,7 +257,8 @@ pub struct Task {
     pub op: u8,
     pub epoch: u8,
     pub phase: Phase,
-    /// The lease is known to hold (the last renewal is recent enough).
+    /// The lease is known to hold (the last renewal of the replica's hold
+    /// on the operation is recent enough; shared by its tasks there).
     pub known_live: bool,
     /// A database reply to this task is held.
     pub held: bool,
@@ -208,12 +268,17 @@ pub struct Task {
     pub attempt: u8,
     /// Will leave, or left, within the margin of the last stamp.
     pub prompt: bool,
+    /// A pass: its claim read the row marked unsent (`unsent_seen`).
+    pub saw_unsent: bool,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
 pub struct Replica {
     pub paused: bool,
+    /// Its database replies are held past the round-trip bound (or lost).
     pub db_held: bool,
+    /// Its database is slow, its replies within the round-trip bound.
+    pub slow: bool,
     /// Sorted, so that equal states hash alike.
     pub tasks: Vec<Task>,
 }
@@ -239,6 +304,20 @@ pub struct Ghost {
     pub wrong_decision: bool,
     /// A request took effect after its operation was decided.
     pub late_effect: bool,
+    /// Per operation: the holder of its last recorded attempt heard its
+    /// lease lost before that attempt left, and stopped (alive: a crash
+    /// tells nobody); no attempt was recorded since.
+    pub unsent_known: [bool; MAX_OPS],
+    /// Per operation: a pass saw its settle window ended; no request was
+    /// stamped since.
+    pub window_ended: [bool; MAX_OPS],
+    /// An operation of `unsent_known` waited for a settle window: a pass
+    /// deferred it, or a claim waited for the window's end.
+    pub unsent_waited: bool,
+    /// An operation of `window_ended` waited for a settle window again.
+    pub window_waited_again: bool,
+    /// A lease lapsed while its holder renewed it within the bound.
+    pub live_lease_lapsed: bool,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -260,7 +339,9 @@ pub struct State {
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Action {
     /// A caller submits operation `op` to replica `r`: the intent (its
-    /// first attempt recorded, leased to `r`) and the executor task.
+    /// first attempt recorded, leased to `r`) and the executor task. With
+    /// `r`'s database replies held, the intent commits and its holder
+    /// hears so late (its lease may lapse meanwhile).
     Submit {
         op: u8,
         r: u8,
@@ -290,7 +371,7 @@ pub enum Action {
         r: u8,
         t: u8,
     },
-    /// The heartbeat of `r` renews task `t`'s lease.
+    /// The heartbeat of `r` renews the lease of task `t`'s operation.
     Renew {
         r: u8,
         t: u8,
@@ -318,6 +399,10 @@ pub enum Action {
     ReleaseDb {
         r: u8,
     },
+    /// `r`'s database answers within the bound again.
+    Fast {
+        r: u8,
+    },
     // Faults.
     Crash {
         r: u8,
@@ -326,6 +411,22 @@ pub enum Action {
         r: u8,
     },
     HoldDb {
+        r: u8,
+    },
+    /// `r`'s database is slow: every round trip takes up to the bound.
+    Slow {
+        r: u8,
+    },
+    /// As `Submit`, and the intent's reply is lost: its caller hears
+    /// UNAVAILABLE (outcome unknown) at once, its task reads the row back.
+    SubmitReplyLost {
+        op: u8,
+        r: u8,
+    },
+    /// As `Claim`, and the claim's reply is lost: the row is `r`'s under a
+    /// new epoch, and no task of `r` works on it (it lapses).
+    ClaimReplyLost {
+        op: u8,
         r: u8,
     },
     /// Task `t` waits for a slot longer than the settle window's margin.
@@ -350,6 +451,9 @@ impl Action {
             Action::Crash { .. }
             | Action::Pause { .. }
             | Action::HoldDb { .. }
+            | Action::Slow { .. }
+            | Action::SubmitReplyLost { .. }
+            | Action::ClaimReplyLost { .. }
             | Action::SlotWait { .. }
             | Action::NovaActUnanswered { .. }
             | Action::NovaLose { .. } => true,
@@ -397,6 +501,8 @@ impl Model for LeaseModel {
             epoch: 0,
             expired: false,
             attempts: 0,
+            attempt_epoch: 0,
+            unsent: false,
             settled: false,
             wait_settle: false,
             deadline: false,
