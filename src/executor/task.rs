@@ -216,6 +216,19 @@ impl Executor {
         );
         let keep_created;
         let op = match *result {
+            // Written again after its acknowledgement was lost, and found
+            // another's: the write outlived its lease, and another replica
+            // took the intent over before anything of it could leave here.
+            Ok(CreateOutcome::Created(op))
+                if op.lease_epoch != 1 || op.lease_owner.as_deref() != Some(&self.replica) =>
+            {
+                drop(inflight);
+                let answer = Box::pin(self.intent_taken_over(op, &budget)).await;
+                // The decision first: the caller wakes on it, not on the
+                // end of `created` (dropped with this task).
+                drop(done.send(Some(Box::new(answer))));
+                return;
+            }
             Ok(CreateOutcome::Created(op)) => {
                 // The intent's lease was set after its write left.
                 hold.known(op.lease_epoch);
@@ -390,6 +403,21 @@ impl Executor {
             }
             tokio::time::sleep(pauses.next().unwrap_or(Duration::from_secs(5))).await;
         }
+    }
+
+    /// An intent found taken over once its write was acknowledged: its
+    /// attempt never left here (nothing is sent without the lease), so it
+    /// is marked unsent for the new holder to decide at once; its caller
+    /// is answered from the row, or with the new holder's decision if it
+    /// comes in its time.
+    async fn intent_taken_over(&self, op: Operation, budget: &Budget) -> Operation {
+        tracing::info!(operation_id = %op.id, holder = op.lease_owner.as_deref().unwrap_or("-"),
+            lease_epoch = op.lease_epoch,
+            "the intent's acknowledgement came after another replica took it over; nothing was sent here");
+        if !op.state.is_terminal() {
+            self.mark_unsent(op.id, 1, 1).await;
+        }
+        self.after_fence(op, CallerTime::of(budget)).await
     }
 
     /// Renews a recorded intent's lease before anything is sent: a lease

@@ -10,3 +10,4 @@ mod support;
 
 mod db_faults;
 mod process;
+mod slow_database;

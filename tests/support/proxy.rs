@@ -26,6 +26,11 @@ pub enum Lose {
     /// swallowed up to its ReadyForQuery (by then the server has
     /// committed).
     Response,
+    /// The request carrying the marker is inside a transaction: its
+    /// response passes, and that of the transaction's `COMMIT` is
+    /// swallowed up to its ReadyForQuery (the server committed; the client
+    /// never hears it).
+    CommitResponse,
 }
 
 struct Fault {
@@ -126,6 +131,9 @@ struct Link {
     /// Set when the request whose response is to be lost went by: how long
     /// to hang once that response is swallowed.
     lose_response: Mutex<Option<Duration>>,
+    /// Set when a `CommitResponse` marker went by: the next `COMMIT`'s
+    /// response is the one to lose.
+    lose_commit: Mutex<Option<Duration>>,
     kill: CancellationToken,
 }
 
@@ -150,6 +158,7 @@ async fn relay(
         fault,
         fired,
         lose_response: Mutex::new(None),
+        lose_commit: Mutex::new(None),
         kill: CancellationToken::new(),
     };
     let (c_read, c_write) = client.into_split();
@@ -187,8 +196,16 @@ async fn up(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, link: &Link) {
         };
         match hit {
             Some(f) if f.lose == Lose::Request => return link.close_after(f.hold).await,
+            Some(f) if f.lose == Lose::CommitResponse => {
+                *link.lose_commit.lock().unwrap_or_else(|p| p.into_inner()) = Some(f.hold)
+            }
             Some(f) => *link.lose_response.lock().unwrap_or_else(|p| p.into_inner()) = Some(f.hold),
-            None => {}
+            None => {
+                let mut commit = link.lose_commit.lock().unwrap_or_else(|p| p.into_inner());
+                if commit.is_some() && contains(chunk, b"COMMIT") {
+                    *link.lose_response.lock().unwrap_or_else(|p| p.into_inner()) = commit.take();
+                }
+            }
         }
         if to.write_all(chunk).await.is_err() {
             link.kill.cancel();
