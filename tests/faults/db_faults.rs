@@ -402,7 +402,8 @@ async fn database_connections_reset_mid_batch_lose_nothing() {
 
 #[tokio::test]
 async fn the_database_sockets_carry_keepalive_and_a_user_timeout() {
-    let (app, proxy) = behind_proxy(&[]).await;
+    // The service's default round-trip bound (the tests' is shorter).
+    let (app, proxy) = behind_proxy(&[("--db-statement-timeout", "5s")]).await;
     let (key, _, h) = one_attach(&app, secs(10.0)).await;
     assert!(matches!(h, Heard::Decided(_)), "{key}: {h:?}");
     let fds = volume_reconciler::store::pg::sockets::sockets_to(proxy.addr());
