@@ -1382,6 +1382,208 @@ async fn a_burst_of_intents_with_conflicts_records_every_other_row(store: Arc<dy
     );
 }
 
+/// A FAILED operation whose reason frees its key (Nova never acted on it,
+/// and its code says retry) saves no result: a replay of the key starts a
+/// new operation under it, the old one keeps its row (and its key's text)
+/// and the key names the new one; while the volume is busy with another
+/// operation the replay is VOLUME_BUSY and the key stays the old one's. A
+/// decision that is the key's for good is joined as ever.
+async fn a_key_that_saved_no_result_is_handed_on(store: Arc<dyn Store>) {
+    use volume_reconciler::domain::{OperationError, Reason};
+    let v = Uuid::new_v4();
+    let old = create(store.as_ref(), new_op("freed", v, State::InProgress)).await;
+    let mut refused = finish(&old, State::Failed);
+    refused.last_error = Some(Some(OperationError::new(Reason::NovaConflict, "409")));
+    store
+        .operation_transition(refused, soon())
+        .await
+        .unwrap()
+        .unwrap();
+    // Another operation holds the volume: busy, nothing handed on.
+    let other = create(store.as_ref(), new_op("other", v, State::InProgress)).await;
+    match store
+        .operation_create(new_op("freed", v, State::InProgress), soon())
+        .await
+    {
+        Err(StoreError::VolumeBusy { operation_id, .. }) => assert_eq!(operation_id, other.id),
+        other => panic!("{other:?}"),
+    }
+    let key = crate::support::ck(Some("tester"), "freed");
+    assert_eq!(
+        store.operation_get_by_key(&key).await.unwrap().unwrap().id,
+        old.id
+    );
+    store
+        .operation_transition(finish(&other, State::Succeeded), soon())
+        .await
+        .unwrap()
+        .unwrap();
+    let new = create(store.as_ref(), new_op("freed", v, State::InProgress)).await;
+    assert_ne!(new.id, old.id);
+    assert_eq!(
+        store.operation_get_by_key(&key).await.unwrap().unwrap().id,
+        new.id
+    );
+    let kept = store.operation_get(old.id).await.unwrap().unwrap();
+    assert_eq!(
+        (kept.state, kept.idempotency_key.as_str()),
+        (State::Failed, "freed")
+    );
+    for id in [old.id, new.id] {
+        let events = store.operation_events(id).await.unwrap();
+        assert!(
+            events.iter().any(|e| e.kind == "key_handed_on"),
+            "{id}: {events:#?}"
+        );
+    }
+    // A success is the key's for good: joined.
+    store
+        .operation_transition(finish(&new, State::Succeeded), soon())
+        .await
+        .unwrap()
+        .unwrap();
+    match store
+        .operation_create(new_op("freed", v, State::InProgress), soon())
+        .await
+        .unwrap()
+    {
+        CreateOutcome::Existing(e) => assert_eq!(e.id, new.id),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// An Ensure call's intent has no caller's key: it joins the volume's open
+/// operation of its own identity (caller, server, action and parameters)
+/// and no other; the key column holds its own id, read back empty.
+async fn an_ensure_intent_joins_its_identity_only(store: Arc<dyn Store>) {
+    use volume_reconciler::domain::{Caller, OpKey};
+    let v = Uuid::new_v4();
+    let ensure = |caller: &str| NewOperation {
+        key: OpKey::Ensure(Caller::named(caller)),
+        id: Uuid::now_v7(),
+        ..new_op("unused", v, State::InProgress)
+    };
+    let first = create(store.as_ref(), ensure("tester")).await;
+    assert!(
+        first.ensure && first.idempotency_key.is_empty(),
+        "{first:?}"
+    );
+    let read = store.operation_get(first.id).await.unwrap().unwrap();
+    assert!(read.ensure && read.idempotency_key.is_empty(), "{read:?}");
+    match store
+        .operation_create(ensure("tester"), soon())
+        .await
+        .unwrap()
+    {
+        CreateOutcome::Existing(e) => assert_eq!(e.id, first.id, "its identity, joined"),
+        other => panic!("{other:?}"),
+    }
+    match store.operation_create(ensure("someone-else"), soon()).await {
+        Err(StoreError::VolumeBusy { operation_id, .. }) => assert_eq!(operation_id, first.id),
+        other => panic!("another caller's identity must not join: {other:?}"),
+    }
+    let mut detach = ensure("tester");
+    detach.action = Action::Detach;
+    match store.operation_create(detach, soon()).await {
+        Err(StoreError::VolumeBusy { .. }) => {}
+        other => panic!("another state must not join: {other:?}"),
+    }
+}
+
+/// Claims `id` for `replica` as soon as its lease has expired (the
+/// database's clock: asked until it has).
+async fn claim_once(
+    store: &dyn Store,
+    id: Uuid,
+    replica: &str,
+    lease: Duration,
+) -> volume_reconciler::domain::Operation {
+    let mut found = None;
+    for _ in 0..200 {
+        let claimed = store
+            .operation_claim(replica, lease, 10, &[])
+            .await
+            .unwrap();
+        if let Some(op) = claimed.into_iter().find(|o| o.id == id) {
+            found = Some(op);
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    found.expect("claimed once its lease expired")
+}
+
+/// An attempt marked as never sent changes the row only while it is the
+/// row's last attempt, recorded under that epoch; a claim of an expired
+/// lease moves the settle window only when an attempt was recorded under
+/// it and not marked unsent.
+async fn an_unsent_mark_and_the_takeovers_restamp_follow_the_attempts_epoch(store: Arc<dyn Store>) {
+    let op = create(
+        store.as_ref(),
+        NewOperation {
+            lease_for: Duration::from_millis(1),
+            ..new_op("unsent", Uuid::new_v4(), State::InProgress)
+        },
+    )
+    .await;
+    assert_eq!((op.attempt_epoch, op.attempt_unsent), (Some(1), false));
+    let stamp = op.last_request_at.unwrap();
+    // Not its last attempt's epoch, or not its count: nothing.
+    assert!(
+        !store
+            .operation_mark_unsent(op.id, 2, 1, "r0")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .operation_mark_unsent(op.id, 1, 2, "r0")
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .operation_mark_unsent(op.id, 1, 1, "r0")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .operation_mark_unsent(op.id, 1, 1, "r0")
+            .await
+            .unwrap(),
+        "once"
+    );
+    let taken = claim_once(store.as_ref(), op.id, "r1", Duration::from_millis(1)).await;
+    assert!(taken.attempt_unsent && taken.nothing_sent());
+    assert_eq!(
+        taken.last_request_at,
+        Some(stamp),
+        "an unsent attempt is not restamped"
+    );
+    // The claim's epoch records nothing: the next takeover restamps nothing.
+    let again = claim_once(store.as_ref(), op.id, "r2", Duration::from_secs(30)).await;
+    assert_eq!(again.last_request_at, Some(stamp));
+    // A new attempt under the new epoch clears the mark and is stamped so.
+    let mut retry = Transition::new(&again, State::InProgress, "r2");
+    retry.add_attempt = true;
+    retry.request_sent = true;
+    let retried = store
+        .operation_transition(retry, soon())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (retried.attempt_epoch, retried.attempt_unsent),
+        (Some(again.lease_epoch), false)
+    );
+    let read = store.operation_get(op.id).await.unwrap().unwrap();
+    assert_eq!(
+        (read.attempt_epoch, read.attempt_unsent),
+        (Some(again.lease_epoch), false)
+    );
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -1415,6 +1617,9 @@ conformance!(
     state_counts_follow_every_change,
     the_oldest_unknown_operation_is_found,
     a_burst_of_intents_with_conflicts_records_every_other_row,
+    a_key_that_saved_no_result_is_handed_on,
+    an_ensure_intent_joins_its_identity_only,
+    an_unsent_mark_and_the_takeovers_restamp_follow_the_attempts_epoch,
 );
 
 #[tokio::test]

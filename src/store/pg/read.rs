@@ -170,8 +170,9 @@ impl PgStore {
     /// Hands a key that saved no result (`old`: FAILED, `Operation::frees_key`)
     /// on to `new`, in one transaction: `old` gives up its key's hash and
     /// `new` is inserted under the key, each with an event saying so. The
-    /// new row; `None` when it was not inserted (another replay handed the
-    /// key on first, or the volume is busy: the caller looks again why).
+    /// new row; `None` when another replay handed the key on first (the
+    /// caller looks again why); `VolumeBusy` when the volume has another
+    /// open operation (nothing changed: the key stays the old one's).
     /// Made once: a lost acknowledgement is an outcome the executor reads
     /// back by the new operation's id.
     pub(super) async fn hand_key_on(
@@ -207,12 +208,27 @@ impl PgStore {
                     let row = bind::create_guarded(&new).fetch_optional(&mut *tx).await?;
                     if row.is_some() {
                         tx.commit().await?;
+                        return Ok(Some(Ok(row)));
                     }
-                    Ok(row)
+                    // Not inserted: the volume's open operation stood in
+                    // the way (rolled back with the transaction).
+                    let busy: Option<Uuid> =
+                        sqlx::query_scalar(sqlx::AssertSqlSafe(sql::OPEN_ON_VOLUME.as_str()))
+                            .bind(new.volume_id)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                    Ok(busy.map(Err))
                 })
             })
             .await?;
-        row.map(|r| bind::intent_of(&new, &r)).transpose()
+        match row {
+            None => Ok(None),
+            Some(Ok(r)) => r.map(|r| bind::intent_of(&new, &r)).transpose(),
+            Some(Err(holder)) => Err(StoreError::VolumeBusy {
+                volume_id: new.volume_id,
+                operation_id: holder,
+            }),
+        }
     }
 
     /// The operations a query returns (by id or by key: at most one).

@@ -43,6 +43,10 @@ pub(super) static CONFLICT: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The open operation of volume `$1` (at most one, by `operations_open`).
+pub(super) static OPEN_ON_VOLUME: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT id FROM operations WHERE volume_id = $1 AND {OPEN}"));
+
 /// The open operations by state, by an index-only scan of
 /// `operations_open` (it holds the state).
 pub(super) static OPEN_BY_STATE: LazyLock<String> = LazyLock::new(|| {
