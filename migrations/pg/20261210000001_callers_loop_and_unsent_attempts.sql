@@ -3,8 +3,8 @@
 --
 -- An expand step: replicas of the previous release keep working against
 -- this schema while the new ones serve. Every column is added with a
--- constant default (no rewrite of the table), and what the previous
--- release writes keeps them true (the trigger below).
+-- constant default (no rewrite of the table), and nothing the previous
+-- release writes can make them say more than is true (below).
 
 -- 1. Operations started by EnsureAttached/EnsureDetached: no caller's key.
 --    Their `idempotency_key` holds their own id and their `key_hash` one no
@@ -21,34 +21,19 @@ ALTER TABLE operations ADD COLUMN ensure BOOLEAN NOT NULL DEFAULT false;
 --    and when it was retired. A retired row leaves no tombstone.
 ALTER TABLE operations ADD COLUMN key_retired_at TIMESTAMPTZ;
 
--- 3. The epoch the last attempt was recorded under, and whether that
---    attempt is known never to have left (its holder lost the lease before
+-- 3. The attempts an operation had when its lease's epoch began (a claim
+--    stamps them; an intent's epoch began with none): a takeover moves the
+--    settle window only when attempts were recorded since, under the
+--    expiring epoch. The previous release's claims leave it as it was,
+--    lower than or equal to the attempts: a takeover of its rows restamps
+--    whenever they recorded an attempt since, as it always did.
+ALTER TABLE operations ADD COLUMN claim_attempts INTEGER NOT NULL DEFAULT 0;
+
+-- 4. The attempt known never to have left (its holder lost the lease before
 --    its send gate let it out, and no earlier request of the operation may
---    still take effect). A takeover moves the settle window only when an
---    attempt was recorded under the expiring epoch; a pass decides an
---    unsent operation at once, as one never sent (re-sent within its
---    deadline, else FAILED NOT_SENT), instead of waiting out a settle
---    window for a request that never left. NULL for rows of the previous
---    release: a takeover of one restamps as before.
-ALTER TABLE operations ADD COLUMN attempt_epoch BIGINT;
-ALTER TABLE operations ADD COLUMN attempt_unsent BOOLEAN NOT NULL DEFAULT false;
-
--- Whoever records an attempt (this release's statements, and the previous
--- release's, which know nothing of these columns) stamps its epoch and
--- clears the unsent mark: a trigger, not the statements alone, so a
--- replica of the previous release that re-sends cannot leave a stale
--- epoch that would spare its attempt the takeover's restamp. Its WHEN
--- clause is evaluated without a call: a decision that records no attempt
--- (nearly all) pays nothing more.
-CREATE FUNCTION operations_stamp_attempt() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$ BEGIN
-        NEW.attempt_epoch := NEW.lease_epoch;
-        NEW.attempt_unsent := false;
-        RETURN NEW;
-    END $$;
-
-CREATE TRIGGER operations_stamp_attempt
-    BEFORE UPDATE OF attempts ON operations
-    FOR EACH ROW WHEN (NEW.attempts > OLD.attempts)
-    EXECUTE FUNCTION operations_stamp_attempt();
+--    still take effect): while it is still the operation's last
+--    (`unsent_attempt = attempts`), a pass decides the operation as one
+--    never sent, with no settle window. Any later attempt, whoever records
+--    it (the previous release's writers included), makes it no longer the
+--    last: nothing has to clear it.
+ALTER TABLE operations ADD COLUMN unsent_attempt INTEGER;

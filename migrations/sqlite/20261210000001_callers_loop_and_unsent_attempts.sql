@@ -1,11 +1,9 @@
--- See migrations/pg (the same file name). The embedded store runs in one
--- process, so no replica of the previous release writes beside this one:
--- the statements stamp the attempt's epoch themselves (no trigger).
+-- See migrations/pg (the same file name).
 
 ALTER TABLE operations ADD COLUMN ensure INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE operations ADD COLUMN key_retired_at INTEGER;
-ALTER TABLE operations ADD COLUMN attempt_epoch INTEGER;
-ALTER TABLE operations ADD COLUMN attempt_unsent INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE operations ADD COLUMN claim_attempts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE operations ADD COLUMN unsent_attempt INTEGER;
 
 -- A key is unique per caller among the rows that still hold it: a retired
 -- row (a replay started a new operation under its key) keeps the key's

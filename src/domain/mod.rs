@@ -222,12 +222,9 @@ pub struct Operation {
     /// Asked by an Ensure call (no caller's key: `idempotency_key` holds
     /// its own id; the API shows it empty).
     pub ensure: bool,
-    /// The epoch its last attempt was recorded under (`None`: none
-    /// recorded, or a row of the previous release).
-    pub attempt_epoch: Option<i64>,
     /// Its last attempt is known never to have left, and no earlier
-    /// request may still take effect: a pass decides it at once, as one
-    /// never sent.
+    /// request may still take effect (the ledger's `unsent_attempt` is
+    /// its attempt count): a pass decides it at once, as one never sent.
     pub attempt_unsent: bool,
     pub drifted: bool,
     /// Reconciler passes so far.

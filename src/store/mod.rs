@@ -237,7 +237,6 @@ impl NewOperation {
             lease_epoch: 1,
             caller: self.caller_name(),
             ensure: self.ensure(),
-            attempt_epoch: (self.attempts > 0).then_some(1),
             attempt_unsent: false,
             drifted: false,
             passes: 0,
@@ -315,8 +314,8 @@ impl Transition {
             op.attachment = self.attachment.clone();
         }
         if attempts > op.attempts {
-            // An attempt recorded: under this epoch, and not known unsent.
-            op.attempt_epoch = Some(self.lease_epoch);
+            // An attempt recorded since: the one known unsent is no longer
+            // the last.
             op.attempt_unsent = false;
         }
         op.attempts = attempts;
@@ -697,13 +696,14 @@ pub trait Store: Send + Sync + 'static {
         key: &CallerKey,
     ) -> Result<Option<DateTime<Utc>>, StoreError>;
 
-    /// Marks the attempt `attempts` recorded under `epoch` as one that never
-    /// left (its holder lost the lease before its send gate let it out, and
-    /// no earlier request of the operation may still take effect), and due
-    /// for a pass now. A fact about that attempt, so not fenced by the
-    /// current lease: it changes the row only while that attempt is still
-    /// its last (`attempt_epoch = epoch AND attempts = attempts`) and it is
-    /// open. True when it did.
+    /// Marks the operation's attempt `attempts` (recorded under `epoch`,
+    /// for the log) as one that never left (its holder lost the lease
+    /// before its send gate let it out, and no earlier request of the
+    /// operation may still take effect), and due for a pass now. A fact
+    /// about that attempt, so not fenced by the current lease: attempt
+    /// counts are given out once each (every attempt is recorded under the
+    /// lease's epoch), so it changes the row only while that attempt is
+    /// still its last and it is open. True when it did.
     async fn operation_mark_unsent(
         &self,
         id: Uuid,

@@ -22,7 +22,8 @@ use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, state, resolution, server_id, volume_id, \
     request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
     completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes, escalated_at, \
-    escalation, verify_expect, trace_parent, trace_state, ensure, attempt_epoch, attempt_unsent";
+    escalation, verify_expect, trace_parent, trace_state, ensure, \
+    (unsent_attempt IS NOT NULL AND unsent_attempt = attempts) AS attempt_unsent";
 
 /// "Not decided yet", as the partial indexes of open operations say it.
 pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
@@ -327,7 +328,6 @@ pub(super) struct OperationRow {
     trace_parent: Option<String>,
     trace_state: Option<String>,
     ensure: bool,
-    attempt_epoch: Option<i64>,
     attempt_unsent: bool,
 }
 }
@@ -453,7 +453,6 @@ impl OperationRow {
             lease_epoch: self.lease_epoch,
             caller: self.caller,
             ensure: self.ensure,
-            attempt_epoch: self.attempt_epoch,
             attempt_unsent: self.attempt_unsent,
             drifted: self.drifted,
             passes: self.passes,

@@ -91,21 +91,25 @@ pub struct Guards {
     pub takeover_restamps: bool,
     /// ... only when an attempt was recorded under the expiring lease's
     /// epoch and it is not marked unsent: `TAKEOVER_RESTAMP`'s
-    /// `o.attempt_epoch = o.lease_epoch AND NOT o.attempt_unsent`. Off:
+    /// `o.attempts > o.claim_attempts AND o.unsent_attempt IS DISTINCT FROM
+    /// o.attempts` (`claim_attempts`: the attempts when the epoch began,
+    /// stamped by each claim; the model's `attempt_epoch = epoch`). Off:
     /// every takeover of an expired lease restamps (a pass that only
     /// looked, a claim whose reply was lost, start the window again).
     pub restamp_needs_an_attempt: bool,
     /// A holder that hears its lease lost before its run's last recorded
     /// attempt passed the send gate marks that attempt unsent
-    /// (`MARK_UNSENT`: `attempt_unsent = true, next_attempt_at = now()
-    /// WHERE attempt_epoch = $2 AND attempts = $3 AND completed_at IS
-    /// NULL`), and a pass decides a marked operation as one never sent, no
+    /// (`MARK_UNSENT`: `unsent_attempt = $n, next_attempt_at = now()
+    /// WHERE attempts = $n AND completed_at IS NULL`: attempt counts are
+    /// given out once each, so "still its last" is "recorded under its
+    /// epoch and no later one", the model's `attempt_epoch` and
+    /// `attempts`), and a pass decides a marked operation as one never sent, no
     /// settle window (`not_yet`). Off: it stops without a word.
     pub unsent_mark: bool,
     /// A write of a pass that did not see the mark (it claimed the row
     /// before the mark landed) leaves a marked row due now:
-    /// `transition_sql`'s `next_attempt_at = CASE WHEN o.attempt_unsent AND
-    /// NOT u.unsent_seen THEN now() ...`. Off: its deferral moves
+    /// `transition_sql`'s `next_attempt_at = CASE WHEN o.unsent_attempt =
+    /// o.attempts AND NOT u.unsent_seen THEN now() ...`. Off: its deferral moves
     /// `next_attempt_at` to the end of the settle window, over the mark's.
     pub deferral_keeps_unsent_due: bool,
     /// The lease outlasts two round trips, a heartbeat and the gate's
@@ -167,10 +171,12 @@ pub struct Row {
     /// Past `lease_expires_at` on the database's clock (only with an owner).
     pub expired: bool,
     pub attempts: u8,
-    /// `attempt_epoch`: the lease epoch the last attempt was recorded under
-    /// (the intent's is 1; a trigger stamps the row's epoch on each record).
+    /// The lease epoch the last attempt was recorded under (the intent's is
+    /// 1): in the ledger, `attempts > claim_attempts` says it is the
+    /// current epoch's.
     pub attempt_epoch: u8,
-    /// `attempt_unsent`: the last attempt is known never to have left.
+    /// The last attempt is known never to have left (the ledger's
+    /// `unsent_attempt = attempts`).
     pub unsent: bool,
     /// The settle window after `last_request_at` has passed.
     pub settled: bool,

@@ -476,7 +476,8 @@ impl Store for SqliteStore {
         for (id, prev_owner) in ids {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE operations SET lease_owner = ?2, lease_expires_at = ?3, lease_epoch = lease_epoch + 1,
-                    passes = passes + 1, last_request_at = {TAKEOVER_RESTAMP}, updated_at = ?4 WHERE id = ?1"
+                    passes = passes + 1, last_request_at = {TAKEOVER_RESTAMP}, claim_attempts = attempts,
+                    updated_at = ?4 WHERE id = ?1"
             )))
             .bind(&id)
             .bind(replica)
@@ -522,7 +523,8 @@ impl Store for SqliteStore {
                 .flatten();
         let r = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE operations SET lease_owner = ?2, lease_expires_at = ?3, lease_epoch = lease_epoch + 1,
-                passes = passes + 1, last_request_at = {TAKEOVER_RESTAMP}, updated_at = ?4
+                passes = passes + 1, last_request_at = {TAKEOVER_RESTAMP}, claim_attempts = attempts,
+                    updated_at = ?4
              WHERE id = ?1 AND {OPEN} AND (lease_expires_at IS NULL OR lease_expires_at < ?4)"
         )))
         .bind(id.to_string())
@@ -862,12 +864,11 @@ impl Store for SqliteStore {
         let mut tx = self.begin_write().await?;
         let now = now_us();
         let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE operations SET attempt_unsent = 1, next_attempt_at = ?1, updated_at = ?1
-             WHERE id = ?2 AND attempt_epoch = ?3 AND attempts = ?4 AND {OPEN} AND NOT attempt_unsent"
+            "UPDATE operations SET unsent_attempt = ?3, next_attempt_at = ?1, updated_at = ?1
+             WHERE id = ?2 AND attempts = ?3 AND {OPEN} AND unsent_attempt IS NOT ?3"
         )))
         .bind(now)
         .bind(id.to_string())
-        .bind(epoch)
         .bind(attempts)
         .execute(&mut *tx)
         .await
@@ -1009,6 +1010,6 @@ async fn conflict_in(
 /// every column of a `SET` from the row before the update.
 const TAKEOVER_RESTAMP: &str =
     "CASE WHEN lease_owner IS NOT NULL AND last_request_at < lease_expires_at
-                      AND NOT attempt_unsent
-                      AND (attempt_epoch = lease_epoch OR (attempt_epoch IS NULL AND attempts > 0))
+                      AND attempts > claim_attempts
+                      AND unsent_attempt IS NOT attempts
                      THEN lease_expires_at ELSE last_request_at END";

@@ -130,8 +130,8 @@ pub(super) async fn insert_intent(
     let row = sqlx::query(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
-            lease_expires_at, caller, trace_parent, trace_state, intent, ensure, attempt_epoch)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            lease_expires_at, caller, trace_parent, trace_state, intent, ensure)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT DO NOTHING
          RETURNING created_at, deadline_at, last_request_at, lease_expires_at",
     )
@@ -155,7 +155,6 @@ pub(super) async fn insert_intent(
     .bind(new.trace.as_ref().and_then(|t| t.tracestate()))
     .bind(rows::compact_recorded(new).map(|i| to_json(&i)))
     .bind(new.ensure())
-    .bind((new.attempts > 0).then_some(1i64))
     .fetch_optional(&mut **tx)
     .await
     .map_err(db("recording the operation"))?;
@@ -191,9 +190,8 @@ pub(super) async fn update_fenced(
             completed_at = CASE WHEN ?11 THEN ?10 END,
             lease_owner = CASE WHEN ?12 THEN NULL ELSE lease_owner END,
             lease_expires_at = CASE WHEN ?12 THEN NULL ELSE lease_expires_at END,
-            next_attempt_at = CASE WHEN attempt_unsent AND NOT ?17 THEN ?10 ELSE ?10 + ?13 END,
-            attempt_epoch = CASE WHEN ?6 > 0 THEN lease_epoch ELSE attempt_epoch END,
-            attempt_unsent = CASE WHEN ?6 > 0 THEN 0 ELSE attempt_unsent END,
+            next_attempt_at = CASE WHEN unsent_attempt = attempts AND NOT ?17 THEN ?10
+                ELSE ?10 + ?13 END,
             verify_expect = ?14,
             escalated_at = CASE WHEN ?16 IS NOT NULL THEN ?10 ELSE escalated_at END,
             escalation = COALESCE(?16, escalation),

@@ -104,14 +104,15 @@ pub fn verification_statement() -> String {
 /// pass that only looked, a claim whose reply was lost, a replica killed
 /// mid-round) could send nothing: the stamp stays, and the settle window
 /// is not started again. Nor does an attempt known never to have left
-/// (`attempt_unsent`). A released lease (`lease_owner` NULL) leaves the
-/// stamp as it is. A row of the previous release (no `attempt_epoch`)
-/// restamps as it did.
+/// (`unsent_attempt`). A released lease (`lease_owner` NULL) leaves the
+/// stamp as it is. "Recorded under the expiring epoch" is read as "more
+/// attempts than when the epoch began" (`claim_attempts`, which claims
+/// stamp): a claim of the previous release leaves it lower, so its rows
+/// restamp as they did.
 const TAKEOVER_RESTAMP: &str =
     "CASE WHEN o.lease_owner IS NOT NULL AND o.last_request_at < o.lease_expires_at
-                      AND NOT o.attempt_unsent
-                      AND (o.attempt_epoch = o.lease_epoch
-                           OR (o.attempt_epoch IS NULL AND o.attempts > 0))
+                      AND o.attempts > o.claim_attempts
+                      AND o.unsent_attempt IS DISTINCT FROM o.attempts
                      THEN o.lease_expires_at ELSE o.last_request_at END";
 
 fn claim_sql(target: &str, also: &str, tag: &str) -> String {
@@ -123,6 +124,7 @@ fn claim_sql(target: &str, also: &str, tag: &str) -> String {
                 lease_epoch = o.lease_epoch + 1,
                 passes = o.passes + 1,
                 last_request_at = {restamp},
+                claim_attempts = o.attempts,
                 last_write = {tag},
                 updated_at = now()
             FROM target WHERE o.id = target.id {also}
@@ -279,15 +281,16 @@ pub(super) const RELEASE_CLAIMED: &str =
     "UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL
      WHERE last_write = $2 AND lease_owner = $1 AND completed_at IS NULL";
 
-/// Marks the attempt `$3` recorded under epoch `$2` of operation `$1` as
-/// one that never left, due for a pass now, with a log row (`$4` its
-/// write, `$5` the replica, `$6` its events); the number of rows changed
-/// (see `Store::operation_mark_unsent`). Not fenced by the current lease:
-/// a statement about that attempt, true whoever holds the row now.
+/// Marks attempt `$3` of operation `$1` as one that never left, due for a
+/// pass now, with a log row (`$4` its write, `$5` the replica, `$6` its
+/// events, which name the epoch `$2` it was recorded under); the number of
+/// rows changed (see `Store::operation_mark_unsent`). Not fenced by the
+/// current lease: a statement about that attempt, true whoever holds the
+/// row now, and only while it is the last.
 pub(super) const MARK_UNSENT: &str = "WITH upd AS (
-        UPDATE operations SET attempt_unsent = true, next_attempt_at = now(), updated_at = now()
-        WHERE id = $1 AND attempt_epoch = $2 AND attempts = $3 AND completed_at IS NULL
-          AND NOT attempt_unsent
+        UPDATE operations SET unsent_attempt = $3, next_attempt_at = now(), updated_at = now()
+        WHERE id = $1 AND attempts = $3 AND completed_at IS NULL
+          AND unsent_attempt IS DISTINCT FROM $3
         RETURNING id
      ), lg AS (
         INSERT INTO operation_log (operation_id, write_id, at, replica, events)

@@ -170,11 +170,11 @@ fn insert_sql(guarded: bool) -> String {
     format!(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller,
-            trace_parent, trace_state, intent, key_hash, ensure, attempt_epoch)
+            trace_parent, trace_state, intent, key_hash, ensure)
         SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
             now() + u.deadline_ms * interval '1 millisecond', CASE WHEN u.attempts > 0 THEN now() END,
             u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller, u.trace_parent,
-            u.trace_state, u.intent, u.key_hash, u.ensure, CASE WHEN u.attempts > 0 THEN 1 END
+            u.trace_state, u.intent, u.key_hash, u.ensure
         {from}WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t WHERE t.key_hash = u.key_hash)
           AND now() < u.record_by
         {conflict}RETURNING {INTENDED_COLUMNS}",
@@ -304,7 +304,7 @@ fn transition_sql(one: bool) -> String {
             completed_at = CASE WHEN u.state IN ('succeeded', 'failed') THEN now() END,
             lease_owner = CASE WHEN u.release THEN NULL ELSE o.lease_owner END,
             lease_expires_at = CASE WHEN u.release THEN NULL ELSE o.lease_expires_at END,
-            next_attempt_at = CASE WHEN o.attempt_unsent AND NOT u.unsent_seen THEN now()
+            next_attempt_at = CASE WHEN o.unsent_attempt = o.attempts AND NOT u.unsent_seen THEN now()
                 ELSE now() + u.next_attempt_ms * interval '1 millisecond' END,
             verify_expect = u.verify_expect,
             escalated_at = CASE WHEN u.escalation IS NOT NULL THEN now() ELSE o.escalated_at END,
