@@ -17,11 +17,11 @@ var exampleTarget = "127.0.0.1:50051"
 // The first attach: a key from the intent, the caller's deadline as the
 // only bound, the decided operation back.
 func ExampleClient_Attach() {
-	c, conn, err := vr.Dial(exampleTarget, vr.Insecure())
+	c, err := vr.NewClient(exampleTarget, vr.Insecure())
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer conn.Close()
+	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	server, volume := "7ebed2ce-85b3-40b5-84ae-8cc725c37ed2", "a07f71dc-8151-4e7d-a0cc-cd24a3f11113"
@@ -35,11 +35,11 @@ func ExampleClient_Attach() {
 
 // A refusal read as a value: the reason and every key the service sent.
 func ExampleError() {
-	c, conn, err := vr.Dial(exampleTarget, vr.Insecure())
+	c, err := vr.NewClient(exampleTarget, vr.Insecure())
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer conn.Close()
+	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	// An id that is not a UUID.
@@ -54,11 +54,11 @@ func ExampleError() {
 // Following an operation by its id until it is decided (here one that is
 // already decided: Wait answers at once).
 func ExampleClient_Wait() {
-	c, conn, err := vr.Dial(exampleTarget, vr.Insecure())
+	c, err := vr.NewClient(exampleTarget, vr.Insecure())
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer conn.Close()
+	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	server, volume := "0b4d6c1e-2f6a-4c3e-9d51-6a1f0e2b7c90", "5e0c3f2a-8b7d-4e61-a9c4-2d3b1f0a6e57"

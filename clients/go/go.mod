@@ -9,7 +9,16 @@ require (
 )
 
 require (
+	github.com/blang/semver/v4 v4.0.0 // indirect
+	github.com/container-storage-interface/spec v1.14.0 // indirect
+	github.com/kubernetes-csi/csi-test/v5 v5.6.0 // indirect
+	github.com/kubernetes-csi/external-attacher/v4 v4.13.0 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
+	k8s.io/api v0.37.2 // indirect
+	k8s.io/apimachinery v0.37.2 // indirect
+	k8s.io/client-go v0.37.2 // indirect
+	sigs.k8s.io/kustomize/api v0.21.2 // indirect
 )

@@ -392,12 +392,12 @@ func (s *service) client(opts ...grpc.DialOption) (*vr.Client, *counter) {
 	s.t.Helper()
 	n := &counter{}
 	opts = append([]grpc.DialOption{vr.Insecure(), grpc.WithChainUnaryInterceptor(n.intercept)}, opts...)
-	c, conn, err := vr.Dial(s.Addr, opts...)
+	c, err := vr.NewClient(s.Addr, opts...)
 	if err != nil {
 		s.t.Fatal(err)
 	}
 	s.t.Cleanup(func() {
-		if err := conn.Close(); err != nil {
+		if err := c.Close(); err != nil {
 			s.t.Logf("close: %v", err)
 		}
 	})
