@@ -3,7 +3,6 @@ package volumereconciler_test
 import (
 	"context"
 	"errors"
-	"net/http"
 	"reflect"
 	"testing"
 	"time"
@@ -13,23 +12,6 @@ import (
 
 	vr "github.com/volume-reconciler/volume-reconciler/clients/go"
 )
-
-// simDelete sends DELETE path to the simulator's admin API.
-func (s *service) simDelete(path string) {
-	s.t.Helper()
-	req, err := http.NewRequest(http.MethodDelete, s.simURL+path, nil)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		s.t.Fatalf("DELETE %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		s.t.Fatalf("DELETE %s: %s", path, resp.Status)
-	}
-}
 
 // An attach to a server Nova does not have fails NOT_FOUND: Wait on that
 // operation answers the same error as the attach did (code, reason,
