@@ -248,3 +248,10 @@ func (e *Error) Retryable() bool {
 	}
 	return false
 }
+
+// ReasonCode is the code the service answers reason with (as its list of
+// reasons says), and whether this client knows the reason.
+func ReasonCode(reason string) (codes.Code, bool) {
+	c, ok := reasonCodes[reason]
+	return c, ok
+}

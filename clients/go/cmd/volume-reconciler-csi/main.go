@@ -46,6 +46,7 @@ var version = "dev"
 type config struct {
 	endpoint, server, tokenFile, ca, cert, key, driver, httpEndpoint, logLevel string
 	drain                                                                      time.Duration
+	showVersion                                                                bool
 }
 
 // env is the environment variable name's value, or def.
@@ -68,6 +69,7 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&c.driver, "driver-name", env("CSI_DRIVER_NAME", csi.DefaultDriverName), "the name GetPluginInfo answers: the VolumeAttachments' spec.attacher ($CSI_DRIVER_NAME)")
 	fs.StringVar(&c.httpEndpoint, "http-endpoint", env("CSI_HTTP_ENDPOINT", ""), "host:port of /metrics and /healthz; empty: none ($CSI_HTTP_ENDPOINT)")
 	fs.StringVar(&c.logLevel, "log-level", env("CSI_LOG_LEVEL", "info"), "debug, info, warn or error ($CSI_LOG_LEVEL)")
+	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
 	drain := env("CSI_DRAIN_TIMEOUT", "30s")
 	fs.StringVar(&drain, "drain-timeout", drain, "how long calls in flight may finish after SIGTERM ($CSI_DRAIN_TIMEOUT)")
 	if err := fs.Parse(args); err != nil {
@@ -78,7 +80,7 @@ func parse(args []string) (config, error) {
 		return c, fmt.Errorf("--drain-timeout %q: %w", drain, err)
 	}
 	c.drain = d
-	if c.server == "" {
+	if c.server == "" && !c.showVersion {
 		return c, errors.New("--server (or VOLUME_RECONCILER_SERVER) is required: the volume-reconciler service's host:port")
 	}
 	return c, nil
@@ -120,6 +122,10 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "volume-reconciler-csi:", err)
 		os.Exit(2)
+	}
+	if c.showVersion {
+		fmt.Println("volume-reconciler-csi", version)
+		return
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
