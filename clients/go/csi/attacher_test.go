@@ -211,18 +211,9 @@ func (c *cluster) waitAttached(within time.Duration, requests int) {
 	if tr.AttachEffects[c.volume] != 1 || (requests != anyRequests && tr.AttachRequests[c.volume] != requests) {
 		c.t.Fatalf("Nova saw %d attach requests and %d effects; want %d and 1", tr.AttachRequests[c.volume], tr.AttachEffects[c.volume], requests)
 	}
-	if !attachedTo(tr, c.server, c.volume) {
+	if !tr.Attached(c.server, c.volume) {
 		c.t.Fatalf("the simulator does not hold %s on %s", c.volume, c.server)
 	}
-}
-
-func attachedTo(tr testservice.Truth, server, volume string) bool {
-	for _, a := range tr.Attachments {
-		if a.ServerID == server && a.VolumeID == volume {
-			return true
-		}
-	}
-	return false
 }
 
 func TestExternalAttacherAttachesAndDetachesThroughTheEndpoint(t *testing.T) {
@@ -236,8 +227,8 @@ func TestExternalAttacherAttachesAndDetachesThroughTheEndpoint(t *testing.T) {
 		return len(c.va().Finalizers) == 0
 	})
 	tr := s.Truth()
-	if tr.DetachEffects[c.volume] != 1 || attachedTo(tr, c.server, c.volume) {
-		t.Fatalf("Nova: %d detaches took effect; still attached: %v", tr.DetachEffects[c.volume], attachedTo(tr, c.server, c.volume))
+	if tr.DetachEffects[c.volume] != 1 || tr.Attached(c.server, c.volume) {
+		t.Fatalf("Nova: %d detaches took effect; still attached: %v", tr.DetachEffects[c.volume], tr.Attached(c.server, c.volume))
 	}
 }
 

@@ -429,3 +429,13 @@ func NewUUID(t testing.TB) string {
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
+
+// Attached reports whether the simulator holds volume attached to server.
+func (tr Truth) Attached(server, volume string) bool {
+	for _, a := range tr.Attachments {
+		if a.ServerID == server && a.VolumeID == volume {
+			return true
+		}
+	}
+	return false
+}
