@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -165,5 +166,34 @@ func TestTheDockerfilesBuildLineBuildsAStaticBinary(t *testing.T) {
 	v, err := exec.Command(out, "--version").CombinedOutput()
 	if err != nil || !strings.Contains(string(v), "9.9.9") {
 		t.Fatalf("%s --version: %v %s", out, err, v)
+	}
+}
+
+// The docs' render command (docs/kubernetes.md), run as printed where
+// kubectl is installed: it renders what the kustomize Go API renders.
+func TestTheDocsKubectlKustomizeCommandRendersTheOverlay(t *testing.T) {
+	root := testservice.RepoRoot(t)
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "kubernetes.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const command = "kubectl kustomize deploy/kubernetes/csi-attach"
+	if !slices.ContainsFunc(strings.Split(string(doc), "\n"), func(l string) bool { return strings.TrimSpace(l) == command }) {
+		t.Fatalf("docs/kubernetes.md no longer prints %q: update this test", command)
+	}
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skipf("kubectl is not installed (%v); the overlay is rendered with the kustomize Go API above", err)
+	}
+	cmd := exec.Command(kubectl, strings.Fields(command)[1:]...)
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", command, err, out)
+	}
+	for _, want := range []string{"name: volume-reconciler-csi", "value: /var/lib/csi/sockets/pluginproxy/reconciler.sock", "value: unix:///csi/reconciler.sock"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("%s does not render %q:\n%s", command, want, out)
+		}
 	}
 }
