@@ -7,6 +7,10 @@ import (
 	"log"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	vr "github.com/volume-reconciler/volume-reconciler/clients/go"
 )
 
@@ -82,4 +86,39 @@ func ExampleKeyFor() {
 	// Output:
 	// vr1-d7f4161e95732f594a2f72338317ceea
 	// false
+}
+
+// "Make it so": the volume attached to the server however often it is
+// asked, with no key. The second call finds it attached and answers a new
+// operation that sent nothing.
+func ExampleClient_EnsureAttached() {
+	c, err := vr.NewClient(exampleTarget, vr.Insecure())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	req := vr.EnsureRequest{ServerID: "3f1c2b9a-6d4e-4f7a-9b2c-1e0d5a7c8b61", VolumeID: "c2a9e8f1-4b3d-4e6a-8f7c-5d1b0a9e2c34"}
+	first, err := c.EnsureAttached(ctx, req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	again, err := c.EnsureAttached(ctx, req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(first.GetState(), again.GetState(), again.GetAttempts())
+	// Output: STATE_SUCCEEDED STATE_SUCCEEDED 0
+}
+
+// Whether asking again may be answered differently, from the code and the
+// reason (never the message).
+func ExampleIsRetryable() {
+	busy := status.New(codes.Aborted, "volume busy")
+	busy, _ = busy.WithDetails(&errdetails.ErrorInfo{Reason: vr.ReasonVolumeBusy, Domain: vr.Domain})
+	refused := status.New(codes.FailedPrecondition, "attached elsewhere")
+	refused, _ = refused.WithDetails(&errdetails.ErrorInfo{Reason: vr.ReasonAlreadyAttachedElsewhere, Domain: vr.Domain})
+	fmt.Println(vr.IsRetryable(busy.Err()), vr.IsRetryable(refused.Err()))
+	// Output: true false
 }
