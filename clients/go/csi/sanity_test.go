@@ -9,6 +9,7 @@ package csi_test
 // them in a cluster.
 
 import (
+	"flag"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -68,6 +69,14 @@ func (ginkgoT) Fatalf(f string, args ...any) { ginkgo.Fail(fmt.Sprintf(f, args..
 
 func TestCSISanityIdentityAndPublishUnpublishRunAgainstTheEndpoint(t *testing.T) {
 	t.Parallel()
+	// Ginkgo ends the whole test process when go test's -parallel flag was
+	// given (its specs do not run in go test's parallel): fail this test
+	// alone instead, saying what to do.
+	flag.Visit(func(f *flag.Flag) {
+		if f.Name == "test.parallel" {
+			t.Fatal("csi-sanity (Ginkgo) refuses go test's -parallel flag: leave it out (GOMAXPROCS sets its default; .ci/run sets GOMAXPROCS=8)")
+		}
+	})
 	s := testservice.Start(t, "--reconcile-interval", "200ms")
 	node := testservice.NewUUID(t)
 	stand := &standIn{sim: sim{s.SimURL}, node: node}
