@@ -166,6 +166,7 @@ const SimProject = "a6944d763bf64ee6a275f1263fae0352"
 
 func (s *Service) command(logName string, args ...string) *exec.Cmd {
 	cmd := exec.Command(s.bin, args...)
+	dieWithTheTest(cmd)
 	// The service's own settings come from flags only.
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
