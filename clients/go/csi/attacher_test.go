@@ -11,7 +11,9 @@ package csi_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,6 +23,7 @@ import (
 	"github.com/kubernetes-csi/external-attacher/v4/pkg/controller"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -51,6 +54,27 @@ type cluster struct {
 	client *fake.Clientset
 	server string // the node's Nova server
 	volume string // the PV's Cinder volume
+
+	mu        sync.Mutex
+	published []codes.Code // the code of every publish the attacher got
+}
+
+// record keeps the code of every ControllerPublishVolume the attacher's
+// connection carried.
+func (c *cluster) record(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if strings.HasSuffix(method, "/ControllerPublishVolume") {
+		c.mu.Lock()
+		c.published = append(c.published, status.Code(err))
+		c.mu.Unlock()
+	}
+	return err
+}
+
+func (c *cluster) publishCodes() []codes.Code {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]codes.Code(nil), c.published...)
 }
 
 const (
@@ -65,7 +89,7 @@ func startAttacher(t *testing.T, svc *testservice.Service, timeout time.Duration
 	t.Helper()
 	c := &cluster{t: t, svc: svc, server: testservice.NewUUID(t), volume: testservice.NewUUID(t)}
 	socket := serveEndpoint(t, svc.Addr)
-	conn, err := grpc.NewClient("unix://"+socket, vr.Insecure())
+	conn, err := grpc.NewClient("unix://"+socket, vr.Insecure(), grpc.WithChainUnaryInterceptor(c.record))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,6 +357,32 @@ func TestExternalAttacherTheServiceSheddingIsNeverResourceExhausted(t *testing.T
 		t.Fatalf("the other attach: %v", err)
 	}
 	c.waitAttached(3*time.Minute, 1)
+}
+
+// Nova takes the attach 30 s after a load balancer answered 504, longer
+// than the attacher's timeout (15 s here, external-attacher's default):
+// the publish answers DEADLINE_EXCEEDED, external-attacher calls again,
+// and the next publish joins the open operation (DEADLINE_EXCEEDED again
+// while it is open, never ABORTED VOLUME_BUSY as a call of its own would
+// be: the CO's earlier call is not another operation), or once it is
+// decided finds the volume attached. One POST.
+func TestExternalAttacherAnAttachOutlastingTheAttachersTimeoutIsJoinedNotSentAgain(t *testing.T) {
+	t.Parallel()
+	s := testservice.Start(t, "--reconcile-interval", "200ms")
+	c := startAttacher(t, s, 15*time.Second)
+	s.Fault("attach", c.volume, map[string]any{"kind": "late_effect", "ms": 30000})
+	c.attach()
+	c.waitAttached(3*time.Minute, 1)
+	got := c.publishCodes()
+	first := slices.Index(got, codes.OK)
+	if first < 1 {
+		t.Fatalf("the publishes answered %v: want DEADLINE_EXCEEDED, then OK", got)
+	}
+	for i, code := range got {
+		if (i < first && code != codes.DeadlineExceeded) || (i > first && code != codes.OK) {
+			t.Fatalf("the publishes answered %v: each before the first OK should have joined the open operation (DEADLINE_EXCEEDED)", got)
+		}
+	}
 }
 
 // The service is drained and started again while Nova holds the attach:
