@@ -1,20 +1,27 @@
 // Package volumereconciler is the Go client of volume-reconciler: it attaches
-// and detaches OpenStack volumes exactly once per idempotency key, and
-// answers with the operation the service's ledger decided.
+// and detaches OpenStack volumes exactly once per idempotency key (Attach,
+// Detach), or makes a volume attached or detached however often it is asked
+// (EnsureAttached, EnsureDetached: the calls of level-triggered callers that
+// hold no key), and answers with the operation the service's ledger decided.
 //
 // The caller's context is the only bound of a call: the client adds no
 // timeout of its own, and grpc-go sends the context's deadline to the
 // service (grpc-timeout), which plans its calls to Nova within it. Within
-// that deadline the client replays the same key when the outcome could not
-// be known yet (DEADLINE_EXCEEDED with OUTCOME_UNKNOWN, reported with time
-// left), when the connection failed or was drained under the call
-// (UNAVAILABLE, a GOAWAY), and when the service asked to come back later
-// (ABORTED or RESOURCE_EXHAUSTED with a google.rpc.RetryInfo). A replay is
-// safe because the service runs a key at most once: a replay joins the
-// key's operation and never sends Nova a second request.
+// that deadline the client replays the same request when the outcome could
+// not be known yet (DEADLINE_EXCEEDED with OUTCOME_UNKNOWN, reported with
+// time left), when the connection failed or was drained under the call
+// (UNAVAILABLE, a GOAWAY, a reset stream: answers without an ErrorInfo), and
+// when the service asked to come back later (ABORTED or RESOURCE_EXHAUSTED
+// with a google.rpc.RetryInfo). A replay is safe because the service runs a
+// key at most once and an "ensure" call joins the open operation of its
+// identity: a replay never sends Nova a second request. A replay is not sent
+// into less time than it needs to be answered (replayFloor): the answer
+// that named the operation is returned instead.
 //
 // Errors are *Error values (errors.As) that keep every ErrorInfo and every
-// other detail the service sent.
+// other detail the service sent; IsRetryable says whether asking again may
+// be answered differently; the Reason constants (reasons.go) name every
+// reason the service sends.
 //
 // The generated stubs are in the subpackage volume_reconciler/v1
 // (package reconcilerv1), for the RPCs this package does not wrap.
@@ -33,27 +40,44 @@ import (
 	reconcilerv1 "github.com/volume-reconciler/volume-reconciler/clients/go/volume_reconciler/v1"
 )
 
+// ErrMissingKey is the error (errors.Is) of an Attach or Detach asked
+// without a Key: nothing is sent. KeyFor makes a key from the intent's
+// parts; a caller without one calls EnsureAttached or EnsureDetached.
+var ErrMissingKey = errors.New("a Key is required (KeyFor makes one; EnsureAttached and EnsureDetached need none)")
+
 // Client calls one volume-reconciler service over a gRPC connection.
 // It is safe for concurrent use.
 type Client struct {
-	conn grpc.ClientConnInterface
-	rpc  reconcilerv1.VolumeReconcilerClient
+	rpc reconcilerv1.VolumeReconcilerClient
+	// The connection NewClient made (nil for New's, which the caller owns).
+	owned *grpc.ClientConn
 }
 
-// New wraps a connection the caller made (and closes).
-func New(conn grpc.ClientConnInterface) *Client {
-	return &Client{conn: conn, rpc: reconcilerv1.NewVolumeReconcilerClient(conn)}
-}
-
-// Dial makes a connection to target ("host:port", or any grpc-go target)
-// with opts: the credentials (Insecure, WithBearerToken, WithMTLS) and any
-// other grpc.DialOption. Close the returned connection when done.
-func Dial(target string, opts ...grpc.DialOption) (*Client, *grpc.ClientConn, error) {
+// NewClient makes a client of the service at target ("host:port", or any
+// grpc-go target) with opts: the credentials (Insecure, WithBearerToken,
+// WithMTLS) and any other grpc.DialOption. As grpc.NewClient, it connects
+// lazily: the first call connects. Close it when done.
+func NewClient(target string, opts ...grpc.DialOption) (*Client, error) {
 	conn, err := grpc.NewClient(target, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("volume-reconciler %s: %w", target, err)
+		return nil, fmt.Errorf("volume-reconciler %s: %w", target, err)
 	}
-	return New(conn), conn, nil
+	return &Client{rpc: reconcilerv1.NewVolumeReconcilerClient(conn), owned: conn}, nil
+}
+
+// New wraps a connection the caller made and closes itself (Close leaves
+// it open).
+func New(conn grpc.ClientConnInterface) *Client {
+	return &Client{rpc: reconcilerv1.NewVolumeReconcilerClient(conn)}
+}
+
+// Close closes the connection NewClient made; calls in flight end with
+// CANCELED. For a client made by New it does nothing.
+func (c *Client) Close() error {
+	if c.owned == nil {
+		return nil
+	}
+	return c.owned.Close()
 }
 
 // Stub is the generated client on the same connection, for the RPCs this
@@ -87,10 +111,11 @@ type DetachRequest struct {
 // Attach attaches req.VolumeID to req.ServerID once per req.Key, and
 // answers with the decided operation (SUCCEEDED) or an *Error. ctx is the
 // only bound: give it the deadline the attach may take (Nova's own attach
-// may take minutes; a one-hour deadline is reasonable).
+// may take minutes; a one-hour deadline is reasonable). Without a Key it
+// sends nothing and answers ErrMissingKey.
 func (c *Client) Attach(ctx context.Context, req AttachRequest, opts ...grpc.CallOption) (*reconcilerv1.Operation, error) {
 	if req.Key == "" {
-		return nil, errors.New("volume-reconciler AttachVolume: a Key is required (KeyFor makes one)")
+		return nil, fmt.Errorf("volume-reconciler AttachVolume: %w", ErrMissingKey)
 	}
 	msg := &reconcilerv1.AttachVolumeRequest{
 		IdempotencyKey:      req.Key,
@@ -109,7 +134,7 @@ func (c *Client) Attach(ctx context.Context, req AttachRequest, opts ...grpc.Cal
 // contract as Attach. Detaching a volume that is not attached succeeds.
 func (c *Client) Detach(ctx context.Context, req DetachRequest, opts ...grpc.CallOption) (*reconcilerv1.Operation, error) {
 	if req.Key == "" {
-		return nil, errors.New("volume-reconciler DetachVolume: a Key is required (KeyFor makes one)")
+		return nil, fmt.Errorf("volume-reconciler DetachVolume: %w", ErrMissingKey)
 	}
 	msg := &reconcilerv1.DetachVolumeRequest{
 		IdempotencyKey: req.Key,
@@ -118,6 +143,55 @@ func (c *Client) Detach(ctx context.Context, req DetachRequest, opts ...grpc.Cal
 	}
 	return replay(ctx, "DetachVolume", func(ctx context.Context) (*reconcilerv1.Operation, error) {
 		return c.rpc.DetachVolume(ctx, msg, opts...)
+	})
+}
+
+// EnsureRequest names a volume and a server for EnsureAttached and
+// EnsureDetached; the attach's options are used only if an attach is sent.
+type EnsureRequest struct {
+	// Nova server UUID (a CSI node id, as cinder-csi's NodeGetInfo gives).
+	ServerID string
+	// Cinder volume UUID (a CSI volume id).
+	VolumeID string
+	// Optional, attach only: e.g. "/dev/vdb".
+	Device string
+	// Optional, attach only (Nova microversion >= 2.49).
+	Tag string
+	// Optional, attach only (microversion >= 2.79).
+	DeleteOnTermination *bool
+}
+
+// EnsureAttached makes req.VolumeID attached to req.ServerID, however
+// often it is asked, and answers with the operation that made it so (or
+// found it so: SUCCEEDED at once, nothing sent) or an *Error. It needs no
+// key: the call's identity is (caller, server, volume, attached), and it
+// joins the open operation of that identity when there is one, so a call
+// asked again after a lost answer never sends Nova a second request. A
+// decided operation is never the answer to a later call: each call looks
+// at the truth again, so a success is never stale after a detach and a
+// refusal does not stick. For callers that hold no state between calls (a
+// CSI controller's publish); ctx is the only bound, as for Attach.
+func (c *Client) EnsureAttached(ctx context.Context, req EnsureRequest, opts ...grpc.CallOption) (*reconcilerv1.Operation, error) {
+	msg := &reconcilerv1.EnsureAttachedRequest{
+		ServerId:            req.ServerID,
+		VolumeId:            req.VolumeID,
+		Device:              req.Device,
+		Tag:                 req.Tag,
+		DeleteOnTermination: req.DeleteOnTermination,
+	}
+	return replay(ctx, "EnsureAttached", func(ctx context.Context) (*reconcilerv1.Operation, error) {
+		return c.rpc.EnsureAttached(ctx, msg, opts...)
+	})
+}
+
+// EnsureDetached makes req.VolumeID not attached to req.ServerID (a server
+// that is gone counts as detached); as EnsureAttached, with the identity
+// (caller, server, volume, detached). Device, Tag and DeleteOnTermination
+// are not used.
+func (c *Client) EnsureDetached(ctx context.Context, req EnsureRequest, opts ...grpc.CallOption) (*reconcilerv1.Operation, error) {
+	msg := &reconcilerv1.EnsureDetachedRequest{ServerId: req.ServerID, VolumeId: req.VolumeID}
+	return replay(ctx, "EnsureDetached", func(ctx context.Context) (*reconcilerv1.Operation, error) {
+		return c.rpc.EnsureDetached(ctx, msg, opts...)
 	})
 }
 
@@ -131,9 +205,10 @@ func Terminal(op *reconcilerv1.Operation) bool {
 // Wait follows an operation (by its id, e.g. an *Error's OperationID after
 // the caller's own deadline passed) over WatchOperation until it is
 // terminal, within ctx. A SUCCEEDED operation is returned with a nil error;
-// a FAILED one with an *Error made of its last_error. A stream that ends
-// before a terminal state (the service's idle limit, a drain, a broken
-// connection) is opened again while ctx has time.
+// a FAILED one with the *Error that AttachVolume answers for it (the same
+// code, reason, message and metadata keys). A stream that ends before a
+// terminal state (the service's idle limit, a drain, a broken connection)
+// is opened again while ctx has time.
 func (c *Client) Wait(ctx context.Context, operationID string, opts ...grpc.CallOption) (*reconcilerv1.Operation, error) {
 	return replay(ctx, "WatchOperation", func(ctx context.Context) (*reconcilerv1.Operation, error) {
 		stream, err := c.rpc.WatchOperation(ctx, &reconcilerv1.WatchOperationRequest{OperationId: operationID}, opts...)

@@ -1,8 +1,10 @@
 package volumereconciler
 
 import (
+	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,6 +53,11 @@ type Error struct {
 	Details []any
 	// How many times the call was sent with the same key (1: no replay).
 	Attempts int
+	// The last attempt's answer when it is not this one: a replay whose
+	// answer lost the operation id (a bare DEADLINE_EXCEEDED of the
+	// transport) never replaces an answer that named the operation, which
+	// is returned instead with this one kept here. Nil otherwise.
+	Last *Error
 
 	status *status.Status
 }
@@ -86,27 +93,43 @@ func newError(method string, st *status.Status, attempts int) *Error {
 }
 
 // operationError is the error of an operation the ledger recorded as
-// FAILED (what Wait returns with it): its recorded reason, message and
-// metadata, under FAILED_PRECONDITION, the service's code for a failed
-// operation in general (the reason says which failure it was).
+// FAILED (what Wait returns with it), made as the service makes the answer
+// of AttachVolume for it (src/grpc/status.rs, from_operation): the code of
+// its recorded reason, the message "operation ID failed: MESSAGE", and its
+// last_error's metadata with operation_id, state, server_id, volume_id and
+// attempts. A reason this client does not know (a newer service's) is
+// answered FAILED_PRECONDITION, as the service reads an unknown one.
 func operationError(method string, op *reconcilerv1.Operation) *Error {
 	last := op.GetLastError()
-	meta := map[string]string{"operation_id": op.GetId()}
+	reason, message := last.GetReason(), last.GetMessage()
+	if last == nil {
+		reason, message = ReasonFailed, "the operation failed"
+	}
+	meta := map[string]string{}
 	for k, v := range last.GetMetadata() {
 		meta[k] = v
 	}
-	info := &errdetails.ErrorInfo{Reason: last.GetReason(), Domain: "volume-reconciler", Metadata: meta}
-	msg := last.GetMessage()
-	if msg == "" {
-		msg = "the operation failed"
+	meta["operation_id"] = op.GetId()
+	meta["state"] = "failed"
+	meta["server_id"] = op.GetServerId()
+	meta["volume_id"] = op.GetVolumeId()
+	meta["attempts"] = strconv.FormatUint(uint64(op.GetAttempts()), 10)
+	code, known := reasonCodes[reason]
+	if !known {
+		code = codes.FailedPrecondition
 	}
-	st, err := status.New(codes.FailedPrecondition, msg).WithDetails(info)
+	info := &errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: meta}
+	msg := fmt.Sprintf("operation %s failed: %s", op.GetId(), message)
+	st, err := status.New(code, msg).WithDetails(info)
 	if err != nil {
 		// An ErrorInfo always marshals; keep the plain status if not.
-		st = status.New(codes.FailedPrecondition, msg)
+		st = status.New(code, msg)
 	}
 	return newError(method, st, 1)
 }
+
+// Domain is the ErrorInfo domain of every answer of the service.
+const Domain = "volume-reconciler"
 
 // Error reads as one line: the RPC, the code, the reason, the message and
 // every metadata key, sorted:
@@ -136,7 +159,10 @@ func (e *Error) Error() string {
 		b.WriteString(")")
 	}
 	if e.Attempts > 1 {
-		fmt.Fprintf(&b, " [after %d attempts with the same key]", e.Attempts)
+		fmt.Fprintf(&b, " [after %d attempts with the same request]", e.Attempts)
+	}
+	if e.Last != nil {
+		fmt.Fprintf(&b, " [the last attempt: %s %s]", codeName(e.Last.Code), e.Last.Message)
 	}
 	return b.String()
 }
@@ -175,4 +201,57 @@ func codeName(c codes.Code) string {
 		b.WriteRune(r)
 	}
 	return strings.ToUpper(b.String())
+}
+
+// IsRetryable reports whether asking again (the same key, or the same
+// EnsureAttached or EnsureDetached call) may be answered differently, from
+// the error's code and reason only: the outcome not known yet
+// (DEADLINE_EXCEEDED: OUTCOME_UNKNOWN, OPERATION_IN_PROGRESS, a deadline
+// too short), the service or its dependencies unavailable, shed or
+// rate-limited (UNAVAILABLE, RESOURCE_EXHAUSTED), a volume busy or Nova
+// busy (ABORTED), and a failure of the transport (CANCELED, INTERNAL or
+// UNKNOWN that carry no ErrorInfo: the service sends one with every answer
+// of its own). Not retryable: a refusal that asking again cannot change
+// (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, PERMISSION_DENIED,
+// UNAUTHENTICATED, the service's own INTERNAL), and an operation handed to
+// people (NOT_OBSERVABLE: an operator decides it). A nil error is not
+// retryable; ErrMissingKey is not; an error that is no gRPC status is not.
+func IsRetryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var e *Error
+	if !errors.As(err, &e) {
+		st, ok := status.FromError(err)
+		if !ok {
+			return false
+		}
+		e = newError("", st, 1)
+	}
+	return e.Retryable()
+}
+
+// Retryable is IsRetryable for this error.
+func (e *Error) Retryable() bool {
+	switch e.Reason {
+	case ReasonNotObservable:
+		return false
+	case ReasonOperationTaskLost:
+		// The service's own INTERNAL that says "ask again".
+		return true
+	}
+	switch e.Code {
+	case codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
+		return true
+	case codes.Canceled, codes.Internal, codes.Unknown:
+		return len(e.Infos) == 0
+	}
+	return false
+}
+
+// ReasonCode is the code the service answers reason with (as its list of
+// reasons says), and whether this client knows the reason.
+func ReasonCode(reason string) (codes.Code, bool) {
+	c, ok := reasonCodes[reason]
+	return c, ok
 }

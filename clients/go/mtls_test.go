@@ -91,11 +91,11 @@ func TestMutualTLSThroughWithMTLSAttachesAndACertlessClientIsRefused(t *testing.
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, conn, err := vr.Dial(s.Addr, creds)
+		c, err := vr.NewClient(s.Addr, creds)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = conn.Close() }) // nothing to report on close
+		t.Cleanup(func() { _ = c.Close() }) // nothing to report on close
 		return c
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

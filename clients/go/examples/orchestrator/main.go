@@ -13,6 +13,8 @@
 // attachment object gets anew; or a counter it bumps when an unpublish
 // completes). Without it, a second publish of the same volume to the same
 // node would be a replay of the first and answer the first's operation.
+// A caller that holds no such generation calls EnsureAttached and
+// EnsureDetached instead, which need no key (the CSI endpoint, ./csi, does).
 package main
 
 import (
@@ -36,7 +38,7 @@ func publish(ctx context.Context, c *vr.Client, volume, node, generation string)
 	key := vr.KeyFor("publish", volume, node, generation)
 	op, err := c.Attach(ctx, vr.AttachRequest{Key: key, ServerID: node, VolumeID: volume})
 	var e *vr.Error
-	if errors.As(err, &e) && e.Reason == "OUTCOME_UNKNOWN" && e.OperationID() != "" {
+	if errors.As(err, &e) && e.Reason == vr.ReasonOutcomeUnknown && e.OperationID() != "" {
 		// The caller's own deadline is near and the outcome is still being
 		// decided: a CSI controller would return DEADLINE_EXCEEDED and be
 		// called again (the same key joins the same operation); a program
@@ -68,11 +70,11 @@ func main() {
 	if *token != "" {
 		opts = append(opts, vr.WithBearerToken(*token))
 	}
-	c, conn, err := vr.Dial(*server, opts...)
+	c, err := vr.NewClient(*server, opts...)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer conn.Close()
+	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *within)
 	defer cancel()
 
