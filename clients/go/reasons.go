@@ -2,6 +2,8 @@
 
 package volumereconciler
 
+import "google.golang.org/grpc/codes"
+
 // The reasons the service sends in google.rpc.ErrorInfo.reason (Error.Reason)
 // and in an operation's last_error, one constant each: compare with these,
 // never with a message's text. docs/api.md's error table says what each
@@ -223,3 +225,62 @@ const (
 	// The caller: read the reconcile log (ops show).
 	ReasonUnrecognized = "UNRECOGNIZED"
 )
+
+// reasonCodes is the code the service answers each reason with: what
+// Wait answers a FAILED operation with, as AttachVolume does.
+var reasonCodes = map[string]codes.Code{
+	ReasonNovaTimeout:              codes.DeadlineExceeded,
+	ReasonNovaUnreachable:          codes.Unavailable,
+	ReasonNovaResponseLost:         codes.FailedPrecondition,
+	ReasonNovaBadResponse:          codes.FailedPrecondition,
+	ReasonKeystoneAuthFailed:       codes.Unavailable,
+	ReasonNovaAlreadyAttached:      codes.FailedPrecondition,
+	ReasonNovaDetaching:            codes.FailedPrecondition,
+	ReasonNovaVolumeNotReady:       codes.FailedPrecondition,
+	ReasonNovaDeviceInUse:          codes.FailedPrecondition,
+	ReasonNovaNotAttached:          codes.FailedPrecondition,
+	ReasonNovaServerNotFound:       codes.NotFound,
+	ReasonNovaVolumeNotFound:       codes.NotFound,
+	ReasonNovaForbidden:            codes.PermissionDenied,
+	ReasonNovaTooManyDisks:         codes.ResourceExhausted,
+	ReasonNovaConflict:             codes.Aborted,
+	ReasonNovaThrottled:            codes.Aborted,
+	ReasonNovaBadRequest:           codes.FailedPrecondition,
+	ReasonNovaUnauthorized:         codes.Unavailable,
+	ReasonNovaServerError:          codes.FailedPrecondition,
+	ReasonNovaUnexpectedStatus:     codes.FailedPrecondition,
+	ReasonAlreadyAttachedElsewhere: codes.FailedPrecondition,
+	ReasonAttachRolledBack:         codes.Aborted,
+	ReasonVolumeInError:            codes.FailedPrecondition,
+	ReasonOutcomeUnknown:           codes.DeadlineExceeded,
+	ReasonNotObserved:              codes.Aborted,
+	ReasonNotObservable:            codes.Unavailable,
+	ReasonNotSent:                  codes.DeadlineExceeded,
+	ReasonBudgetExhausted:          codes.DeadlineExceeded,
+	ReasonOperatorResolved:         codes.FailedPrecondition,
+	ReasonFailed:                   codes.FailedPrecondition,
+	ReasonInvalidField:             codes.InvalidArgument,
+	ReasonIdempotencyKeyReused:     codes.FailedPrecondition,
+	ReasonIdempotencyKeyExpired:    codes.FailedPrecondition,
+	ReasonVolumeBusy:               codes.Aborted,
+	ReasonOperationNotFound:        codes.NotFound,
+	ReasonOperationAlreadyDecided:  codes.FailedPrecondition,
+	ReasonOperationInProgress:      codes.DeadlineExceeded,
+	ReasonBudgetTooSmall:           codes.DeadlineExceeded,
+	ReasonDeadlineExceeded:         codes.DeadlineExceeded,
+	ReasonWatchIdle:                codes.DeadlineExceeded,
+	ReasonLedgerOverloaded:         codes.ResourceExhausted,
+	ReasonDatabaseDeadline:         codes.DeadlineExceeded,
+	ReasonDatabaseUnavailable:      codes.Unavailable,
+	ReasonLedgerRowUnreadable:      codes.Internal,
+	ReasonOperationTaskLost:        codes.Internal,
+	ReasonUnauthenticated:          codes.Unauthenticated,
+	ReasonPermissionDenied:         codes.PermissionDenied,
+	ReasonCallerRateLimited:        codes.ResourceExhausted,
+	ReasonOverloaded:               codes.ResourceExhausted,
+	ReasonReadsOverloaded:          codes.ResourceExhausted,
+	ReasonWatchesOverloaded:        codes.ResourceExhausted,
+	ReasonMessageTooLarge:          codes.ResourceExhausted,
+	ReasonClientDeadline:           codes.DeadlineExceeded,
+	ReasonUnrecognized:             codes.FailedPrecondition,
+}

@@ -73,11 +73,30 @@ fn camel(text: &str) -> String {
         .collect()
 }
 
-/// clients/go/reasons.go: one constant per reason, documented.
+/// The name of a code in grpc-go's `codes` package.
+fn go_code(c: ErrorCode) -> &'static str {
+    match c {
+        ErrorCode::Cancelled => "Canceled",
+        ErrorCode::InvalidArgument => "InvalidArgument",
+        ErrorCode::DeadlineExceeded => "DeadlineExceeded",
+        ErrorCode::NotFound => "NotFound",
+        ErrorCode::PermissionDenied => "PermissionDenied",
+        ErrorCode::ResourceExhausted => "ResourceExhausted",
+        ErrorCode::FailedPrecondition => "FailedPrecondition",
+        ErrorCode::Aborted => "Aborted",
+        ErrorCode::Internal => "Internal",
+        ErrorCode::Unavailable => "Unavailable",
+        ErrorCode::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// clients/go/reasons.go: one constant per reason, documented, and the
+/// code the service answers each with.
 fn go_source() -> String {
     let mut out = String::from(
         "// Code generated from src/domain/reason.rs by the service's tests; DO NOT EDIT.\n\n\
          package volumereconciler\n\n\
+         import \"google.golang.org/grpc/codes\"\n\n\
          // The reasons the service sends in google.rpc.ErrorInfo.reason (Error.Reason)\n\
          // and in an operation's last_error, one constant each: compare with these,\n\
          // never with a message's text. docs/api.md's error table says what each\n\
@@ -97,7 +116,25 @@ fn go_source() -> String {
             r.as_str()
         ));
     }
-    out.push_str(")\n");
+    out.push_str(")\n\n");
+    out.push_str(
+        "// reasonCodes is the code the service answers each reason with: what\n\
+         // Wait answers a FAILED operation with, as AttachVolume does.\n\
+         var reasonCodes = map[string]codes.Code{\n",
+    );
+    let width = Reason::ALL
+        .iter()
+        .map(|r| camel(r.as_str()).len() + "Reason".len() + 1)
+        .max()
+        .unwrap_or(0);
+    for r in Reason::ALL {
+        let key = format!("Reason{}:", camel(r.as_str()));
+        out.push_str(&format!(
+            "\t{key:<width$} codes.{},\n",
+            go_code(r.code())
+        ));
+    }
+    out.push_str("}\n");
     out
 }
 
