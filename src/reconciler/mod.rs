@@ -170,6 +170,37 @@ impl RateLimiter {
     }
 }
 
+/// Rounds that fail in a row (the database away), logged at their edges:
+/// the first at warn, those after it at debug, and the first that
+/// succeeds again at info with how many failed.
+#[derive(Default)]
+struct FailingRounds(Option<(Instant, u64)>);
+
+impl FailingRounds {
+    fn failed(&mut self, e: &StoreError) {
+        match &mut self.0 {
+            None => {
+                tracing::warn!(error = %e, "reconciler round failed; trying every round, logged again when one succeeds");
+                self.0 = Some((Instant::now(), 1));
+            }
+            Some((_, failed)) => {
+                *failed += 1;
+                tracing::debug!(error = %e, "reconciler round failed");
+            }
+        }
+    }
+
+    fn ended(&mut self) {
+        if let Some((since, failed)) = self.0.take() {
+            tracing::info!(
+                failed,
+                "reconciler rounds succeed again after {} s, {failed} failed",
+                since.elapsed().as_secs()
+            );
+        }
+    }
+}
+
 /// What listing a server's attachments gave.
 type Observation = Result<Vec<NovaAttachment>, NovaError>;
 
@@ -249,11 +280,15 @@ impl Reconciler {
 
     /// Rounds until `shutdown`.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut failing = FailingRounds::default();
         loop {
             let counts = match self.run_once().await {
-                Ok(c) => c,
+                Ok(c) => {
+                    failing.ended();
+                    c
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "reconciler round failed");
+                    failing.failed(&e);
                     RoundCounts::default()
                 }
             };

@@ -9,4 +9,5 @@
 mod support;
 
 mod db_faults;
+mod db_outage;
 mod process;
