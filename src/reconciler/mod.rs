@@ -248,8 +248,9 @@ pub struct Reconciler {
     failures: Arc<crate::telemetry::summary::Summaries>,
     pub settings: ReconcilerSettings,
     limiter: RateLimiter,
-    /// Verifications whose look failed, tried again next round.
-    verify_retries: std::sync::Mutex<Vec<verify::Pending>>,
+    /// Verifications whose look failed or that were held back while Nova
+    /// or Cinder was away, made again later (`verify`).
+    verify_backlog: std::sync::Mutex<verify::Backlog>,
 }
 
 impl Reconciler {
@@ -274,7 +275,7 @@ impl Reconciler {
             metrics,
             failures,
             settings,
-            verify_retries: std::sync::Mutex::new(Vec::new()),
+            verify_backlog: std::sync::Mutex::new(verify::Backlog::default()),
         })
     }
 
@@ -484,6 +485,11 @@ impl Reconciler {
     /// `trace` (see [`look_trace`]).
     async fn observe_server(&self, server: Uuid, trace: Option<TraceContext>) -> Observation {
         self.limiter.acquire().await;
+        self.observe_server_now(server, trace).await
+    }
+
+    /// `observe_server` for a caller that took its token already.
+    async fn observe_server_now(&self, server: Uuid, trace: Option<TraceContext>) -> Observation {
         let started = Instant::now();
         let until = started + self.settings.observe_timeout;
         let rid = RequestId::fresh();

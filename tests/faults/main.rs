@@ -11,3 +11,4 @@ mod support;
 mod db_faults;
 mod db_outage;
 mod process;
+mod verifier_outage;
