@@ -71,7 +71,8 @@ impl Backlog {
     fn answered(&mut self) {
         self.failed_in_a_row = 0;
         self.next_probe = None;
-        self.probe_pause = PROBE_PAUSE;
+        // The next outage's first pause is `PROBE_PAUSE` (see `probe`).
+        self.probe_pause = Duration::ZERO;
     }
 
     fn failed(&mut self) {
@@ -303,7 +304,8 @@ impl Reconciler {
             LookAt::NovaList if self.token_to_look(probe).await => {
                 let trace = super::look_trace(pending.iter().map(|p| &p.op));
                 let listed = self.observe_server_now(server, trace).await;
-                self.look_answered(listed.is_ok());
+                // Nova's word that the server is gone is an answer too.
+                self.look_answered(Seen::by_list(&listed, Uuid::nil()).is_ok());
                 Some(listed)
             }
             _ => None,
@@ -543,5 +545,98 @@ impl Reconciler {
             &format_args!("operation {}: {detail}", op.id),
         );
         Verified::Done { drifted: true }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Action, RequestParams, State};
+
+    fn pending(give_up_at: DateTime<Utc>, next_at: Instant) -> Pending {
+        let now = Utc::now();
+        Pending {
+            op: Operation {
+                id: Uuid::new_v4(),
+                idempotency_key: "k".into(),
+                action: Action::Attach,
+                state: State::Succeeded,
+                resolution: None,
+                server_id: Uuid::new_v4(),
+                volume_id: Uuid::new_v4(),
+                params: RequestParams::default(),
+                attachment: None,
+                attempts: 1,
+                last_error: None,
+                deadline_at: now,
+                last_request_at: None,
+                created_at: now,
+                updated_at: now,
+                completed_at: Some(now),
+                lease_owner: None,
+                lease_expires_at: None,
+                lease_epoch: 1,
+                caller: None,
+                drifted: false,
+                passes: 0,
+                escalated_at: None,
+                escalation: None,
+                verify_expect: Some(true),
+                trace: None,
+            },
+            stage: 0,
+            tries: 0,
+            give_up_at,
+            next_at,
+        }
+    }
+
+    #[test]
+    fn looks_failing_in_a_row_hold_the_verifier_back_to_a_probe_now_and_then() {
+        let now = Instant::now();
+        let later = Utc::now() + chrono::Duration::minutes(30);
+        let mut b = Backlog::default();
+        for _ in 0..OUTAGE_AFTER - 1 {
+            b.failed();
+        }
+        assert!(!b.away(), "a failure or two is not an outage");
+        b.answered();
+        for _ in 0..OUTAGE_AFTER {
+            b.failed();
+        }
+        assert!(b.away());
+        assert!(b.probe(now).is_none(), "nothing waiting: nothing to probe");
+        b.pending = (0..3).map(|_| pending(later, now)).collect();
+        // One at a time, 1 s, then doubling to 10 s apart.
+        let mut at = now;
+        for pause in [1, 2, 4, 8, 10, 10] {
+            let p = b.probe(at).expect("a probe is due");
+            assert!(b.probe(at).is_none(), "one probe at a time");
+            b.pending.push(p);
+            at += Duration::from_secs(pause);
+            assert!(b.probe(at - Duration::from_millis(1)).is_none());
+        }
+        b.answered();
+        assert!(!b.away());
+        assert_eq!(b.due(at).len(), 3, "all made once it answers");
+    }
+
+    #[test]
+    fn a_waiting_verification_is_missed_only_once_its_window_closed() {
+        let now = Instant::now();
+        let db_now = Utc::now();
+        let mut b = Backlog {
+            pending: vec![
+                pending(db_now - chrono::Duration::seconds(1), now),
+                pending(db_now + chrono::Duration::seconds(1), now),
+            ],
+            ..Backlog::default()
+        };
+        assert_eq!(b.missed(db_now), 1);
+        assert_eq!(b.pending.len(), 1);
+        let not_yet = now + Duration::from_secs(5);
+        b.pending[0].next_at = not_yet;
+        assert!(b.due(now).is_empty(), "its pause is not over");
+        assert_eq!(b.due(not_yet).len(), 1);
     }
 }
