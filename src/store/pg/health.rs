@@ -1,9 +1,11 @@
 //! Whether PostgreSQL is known to be away, and what the store does then.
 //!
-//! An outage is *known* once a connection could not be opened (refused,
-//! reset, unreachable, or silent for a second or more) and no round trip
-//! answered since that attempt began: every way to the server failed, not
-//! one connection. From then until a connection succeeds again:
+//! An outage is *known* once two connection attempts in a row could not
+//! be opened (refused, reset, unreachable, or silent for a second or more)
+//! and no round trip answered since the first of them began: every way to
+//! the server failed, not one connection (a reset can catch a connection
+//! mid-handshake while the next one works). From then until a connection
+//! succeeds again:
 //!
 //! - a write that was never sent, and every new connection, is refused at
 //!   once (`DbFailure::Unavailable`: nothing sent, so nothing recorded, and
@@ -69,6 +71,10 @@ pub(super) struct Health {
     /// When a round trip or a connection last answered (ms since `epoch`;
     /// 0: never).
     last_answer: AtomicU64,
+    /// When the first of a row of failed connection attempts began (ms
+    /// since `epoch`; 0: none, or an answer came since). Written under the
+    /// outage's lock.
+    suspect: AtomicU64,
     epoch: Instant,
     /// Told when an outage begins (the probe waits for it).
     began: Notify,
@@ -80,6 +86,7 @@ impl Default for Health {
             down: AtomicBool::new(false),
             outage: Mutex::new(None),
             last_answer: AtomicU64::new(0),
+            suspect: AtomicU64::new(0),
             epoch: Instant::now(),
             began: Notify::new(),
         }
@@ -142,17 +149,17 @@ impl Health {
 
     /// A connection attempt begun at `started` failed. `unreachable`: the
     /// failure was the way to the server (refused, reset, unreachable, or
-    /// silent for `SILENT_AFTER`), not an answer of the server's. Such a
-    /// failure with nothing answered since the attempt began begins an
-    /// outage (one warn line).
+    /// silent for `SILENT_AFTER`), not an answer of the server's. The
+    /// second such failure in a row, with nothing answered since the first
+    /// began, begins an outage (one warn line).
     pub(super) fn connect_failed(
         &self,
         started: Instant,
         unreachable: bool,
         error: &dyn std::fmt::Display,
     ) {
-        let answered_since = self.last_answer.load(Ordering::Relaxed) >= self.ms(started);
-        if !unreachable || answered_since {
+        let last_answer = self.last_answer.load(Ordering::Relaxed);
+        if !unreachable || last_answer >= self.ms(started) {
             self.failed();
             return;
         }
@@ -162,6 +169,13 @@ impl Health {
             o.failed_now += 1;
             return;
         }
+        let first = self.suspect.load(Ordering::Relaxed);
+        if first == 0 || last_answer >= first {
+            // The first of a row: suspected, not known yet.
+            self.suspect.store(self.ms(started), Ordering::Relaxed);
+            return;
+        }
+        self.suspect.store(0, Ordering::Relaxed);
         let o = Outage {
             since: SystemTime::now(),
             started: Instant::now(),
@@ -303,7 +317,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_outage_is_known_only_when_connecting_failed_and_nothing_answered_since() {
+    fn an_outage_is_known_only_when_connecting_failed_twice_and_nothing_answered_since() {
         let h = Health::default();
         let before = Instant::now();
         h.answered();
@@ -315,6 +329,14 @@ mod tests {
         assert!(!h.is_down());
         assert!(h.refuse("writing").is_none());
         std::thread::sleep(Duration::from_millis(5));
+        // One connection that failed: suspected only (the next may work).
+        h.connect_failed(Instant::now(), true, &"connection reset");
+        assert!(!h.is_down());
+        std::thread::sleep(Duration::from_millis(5));
+        h.answered();
+        std::thread::sleep(Duration::from_millis(5));
+        h.connect_failed(Instant::now(), true, &"connection refused");
+        assert!(!h.is_down(), "an answer in between: a new row");
         h.connect_failed(Instant::now(), true, &"connection refused");
         assert!(h.is_down());
         let refused = h.refuse("writing to the ledger").expect("refused");
