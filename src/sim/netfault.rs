@@ -429,18 +429,31 @@ async fn pump(
     }
     // The peer closed (or failed): what is on its way arrives at its time,
     // then the end, as a FIN.
-    for (at, chunk) in late {
-        tokio::select! {
-            _ = tokio::time::sleep_until(at) => {}
-            _ = conn.reset.cancelled() => return Some((from, to)),
-        }
-        if to.write_all(&chunk).await.is_err() {
-            break;
-        }
+    if !deliver_late(late, &mut to, &conn).await {
+        return Some((from, to));
     }
     if let Err(e) = to.shutdown().await {
         tracing::debug!(error = %e, "fault proxy: shutdown");
     }
     conn.reset.cancel();
     None
+}
+
+/// Writes what is on its way, each chunk at its time; false when the
+/// connection was reset meanwhile (a write that fails ends it early).
+async fn deliver_late(
+    late: VecDeque<(Instant, Vec<u8>)>,
+    to: &mut OwnedWriteHalf,
+    conn: &Conn,
+) -> bool {
+    for (at, chunk) in late {
+        tokio::select! {
+            _ = tokio::time::sleep_until(at) => {}
+            _ = conn.reset.cancelled() => return false,
+        }
+        if to.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    true
 }
