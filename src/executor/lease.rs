@@ -43,46 +43,65 @@ impl Executor {
     /// `stop`. A holder whose heartbeat stops (a crash) loses them within
     /// one lease; a lease found lost (another holder's epoch, or decided)
     /// stops the run working on it here at once.
+    ///
+    /// Beats that fail in a row (the database away) are logged at their
+    /// edges: the first at warn, those after it at debug, the first that
+    /// renews again at info (the store logs the outage itself).
     pub async fn heartbeat(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        let mut failing: Option<(Instant, u64)> = None;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.settings.heartbeat) => {}
             }
-            // A renewal slower than its bound ends there: the next beat
-            // renews again (the lease outlasts two bounds and a beat).
+            // A renewal slower than its bound ends there, as a failed one:
+            // the next beat renews again (the lease outlasts two bounds
+            // and a beat: `min_lease`).
             let bound = self.store.round_trip_bound();
-            if tokio::time::timeout(bound, self.renew_held())
-                .await
-                .is_err()
-            {
-                tracing::debug!(
-                    bound_ms = bound.as_millis() as u64,
-                    "renewing leases took longer than the database's round-trip bound; renewing again"
-                );
+            let renewed = match tokio::time::timeout(bound, self.renew_held()).await {
+                Ok(r) => r,
+                Err(_) => Err((
+                    crate::store::StoreError::DeadlineExceeded {
+                        what: "renewing leases within the round-trip bound",
+                    },
+                    self.holds.leases().len(),
+                )),
+            };
+            match (renewed, &mut failing) {
+                (Ok(()), None) => {}
+                (Ok(()), Some((since, failed))) => {
+                    tracing::info!(
+                        failed = *failed,
+                        "leases renewed again after {} s, {failed} renewal(s) failed",
+                        since.elapsed().as_secs()
+                    );
+                    failing = None;
+                }
+                (Err((e, held)), None) => {
+                    tracing::warn!(error = %e, held, "could not renew leases; trying every beat, logged again when a renewal succeeds");
+                    failing = Some((Instant::now(), 1));
+                }
+                (Err((e, held)), Some((_, failed))) => {
+                    *failed += 1;
+                    tracing::debug!(error = %e, held, "could not renew leases");
+                }
             }
         }
     }
 
     /// One beat: renews every lease held under a known epoch, and trips
-    /// those found lost.
-    pub(crate) async fn renew_held(&self) {
+    /// those found lost; the failure, with how many leases it held.
+    pub(crate) async fn renew_held(&self) -> Result<(), (crate::store::StoreError, usize)> {
         let leases = self.holds.leases();
         if leases.is_empty() {
-            return;
+            return Ok(());
         }
         let sent = Instant::now();
-        let found = match self
+        let found = self
             .store
             .operation_renew_leases(&self.replica, &leases, self.settings.lease)
             .await
-        {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::warn!(error = %e, held = leases.len(), "could not renew leases");
-                return;
-            }
-        };
+            .map_err(|e| (e, leases.len()))?;
         let mut renewed = Vec::with_capacity(found.len());
         for (id, renewal) in found {
             let Some(lease) = leases.iter().find(|l| l.id == id) else {
@@ -104,5 +123,6 @@ impl Executor {
             }
         }
         self.holds.confirm(&renewed, sent + self.settings.lease);
+        Ok(())
     }
 }

@@ -127,8 +127,21 @@ pub fn from_store(e: StoreError) -> Status {
             if let Some(code) = sqlstate {
                 m.insert("sqlstate".into(), code.clone());
             }
-            tracing::error!(error = %e, "database failure");
-            status(Reason::DatabaseUnavailable, e.to_string(), m)
+            if *kind != crate::store::DbFailure::Unavailable {
+                tracing::error!(error = %e, "database failure");
+                return status(Reason::DatabaseUnavailable, e.to_string(), m);
+            }
+            // Nothing was sent: asking again is safe, after a pause. Per
+            // call at debug: the store logs an outage at its edges and
+            // sums it up in between.
+            tracing::debug!(error = %e, "database unavailable; nothing sent");
+            let mut details = details(Reason::DatabaseUnavailable, m);
+            details.set_retry_info(Some(std::time::Duration::from_secs(1)));
+            Status::with_error_details(
+                code_of(Reason::DatabaseUnavailable.code()),
+                e.to_string(),
+                details,
+            )
         }
         StoreError::Corrupt { id, reason } => {
             m.insert("row".into(), id.clone());

@@ -170,6 +170,37 @@ impl RateLimiter {
     }
 }
 
+/// Rounds that fail in a row (the database away), logged at their edges:
+/// the first at warn, those after it at debug, and the first that
+/// succeeds again at info with how many failed.
+#[derive(Default)]
+struct FailingRounds(Option<(Instant, u64)>);
+
+impl FailingRounds {
+    fn failed(&mut self, e: &StoreError) {
+        match &mut self.0 {
+            None => {
+                tracing::warn!(error = %e, "reconciler round failed; trying every round, logged again when one succeeds");
+                self.0 = Some((Instant::now(), 1));
+            }
+            Some((_, failed)) => {
+                *failed += 1;
+                tracing::debug!(error = %e, "reconciler round failed");
+            }
+        }
+    }
+
+    fn ended(&mut self) {
+        if let Some((since, failed)) = self.0.take() {
+            tracing::info!(
+                failed,
+                "reconciler rounds succeed again after {} s, {failed} failed",
+                since.elapsed().as_secs()
+            );
+        }
+    }
+}
+
 /// What listing a server's attachments gave.
 type Observation = Result<Vec<NovaAttachment>, NovaError>;
 
@@ -217,8 +248,9 @@ pub struct Reconciler {
     failures: Arc<crate::telemetry::summary::Summaries>,
     pub settings: ReconcilerSettings,
     limiter: RateLimiter,
-    /// Verifications whose look failed, tried again next round.
-    verify_retries: std::sync::Mutex<Vec<verify::Pending>>,
+    /// Verifications whose look failed or that were held back while Nova
+    /// or Cinder was away, made again later (`verify`).
+    verify_backlog: std::sync::Mutex<verify::Backlog>,
 }
 
 impl Reconciler {
@@ -243,17 +275,21 @@ impl Reconciler {
             metrics,
             failures,
             settings,
-            verify_retries: std::sync::Mutex::new(Vec::new()),
+            verify_backlog: std::sync::Mutex::new(verify::Backlog::default()),
         })
     }
 
     /// Rounds until `shutdown`.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut failing = FailingRounds::default();
         loop {
             let counts = match self.run_once().await {
-                Ok(c) => c,
+                Ok(c) => {
+                    failing.ended();
+                    c
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "reconciler round failed");
+                    failing.failed(&e);
                     RoundCounts::default()
                 }
             };
@@ -456,6 +492,11 @@ impl Reconciler {
     /// `trace` (see [`look_trace`]).
     async fn observe_server(&self, server: Uuid, trace: Option<TraceContext>) -> Observation {
         self.limiter.acquire().await;
+        self.observe_server_now(server, trace).await
+    }
+
+    /// `observe_server` for a caller that took its token already.
+    async fn observe_server_now(&self, server: Uuid, trace: Option<TraceContext>) -> Observation {
         let started = Instant::now();
         let until = started + self.settings.observe_timeout;
         let rid = RequestId::fresh();

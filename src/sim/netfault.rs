@@ -3,19 +3,24 @@
 //! NAT or a load balancer that lost its state, a failover whose old
 //! connections were not reset), hold the server's replies only (what the
 //! client sends still arrives and is acted on: a congested or stalled
-//! return path), be reset (RST), or new ones be refused.
+//! return path), deliver the server's replies late (each a steady latency
+//! after it was sent, in order: a slow server or link), be reset (RST),
+//! or new ones be refused.
 //! The tests and the history checker put it in front of PostgreSQL to
 //! fault what the service stands on; real sockets both ways, nothing is
 //! simulated but the failure.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// What happens to connections opened from now on.
@@ -40,6 +45,9 @@ struct Shared {
     new: Mutex<NewConns>,
     /// Replies held on every connection, new ones too.
     replies_held: AtomicBool,
+    /// How long each of the server's replies is delivered after it came,
+    /// on every connection (ms; 0: at once).
+    reply_latency: Arc<AtomicU64>,
     open: Mutex<Vec<Arc<Conn>>>,
     accepted: AtomicU64,
 }
@@ -72,6 +80,19 @@ struct Conn {
     /// Its client closed it while it was silent: when it speaks again, the
     /// upstream gets what it held, then the end.
     dropped_while_silent: AtomicBool,
+    /// The proxy's reply latency (ms), shared by its connections.
+    reply_latency: Arc<AtomicU64>,
+}
+
+impl Conn {
+    /// The latency of what the direction `up` forwards now: the server's
+    /// replies only.
+    fn latency(&self, up: bool) -> Duration {
+        match up {
+            true => Duration::ZERO,
+            false => Duration::from_millis(self.reply_latency.load(Ordering::SeqCst)),
+        }
+    }
 }
 
 /// What a silent connection takes in and holds, at most, per direction.
@@ -86,6 +107,7 @@ impl FaultProxy {
             upstream,
             new: Mutex::new(NewConns::Pass),
             replies_held: AtomicBool::new(false),
+            reply_latency: Arc::new(AtomicU64::new(0)),
             open: Mutex::new(Vec::new()),
             accepted: AtomicU64::new(0),
         });
@@ -182,6 +204,15 @@ impl FaultProxy {
         }
     }
 
+    /// Every reply of the server, on every connection (open and new), is
+    /// delivered `latency` after it came, in order (zero: at once again;
+    /// what is on its way still comes at its time). A steady latency, not
+    /// a narrow pipe: replies sent together arrive together.
+    pub fn set_reply_latency(&self, latency: Duration) {
+        let ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+        self.shared.reply_latency.store(ms, Ordering::SeqCst);
+    }
+
     /// Every open connection is reset (RST both ways); returns how many.
     pub fn reset_open(&self) -> usize {
         let open = self.shared.open_now();
@@ -258,6 +289,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Cancellat
             closed: AtomicBool::new(false),
             upstream_port: AtomicU16::new(0),
             dropped_while_silent: AtomicBool::new(false),
+            reply_latency: shared.reply_latency.clone(),
         });
         shared
             .open
@@ -323,9 +355,10 @@ async fn proxy_one(client: TcpStream, upstream: SocketAddr, conn: Arc<Conn>) {
 /// silent (or, from the server, its replies are held), what `from` sends
 /// is taken in and held (as the network would have it in flight), up to
 /// `HOLD` bytes, and its end too: all of it is delivered when it speaks
-/// again. `up`: `from` is the client. On a
-/// reset, hands both halves back (to be closed with an RST); `None` after
-/// an ordinary end.
+/// again. With a latency (the server's replies: `Conn::latency`), what
+/// `from` sends is delivered that long after it came, in order. `up`:
+/// `from` is the client. On a reset, hands both halves back (to be closed
+/// with an RST); `None` after an ordinary end.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
@@ -335,6 +368,8 @@ async fn pump(
     let mut quiet = conn.quiet.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
     let mut held = Vec::new();
+    // What came and is on its way, each with the instant it is delivered.
+    let mut late: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
     let mut ended = false;
     loop {
         while quiet.borrow_and_update().holds(up) {
@@ -353,25 +388,38 @@ async fn pump(
             }
         }
         if !held.is_empty() {
-            tokio::select! {
-                r = to.write_all(&held) => if r.is_err() { break },
-                _ = conn.reset.cancelled() => return Some((from, to)),
-            }
-            held.clear();
+            // Behind what was on its way before.
+            let at = late.back().map_or_else(Instant::now, |(at, _)| *at);
+            late.push_back((at, std::mem::take(&mut held)));
         }
         if ended {
             break;
         }
+        let due = late.front().map(|(at, _)| *at);
         let n = tokio::select! {
             r = from.read(&mut buf) => match r {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             },
             _ = conn.reset.cancelled() => return Some((from, to)),
+            _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                if let Some((_, chunk)) = late.pop_front() {
+                    tokio::select! {
+                        r = to.write_all(&chunk) => if r.is_err() { break },
+                        _ = conn.reset.cancelled() => return Some((from, to)),
+                    }
+                }
+                continue;
+            }
         };
         if quiet.borrow().holds(up) {
             // Read just as it went silent: held until it speaks again.
             held.extend_from_slice(&buf[..n]);
+            continue;
+        }
+        let latency = conn.latency(up);
+        if !latency.is_zero() || !late.is_empty() {
+            late.push_back((Instant::now() + latency, buf[..n].to_vec()));
             continue;
         }
         tokio::select! {
@@ -379,10 +427,33 @@ async fn pump(
             _ = conn.reset.cancelled() => return Some((from, to)),
         }
     }
-    // The peer closed (or failed): pass the end on, as a FIN.
+    // The peer closed (or failed): what is on its way arrives at its time,
+    // then the end, as a FIN.
+    if !deliver_late(late, &mut to, &conn).await {
+        return Some((from, to));
+    }
     if let Err(e) = to.shutdown().await {
         tracing::debug!(error = %e, "fault proxy: shutdown");
     }
     conn.reset.cancel();
     None
+}
+
+/// Writes what is on its way, each chunk at its time; false when the
+/// connection was reset meanwhile (a write that fails ends it early).
+async fn deliver_late(
+    late: VecDeque<(Instant, Vec<u8>)>,
+    to: &mut OwnedWriteHalf,
+    conn: &Conn,
+) -> bool {
+    for (at, chunk) in late {
+        tokio::select! {
+            _ = tokio::time::sleep_until(at) => {}
+            _ = conn.reset.cancelled() => return false,
+        }
+        if to.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    true
 }

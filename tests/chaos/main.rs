@@ -159,6 +159,7 @@ fn a_caller_answered_long_after_the_decision_is_a_violation_unless_its_replica_w
         what: "replica frozen",
         from: t0 + s(1),
         to: Some(t0 + s(17)),
+        latency: None,
     };
     assert_eq!(
         waited_after_decision(t0, t0 + s(20), t0 + s(2), &[&frozen], t0),
@@ -168,5 +169,127 @@ fn a_caller_answered_long_after_the_decision_is_a_violation_unless_its_replica_w
     assert_eq!(
         waited_after_decision(t0 + s(30), t0 + s(31), t0 + s(2), &[&frozen], t0),
         s(1)
+    );
+}
+
+/// The checker holds an operation whose requests never reached Nova to
+/// `unseen-never-unknown`: UNKNOWN past its bound (deadline, lease, four
+/// round-trip bounds and a few reconciler rounds) is a violation; decided
+/// within it, or one of its requests received, is not; and an outage that
+/// cut its replica off moves the bound, a slow database does not.
+#[test]
+fn an_operation_nova_never_saw_is_held_to_a_bound_on_unknown() {
+    use volume_reconciler::cli::chaos::check::{UNSEEN_NEVER_UNKNOWN, check};
+    use volume_reconciler::cli::chaos::dbfaults::{DbOutage, SLOW};
+    use volume_reconciler::cli::chaos::history::History;
+    use volume_reconciler::cli::chaos::play::{Played, Recorded};
+    use volume_reconciler::cli::chaos::windows::unseen_slack;
+    use volume_reconciler::domain::{
+        Action, Operation, OperationEvent, RequestParams, State, event,
+    };
+    let w = ChaosConfig::default().windows;
+    let s = chrono::Duration::seconds;
+    let t0 = chrono::Utc::now() - s(600);
+    let deadline = t0 + s(4);
+    let id = uuid::Uuid::new_v4();
+    let op = |state: State, completed: Option<chrono::DateTime<chrono::Utc>>| Operation {
+        id,
+        idempotency_key: "k".into(),
+        action: Action::Attach,
+        state,
+        resolution: None,
+        server_id: uuid::Uuid::new_v4(),
+        volume_id: uuid::Uuid::new_v4(),
+        params: RequestParams::default(),
+        attachment: None,
+        attempts: 1,
+        last_error: None,
+        deadline_at: deadline,
+        last_request_at: Some(t0),
+        created_at: t0,
+        updated_at: completed.unwrap_or(t0),
+        completed_at: completed,
+        lease_owner: None,
+        lease_expires_at: None,
+        lease_epoch: 1,
+        caller: Some("orchestrator-0".into()),
+        drifted: false,
+        passes: 1,
+        escalated_at: None,
+        escalation: None,
+        verify_expect: None,
+        trace: None,
+    };
+    let ev = |at, kind: &str| OperationEvent {
+        at,
+        kind: kind.into(),
+        detail: String::new(),
+        metadata: Default::default(),
+        replica: "chaos-0".into(),
+    };
+    // Recorded, UNKNOWN at its deadline, FAILED `decided_after` past it.
+    let played = |decided_after: chrono::Duration, sent: bool, outages: Vec<DbOutage>| Played {
+        history: History::generate(1, &Default::default()),
+        answers: Vec::new(),
+        ops: vec![Recorded {
+            op: op(State::Failed, Some(deadline + decided_after)),
+            events: vec![
+                ev(t0, event::RECORDED),
+                ev(deadline, event::UNRESOLVED),
+                ev(deadline + decided_after, event::RESOLVED),
+            ],
+        }],
+        effects: Vec::new(),
+        requests: sent
+            .then(|| volume_reconciler::sim::RequestRecord {
+                op: "attach".into(),
+                server_id: uuid::Uuid::nil(),
+                volume_id: uuid::Uuid::nil(),
+                global_id: Some(format!("req-{id}")),
+                local_id: "req-local".into(),
+                received_at: t0 + s(1),
+                ended_at: None,
+                status: 0,
+            })
+            .into_iter()
+            .collect(),
+        open_at_end: 0,
+        outages,
+    };
+    let unseen = |p: &Played| {
+        check(p, w, &[], &p.outages)
+            .into_iter()
+            .filter(|v| v.invariant == UNSEEN_NEVER_UNKNOWN)
+            .count()
+    };
+    let slack = unseen_slack(w);
+    let past = slack + s(5);
+    assert_eq!(unseen(&played(slack - s(1), false, vec![])), 0, "in time");
+    assert_eq!(unseen(&played(past, false, vec![])), 1, "past its bound");
+    assert_eq!(unseen(&played(past, true, vec![])), 0, "Nova saw it");
+    let outage = |latency: Option<Duration>| DbOutage {
+        replica: Some("chaos-0".into()),
+        what: if latency.is_some() {
+            SLOW
+        } else {
+            "new connections refused"
+        },
+        from: deadline,
+        to: Some(deadline + slack),
+        latency,
+    };
+    assert_eq!(
+        unseen(&played(past, false, vec![outage(None)])),
+        0,
+        "an outage that cut it off moves the bound"
+    );
+    assert_eq!(
+        unseen(&played(
+            past,
+            false,
+            vec![outage(Some(Duration::from_secs(3)))]
+        )),
+        1,
+        "a slow database does not"
     );
 }

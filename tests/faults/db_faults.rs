@@ -880,3 +880,43 @@ async fn a_caller_waiting_on_an_operation_is_answered_at_its_time_while_the_data
     call.abort();
     app.stop().await;
 }
+
+/// The proxy's slow database (the chaos checker's `--db-slow`): every
+/// reply of the server comes its latency late, whole and in order, the
+/// statements themselves arriving at once; back to no latency, replies
+/// come at once again.
+#[tokio::test]
+async fn a_slow_database_answers_every_statement_its_latency_late() {
+    use sqlx::Connection as _;
+    let direct = support::pg::fresh_database().await;
+    let (proxy, url) = FaultProxy::for_url(&direct)
+        .await
+        .expect("the proxy starts");
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    async fn sum(conn: &mut sqlx::PgConnection, n: i64) -> i64 {
+        sqlx::query_scalar::<_, i64>("SELECT $1::int8 + 1")
+            .bind(n)
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    }
+    proxy.set_reply_latency(Duration::from_millis(800));
+    let started = Instant::now();
+    for n in 0..3 {
+        assert_eq!(sum(&mut conn, n).await, n + 1);
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= secs(2.4) && took < secs(10.0),
+        "three statements, each answered 800 ms late, took {took:?}"
+    );
+    proxy.set_reply_latency(Duration::ZERO);
+    let started = Instant::now();
+    assert_eq!(sum(&mut conn, 41).await, 42);
+    assert!(
+        started.elapsed() < secs(0.8),
+        "without latency: {:?}",
+        started.elapsed()
+    );
+    drop(conn.close().await);
+}

@@ -1,7 +1,8 @@
 //! Faults in what the service stands on and in its own processes:
 //! PostgreSQL behind a fault proxy (silent, reset, refused connections),
-//! and the real binary as separate processes (SIGKILL, rolling restarts,
-//! database blips and outages). One test binary, one PostgreSQL cluster, a
+//! the real binary as separate processes (SIGKILL, rolling restarts,
+//! database blips and outages), and the verifier through an outage of
+//! Cinder. One test binary, one PostgreSQL cluster, a
 //! database of its own for each test (docs/testing.md, "Where a new test
 //! goes"); the cluster's own crash is in `whole_cluster`.
 
@@ -9,5 +10,7 @@
 mod support;
 
 mod db_faults;
+mod db_outage;
 mod process;
 mod slow_database;
+mod verifier_outage;

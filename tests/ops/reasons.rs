@@ -129,10 +129,7 @@ fn go_source() -> String {
         .unwrap_or(0);
     for r in Reason::ALL {
         let key = format!("Reason{}:", camel(r.as_str()));
-        out.push_str(&format!(
-            "\t{key:<width$} codes.{},\n",
-            go_code(r.code())
-        ));
+        out.push_str(&format!("\t{key:<width$} codes.{},\n", go_code(r.code())));
     }
     out.push_str("}\n");
     out

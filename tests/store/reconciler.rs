@@ -672,7 +672,7 @@ async fn a_verification_that_comes_after_its_window_is_counted_not_recorded() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("volume_reconciler_verification_missed_total 2"),
+        metrics.contains("volume_reconciler_verification_missed_total{reason=\"late\"} 2"),
         "both verifications missed: {metrics}"
     );
     let events = app.store.operation_events(id).await.unwrap();

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::dbfaults::DbOutage;
 use super::play::{Answer, Outcome, Played, Recorded};
-use super::windows::{Windows, decision_bound, dur, ms};
+use super::windows::{Windows, decision_bound, dur, ms, unseen_bound};
 use crate::domain::{Action, Operation, Reason, Resolution, State, event};
 use crate::sim::{Cause, Change, Effect};
 
@@ -30,8 +30,13 @@ pub const INVARIANTS: &[&str] = &[
     "keys-are-per-caller",
     "busy-means-busy",
     "story-in-order",
+    UNSEEN_NEVER_UNKNOWN,
     ANSWER_FOLLOWS_DECISION,
 ];
+
+/// An operation none of whose requests reached Nova is never `UNKNOWN`
+/// past `windows::unseen_bound`.
+pub const UNSEEN_NEVER_UNKNOWN: &str = "unseen-never-unknown";
 
 pub const ANSWER_FOLLOWS_DECISION: &str = "answer-follows-decision";
 
@@ -171,6 +176,7 @@ pub fn check(p: &Played, windows: Windows, kills: &[Kill], outages: &[DbOutage])
     };
     for r in &p.ops {
         c.decided_in_time(r);
+        c.unseen_never_unknown(r);
         c.decision_matches_truth(r);
         c.drift(r);
         c.story(r);
@@ -208,11 +214,13 @@ impl Checker<'_> {
     }
 
     /// Whether `replica` was cut off from the database (a fault on its way
-    /// to it, or the server down) at some instant in `[from, to]`.
+    /// to it, or the server down) at some instant in `[from, to]`. A slow
+    /// database does not cut it off: its statements arrive and act on
+    /// time, only the replies are late, so it keeps its leases.
     fn cut_off(&self, replica: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> bool {
         self.outages
             .iter()
-            .any(|o| o.hits(replica) && o.overlaps(from, to, ms(TOLERANCE_MS)))
+            .any(|o| o.cuts_off() && o.hits(replica) && o.overlaps(from, to, ms(TOLERANCE_MS)))
     }
 
     /// How far back from a takeover its holder's lease may have stopped
@@ -246,6 +254,40 @@ impl Checker<'_> {
                     (Utc::now() - op.deadline_at).num_milliseconds()
                 ),
             ),
+        }
+    }
+
+    /// An operation Nova never received a request of has nothing working
+    /// in Nova to wait for: it is never `UNKNOWN` past
+    /// `windows::unseen_bound` (its deadline, a lease, four round-trip
+    /// bounds and a few reconciler rounds), however long the settle
+    /// window, and however slow the database.
+    fn unseen_never_unknown(&mut self, r: &Recorded) {
+        let op = &r.op;
+        if self.received(op.id) > 0 {
+            return;
+        }
+        let unknown_since = r
+            .events
+            .iter()
+            .find(|e| e.kind == event::UNRESOLVED)
+            .map(|e| e.at)
+            .or((op.state == State::Unknown).then_some(op.created_at));
+        let Some(since) = unknown_since else { return };
+        let bound = unseen_bound(op, self.windows, &self.outages_of(r));
+        let until = op.completed_at.or(op.escalated_at).unwrap_or_else(Utc::now);
+        if until > bound {
+            self.fail(
+                UNSEEN_NEVER_UNKNOWN,
+                Some(op.id),
+                format!(
+                    "UNKNOWN from {since} until {}, {} ms past its bound (deadline + lease + 4 round-trip bounds + 3 reconciler intervals + a pass's backoff, + outages that cut it off), though Nova never received a request of it",
+                    op.completed_at
+                        .or(op.escalated_at)
+                        .map_or_else(|| "now".to_string(), |t| t.to_string()),
+                    (until - bound).num_milliseconds()
+                ),
+            );
         }
     }
 

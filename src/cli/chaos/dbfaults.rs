@@ -5,7 +5,8 @@
 //!
 //! Histories play their faults here (`history::DbFault`, drawn from their
 //! seed), a replica frozen (`Cluster::freeze`) among them: to the
-//! checker, a frozen replica is one cut off from the database for as long. Histories run concurrently and the faults are the run's, not one
+//! checker, a frozen replica is one cut off from the database for as long;
+//! a slow database is not cut off (its replies come, late: `SLOW`). Histories run concurrently and the faults are the run's, not one
 //! history's: they overlap, so each proxy counts the faults holding it
 //! (a connection goes quiet again only when the last silence on it ends),
 //! and a crash while another is under way is skipped. Every fault is
@@ -34,12 +35,24 @@ pub struct DbOutage {
     /// When it ended (the server accepted connections again, the proxy
     /// forwarded again); `None` while it lasts.
     pub to: Option<DateTime<Utc>>,
+    /// A slow database's reply latency (`SLOW`); `None` for the faults
+    /// that cut the replicas off.
+    pub latency: Option<Duration>,
 }
+
+/// What a slow database is logged as (`DbOutage::what`).
+pub const SLOW: &str = "database slow";
 
 impl DbOutage {
     /// Whether it hit the connections of `replica`.
     pub fn hits(&self, replica: &str) -> bool {
         self.replica.as_deref().is_none_or(|r| r == replica)
+    }
+
+    /// Whether it cut its replicas off (every fault but a slow database,
+    /// whose replies still come).
+    pub fn cuts_off(&self) -> bool {
+        self.latency.is_none()
     }
 
     /// Its end, or `now` while it lasts.
@@ -62,6 +75,8 @@ struct Held {
     silent_new: u32,
     /// Refusals of new connections.
     refused: u32,
+    /// The reply latencies of the slow faults on it (the longest holds).
+    slow: Vec<Duration>,
 }
 
 struct Proxy {
@@ -147,6 +162,15 @@ impl DbFaults {
     }
 
     fn begin(&self, replica: Option<String>, what: &'static str) -> usize {
+        self.begin_with(replica, what, None)
+    }
+
+    fn begin_with(
+        &self,
+        replica: Option<String>,
+        what: &'static str,
+        latency: Option<Duration>,
+    ) -> usize {
         self.count(what);
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         log.push(DbOutage {
@@ -154,8 +178,28 @@ impl DbFaults {
             what,
             from: Utc::now(),
             to: None,
+            latency,
         });
         log.len() - 1
+    }
+
+    /// Begins (`on`) or ends a slow fault of `latency` on the proxies
+    /// `which`; each replies as slowly as the slowest fault on it says
+    /// (slow faults of histories played at once overlap).
+    fn slow(&self, which: &[usize], latency: Duration, on: bool) {
+        let mut proxies = self.proxies.lock().unwrap_or_else(|p| p.into_inner());
+        for &i in which {
+            let Some(p) = proxies.get_mut(i) else {
+                continue;
+            };
+            if on {
+                p.held.slow.push(latency);
+            } else if let Some(at) = p.held.slow.iter().position(|l| *l == latency) {
+                p.held.slow.swap_remove(at);
+            }
+            let now = p.held.slow.iter().max().copied().unwrap_or_default();
+            p.proxy.set_reply_latency(now);
+        }
     }
 
     fn end(&self, i: usize) {
@@ -322,6 +366,19 @@ impl DbFaults {
                 }
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 self.hold(&which, |h| h.refused = h.refused.saturating_sub(1), false);
+                self.end(i);
+            }
+            DbFault::Slow {
+                replica,
+                latency_ms,
+                ms,
+            } => {
+                let (which, name) = self.targets(replica);
+                let latency = Duration::from_millis(latency_ms);
+                let i = self.begin_with(name, SLOW, Some(latency));
+                self.slow(&which, latency, true);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                self.slow(&which, latency, false);
                 self.end(i);
             }
             DbFault::Crash { kill, pause_ms } => self.crash(kill, pause_ms).await,

@@ -118,6 +118,15 @@ pub enum DbFault {
     /// The database's replies to replica `replica` held for `ms`, then
     /// delivered; its statements still arrive and are acted on.
     HoldReplies { replica: usize, ms: u64 },
+    /// The database slow for `ms`: each of its replies to one replica's
+    /// connections, or to every replica's (`None`), delivered `latency_ms`
+    /// (2 to 5 s) after it was sent — connecting too (a handshake is
+    /// replies) — as a loaded server or a congested link would.
+    Slow {
+        replica: Option<usize>,
+        latency_ms: u64,
+        ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -158,6 +167,9 @@ pub struct Shape {
     /// (`LONG_DEADLINE_MS`), so that a caller can wait on a replica that
     /// lost its operation.
     pub pauses: f64,
+    /// The share of histories that meet a slow database (`DbFault::Slow`;
+    /// 0: none).
+    pub db_slow: f64,
 }
 
 /// The deadline of a long call in a history with a pause: longer than a
@@ -174,6 +186,7 @@ impl Default for Shape {
             db_crash: false,
             replicas: 1,
             pauses: 0.0,
+            db_slow: 0.0,
         }
     }
 }
@@ -229,6 +242,7 @@ impl History {
             });
         }
         happenings.extend(db_faults(seed, shape, span));
+        happenings.extend(slow_faults(seed, shape, span));
         let pauses = pause_faults(seed, shape, span);
         if !pauses.is_empty() {
             long_deadlines(seed, &mut calls);
@@ -327,6 +341,31 @@ fn pause_faults(seed: u64, shape: &Shape, span: u64) -> Vec<Timed> {
         DbFault::Freeze { replica, ms }
     } else {
         DbFault::HoldReplies { replica, ms }
+    };
+    vec![Timed {
+        at_ms: rng.random_range(0..span),
+        what: Happening::Db(what),
+    }]
+}
+
+/// A slow database in a share of the histories, drawn from a stream of
+/// its own (a history without one is the very history it was before they
+/// existed). Its latency is past every caller's deadline (0.3 to 4 s) but
+/// within the statement bound (5 s), so that statements still answer; its
+/// length spans the history's calls, and passes the lease (3 s).
+fn slow_faults(seed: u64, shape: &Shape, span: u64) -> Vec<Timed> {
+    if shape.db_slow <= 0.0 {
+        return Vec::new();
+    }
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x736c_6f77);
+    if !rng.random_bool(shape.db_slow.min(1.0)) {
+        return Vec::new();
+    }
+    let replica = rng.random_range(0..shape.replicas.max(1));
+    let what = DbFault::Slow {
+        replica: rng.random_bool(0.6).then_some(replica),
+        latency_ms: rng.random_range(2_000..5_000),
+        ms: rng.random_range(4_000..12_000),
     };
     vec![Timed {
         at_ms: rng.random_range(0..span),

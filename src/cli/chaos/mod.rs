@@ -6,7 +6,7 @@
 //! hand, an operator, callers who give up at any instant, replicas killed
 //! and restarted, a replica whose clock is off, and on PostgreSQL the
 //! database's faults (silent, reset and refused connections of one replica
-//! or all, the server crashed and restarted) — against real replicas and
+//! or all, the server crashed and restarted, its replies slow) — against real replicas and
 //! the simulator, then checks each against the simulator's ground truth. A violation prints the seed, the smallest history that still
 //! shows it, and the ledger rows involved; the exit code is then 1.
 //!
@@ -95,6 +95,12 @@ pub struct ChaosArgs {
     /// more; 0 turns them off). A third of their calls get a 20 s deadline.
     #[arg(long, default_value_t = 0.25, value_parser = share)]
     pub pauses: f64,
+    /// The share of histories that meet a slow database (PostgreSQL only;
+    /// 0 turns it off): for 4 to 12 s, every reply of the database to one
+    /// replica, or to every replica, comes 2 to 5 s after it was sent.
+    /// Held to `unseen-never-unknown` as to every other invariant.
+    #[arg(long, default_value_t = 0.0, value_parser = share)]
+    pub db_slow: f64,
     /// How long a caller may still wait once its operation was decided
     /// (the invariant answer-follows-decision).
     #[arg(long, value_parser = duration, default_value = "6s")]
@@ -197,6 +203,7 @@ impl ChaosConfig {
             shape: Shape {
                 db_faults: a.db_faults,
                 pauses: a.pauses,
+                db_slow: a.db_slow,
                 ..Shape::default()
             },
             windows: Windows {
@@ -219,11 +226,11 @@ impl ChaosConfig {
             "--verify-window".into(),
             ms(w.verify_window),
             "--reconcile-interval".into(),
-            "100ms".into(),
+            ms(w.reconcile_interval),
             "--reconcile-rate-limit".into(),
             "2000".into(),
             "--reconcile-max-backoff".into(),
-            "1s".into(),
+            ms(w.reconcile_max_backoff),
             "--nova-microversion".into(),
             self.nova_microversion.clone(),
             "--lease".into(),
@@ -254,6 +261,8 @@ impl Default for ChaosConfig {
                 lease: crate::executor::ExecSettings::DEFAULT.lease,
                 db_round_trip: crate::store::DbBounds::DEFAULT.round_trip,
                 answer_within: DEFAULT_ANSWER_WITHIN,
+                reconcile_interval: Duration::from_millis(100),
+                reconcile_max_backoff: Duration::from_secs(1),
             },
             shrink_for: Duration::ZERO,
             progress: false,
@@ -382,6 +391,7 @@ async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
         } else {
             0.0
         },
+        db_slow: if db.is_some() { cfg.shape.db_slow } else { 0.0 },
         db_crash: db.as_ref().is_some_and(|d| d.can_crash()),
         replicas,
         ..cfg.shape.clone()
@@ -568,12 +578,16 @@ async fn shrink_failures(cfg: &ChaosConfig, rig: &Rig, failures: &mut [Failure])
     }
 }
 
-fn db_faults_line(share: f64, crashes: bool) -> String {
+fn db_faults_line(share: f64, crashes: bool, slow: f64) -> String {
+    let slow = match slow {
+        s if s > 0.0 => format!(", a slow database in {:.0} %", s * 100.0),
+        _ => String::new(),
+    };
     if share <= 0.0 {
-        return "database faults off".into();
+        return format!("database faults off{slow}");
     }
     format!(
-        "database faults in {:.0} % of histories ({})",
+        "database faults in {:.0} % of histories ({}){slow}",
         share * 100.0,
         if crashes {
             "connections and crashes"
@@ -591,12 +605,12 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         Ledger::Postgres(_) => (
             cfg.replicas,
             "PostgreSQL (--database-url)",
-            db_faults_line(cfg.shape.db_faults, false),
+            db_faults_line(cfg.shape.db_faults, false, cfg.shape.db_slow),
         ),
         Ledger::OwnPostgres(_) => (
             cfg.replicas,
             "a throwaway PostgreSQL",
-            db_faults_line(cfg.shape.db_faults, true),
+            db_faults_line(cfg.shape.db_faults, true, cfg.shape.db_slow),
         ),
     };
     crate::say!(

@@ -116,8 +116,12 @@ fn rows_of(p: &Played, violations: &[Violation]) -> String {
     let first = p.answers.iter().map(|a| a.sent_at).min();
     for o in &p.outages {
         if first.is_some_and(|f| o.until(chrono::Utc::now()) >= f - chrono::Duration::seconds(30)) {
+            let latency = o
+                .latency
+                .map(|l| format!(" ({} ms replies)", l.as_millis()))
+                .unwrap_or_default();
             out.push_str(&format!(
-                "  database: {} on {} from {} to {}\n",
+                "  database: {}{latency} on {} from {} to {}\n",
                 o.what,
                 o.replica.as_deref().unwrap_or("every replica"),
                 o.from.format("%H:%M:%S%.3f"),

@@ -1,7 +1,8 @@
 //! The service's windows as the checker knows them (settle, verification,
-//! lease, the database's round-trip bound), and the bounds derived from
-//! them: how long after a database outage the service may still be
-//! catching up, and the latest instant an operation may be decided. Both
+//! lease, the database's round-trip bound, the reconciler's pace), and the
+//! bounds derived from them: how long after a database outage the service
+//! may still be catching up, the latest instant an operation may be
+//! decided, and the latest an operation Nova never saw may be UNKNOWN. Both
 //! the waits of `play` and the invariants of `check` read them.
 
 use chrono::{DateTime, Utc};
@@ -28,6 +29,11 @@ pub struct Windows {
     /// How long a caller may still wait once its operation is decided
     /// (`answer-follows-decision`).
     pub answer_within: Duration,
+    /// The replicas' pause between reconciler rounds when idle
+    /// (`--reconcile-interval`), and their longest backoff of a pass
+    /// (`--reconcile-max-backoff`).
+    pub reconcile_interval: Duration,
+    pub reconcile_max_backoff: Duration,
 }
 
 pub(super) fn ms(n: i64) -> chrono::Duration {
@@ -67,6 +73,44 @@ pub fn decision_bound(op: &Operation, w: Windows, outages: &[DbOutage]) -> DateT
         let back = outages
             .iter()
             .filter(|o| o.until(now) >= op.created_at && o.from <= bound)
+            .map(|o| o.until(now))
+            .max();
+        match back {
+            Some(back) if back + db_recovery(w) > bound => bound = back + db_recovery(w),
+            _ => break,
+        }
+    }
+    bound.min(base + dur(DB_BOUND_CAP))
+}
+
+/// How long past its deadline an operation none of whose requests reached
+/// Nova may stay `UNKNOWN` (`unseen-never-unknown`), whatever the settle
+/// window: nothing of it can be working in Nova, so there is nothing to
+/// wait for. Its run's last write (the UNKNOWN, which lets its lease go)
+/// is made by the deadline, within a round trip of it; if that write did
+/// not land, the lease lapses at most a lease after its last renewal; a
+/// reconciler round then takes it within a few intervals (and a pass's
+/// backoff), and a round costs three round trips (the claim, the
+/// database's clock, the decision). Each round trip may take the whole
+/// statement bound: a slow database stretches the bound that far, no
+/// further.
+pub fn unseen_slack(w: Windows) -> chrono::Duration {
+    dur(w.lease + 4 * w.db_round_trip + 3 * w.reconcile_interval + w.reconcile_max_backoff)
+}
+
+/// The latest instant an operation Nova never saw may still be `UNKNOWN`:
+/// its deadline and `unseen_slack`; or, when an outage that cut its
+/// replicas off (`outages`: a slow database does not) lasted into that
+/// bound, `db_recovery` after the last of them ended; never past
+/// `DB_BOUND_CAP` beyond the first bound.
+pub fn unseen_bound(op: &Operation, w: Windows, outages: &[DbOutage]) -> DateTime<Utc> {
+    let now = Utc::now();
+    let base = op.deadline_at + unseen_slack(w);
+    let mut bound = base;
+    loop {
+        let back = outages
+            .iter()
+            .filter(|o| o.cuts_off() && o.until(now) >= op.created_at && o.from <= bound)
             .map(|o| o.until(now))
             .max();
         match back {

@@ -23,7 +23,9 @@
 //! connection lost or silent, no connection to be had) is run again on a
 //! new connection after a short pause, until its jobs' deadlines: a
 //! database that comes back within a caller's deadline costs that caller
-//! nothing but time.
+//! nothing but time. Once PostgreSQL is known to be away (`health`), a
+//! write not yet sent is refused at once instead: nothing recorded, the
+//! caller answered `DATABASE_UNAVAILABLE` with a retry hint.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -193,6 +195,12 @@ impl Writer {
             fn drop(&mut self) {
                 self.0.fetch_sub(1, Ordering::SeqCst);
             }
+        }
+        // PostgreSQL known to be away: refused at once, never queued
+        // behind writers that wait for it (nothing sent, so nothing
+        // recorded: the caller may ask again).
+        if let Some(refused) = self.conns.refuse("writing to the ledger") {
+            return Err(refused);
         }
         let alone = self.pending.fetch_add(1, Ordering::SeqCst) == 0;
         let _pending = Pending(&self.pending);
@@ -400,6 +408,18 @@ fn expired_before_rerun() -> StoreError {
     }
 }
 
+/// A write of a batch refused because PostgreSQL is known to be away
+/// (counted; `None` from the check only if the outage ended just now).
+fn refused_write(conns: &Conns) -> StoreError {
+    conns.refuse("writing to the ledger").unwrap_or_else(|| {
+        StoreError::database(
+            "writing to the ledger",
+            DbFailure::Unavailable,
+            "PostgreSQL unreachable; not sent",
+        )
+    })
+}
+
 /// The pauses between tries of a batch that failed for now: 50 ms doubling
 /// to 1 s, jittered.
 fn retry_pauses() -> backon::ExponentialBackoff {
@@ -459,6 +479,16 @@ async fn try_batch(
         let Some(until) = live.iter().map(|i| batch[*i].1).max() else {
             break;
         };
+        // PostgreSQL known to be away, and no try of these writes sent:
+        // each is refused at once (nothing recorded) rather than tried
+        // until its deadline. Once a try may have committed, they are
+        // tried until then: their outcome is not known.
+        if !maybe_written && conns.is_down() {
+            for i in live {
+                answers[i] = Some(Err(refused_write(conns)));
+            }
+            break;
+        }
         let payloads: Vec<&Payload> = live.iter().map(|i| batch[*i].0).collect();
         let tried = async {
             let mut lent = conns.lend(fresh, until).await?;

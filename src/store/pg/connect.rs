@@ -1,7 +1,8 @@
 //! Opening the PostgreSQL store: the sessions' options (the round-trip
 //! bounds, the writers' settings), waiting for the server, migrations on a
 //! connection of their own, and the store's connections (reads, leases,
-//! the change listener, the ledger writers) sized from one budget. Also
+//! the change listener, the ledger writers) sized from one budget, and the
+//! probe that learns when an outage of the server ends (`health`). Also
 //! what `migrate status` reads of a database, changing nothing.
 
 use std::str::FromStr;
@@ -146,6 +147,13 @@ impl PgStore {
         )
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL (ledger writer): {e}"))?;
+        // Learns when an outage ends, whether or not anything else asks.
+        tokio::spawn(
+            observer
+                .health
+                .clone()
+                .probe(options.clone(), bounds, stop.clone()),
+        );
         Ok(Self {
             reads,
             leases,

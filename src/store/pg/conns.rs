@@ -35,27 +35,37 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::bounds::Bounds;
+use super::health::{self, Health};
 use crate::store::{DbFailure, DbObserver, RoundTrip, StoreError};
 
 /// A writer's connection idle this long is pinged before it is used again
 /// (cheaper than sqlx's ping at every use: one more round trip per write).
 const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
-/// Reports each round trip (for the database metrics).
+/// Reports each round trip: to the database metrics, and to the store's
+/// knowledge of whether PostgreSQL is there (`health`), which every
+/// connection of one store shares.
 #[derive(Clone, Default)]
-pub(super) struct Observer(Arc<OnceLock<Arc<dyn DbObserver>>>);
+pub(super) struct Observer {
+    metrics: Arc<OnceLock<Arc<dyn DbObserver>>>,
+    pub(super) health: Arc<Health>,
+}
 
 impl Observer {
     pub(super) fn set(&self, o: Arc<dyn DbObserver>) {
         // Set once, at start; a second observer is ignored on purpose
         // (the first stays the one the metrics read).
-        if self.0.set(o).is_err() {
+        if self.metrics.set(o).is_err() {
             tracing::debug!("a database observer was already set");
         }
     }
 
     pub(super) fn round_trip(&self, kind: RoundTrip, started: Instant, outcome: &'static str) {
-        if let Some(o) = self.0.get() {
+        match outcome {
+            "ok" => self.health.answered(),
+            _ => self.health.failed(),
+        }
+        if let Some(o) = self.metrics.get() {
             o.round_trip(kind.as_str(), started.elapsed().as_secs_f64(), outcome);
         }
     }
@@ -238,30 +248,51 @@ impl Conns {
         }
     }
 
+    /// A new connection by `until` (and the connect bound); refused at
+    /// once while PostgreSQL is known to be away (`health`).
     pub(super) async fn open(&self, until: Instant) -> Result<PgConnection, StoreError> {
         const WHAT: &str = "opening a database connection";
+        let health = &self.observer.health;
+        if let Some(refused) = health.refuse(WHAT) {
+            return Err(refused);
+        }
         let by = until.min(Instant::now() + self.bounds.connect);
         let started = Instant::now();
         match tokio::time::timeout_at(by, PgConnection::connect_with(&self.options)).await {
             Ok(Ok(conn)) => {
+                health.answered();
                 // Keepalive and TCP_USER_TIMEOUT on our end of it.
                 super::sockets::tune(&self.options, self.bounds).await;
                 Ok(conn)
             }
-            Ok(Err(e)) => Err(StoreError::connect(WHAT)(e)),
+            Ok(Err(e)) => {
+                health.connect_failed(started, health::is_unreachable(&e), &e);
+                Err(StoreError::connect(WHAT)(e))
+            }
             Err(_) => {
+                // Counted by the observer; an outage only when the server
+                // had time to answer.
                 self.observer
                     .round_trip(RoundTrip::Connect, started, "timeout");
-                Err(StoreError::database(
-                    WHAT,
-                    DbFailure::Unavailable,
-                    format!(
-                        "no connection within {} ms",
-                        by.saturating_duration_since(started).as_millis()
-                    ),
-                ))
+                let cause = format!(
+                    "no connection within {} ms",
+                    by.saturating_duration_since(started).as_millis()
+                );
+                health.connect_failed(started, health::waited_silent(started.elapsed()), &cause);
+                Err(StoreError::database(WHAT, DbFailure::Unavailable, cause))
             }
         }
+    }
+
+    /// The failure that refuses a write not yet sent while PostgreSQL is
+    /// known to be away; `None` otherwise.
+    pub(super) fn refuse(&self, what: &'static str) -> Option<StoreError> {
+        self.observer.health.refuse(what)
+    }
+
+    /// Whether PostgreSQL is known to be away now.
+    pub(super) fn is_down(&self) -> bool {
+        self.observer.health.is_down()
     }
 
     /// Runs `f` on a lent connection within one round-trip bound (and

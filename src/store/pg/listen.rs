@@ -75,8 +75,10 @@ pub(super) async fn spawn_listener(
                     true
                 }
                 Ok(Err(_)) if stop.is_cancelled() => break,
+                // Info: listening anew is routine (the watchers re-read);
+                // `reopen` warns when it cannot.
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "change listener failed; listening anew");
+                    tracing::info!(error = %e, "change listener failed; listening anew");
                     false
                 }
                 Err(_) => alive(&mut listener, bounds, &observer).await,
@@ -142,12 +144,17 @@ async fn alive(listener: &mut PgListener, bounds: Bounds, observer: &Observer) -
     }
 }
 
-/// A new listener, tried every second until one listens or `stop`.
+/// A new listener, tried every second until one listens or `stop`. The
+/// first failure is a warn line, the tries after it debug (an outage of
+/// the database would otherwise write one a second: the store sums it up),
+/// and listening again one info line.
 async fn reopen(
     options: &PgConnectOptions,
     bounds: Bounds,
     stop: &CancellationToken,
 ) -> Option<(PgPool, PgListener)> {
+    let since = Instant::now();
+    let mut tries = 0u64;
     loop {
         let attempt = tokio::time::timeout(
             bounds.connect + bounds.round_trip,
@@ -156,12 +163,22 @@ async fn reopen(
         let e = tokio::select! {
             _ = stop.cancelled() => return None,
             r = attempt => match r {
-                Ok(Ok(found)) => return Some(found),
+                Ok(Ok(found)) => {
+                    if tries > 0 {
+                        tracing::info!(tries, "change listener: listening again after {} s", since.elapsed().as_secs());
+                    }
+                    return Some(found);
+                }
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => "no connection in time".to_string(),
             },
         };
-        tracing::warn!(error = %e, "change listener: cannot listen yet; again in 1s");
+        if tries == 0 {
+            tracing::warn!(error = %e, "change listener: cannot listen yet; trying again every 1s");
+        } else {
+            tracing::debug!(error = %e, tries, "change listener: cannot listen yet");
+        }
+        tries += 1;
         tokio::select! {
             _ = stop.cancelled() => return None,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}

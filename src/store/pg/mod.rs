@@ -13,6 +13,8 @@
 //! - `batch`: group commit by a few writer tasks; `bind`: a batch bound to
 //!   its statements and run.
 //! - `conns`: the store's own connections, every round trip bounded.
+//! - `health`: whether PostgreSQL is known to be away, and what the store
+//!   does then (refuses at once what it would only wait for, probes, logs).
 //! - `bounds`: how long a round trip may take, and both ends' TCP bounds.
 //! - `clock`: the database's clock as the round trips bound it.
 //! - [`sockets`]: keepalive and the user timeout on this process's sockets.
@@ -28,6 +30,7 @@ mod bounds;
 mod clock;
 mod connect;
 mod conns;
+mod health;
 mod listen;
 mod read;
 mod retention;
