@@ -577,6 +577,8 @@ mod tests {
                 lease_expires_at: None,
                 lease_epoch: 1,
                 caller: None,
+                ensure: false,
+                attempt_unsent: false,
                 drifted: false,
                 passes: 0,
                 escalated_at: None,
