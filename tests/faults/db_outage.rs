@@ -304,7 +304,10 @@ async fn a_30s_database_outage_under_load_answers_callers_at_once_in_fewer_than_
     .unwrap();
     let truth = nova.sim.truth();
     for c in &during {
-        let row = store.operation_get_by_key(None, &c.key).await.unwrap();
+        let row = store
+            .operation_get_by_key(&crate::support::ck(None, &c.key))
+            .await
+            .unwrap();
         assert!(row.is_none(), "{}: refused, yet recorded: {row:?}", c.key);
         assert_eq!(
             truth.attach_requests.get(&c.volume).copied().unwrap_or(0),
@@ -315,7 +318,10 @@ async fn a_30s_database_outage_under_load_answers_callers_at_once_in_fewer_than_
     }
     // And every call decided was a row that says so, attached in Nova.
     for c in calls.iter().filter(|c| c.code.is_none()) {
-        let row = store.operation_get_by_key(None, &c.key).await.unwrap();
+        let row = store
+            .operation_get_by_key(&crate::support::ck(None, &c.key))
+            .await
+            .unwrap();
         assert_eq!(
             row.map(|r| r.state),
             Some(volume_reconciler::domain::State::Succeeded),
