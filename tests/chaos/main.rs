@@ -213,6 +213,8 @@ fn an_operation_nova_never_saw_is_held_to_a_bound_on_unknown() {
         lease_expires_at: None,
         lease_epoch: 1,
         caller: Some("orchestrator-0".into()),
+        ensure: false,
+        attempt_unsent: false,
         drifted: false,
         passes: 1,
         escalated_at: None,
