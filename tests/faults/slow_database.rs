@@ -213,3 +213,61 @@ async fn a_claim_whose_reply_was_lost_is_released_and_decided_by_the_next_round(
     b.stop().await;
     a.stop().await;
 }
+
+/// Every reply of PostgreSQL comes 2.7 s late (fsync-bound commits under
+/// load): within the round-trip bound (5 s, the service's default), so
+/// healthy as far as the store can tell. Attaches succeed, slowly, each
+/// with one request at Nova. Before the lease was sized from that bound
+/// (a 3 s lease, the send gate wanting 500 ms of it left and renewing
+/// within half a lease), every one of them failed NOT_SENT, Nova
+/// untouched.
+#[tokio::test]
+async fn attaches_succeed_under_a_steady_latency_the_store_calls_healthy() {
+    let direct = support::pg::fresh_database().await;
+    let (proxy, proxied) = FaultProxy::for_url(&direct)
+        .await
+        .expect("the proxy starts");
+    let app = spawn_app(
+        AppOptions {
+            db_url: Some(proxied),
+            ..with_history(support::Ledger::Postgres)
+        }
+        // The service's own bounds: a 5 s round trip is healthy, the lease
+        // (left out) follows it.
+        .arg("--db-statement-timeout", "5s")
+        .arg("--heartbeat", "1s"),
+    )
+    .await;
+    // The connections are open and their statements prepared first.
+    let (ws, wv) = ids();
+    app.raw()
+        .attach_volume(with_timeout(attach("warm", ws, wv), secs(10.0)))
+        .await
+        .expect("a first attach");
+    proxy.set_reply_latency(Duration::from_millis(2700));
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let (mut c, (s, v)) = (app.raw(), ids());
+            tokio::spawn(async move {
+                let answer = c
+                    .attach_volume(with_timeout(
+                        attach(&format!("steady-{i}"), s, v),
+                        secs(60.0),
+                    ))
+                    .await;
+                (s, v, answer)
+            })
+        })
+        .collect();
+    for call in calls {
+        let (s, v, answer) = call.await.expect("the call's task");
+        let op = answer.unwrap_or_else(|e| panic!("{v}: {e:?}")).into_inner();
+        assert_eq!(op.state, pb::State::Succeeded as i32, "{op:?}");
+        assert_eq!(app.sim.attach_requests(v), 1, "{v}: one request");
+        assert!(app.sim.is_attached(s, v));
+        let row = row(&app, id_of(&op)).await;
+        assert_eq!(row.state, State::Succeeded);
+    }
+    proxy.set_reply_latency(Duration::ZERO);
+    app.stop().await;
+}

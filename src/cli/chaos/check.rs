@@ -241,7 +241,7 @@ impl Checker<'_> {
                 "decided-in-time",
                 Some(op.id),
                 format!(
-                    "decided {} ms after its bound (deadline + settle window + slack, + each database outage it met and the recovery from it)",
+                    "decided {} ms after its bound (deadline + settle window + lease + slack, + each database outage it met and the recovery from it)",
                     (done - bound).num_milliseconds()
                 ),
             ),
@@ -249,7 +249,7 @@ impl Checker<'_> {
                 "decided-in-time",
                 Some(op.id),
                 format!(
-                    "still {} {} ms after its deadline (bound: settle window + slack, + database outages and recovery)",
+                    "still {} {} ms after its deadline (bound: settle window + lease + slack, + database outages and recovery)",
                     op.state.as_str(),
                     (Utc::now() - op.deadline_at).num_milliseconds()
                 ),

@@ -257,7 +257,7 @@ impl Default for ChaosConfig {
                 settle: Duration::from_secs(2),
                 verify_after: Duration::from_millis(500),
                 verify_window: Duration::from_secs(3),
-                slack: Duration::from_secs(8),
+                slack: Duration::from_secs(5),
                 lease: crate::executor::ExecSettings::DEFAULT.lease,
                 db_round_trip: crate::store::DbBounds::DEFAULT.round_trip,
                 answer_within: DEFAULT_ANSWER_WITHIN,

@@ -17,8 +17,9 @@ pub struct Windows {
     pub settle: Duration,
     pub verify_after: Duration,
     pub verify_window: Duration,
-    /// Extra time an operation may take past its deadline and settle
-    /// window before it counts as stuck (takeover, backoff, passes).
+    /// Extra time an operation may take past its deadline, its settle
+    /// window and a lease (a takeover: its holder killed) before it counts
+    /// as stuck (backoff, passes).
     pub slack: Duration,
     /// The replicas' lease (`--lease`): a holder cut off from the database
     /// loses its operations this long after its last renewal.
@@ -67,7 +68,7 @@ pub const DB_BOUND_CAP: std::time::Duration = std::time::Duration::from_secs(120
 /// the first bound.
 pub fn decision_bound(op: &Operation, w: Windows, outages: &[DbOutage]) -> DateTime<Utc> {
     let now = Utc::now();
-    let base = op.deadline_at + dur(w.settle + w.slack);
+    let base = op.deadline_at + dur(w.settle + w.lease + w.slack);
     let mut bound = base;
     loop {
         let back = outages
