@@ -93,13 +93,27 @@ async fn intents_acknowledged_after_their_lease_are_decided_as_never_sent() {
     // The fault: seven seconds of held replies (not a wait for anything).
     tokio::time::sleep(secs(7.0)).await;
     proxy.hold_replies(false);
+    let mut heard = Vec::new();
     for call in calls {
-        // Whatever each caller heard; the ledger and Nova are the truth.
-        drop(call.await.expect("the call's task"));
+        heard.push(call.await.expect("the call's task"));
     }
-    for (i, (s, v)) in volumes.iter().enumerate() {
+    let mut recorded = 0;
+    for (i, ((s, v), answer)) in volumes.iter().zip(heard).enumerate() {
         let key = format!("slow-{i}");
-        let op = row_by_key(&a, &key).await.expect("the intent was recorded");
+        let Some(op) = row_by_key(&a, &key).await else {
+            // Refused before its intent was sent, once the store knew the
+            // database away: nothing recorded, nothing sent, the caller
+            // told to come back.
+            let e = answer.expect_err("an answer without an operation");
+            assert_eq!(
+                (e.code(), support::error_info(&e).0.as_str()),
+                (tonic::Code::Unavailable, "DATABASE_UNAVAILABLE"),
+                "{key}: {e:?}"
+            );
+            assert_eq!(a.sim.attach_requests(*v), 0, "{key}: nothing sent");
+            continue;
+        };
+        recorded += 1;
         let op = decided(
             &b,
             op.id,
@@ -139,6 +153,10 @@ async fn intents_acknowledged_after_their_lease_are_decided_as_never_sent() {
             .into_inner();
         assert_eq!(freed.state, pb::State::Succeeded as i32, "{key}: {freed:?}");
     }
+    assert!(
+        recorded > 0,
+        "no intent reached the database before it was held"
+    );
     b.stop().await;
     a.stop().await;
 }
@@ -214,37 +232,44 @@ async fn a_claim_whose_reply_was_lost_is_released_and_decided_by_the_next_round(
     a.stop().await;
 }
 
-/// Every reply of PostgreSQL comes 2.7 s late (fsync-bound commits under
-/// load): within the round-trip bound (5 s, the service's default), so
-/// healthy as far as the store can tell. Attaches succeed, slowly, each
-/// with one request at Nova. Before the lease was sized from that bound
-/// (a 3 s lease, the send gate wanting 500 ms of it left and renewing
-/// within half a lease), every one of them failed NOT_SENT, Nova
-/// untouched.
+/// Every commit that writes takes 2.7 s (fsync-bound commits under load:
+/// here a deferred trigger that sleeps once per writing transaction, at
+/// its commit): within the round-trip bound (5 s, the service's default),
+/// so healthy as far as the store can tell. Attaches succeed, slowly, each
+/// with one request at Nova. With a 3 s lease, a send gate that wanted
+/// 500 ms of it left and renewed within half a lease, every one of them
+/// failed `NOT_SENT` ("its lease could not be renewed within 1500 ms"),
+/// Nova untouched.
 #[tokio::test]
-async fn attaches_succeed_under_a_steady_latency_the_store_calls_healthy() {
-    let direct = support::pg::fresh_database().await;
-    let (proxy, proxied) = FaultProxy::for_url(&direct)
-        .await
-        .expect("the proxy starts");
+async fn attaches_succeed_when_every_write_commits_in_2_7_s() {
     let app = spawn_app(
-        AppOptions {
-            db_url: Some(proxied),
-            ..with_history(support::Ledger::Postgres)
-        }
-        // The service's own bounds: a 5 s round trip is healthy, the lease
-        // (left out) follows it.
-        .arg("--db-statement-timeout", "5s")
-        .arg("--heartbeat", "1s"),
+        with_history(support::Ledger::Postgres)
+            // The service's own bounds: a 5 s round trip is healthy, the
+            // lease (left out) follows from them.
+            .arg("--db-statement-timeout", "5s")
+            .arg("--heartbeat", "1s"),
     )
     .await;
-    // The connections are open and their statements prepared first.
-    let (ws, wv) = ids();
-    app.raw()
-        .attach_volume(with_timeout(attach("warm", ws, wv), secs(10.0)))
-        .await
-        .expect("a first attach");
-    proxy.set_reply_latency(Duration::from_millis(2700));
+    let mut admin = support::pg::Admin::connect(&app.db_url).await;
+    admin
+        .run(
+            "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF current_setting('test.slept', true) IS DISTINCT FROM 'yes' THEN
+                     PERFORM set_config('test.slept', 'yes', true);
+                     PERFORM pg_sleep(2.7);
+                 END IF;
+                 RETURN NULL;
+             END $$",
+        )
+        .await;
+    admin
+        .run(
+            "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON operations
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()",
+        )
+        .await;
+    let started = tokio::time::Instant::now();
     let calls: Vec<_> = (0..3)
         .map(|i| {
             let (mut c, (s, v)) = (app.raw(), ids());
@@ -265,9 +290,9 @@ async fn attaches_succeed_under_a_steady_latency_the_store_calls_healthy() {
         assert_eq!(op.state, pb::State::Succeeded as i32, "{op:?}");
         assert_eq!(app.sim.attach_requests(v), 1, "{v}: one request");
         assert!(app.sim.is_attached(s, v));
-        let row = row(&app, id_of(&op)).await;
-        assert_eq!(row.state, State::Succeeded);
+        assert_eq!(row(&app, id_of(&op)).await.state, State::Succeeded);
     }
-    proxy.set_reply_latency(Duration::ZERO);
+    // Slowly: an intent and a decision, each a commit.
+    assert!(started.elapsed() >= secs(5.4), "{:?}", started.elapsed());
     app.stop().await;
 }

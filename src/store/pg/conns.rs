@@ -278,7 +278,13 @@ impl Conns {
                     "no connection within {} ms",
                     by.saturating_duration_since(started).as_millis()
                 );
-                health.connect_failed(started, health::waited_silent(started.elapsed()), &cause);
+                // Silent only when it had the whole connect bound: one cut
+                // short by its caller's deadline says nothing, and a
+                // server answering within the bound is healthy however
+                // slow (a 2.7 s reply latency, fsync-bound commits under
+                // load, must not read as an outage).
+                let silent = health::waited_silent(started.elapsed(), self.bounds.connect);
+                health.connect_failed(started, silent, &cause);
                 Err(StoreError::database(WHAT, DbFailure::Unavailable, cause))
             }
         }

@@ -1,7 +1,8 @@
 //! Whether PostgreSQL is known to be away, and what the store does then.
 //!
 //! An outage is *known* once two connection attempts in a row could not
-//! be opened (refused, reset, unreachable, or silent for a second or more)
+//! be opened (refused, reset, unreachable, or silent for the whole connect
+//! bound: a server answering within it is healthy, however slowly)
 //! and no round trip answered since the first of them began: every way to
 //! the server failed, not one connection (a reset can catch a connection
 //! mid-handshake while the next one works). From then until a connection
@@ -41,11 +42,6 @@ use crate::store::{DbFailure, StoreError};
 /// back is noticed within it (or a connect bound, for one that accepts
 /// slowly).
 pub(super) const PROBE_PAUSE: Duration = Duration::from_millis(500);
-
-/// A connection attempt that waited this long for the server without an
-/// answer says it is silent (a connect takes milliseconds when it is
-/// there); a shorter one that a caller's deadline cut says nothing.
-const SILENT_AFTER: Duration = Duration::from_secs(1);
 
 /// How often an outage is summed up in the log while it lasts.
 const SUMMARY_INTERVAL: Duration = crate::telemetry::summary::SUMMARY_INTERVAL;
@@ -149,7 +145,7 @@ impl Health {
 
     /// A connection attempt begun at `started` failed. `unreachable`: the
     /// failure was the way to the server (refused, reset, unreachable, or
-    /// silent for `SILENT_AFTER`), not an answer of the server's. The
+    /// silent for the whole connect bound), not an answer of the server's. The
     /// second such failure in a row, with nothing answered since the first
     /// began, begins an outage (one warn line).
     pub(super) fn connect_failed(
@@ -303,9 +299,12 @@ pub(super) fn is_unreachable(e: &sqlx::Error) -> bool {
 }
 
 /// Whether a connection attempt that got no answer for `waited` says the
-/// server is silent.
-pub(super) fn waited_silent(waited: Duration) -> bool {
-    waited >= SILENT_AFTER
+/// server is silent: only one that waited the whole connect bound
+/// (`bound`, the round-trip bound). A server that answers within it is
+/// healthy, however slowly; an attempt its caller's deadline cut shorter
+/// says nothing.
+pub(super) fn waited_silent(waited: Duration, bound: Duration) -> bool {
+    waited >= bound
 }
 
 fn render(d: Duration) -> String {
