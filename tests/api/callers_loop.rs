@@ -63,17 +63,7 @@ async fn the_operation_is_kept_at_the_deadline(deadline: Duration) {
     let held = deadline.as_millis() as u64 + 60_000;
     app.sim
         .add_fault(FaultRule::new(FaultOp::Attach, Fault::DelayAfterEffect { ms: held }).volume(v));
-    app.sim.add_fault(
-        FaultRule::new(
-            FaultOp::List,
-            Fault::Status {
-                code: 500,
-                effect: false,
-            },
-        )
-        .server(s)
-        .always(),
-    );
+    app.sim.add_fault(list_fails(s));
     let key = format!("kept-{}", deadline.as_secs());
     let mut c = app.raw();
     let started = tokio::time::Instant::now();
@@ -160,11 +150,7 @@ async fn a_replay_too_short_to_start_anything_answers_what_the_key_has(ledger: L
     // A refusal that saved no result: a replay would start a new
     // operation, which 50 ms cannot.
     let (s2, v2) = ids();
-    app.sim.add_fault(
-        FaultRule::new(FaultOp::Attach, Fault::Conflict)
-            .volume(v2)
-            .always(),
-    );
+    app.sim.add_fault(nova_busy(v2));
     let refused = c
         .attach_volume(with_timeout(attach("short-freed", s2, v2), secs(2.0)))
         .await
@@ -198,11 +184,7 @@ crate::on_both_ledgers!(a_replay_too_short_to_start_anything_answers_what_the_ke
 async fn a_transient_refusal_does_not_stick_to_its_key(ledger: Ledger) {
     let app = app_on(ledger).await;
     let (s, v) = ids();
-    app.sim.add_fault(
-        FaultRule::new(FaultOp::Attach, Fault::Conflict)
-            .volume(v)
-            .always(),
-    );
+    app.sim.add_fault(nova_busy(v));
     let mut c = app.raw();
     let refused = c
         .attach_volume(with_timeout(attach("busy-key", s, v), secs(3.0)))
@@ -274,11 +256,7 @@ crate::on_both_ledgers!(a_transient_refusal_does_not_stick_to_its_key);
 async fn a_transient_refusal_never_answers_the_next_ensure_call(ledger: Ledger) {
     let app = app_on(ledger).await;
     let (s, v) = ids();
-    app.sim.add_fault(
-        FaultRule::new(FaultOp::Attach, Fault::Conflict)
-            .volume(v)
-            .always(),
-    );
+    app.sim.add_fault(nova_busy(v));
     let mut c = app.raw();
     let refused = c
         .ensure_attached(with_timeout(ensure_attached(s, v), secs(3.0)))

@@ -177,17 +177,7 @@ async fn a_claim_whose_reply_was_lost_is_released_and_decided_by_the_next_round(
     // fails: UNKNOWN, for the reconciler.
     a.sim
         .add_fault(FaultRule::new(FaultOp::Attach, Fault::CloseAfterEffect).volume(v));
-    a.sim.add_fault(
-        FaultRule::new(
-            FaultOp::List,
-            Fault::Status {
-                code: 500,
-                effect: false,
-            },
-        )
-        .server(s)
-        .always(),
-    );
+    a.sim.add_fault(list_fails(s));
     let answered = a
         .raw()
         .attach_volume(with_timeout(attach("claim-lost", s, v), secs(3.0)))

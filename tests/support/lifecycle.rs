@@ -47,6 +47,30 @@ pub fn detach(key: &str, server: Uuid, volume: Uuid) -> pb::DetachVolumeRequest 
     }
 }
 
+/// Nova's list of `server`'s attachments fails (500) until the faults are
+/// cleared: a look at it decides nothing.
+pub fn list_fails(server: Uuid) -> volume_reconciler::sim::FaultRule {
+    use volume_reconciler::sim::{Fault, FaultOp, FaultRule};
+    FaultRule::new(
+        FaultOp::List,
+        Fault::Status {
+            code: 500,
+            effect: false,
+        },
+    )
+    .server(server)
+    .always()
+}
+
+/// Nova answers every attach of `volume` 409 (the server busy in a task
+/// state) until the faults are cleared.
+pub fn nova_busy(volume: Uuid) -> volume_reconciler::sim::FaultRule {
+    use volume_reconciler::sim::{Fault, FaultOp, FaultRule};
+    FaultRule::new(FaultOp::Attach, Fault::Conflict)
+        .volume(volume)
+        .always()
+}
+
 pub fn ids() -> (Uuid, Uuid) {
     (Uuid::new_v4(), Uuid::new_v4())
 }
