@@ -1,15 +1,18 @@
 //! Looking at Nova: the server's attachment list, once or until it shows
 //! the wanted state, and the server itself. I/O only; what a look means is
-//! decided in `classify.rs`.
+//! decided in `classify.rs` (and, for an Ensure call's look before its
+//! first request, here: what the list shows is the whole verdict).
 
 use tokio::time::Instant;
 
-use crate::domain::{NewEvent, event};
+use crate::domain::{Action, NewEvent, OperationError, Reason, Resolution, State, event};
 use crate::nova::{NovaError, RequestId};
+use crate::store::NewOperation;
 
 use super::Executor;
 use super::classify::Presence;
-use super::run::{Run, Seen};
+use super::confirm::Precheck;
+use super::run::{Decision, Run, Seen};
 
 impl Executor {
     /// Lists the server's attachments (bounded by `until`) and reports
@@ -189,4 +192,102 @@ pub(super) fn push_observation(run: &mut Run, ev: NewEvent) {
         return;
     }
     run.events.push(ev);
+}
+
+impl Executor {
+    /// An Ensure call's look before its first request where no Cinder
+    /// confirms: the server's attachment list. The volume there for an
+    /// attach, or not there (or the server gone) for a detach: decided,
+    /// nothing sent. The server gone for an attach: FAILED. Anything else
+    /// (the look failed included): send, and the tables decide.
+    pub(super) async fn precheck_by_list(
+        &self,
+        new: &mut NewOperation,
+        until: Instant,
+    ) -> Precheck {
+        let rid = RequestId::for_operation(new.id);
+        let listed = self
+            .nova
+            .list_as(&rid, new.server_id, until)
+            .await
+            .map(|a| a.value);
+        let (pre, ev) = match (new.action, Seen::by_list(&listed, new.volume_id)) {
+            (Action::Attach, Ok(Seen::Attached(att))) => (
+                Precheck::Decided(Decision::succeeded(
+                    Resolution::Reobserved,
+                    Some(att),
+                    "Nova lists the volume attached to this server already: nothing sent",
+                )),
+                NewEvent::new(
+                    event::OBSERVED,
+                    "before sending: the volume is in the server's attachment list",
+                )
+                .with("present", true),
+            ),
+            (Action::Detach, Ok(Seen::Absent)) => (
+                Precheck::Decided(Decision::succeeded(
+                    Resolution::Reobserved,
+                    None,
+                    "Nova does not list the volume on this server: nothing to detach; nothing sent",
+                )),
+                NewEvent::new(
+                    event::OBSERVED,
+                    "before sending: the volume is not in the server's attachment list",
+                )
+                .with("present", false),
+            ),
+            (action, Ok(Seen::ServerGone)) => {
+                let pre = match action {
+                    Action::Attach => Precheck::Decided(Decision::failed(
+                        Resolution::Reobserved,
+                        OperationError::new(
+                            Reason::NovaServerNotFound,
+                            format!("server {} does not exist (Nova's 404 naming it, for the list and for GET /servers/{{id}}): nothing sent", new.server_id),
+                        )
+                        .with("operation_id", new.id),
+                    )),
+                    Action::Detach => Precheck::Decided(Decision::succeeded(
+                        Resolution::Reobserved,
+                        None,
+                        "the server no longer exists: the volume is not attached to it; nothing sent",
+                    )),
+                };
+                (
+                    pre,
+                    NewEvent::new(event::OBSERVED, "before sending: the server no longer exists (Nova's 404 naming it, for the list and for GET /servers/{id})")
+                        .with("present", false),
+                )
+            }
+            (_, Ok(seen)) => (
+                Precheck::Send,
+                NewEvent::new(
+                    event::OBSERVED,
+                    if seen.present() {
+                        "before sending: the volume is in the server's attachment list"
+                    } else {
+                        "before sending: the volume is not in the server's attachment list"
+                    },
+                )
+                .with("present", seen.present()),
+            ),
+            (_, Err(e)) => (
+                Precheck::Send,
+                NewEvent::new(
+                    event::OBSERVED,
+                    format!(
+                        "before sending: observation failed: {}; the request decides",
+                        e.clock()
+                    ),
+                )
+                .with("reason", e.reason())
+                .with_all(&e.metadata()),
+            ),
+        };
+        new.events.push(ev);
+        if !matches!(pre, Precheck::Send) {
+            new.state = State::Pending;
+            new.attempts = 0;
+        }
+        pre
+    }
 }
