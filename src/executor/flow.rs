@@ -426,8 +426,13 @@ impl Executor {
                 event::RETRY_SCHEDULED,
                 format!("retrying after {} ms: {why}", pause.as_millis()),
             )
-            .with("pause_ms", pause.as_millis()),
+            .with("pause_ms", pause.as_millis())
+            .with("cancellable", true),
         );
+        // Only refusals that prove nothing took effect, with nothing
+        // earlier that may, are sent again after a pause (`no_resend`):
+        // the row says so while the run pauses.
+        self.mark_paused(run).await;
         tokio::time::sleep_until(resume).await;
         true
     }

@@ -68,6 +68,8 @@ pub struct OpRequest {
     pub server_id: Uuid,
     pub volume_id: Uuid,
     pub params: RequestParams,
+    /// Its caller's labels, checked (part of the request).
+    pub labels: crate::domain::Labels,
     /// The caller's trace (or one begun for the request), with this
     /// service's span: the operation's requests and log lines carry it.
     pub trace: TraceContext,
@@ -271,6 +273,7 @@ pub(crate) fn test_request(server_id: Uuid, volume_id: Uuid) -> OpRequest {
         server_id,
         volume_id,
         params: RequestParams::default(),
+        labels: crate::domain::Labels::none(),
         trace: TraceContext::start(),
         inflight: None,
     }

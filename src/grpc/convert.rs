@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 
 use super::pb;
 use crate::domain::{Action, InvalidField, Operation, OperationEvent, Resolution, State};
+use crate::store::ListCursor;
 
 pub fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp {
@@ -40,6 +41,7 @@ fn resolution_to_pb(r: Option<Resolution>) -> pb::Resolution {
         Some(Resolution::Reobserved) => pb::Resolution::Reobserved,
         Some(Resolution::Reconciler) => pb::Resolution::Reconciler,
         Some(Resolution::Operator) => pb::Resolution::Operator,
+        Some(Resolution::Cancelled) => pb::Resolution::Cancelled,
     }
 }
 
@@ -75,6 +77,11 @@ pub fn operation_to_pb(op: &Operation) -> pb::Operation {
         escalated_at: op.escalated_at.map(timestamp),
         escalation: op.escalation.clone().unwrap_or_default(),
         ensure: op.ensure,
+        labels: op
+            .labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
     }
 }
 
@@ -154,14 +161,21 @@ pub fn resolve_reason(value: &str) -> Result<&str, InvalidField> {
     Ok(reason)
 }
 
-/// Page tokens are opaque to clients: a versioned, hex-encoded position.
-pub fn encode_page_token(seq: i64) -> String {
-    format!("v1.{}", hex(format!("seq:{seq}").as_bytes()))
+/// Page tokens are opaque to clients: a versioned, hex-encoded position,
+/// the last row's in both orders a list has (`ListCursor`).
+pub fn encode_page_token(c: ListCursor) -> String {
+    format!(
+        "v2.{}",
+        hex(format!("seq:{};at:{}", c.seq, c.created_at.timestamp_micros()).as_bytes())
+    )
 }
 
-pub fn decode_page_token(token: &str) -> Option<i64> {
-    let body = token.strip_prefix("v1.")?;
-    if body.len() % 2 != 0 || body.len() > 64 {
+/// A page token's position: `(seq, created_at)`, the time `None` in a
+/// token of the release before (`v1.`, `seq` alone: good for lists by
+/// `seq`, the only ones it had).
+pub fn decode_page_token(token: &str) -> Option<(i64, Option<DateTime<Utc>>)> {
+    let (version, body) = token.split_once('.')?;
+    if body.len() % 2 != 0 || body.len() > 96 {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..body.len())
@@ -169,10 +183,33 @@ pub fn decode_page_token(token: &str) -> Option<i64> {
         .map(|i| u8::from_str_radix(&body[i..i + 2], 16).ok())
         .collect();
     let text = String::from_utf8(bytes?).ok()?;
-    text.strip_prefix("seq:")?
-        .parse()
+    let seq = |s: &str| {
+        s.strip_prefix("seq:")?
+            .parse()
+            .ok()
+            .filter(|n: &i64| *n > 0)
+    };
+    match version {
+        "v1" => Some((seq(&text)?, None)),
+        "v2" => {
+            let (s, at) = text.split_once(';')?;
+            let at = at.strip_prefix("at:")?.parse().ok()?;
+            Some((seq(s)?, Some(DateTime::from_timestamp_micros(at)?)))
+        }
+        _ => None,
+    }
+}
+
+/// A timestamp of a request, as the domain reads it; `field` names it when
+/// it is out of range.
+pub fn timestamp_from_pb(
+    field: &'static str,
+    t: &prost_types::Timestamp,
+) -> Result<DateTime<Utc>, InvalidField> {
+    u32::try_from(t.nanos)
         .ok()
-        .filter(|n: &i64| *n > 0)
+        .and_then(|n| DateTime::from_timestamp(t.seconds, n))
+        .ok_or_else(|| InvalidField::new(field, format!("{t:?} is not a valid timestamp")))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -201,13 +238,20 @@ mod tests {
 
     #[test]
     fn page_tokens_round_trip_and_reject_garbage() {
-        let t = encode_page_token(12345);
-        assert_eq!(decode_page_token(&t), Some(12345));
+        let at = DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        let t = encode_page_token(ListCursor {
+            seq: 12345,
+            created_at: at,
+        });
+        assert_eq!(decode_page_token(&t), Some((12345, Some(at))));
+        // A token of the release before: its position by seq alone.
+        assert_eq!(decode_page_token("v1.7365713a31"), Some((1, None)));
         for bad in [
             "",
             "v1.",
             "v1.zz",
             "v2.7365713a31",
+            "v3.7365713a31",
             "seq:1",
             "v1.7365713a2d31",
         ] {

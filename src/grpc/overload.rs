@@ -8,7 +8,7 @@
 //! | class | RPCs | cap | reason | a place is held |
 //! |---|---|---|---|---|
 //! | `mutation` | AttachVolume, DetachVolume, EnsureAttached, EnsureDetached | `--max-inflight-mutations` | `OVERLOADED` (and `CALLER_RATE_LIMITED` past `--caller-rate-limit`) | until the operation's own task ends |
-//! | `read` | GetOperation, ListOperations, ListOperationEvents | `--max-inflight-reads` | `READS_OVERLOADED` | until HTTP/2 took the last piece of its answer (a client that stops reading keeps it), or the client went away |
+//! | `read` | GetOperation, ListOperations, ListOperationEvents, CancelOperation | `--max-inflight-reads` | `READS_OVERLOADED` | until HTTP/2 took the last piece of its answer (a client that stops reading keeps it), or the client went away |
 //! | `watch` | WatchOperation | `--max-watch-streams` | `WATCHES_OVERLOADED` | while the stream is open |
 //!
 //! An attach's place is not the call's: the call may go (its caller
@@ -20,8 +20,9 @@
 //! operation already running keeps none (the operation's own task holds
 //! one).
 //!
-//! ReconcileOperation and ResolveOperation (an operator's, needed most in
-//! an incident), health and reflection are never shed. Every answer shed
+//! Which class an RPC is in is the API's one table's (`methods::METHODS`).
+//! Operators' calls (needed most in an incident), health and reflection
+//! are never shed. Every answer shed
 //! here is counted (`volume_reconciler_requests_shed_total{reason}`), and
 //! the places in use are read at each scrape
 //! (`volume_reconciler_requests_in_flight{class}` against
@@ -40,6 +41,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
 use super::auth::Caller;
+use super::methods::Shed;
 use super::metrics::GrpcMetrics;
 use crate::domain::Reason;
 
@@ -52,14 +54,24 @@ enum Class {
 }
 
 impl Class {
+    /// The class of the method `path` names, from the API's one table
+    /// (`methods::METHODS`); `None`: never shed (an operator's call,
+    /// health, reflection).
     fn of(path: &str) -> Option<Self> {
-        match path.strip_prefix("/volume_reconciler.v1.VolumeReconciler/")? {
-            "AttachVolume" | "DetachVolume" | "EnsureAttached" | "EnsureDetached" => {
-                Some(Self::Mutation)
-            }
-            "GetOperation" | "ListOperations" | "ListOperationEvents" => Some(Self::Read),
-            "WatchOperation" => Some(Self::Watch),
-            _ => None,
+        match super::methods::of(path)?.shed {
+            Shed::Mutation => Some(Self::Mutation),
+            Shed::Read => Some(Self::Read),
+            Shed::Watch => Some(Self::Watch),
+            Shed::Never => None,
+        }
+    }
+
+    /// The table's class of this one.
+    fn shed(self) -> Shed {
+        match self {
+            Self::Mutation => Shed::Mutation,
+            Self::Read => Shed::Read,
+            Self::Watch => Shed::Watch,
         }
     }
 
@@ -76,24 +88,25 @@ impl Class {
     /// that sets the cap (its name in the answer's metadata, with `_`),
     /// what the calls are, and the delay suggested: reads are short, an
     /// attach or a watch frees its place in seconds to minutes.
-    fn refusal(self) -> (Reason, &'static str, &'static str, Duration) {
+    fn refusal(self) -> (Reason, &'static str, String, Duration) {
+        let names = super::methods::names_in(self.shed());
         match self {
             Self::Mutation => (
                 Reason::Overloaded,
                 "max-inflight-mutations",
-                "attach/detach operations are running",
+                format!("operations ({names}) are running"),
                 Duration::from_secs(1),
             ),
             Self::Read => (
                 Reason::ReadsOverloaded,
                 "max-inflight-reads",
-                "reads (GetOperation, ListOperations, ListOperationEvents) are in flight",
+                format!("short calls ({names}) are in flight"),
                 Duration::from_millis(250),
             ),
             Self::Watch => (
                 Reason::WatchesOverloaded,
                 "max-watch-streams",
-                "WatchOperation streams are open",
+                format!("{names} streams are open"),
                 Duration::from_secs(2),
             ),
         }
@@ -483,7 +496,9 @@ mod tests {
             assert_eq!(of(read), Some(Class::Read), "{read}");
         }
         assert_eq!(of("WatchOperation"), Some(Class::Watch));
+        assert_eq!(of("CancelOperation"), Some(Class::Read));
         assert_eq!(of("ReconcileOperation"), None);
+        assert_eq!(of("ResolveOperations"), None);
         assert_eq!(of("ResolveOperation"), None);
         assert_eq!(Class::of("/grpc.health.v1.Health/Check"), None);
         assert_eq!(
