@@ -11,6 +11,8 @@ mod support;
 mod callers_loop;
 mod client;
 mod decision_counts;
+mod fleet_cancel;
+mod fleet_lists;
 mod ledger_api;
 mod lifecycle;
 mod lifecycle_calls;
