@@ -197,7 +197,8 @@ async fn a_detach_superseding_an_unsent_attach_sends_nothing(ledger: Ledger) {
 crate::on_both_ledgers!(a_detach_superseding_an_unsent_attach_sends_nothing);
 
 /// Two replicas on one ledger and one Nova. Thirty attaches (through
-/// replica A) meet 3 to 6 of Nova's 409s each before Nova takes them, and
+/// replica A) meet 3 to 6 of Nova's 409s each before Nova takes them (in
+/// 600 ms: a request on its way to an effect), and
 /// each is cancelled (through replica B) at a random moment of its first
 /// two seconds. After a cancel that succeeded, no request of its
 /// operation ever reaches Nova (each one that did arrived before the
@@ -227,6 +228,11 @@ async fn cancels_racing_the_send_across_two_replicas_never_let_a_request_leave_a
             FaultRule::new(FaultOp::Attach, Fault::Conflict)
                 .volume(v)
                 .times(refusals),
+        );
+        // Then Nova takes its time over the one it accepts: a request on
+        // its way to an effect, for a cancel to race.
+        a.sim.add_fault(
+            FaultRule::new(FaultOp::Attach, Fault::DelayBeforeEffect { ms: 600 }).volume(v),
         );
         let (mut ca, mut cb) = (a.raw(), b.raw());
         let store = a.store.clone();
