@@ -24,13 +24,27 @@ pub const MAX_VALUE: usize = 255;
 /// `[prefix/]name` where the prefix and the name are 1..=63 of
 /// `[a-z0-9_.-]` starting with `[a-z0-9]`, each value up to 255 printable
 /// characters. Ordered by key (how they are compared, stored and shown).
+///
+/// Boxed, and none when empty: an operation (thousands wait at once, each
+/// in a task's future) carries a pointer, whatever its labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct Labels(BTreeMap<String, String>);
+#[allow(
+    clippy::box_collection,
+    reason = "a pointer's room in each of thousands of waiting operations, not a map's three words"
+)]
+pub struct Labels(Option<Box<BTreeMap<String, String>>>);
+
+/// The map of no labels.
+static NONE: BTreeMap<String, String> = BTreeMap::new();
 
 impl Labels {
     /// No labels.
     pub const fn none() -> Self {
-        Self(BTreeMap::new())
+        Self(None)
+    }
+
+    fn of(map: BTreeMap<String, String>) -> Self {
+        Self((!map.is_empty()).then(|| Box::new(map)))
     }
 
     /// `pairs` checked as the labels of `field` (`labels`, or a filter's
@@ -57,33 +71,33 @@ impl Labels {
                 format!("{} labels; at most {MAX_LABELS}", map.len()),
             ));
         }
-        Ok(Self(map))
+        Ok(Self::of(map))
     }
 
     /// Labels read back from the ledger (written checked: not checked
     /// again, so that a row stays readable whatever version wrote it).
     pub fn from_stored(map: BTreeMap<String, String>) -> Self {
-        Self(map)
+        Self::of(map)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.0.is_none()
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.as_map().len()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.as_map().iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(String::as_str)
+        self.as_map().get(key).map(String::as_str)
     }
 
     pub fn as_map(&self) -> &BTreeMap<String, String> {
-        &self.0
+        self.0.as_deref().unwrap_or(&NONE)
     }
 
     /// Whether every label of `wanted` is among these, with its value.
@@ -95,7 +109,7 @@ impl Labels {
     /// and part of a request's fingerprint.
     pub fn to_json(&self) -> String {
         // A map of strings always serializes.
-        serde_json::to_string(&self.0).unwrap_or_default()
+        serde_json::to_string(self.as_map()).unwrap_or_default()
     }
 }
 
@@ -103,7 +117,7 @@ impl fmt::Display for Labels {
     /// `k=v,k2=v2`, keys in order (the reconcile log's `labels`, and
     /// `ops` tables); the PostgreSQL log renders them so too.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, (k, v)) in self.0.iter().enumerate() {
+        for (i, (k, v)) in self.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
             }

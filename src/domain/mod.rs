@@ -7,6 +7,7 @@
 //!   ([`CallerKey`], [`OpKey`]).
 //! - [`labels`]: an operation's labels, checked.
 //! - [`parse`]: how durations, rates and shares are written and read back.
+//! - [`quota`]: a fair share per caller (`--caller-quotas`).
 //! - [`reason`]: why something failed or is not known, with its code.
 //! - [`trace`]: the W3C trace context an operation carries.
 //! - [`validate`]: the newtypes made only by parsing.
@@ -16,6 +17,7 @@ pub mod deadline;
 pub mod key;
 pub mod labels;
 pub mod parse;
+pub mod quota;
 pub mod reason;
 pub mod trace;
 pub mod validate;

@@ -160,7 +160,8 @@ impl Executor {
         let op = &run.op;
         let name = op.action.as_str();
         let rid = RequestId::for_operation(op.id);
-        let gate = super::gate::LeaseGate::new(self, op.id, outbound, op.attempts);
+        let gate =
+            super::gate::LeaseGate::new(self, op.id, outbound, op.attempts, op.caller.as_deref());
         let (sent, nova_id) = match op.action {
             Action::Attach => match self
                 .nova

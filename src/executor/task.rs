@@ -149,7 +149,7 @@ impl Executor {
         deadline: Deadline,
         budget: Budget,
         now: Instant,
-        inflight: Option<tokio::sync::OwnedSemaphorePermit>,
+        inflight: Option<super::InFlight>,
     ) -> Spawned {
         let new = self.intent(req, deadline, &budget, now);
         let id = new.id;
@@ -188,7 +188,7 @@ impl Executor {
         budget: Budget,
         created: oneshot::Sender<Created>,
         done: watch::Sender<Decided>,
-        inflight: Option<tokio::sync::OwnedSemaphorePermit>,
+        inflight: Option<super::InFlight>,
     ) {
         // A verdict without a request comes from a look made before the
         // intent held the volume: it is not recorded as it stands, but

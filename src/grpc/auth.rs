@@ -556,6 +556,9 @@ where
             );
             return refused(&req, Reason::PermissionDenied, &msg);
         }
+        if let Some(slot) = req.extensions().get::<super::metrics::CallerSlot>() {
+            slot.set(&caller.name);
+        }
         req.extensions_mut().insert(caller);
         Box::pin(self.inner.call(req))
     }

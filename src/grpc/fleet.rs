@@ -165,7 +165,7 @@ impl Parts {
             n => n,
         };
         let rate = match rate {
-            r if r == 0.0 => DEFAULT_RATE,
+            0.0 => DEFAULT_RATE,
             r if r.is_finite() && r > 0.0 && r <= MAX_RATE => r,
             r => {
                 return Err(status::invalid(InvalidField::new(

@@ -7,7 +7,7 @@
 //!
 //! | class | RPCs | cap | reason | a place is held |
 //! |---|---|---|---|---|
-//! | `mutation` | AttachVolume, DetachVolume, EnsureAttached, EnsureDetached | `--max-inflight-mutations` | `OVERLOADED` (and `CALLER_RATE_LIMITED` past `--caller-rate-limit`) | until the operation's own task ends |
+//! | `mutation` | AttachVolume, DetachVolume, EnsureAttached, EnsureDetached | `--max-inflight-mutations` | `OVERLOADED` (and `CALLER_RATE_LIMITED` past `--caller-rate-limit`, `CALLER_QUOTA_EXCEEDED` past the caller's row of `--caller-quotas`: its rate, its operations in flight) | until the operation's own task ends |
 //! | `read` | GetOperation, ListOperations, ListOperationEvents, CancelOperation | `--max-inflight-reads` | `READS_OVERLOADED` | until HTTP/2 took the last piece of its answer (a client that stops reading keeps it), or the client went away |
 //! | `watch` | WatchOperation | `--max-watch-streams` | `WATCHES_OVERLOADED` | while the stream is open |
 //!
@@ -36,7 +36,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::{DefaultKeyedRateLimiter, Quota, Quota as Quota_, RateLimiter};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
@@ -44,6 +44,8 @@ use super::auth::Caller;
 use super::methods::Shed;
 use super::metrics::GrpcMetrics;
 use crate::domain::Reason;
+use crate::domain::quota::{CallerQuotas, Quota as QuotaRow};
+use crate::executor::InFlight;
 
 /// The classes of RPC with a cap of their own (see the module's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +119,7 @@ impl Class {
 pub const SHED_REASONS: &[Reason] = &[
     Reason::Overloaded,
     Reason::CallerRateLimited,
+    Reason::CallerQuotaExceeded,
     Reason::ReadsOverloaded,
     Reason::WatchesOverloaded,
 ];
@@ -136,6 +139,8 @@ pub struct CallerLimits {
     /// `None`: off (a rate of 0).
     limiter: Option<DefaultKeyedRateLimiter<String>>,
     clock: DefaultClock,
+    /// Calls a second (for the refusal's QuotaFailure).
+    rate: f64,
 }
 
 impl CallerLimits {
@@ -150,6 +155,7 @@ impl CallerLimits {
         Self {
             limiter,
             clock: DefaultClock::default(),
+            rate,
         }
     }
 
@@ -167,9 +173,9 @@ impl CallerLimits {
     }
 }
 
-/// The caps (places in flight, each at least 1: the flags refuse 0) and
-/// the per-caller buckets.
-#[derive(Debug, Clone, Copy)]
+/// The caps (places in flight, each at least 1: the flags refuse 0), the
+/// per-caller buckets, and the caller table's quotas.
+#[derive(Debug, Clone)]
 pub struct Limits {
     pub max_inflight_mutations: usize,
     pub max_inflight_reads: usize,
@@ -177,6 +183,101 @@ pub struct Limits {
     /// Attach/detach calls per second per caller (0: off).
     pub caller_rate: f64,
     pub caller_burst: u32,
+    /// `--caller-quotas`: a row per named caller, and the default row.
+    pub quotas: Arc<CallerQuotas>,
+}
+
+/// One row of the caller table as the layer enforces it: its bucket (a
+/// row's callers share it) and its places for operations in flight.
+struct Row {
+    label: String,
+    rate: f64,
+    bucket: Option<governor::DefaultDirectRateLimiter>,
+    places: Option<(Arc<Semaphore>, usize)>,
+}
+
+impl Row {
+    fn of(label: &str, q: &QuotaRow) -> Self {
+        let bucket = (q.rate > 0.0 && q.rate.is_finite())
+            .then(|| Quota_::with_period(Duration::from_secs_f64(1.0 / q.rate)))
+            .flatten()
+            .map(|quota| {
+                RateLimiter::direct(
+                    quota.allow_burst(NonZeroU32::new(q.burst).unwrap_or(NonZeroU32::MIN)),
+                )
+            });
+        Self {
+            label: label.to_string(),
+            rate: q.rate,
+            bucket,
+            places: (q.inflight > 0).then(|| {
+                (
+                    Arc::new(Semaphore::new(q.inflight as usize)),
+                    q.inflight as usize,
+                )
+            }),
+        }
+    }
+}
+
+/// The caller table's rows, by index (`CallerQuotas::row_of`).
+struct Rows {
+    table: Arc<CallerQuotas>,
+    rows: Vec<Row>,
+    clock: DefaultClock,
+}
+
+/// Why a row refused a call: the quota's name, what it says, and how long
+/// to wait.
+struct OverQuota {
+    quota: &'static str,
+    says: String,
+    wait: Duration,
+}
+
+impl Rows {
+    fn new(table: Arc<CallerQuotas>) -> Self {
+        let rows = (0..table.len())
+            .map(|r| Row::of(table.label(r), table.quota(r)))
+            .collect();
+        Self {
+            table,
+            rows,
+            clock: DefaultClock::default(),
+        }
+    }
+
+    /// A call of `caller` (its name; `""`: anonymous) let in by its row,
+    /// with its place in the row's operations in flight, if it has a cap.
+    fn admit(&self, caller: &str) -> Result<Option<OwnedSemaphorePermit>, (&Row, OverQuota)> {
+        let row = &self.rows[self.table.row_of(caller)];
+        if let Some(bucket) = &row.bucket
+            && let Err(not_until) = bucket.check()
+        {
+            return Err((
+                row,
+                OverQuota {
+                    quota: "rate",
+                    says: format!("rate: {} calls a second, in bursts", row.rate),
+                    wait: not_until.wait_time_from(self.clock.now()),
+                },
+            ));
+        }
+        match &row.places {
+            None => Ok(None),
+            Some((places, limit)) => match places.clone().try_acquire_owned() {
+                Ok(p) => Ok(Some(p)),
+                Err(_) => Err((
+                    row,
+                    OverQuota {
+                        quota: "inflight",
+                        says: format!("inflight: {limit} operations running"),
+                        wait: Duration::from_secs(1),
+                    },
+                )),
+            },
+        }
+    }
 }
 
 /// One class's places.
@@ -202,6 +303,7 @@ pub struct OverloadLayer {
     reads: Cap,
     watches: Cap,
     callers: Arc<CallerLimits>,
+    rows: Arc<Rows>,
     metrics: Arc<GrpcMetrics>,
 }
 
@@ -214,8 +316,18 @@ impl OverloadLayer {
             reads: Cap::new(limits.max_inflight_reads),
             watches: Cap::new(limits.max_watch_streams),
             callers: Arc::new(CallerLimits::new(limits.caller_rate, limits.caller_burst)),
+            rows: Arc::new(Rows::new(limits.quotas.clone())),
             metrics,
         };
+        layer.metrics.callers.set_table(limits.quotas.clone());
+        for row in &layer.rows.rows {
+            if let Some((places, limit)) = &row.places {
+                layer
+                    .metrics
+                    .callers
+                    .observe_row(&row.label, places.clone(), *limit);
+            }
+        }
         for class in [Class::Mutation, Class::Read, Class::Watch] {
             let cap = layer.cap(class);
             layer
@@ -259,15 +371,15 @@ pub struct OverloadService<S> {
 /// dropped. Extensions must be `Clone`: clones share the one permit, which
 /// is taken once.
 #[derive(Clone, Debug)]
-pub struct MutationPermit(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
+pub struct MutationPermit(Arc<Mutex<Option<InFlight>>>);
 
 impl MutationPermit {
-    fn new(permit: OwnedSemaphorePermit) -> Self {
+    fn new(permit: InFlight) -> Self {
         Self(Arc::new(Mutex::new(Some(permit))))
     }
 
     /// The permit, to the first who asks.
-    pub fn take(&self) -> Option<OwnedSemaphorePermit> {
+    pub fn take(&self) -> Option<InFlight> {
         // A poisoned lock only means a panic elsewhere; the slot is intact.
         self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
@@ -280,6 +392,7 @@ fn shed<R: Default>(
     message: String,
     retry_after: Duration,
     extra: &[(&str, String)],
+    quota: Option<(String, String)>,
 ) -> http::Response<R> {
     let mut meta: HashMap<String, String> = extra
         .iter()
@@ -289,6 +402,10 @@ fn shed<R: Default>(
     let mut details =
         tonic_types::ErrorDetails::with_error_info(reason.as_str(), super::status::DOMAIN, meta);
     details.set_retry_info(Some(retry_after));
+    // Which quota, of whom (google.rpc.QuotaFailure).
+    if let Some((subject, description)) = quota {
+        details.add_quota_failure_violation(subject, description);
+    }
     <tonic::Status as tonic_types::StatusExt>::with_error_details(
         tonic::Code::ResourceExhausted,
         message,
@@ -318,6 +435,7 @@ fn caller_key<B>(req: &http::Request<B>) -> String {
 impl OverloadLayer {
     /// The answer to `req`, shed for `reason`, counted; given once its
     /// body is read (see `early`).
+    #[allow(clippy::too_many_arguments)]
     fn refuse<B, E>(
         &self,
         req: http::Request<B>,
@@ -325,6 +443,7 @@ impl OverloadLayer {
         message: String,
         retry_after: Duration,
         extra: &[(&str, String)],
+        quota: Option<(String, String)>,
     ) -> BoxFuture<Result<http::Response<tonic::body::Body>, E>>
     where
         B: http_body::Body + Send + Unpin + 'static,
@@ -332,7 +451,7 @@ impl OverloadLayer {
         E: Send + 'static,
     {
         self.metrics.shed(reason);
-        super::early::after_body(req, shed(reason, message, retry_after, extra))
+        super::early::after_body(req, shed(reason, message, retry_after, extra, quota))
     }
 }
 
@@ -356,6 +475,7 @@ where
         let Some(class) = Class::of(req.uri().path()) else {
             return Box::pin(self.inner.call(req));
         };
+        let mut row_place = None;
         if class == Class::Mutation {
             let key = caller_key(&req);
             if let Err(wait) = self.layer.callers.take(&key) {
@@ -363,13 +483,55 @@ where
                     "caller {key:?} is over its rate limit (--caller-rate-limit); retry after {} ms",
                     wait.as_millis()
                 );
+                let quota = (
+                    format!("caller:{key}"),
+                    format!(
+                        "--caller-rate-limit: {} calls a second",
+                        self.layer.callers.rate
+                    ),
+                );
                 return self.layer.refuse(
                     req,
                     Reason::CallerRateLimited,
                     msg,
                     wait,
                     &[("caller", key)],
+                    Some(quota),
                 );
+            }
+            let name = req
+                .extensions()
+                .get::<Caller>()
+                .map_or(String::new(), |c| c.name.clone());
+            match self.layer.rows.admit(&name) {
+                Ok(place) => row_place = place,
+                Err((row, over)) => {
+                    self.layer.metrics.callers.refused(&row.label, over.quota);
+                    let who = if name.is_empty() { "-" } else { &name };
+                    let msg = format!(
+                        "caller {who:?} is over its {} quota (row {:?} of --caller-quotas: {}); retry after {} ms",
+                        over.quota,
+                        row.label,
+                        over.says,
+                        over.wait.as_millis()
+                    );
+                    let quota = (
+                        format!("caller:{who}"),
+                        format!("{} (row {} of --caller-quotas)", over.says, row.label),
+                    );
+                    return self.layer.refuse(
+                        req,
+                        Reason::CallerQuotaExceeded,
+                        msg,
+                        over.wait,
+                        &[
+                            ("caller", who.to_string()),
+                            ("quota", over.quota.to_string()),
+                            ("caller_row", row.label.clone()),
+                        ],
+                        Some(quota),
+                    );
+                }
             }
         }
         let cap = self.layer.cap(class);
@@ -385,6 +547,7 @@ where
                     msg,
                     retry,
                     &[(&flag.replace('-', "_"), limit.to_string())],
+                    None,
                 );
             }
         };
@@ -392,7 +555,8 @@ where
             // Held by the operation's task, not by this call (see the
             // module's doc).
             Class::Mutation => {
-                req.extensions_mut().insert(MutationPermit::new(place));
+                req.extensions_mut()
+                    .insert(MutationPermit::new(InFlight::new(place, row_place)));
                 Box::pin(self.inner.call(req))
             }
             // Held until the answer's body is done: a large page or a
@@ -510,7 +674,10 @@ mod tests {
     #[test]
     fn a_mutation_permit_is_taken_once_whoever_holds_a_clone() {
         let places = Arc::new(Semaphore::new(1));
-        let permit = MutationPermit::new(places.clone().try_acquire_owned().unwrap());
+        let permit = MutationPermit::new(InFlight::new(
+            places.clone().try_acquire_owned().unwrap(),
+            None,
+        ));
         let clone = permit.clone();
         let taken = clone.take().expect("the first take");
         assert!(permit.take().is_none(), "taken once");

@@ -113,9 +113,12 @@ async fn labels_round_trip_and_filter(ledger: Ledger) {
     };
     assert_eq!(
         list_ids(&app, only(&[("cluster", "east")])).await,
-        [op.id.clone()]
+        std::slice::from_ref(&op.id)
     );
-    assert_eq!(list_ids(&app, only(&east)).await, [op.id.clone()]);
+    assert_eq!(
+        list_ids(&app, only(&east)).await,
+        std::slice::from_ref(&op.id)
+    );
     assert!(
         list_ids(
             &app,

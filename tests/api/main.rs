@@ -13,6 +13,7 @@ mod client;
 mod decision_counts;
 mod fleet_cancel;
 mod fleet_lists;
+mod fleet_share;
 mod ledger_api;
 mod lifecycle;
 mod lifecycle_calls;
