@@ -421,9 +421,8 @@ pub struct ServeArgs {
     /// `;` between rows; or @FILE of them), `default` for every caller not
     /// named. Keys: rate (attach/detach calls a second), burst, inflight
     /// (operations running), nova-share (weight in Nova's request slots
-    /// when contended), retain (how long its decided operations are
-    /// kept). Beyond a quota: RESOURCE_EXHAUSTED CALLER_QUOTA_EXCEEDED with
-    /// QuotaFailure and RetryInfo.
+    /// when contended). Beyond a quota: RESOURCE_EXHAUSTED
+    /// CALLER_QUOTA_EXCEEDED with QuotaFailure and RetryInfo.
     #[arg(
         help_heading = "Load shedding",
         long,

@@ -2,24 +2,21 @@
 //! caller's name (a token's name, a certificate's `CN#hash`) and its
 //! quotas, and a `default` row for every caller it does not name, who
 //! share that row. A row's quotas: attach/detach calls a second and their
-//! burst, operations in flight, a weight in Nova's request slots when they
-//! are contended, and how long its decided operations are kept. The
-//! service's metrics name a row, never a caller the table does not
-//! (bounded label values).
+//! burst, operations in flight, and a weight in Nova's request slots when
+//! they are contended. The service's metrics name a row, never a caller
+//! the table does not (bounded label values).
 //!
 //! Written one row per line (or `;` between rows): the name, then
 //! `key=value` pairs, e.g.
 //!
 //! ```text
 //! default   rate=50 burst=100 inflight=2000 nova-share=1
-//! csi-prod  rate=200 burst=400 inflight=4000 nova-share=4 retain=30d
-//! batch     rate=5 burst=10 inflight=50 nova-share=1 retain=1d
+//! csi-prod  rate=200 burst=400 inflight=4000 nova-share=4
+//! batch     rate=5 burst=10 inflight=50 nova-share=1
 //! ```
 //!
-//! A key left out is not limited (`rate`, `inflight`), 1 (`nova-share`),
-//! or `--retain` (`retain`).
-
-use std::time::Duration;
+//! A key left out is not limited (`rate`, `inflight`), or 1
+//! (`nova-share`).
 
 /// The name of the row for the callers the table does not name.
 pub const DEFAULT_ROW: &str = "default";
@@ -36,8 +33,6 @@ pub struct Quota {
     pub inflight: u32,
     /// Its weight in Nova's request slots when callers wait for them.
     pub nova_share: u32,
-    /// How long its decided operations are kept (`None`: `--retain`).
-    pub retain: Option<Duration>,
 }
 
 impl Default for Quota {
@@ -47,7 +42,6 @@ impl Default for Quota {
             burst: 100,
             inflight: 0,
             nova_share: 1,
-            retain: None,
         }
     }
 }
@@ -137,17 +131,6 @@ impl CallerQuotas {
     pub fn nova_shares(&self) -> Vec<u32> {
         (0..self.len()).map(|r| self.quota(r).nova_share).collect()
     }
-
-    /// The callers the table keeps for another time than `--retain`, and
-    /// that time; and the default row's, if it says one.
-    pub fn retention(&self) -> (Vec<(String, Duration)>, Option<Duration>) {
-        let named = self
-            .rows
-            .iter()
-            .filter_map(|(n, q)| q.retain.map(|r| (n.clone(), r)))
-            .collect();
-        (named, self.default.retain)
-    }
 }
 
 /// One `key=value` of a row.
@@ -179,16 +162,9 @@ fn set(q: &mut Quota, word: &str) -> Result<(), String> {
                 .filter(|s| (1..=1000).contains(s))
                 .ok_or_else(|| bad("a weight from 1 to 1000"))?;
         }
-        "retain" => {
-            let d = super::parse::duration(value).map_err(|e| bad(&e))?;
-            if d < Duration::from_secs(60) {
-                return Err(bad("at least 1m"));
-            }
-            q.retain = Some(d);
-        }
         _ => {
             return Err(format!(
-                "unknown key {key:?}; the keys are rate, burst, inflight, nova-share, retain"
+                "unknown key {key:?}; the keys are rate, burst, inflight, nova-share"
             ));
         }
     }
@@ -204,7 +180,7 @@ mod tests {
         let t = CallerQuotas::parse(
             "default rate=50 burst=100 inflight=2000\n\
              # a comment\n\
-             csi-prod rate=200 burst=400 inflight=4000 nova-share=4 retain=30d; batch rate=5",
+             csi-prod rate=200 burst=400 inflight=4000 nova-share=4; batch rate=5",
         )
         .unwrap();
         assert_eq!(t.len(), 3);
@@ -217,12 +193,6 @@ mod tests {
         assert_eq!(t.quota(2).rate, 50.0);
         assert_eq!(t.quota(1).burst, 100, "left out: the default burst");
         assert_eq!(t.nova_shares(), [4, 1, 1]);
-        let (named, default) = t.retention();
-        assert_eq!(
-            named,
-            [("csi-prod".to_string(), Duration::from_secs(30 * 86400))]
-        );
-        assert_eq!(default, None);
         assert!(CallerQuotas::parse("").unwrap().is_empty());
     }
 
@@ -233,7 +203,7 @@ mod tests {
             ("a speed=1", "unknown key \"speed\""),
             ("a burst=0", "burst="),
             ("a nova-share=0", "nova-share="),
-            ("a retain=10s", "at least 1m"),
+            ("a retain=30d", "unknown key \"retain\""),
             ("a\nb\na", "given twice"),
             ("a rate", "not KEY=VALUE"),
         ] {
