@@ -193,7 +193,9 @@ struct Row {
     label: String,
     rate: f64,
     bucket: Option<governor::DefaultDirectRateLimiter>,
-    places: Option<(Arc<Semaphore>, usize)>,
+    /// Its operations in flight, and its quota (0: none; the places are
+    /// then as many as a semaphore has, counted for the metrics only).
+    places: (Arc<Semaphore>, usize),
 }
 
 impl Row {
@@ -210,12 +212,14 @@ impl Row {
             label: label.to_string(),
             rate: q.rate,
             bucket,
-            places: (q.inflight > 0).then(|| {
-                (
-                    Arc::new(Semaphore::new(q.inflight as usize)),
-                    q.inflight as usize,
-                )
-            }),
+            places: (
+                Arc::new(Semaphore::new(if q.inflight > 0 {
+                    q.inflight as usize
+                } else {
+                    Semaphore::MAX_PERMITS
+                })),
+                q.inflight as usize,
+            ),
         }
     }
 }
@@ -263,19 +267,17 @@ impl Rows {
                 },
             ));
         }
-        match &row.places {
-            None => Ok(None),
-            Some((places, limit)) => match places.clone().try_acquire_owned() {
-                Ok(p) => Ok(Some(p)),
-                Err(_) => Err((
-                    row,
-                    OverQuota {
-                        quota: "inflight",
-                        says: format!("inflight: {limit} operations running"),
-                        wait: Duration::from_secs(1),
-                    },
-                )),
-            },
+        let (places, limit) = &row.places;
+        match places.clone().try_acquire_owned() {
+            Ok(p) => Ok(Some(p)),
+            Err(_) => Err((
+                row,
+                OverQuota {
+                    quota: "inflight",
+                    says: format!("inflight: {limit} operations running"),
+                    wait: Duration::from_secs(1),
+                },
+            )),
         }
     }
 }
@@ -321,12 +323,11 @@ impl OverloadLayer {
         };
         layer.metrics.callers.set_table(limits.quotas.clone());
         for row in &layer.rows.rows {
-            if let Some((places, limit)) = &row.places {
-                layer
-                    .metrics
-                    .callers
-                    .observe_row(&row.label, places.clone(), *limit);
-            }
+            let (places, limit) = &row.places;
+            layer
+                .metrics
+                .callers
+                .observe_row(&row.label, places.clone(), *limit);
         }
         for class in [Class::Mutation, Class::Read, Class::Watch] {
             let cap = layer.cap(class);

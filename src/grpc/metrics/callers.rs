@@ -139,8 +139,18 @@ impl CallerMetrics {
             .inc();
     }
 
-    /// Reads row `caller`'s operations in flight at each scrape.
+    /// Reads row `caller`'s operations in flight at each scrape (`limit`
+    /// 0: the row has no quota of them; its places are a semaphore's
+    /// most), and counts its refusals from 0.
     pub fn observe_row(&self, caller: &str, places: Arc<tokio::sync::Semaphore>, limit: usize) {
+        for quota in ["rate", "inflight"] {
+            self.refusals
+                .get_or_create(&QuotaLabels {
+                    caller: caller.to_string(),
+                    quota,
+                })
+                .inc_by(0);
+        }
         let mut rows = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         rows.retain(|r| r.caller != caller);
         rows.push(Places {
@@ -170,19 +180,24 @@ impl Collector for InFlight {
         for (name, help, in_use) in [
             (
                 "caller_inflight_operations",
-                "Operations of each caller row of --caller-quotas whose task runs now (rows with an inflight quota)",
+                "Operations of each caller row of --caller-quotas whose task runs now (every row: default for the callers the table does not name)",
                 true,
             ),
             (
                 "caller_inflight_operations_limit",
-                "Each caller row's inflight quota (--caller-quotas); beyond it, CALLER_QUOTA_EXCEEDED",
+                "Each caller row's inflight quota (--caller-quotas; 0: none); beyond it, CALLER_QUOTA_EXCEEDED",
                 false,
             ),
         ] {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for r in rows.iter() {
+                let most = if r.limit == 0 {
+                    tokio::sync::Semaphore::MAX_PERMITS
+                } else {
+                    r.limit
+                };
                 let value = if in_use {
-                    r.limit.saturating_sub(r.places.available_permits())
+                    most.saturating_sub(r.places.available_permits())
                 } else {
                     r.limit
                 };

@@ -95,6 +95,31 @@ pub struct PgStore {
     options: PgConnectOptions,
 }
 
+impl PgStore {
+    /// Cancels `old`, an attach `new` (a detach of its volume) supersedes:
+    /// `None` when the volume is free for `new` now, else the operation
+    /// that keeps it busy (an attach no longer cancellable).
+    async fn supersede(
+        &self,
+        old: &Operation,
+        new: &NewOperation,
+        deadline: Instant,
+    ) -> Result<Option<Uuid>, StoreError> {
+        let cancel = Cancel::superseded_by(old, new);
+        let found = within(
+            deadline,
+            "recording the operation",
+            self.operation_cancel(&cancel),
+        )
+        .await?;
+        Ok(match found {
+            Cancelled::Done(_) | Cancelled::NotFound => None,
+            Cancelled::Not(op) if op.state.is_terminal() => None,
+            Cancelled::Not(op) => Some(op.id),
+        })
+    }
+}
+
 #[async_trait]
 impl Store for PgStore {
     fn operation_create(
@@ -138,33 +163,27 @@ impl Store for PgStore {
                 // Taken apart before the next await: a scrutinee matched
                 // across it would keep its room (536 bytes) in every
                 // waiting intent's future.
-                let old = match Box::pin(why).await? {
+                let (old, superseded) = match Box::pin(why).await? {
                     Some(rows::Conflict::Answer(found)) => return found,
-                    Some(rows::Conflict::FreedKey(old)) => old,
-                    Some(rows::Conflict::Supersede(old)) => {
-                        // A detach cancels its caller's unsent attach of
-                        // the volume, then takes its place (the next try);
-                        // an attach no longer cancellable keeps it busy.
-                        let cancel = Cancel::superseded_by(&old, &new);
-                        let cancelled = within(
-                            deadline,
-                            "recording the operation",
-                            Box::pin(self.operation_cancel(&cancel)),
-                        );
-                        match Box::pin(cancelled).await? {
-                            Cancelled::Done(_) => continue,
-                            Cancelled::Not(op) if op.state.is_terminal() => continue,
-                            Cancelled::NotFound => continue,
-                            Cancelled::Not(op) => {
-                                return Err(StoreError::VolumeBusy {
-                                    volume_id: new.volume_id,
-                                    operation_id: op.id,
-                                });
-                            }
-                        }
-                    }
+                    Some(rows::Conflict::FreedKey(old)) => (old, false),
+                    Some(rows::Conflict::Supersede(old)) => (old, true),
                     None => continue,
                 };
+                if superseded {
+                    // A detach cancels its caller's unsent attach of the
+                    // volume, then takes its place (the next try); an
+                    // attach no longer cancellable keeps it busy. (A cold
+                    // path, boxed.)
+                    match Box::pin(self.supersede(&old, &new, deadline)).await? {
+                        None => continue,
+                        Some(busy) => {
+                            return Err(StoreError::VolumeBusy {
+                                volume_id: new.volume_id,
+                                operation_id: busy,
+                            });
+                        }
+                    }
+                }
                 // The key saved no result: handed on to this intent, unless
                 // another replay took it first (then the next try joins
                 // that one).
