@@ -70,8 +70,7 @@ type Filter struct {
 	Escalated bool
 	// Only operations carrying every one of these labels.
 	Labels map[string]string
-	// Created at or after, and before (zero: open). With either, the list
-	// is ordered by creation time, newest first.
+	// Created at or after, and before (zero: open).
 	CreatedAfter, CreatedBefore time.Time
 	// Last changed at or after, and before (zero: open).
 	UpdatedAfter, UpdatedBefore time.Time

@@ -161,21 +161,15 @@ pub fn resolve_reason(value: &str) -> Result<&str, InvalidField> {
     Ok(reason)
 }
 
-/// Page tokens are opaque to clients: a versioned, hex-encoded position,
-/// the last row's in both orders a list has (`ListCursor`).
+/// Page tokens are opaque to clients: a versioned, hex-encoded position
+/// (the last row's `seq`).
 pub fn encode_page_token(c: ListCursor) -> String {
-    format!(
-        "v2.{}",
-        hex(format!("seq:{};at:{}", c.seq, c.created_at.timestamp_micros()).as_bytes())
-    )
+    format!("v1.{}", hex(format!("seq:{}", c.seq).as_bytes()))
 }
 
-/// A page token's position: `(seq, created_at)`, the time `None` in a
-/// token of the release before (`v1.`, `seq` alone: good for lists by
-/// `seq`, the only ones it had).
-pub fn decode_page_token(token: &str) -> Option<(i64, Option<DateTime<Utc>>)> {
-    let (version, body) = token.split_once('.')?;
-    if body.len() % 2 != 0 || body.len() > 96 {
+pub fn decode_page_token(token: &str) -> Option<ListCursor> {
+    let body = token.strip_prefix("v1.")?;
+    if body.len() % 2 != 0 || body.len() > 64 {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..body.len())
@@ -183,21 +177,12 @@ pub fn decode_page_token(token: &str) -> Option<(i64, Option<DateTime<Utc>>)> {
         .map(|i| u8::from_str_radix(&body[i..i + 2], 16).ok())
         .collect();
     let text = String::from_utf8(bytes?).ok()?;
-    let seq = |s: &str| {
-        s.strip_prefix("seq:")?
-            .parse()
-            .ok()
-            .filter(|n: &i64| *n > 0)
-    };
-    match version {
-        "v1" => Some((seq(&text)?, None)),
-        "v2" => {
-            let (s, at) = text.split_once(';')?;
-            let at = at.strip_prefix("at:")?.parse().ok()?;
-            Some((seq(s)?, Some(DateTime::from_timestamp_micros(at)?)))
-        }
-        _ => None,
-    }
+    let seq = text
+        .strip_prefix("seq:")?
+        .parse()
+        .ok()
+        .filter(|n: &i64| *n > 0)?;
+    Some(ListCursor { seq })
 }
 
 /// A timestamp of a request, as the domain reads it; `field` names it when
@@ -238,20 +223,13 @@ mod tests {
 
     #[test]
     fn page_tokens_round_trip_and_reject_garbage() {
-        let at = DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
-        let t = encode_page_token(ListCursor {
-            seq: 12345,
-            created_at: at,
-        });
-        assert_eq!(decode_page_token(&t), Some((12345, Some(at))));
-        // A token of the release before: its position by seq alone.
-        assert_eq!(decode_page_token("v1.7365713a31"), Some((1, None)));
+        let t = encode_page_token(ListCursor { seq: 12345 });
+        assert_eq!(decode_page_token(&t), Some(ListCursor { seq: 12345 }));
         for bad in [
             "",
             "v1.",
             "v1.zz",
             "v2.7365713a31",
-            "v3.7365713a31",
             "seq:1",
             "v1.7365713a2d31",
         ] {

@@ -151,12 +151,8 @@ fn range(
     Ok(r)
 }
 
-/// A list's page size and where it starts, for `filter`'s order.
-pub(super) fn page(
-    page_size: i32,
-    page_token: &str,
-    filter: &OperationFilter,
-) -> Result<(u32, Option<ListCursor>), Status> {
+/// A list's page size and where it starts.
+pub(super) fn page(page_size: i32, page_token: &str) -> Result<(u32, Option<ListCursor>), Status> {
     let limit = match page_size {
         0 => DEFAULT_PAGE_SIZE,
         n if n < 0 => {
@@ -176,18 +172,11 @@ pub(super) fn page(
     if page_token.is_empty() {
         return Ok((limit, None));
     }
-    let not_ours = || {
+    let after = convert::decode_page_token(page_token).ok_or_else(|| {
         status::invalid(InvalidField::new(
             "page_token",
-            "is not a token this server issued for this list",
+            "is not a token this server issued",
         ))
-    };
-    let (seq, at) = convert::decode_page_token(page_token).ok_or_else(not_ours)?;
-    // A token of the release before has no time: good for lists by seq.
-    let created_at = match at {
-        Some(at) => at,
-        None if !filter.by_creation() => chrono::DateTime::UNIX_EPOCH,
-        None => return Err(not_ours()),
-    };
-    Ok((limit, Some(ListCursor { seq, created_at })))
+    })?;
+    Ok((limit, Some(after)))
 }

@@ -430,7 +430,7 @@ impl VolumeReconciler for Api {
         let r = request.into_inner();
         let result = async {
             let filter = filter::of_list(&r, &scope)?;
-            let (limit, after) = filter::page(r.page_size, &r.page_token, &filter)?;
+            let (limit, after) = filter::page(r.page_size, &r.page_token)?;
             let page = self
                 .store
                 .operation_list(&filter, after, limit)

@@ -499,7 +499,7 @@ pub struct OperationFilter {
     pub caller: Option<Caller>,
     /// Only operations carrying every one of these labels.
     pub labels: Labels,
-    /// Created within this range (then the list is ordered by creation).
+    /// Created within this range.
     pub created: TimeRange,
     /// Last changed within this range.
     pub updated: TimeRange,
@@ -516,12 +516,11 @@ pub struct TimeRange {
     pub before: Option<DateTime<Utc>>,
 }
 
-/// Where a list's page ended: the last row's position in both orders (by
-/// `seq`, or by `(created_at, seq)`), both immutable.
+/// Where a list's page ended: the last row's `seq`, which never changes
+/// (a row that changes while a list is paged keeps its place).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListCursor {
     pub seq: i64,
-    pub created_at: DateTime<Utc>,
 }
 
 /// One page of operations, newest first.

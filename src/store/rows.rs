@@ -313,7 +313,6 @@ from_row! {
 /// A listed row's position (`ListCursor`).
 pub(super) struct SeqRow {
     seq: i64,
-    created_at: Time,
 }
 }
 
@@ -435,8 +434,7 @@ impl OperationRow {
     }
 }
 
-/// A page of `operation_list`: the rows carry `seq` besides the columns
-/// (`created_at` is one of them),
+/// A page of `operation_list`: the rows carry `seq` besides the columns,
 /// and one more row than `limit` was asked for (it says more follow).
 pub(super) fn page<'r, R>(rows: &'r [R], limit: u32) -> Result<OperationPage, StoreError>
 where
@@ -450,10 +448,7 @@ where
         Some(row) => {
             let at =
                 <SeqRow as sqlx::FromRow<'r, R>>::from_row(row).map_err(|e| unreadable(None, e))?;
-            Some(ListCursor {
-                seq: at.seq,
-                created_at: at.created_at.0,
-            })
+            Some(ListCursor { seq: at.seq })
         }
         None => None,
     };

@@ -219,7 +219,7 @@ crate::on_both_ledgers!(labels_round_trip_and_filter);
 /// Attaches held at Nova for a while are decided while an operator pages
 /// through the ones created in a range, two at a time, and new ones keep
 /// coming: each listed operation is listed at most once (the page's
-/// position is (created_at, seq), never the last change), none of the
+/// position is the operation's sequence, never its last change), none of the
 /// range is missed, and the range's ends hold.
 #[tokio::test]
 async fn a_time_range_list_under_concurrent_writes_returns_each_operation_at_most_once() {

@@ -179,7 +179,7 @@ async fn labels_are_kept_and_lists_filter_on_all_of_them(store: Arc<dyn Store>) 
     assert_eq!(seen, want);
 }
 
-async fn a_creation_range_lists_by_creation_and_pages_each_once(store: Arc<dyn Store>) {
+async fn a_creation_range_lists_newest_first_and_pages_each_once(store: Arc<dyn Store>) {
     let mut made = Vec::new();
     for i in 0..5 {
         made.push(
@@ -504,7 +504,7 @@ macro_rules! both_stores {
 
 both_stores!(
     labels_are_kept_and_lists_filter_on_all_of_them,
-    a_creation_range_lists_by_creation_and_pages_each_once,
+    a_creation_range_lists_newest_first_and_pages_each_once,
     a_cancel_is_one_compare_and_set_on_what_sent_nothing,
     a_detach_supersedes_its_callers_unsent_attach,
 );
@@ -512,10 +512,13 @@ both_stores!(
 /// PostgreSQL, under the generic plans of the service's connections, on a
 /// ledger of 40,000 operations (half labelled `cluster=east`, every one
 /// with a `pv` of its own) created over ten hours: a page of a common
-/// label, of a rare one, and of an hour long ago each reads about a page
-/// of rows, newest first, never sorting what matched (EXPLAIN ANALYZE).
+/// label, of a rare one, and of the last hour each reads about a page of
+/// rows, newest first, never sorting what matched (EXPLAIN ANALYZE); an
+/// hour long ago is read through the same index, newest first, unsorted
+/// (its page passes over what was created since: no index of creation
+/// time, which would cost every write two more index entries).
 #[tokio::test]
-async fn postgres_a_label_or_a_time_range_page_reads_a_page_not_the_ledger() {
+async fn postgres_a_label_or_a_recent_time_range_page_reads_a_page_not_the_ledger() {
     support::init_logs();
     let url = support::pg::fresh_database().await;
     let store = volume_reconciler::store::open(&url, 4).await.unwrap();
@@ -536,45 +539,52 @@ async fn postgres_a_label_or_a_time_range_page_reads_a_page_not_the_ledger() {
         admin.run(sql).await;
     }
     let tooling = volume_reconciler::store::pg::tooling::list_statement;
-    let common = OperationFilter {
-        labels: labels(&[("cluster", "east")]),
+    let with = |l: &[(&str, &str)]| OperationFilter {
+        labels: labels(l),
         ..Default::default()
     };
-    let rare = OperationFilter {
-        labels: labels(&[("pv", "pv-123")]),
-        ..Default::default()
-    };
-    let an_hour = OperationFilter {
+    let range = |from: i64, to: Option<i64>| OperationFilter {
         created: TimeRange {
-            from: Some(chrono::Utc::now() - chrono::Duration::hours(6)),
-            before: Some(chrono::Utc::now() - chrono::Duration::hours(5)),
+            from: Some(chrono::Utc::now() - chrono::Duration::hours(from)),
+            before: to.map(|h| chrono::Utc::now() - chrono::Duration::hours(h)),
         },
         ..Default::default()
     };
     let cases = [
         (
             "common",
-            tooling(&common, None, 50),
+            tooling(&with(&[("cluster", "east")]), None, 50),
             "(text, text)",
-            "('cluster', 'east')",
+            "('cluster', 'east')".to_string(),
             "operation_labels_pkey",
+            true,
         ),
         (
             "rare",
-            tooling(&rare, None, 50),
+            tooling(&with(&[("pv", "pv-123")]), None, 50),
             "(text, text)",
-            "('pv', 'pv-123')",
+            "('pv', 'pv-123')".to_string(),
             "operation_labels_pkey",
+            true,
         ),
         (
-            "an hour",
-            tooling(&an_hour, None, 50),
+            "the last hour",
+            tooling(&range(1, None), None, 50),
+            "(timestamptz)",
+            "(now() - interval '1 hour')".to_string(),
+            "operations_seq_key",
+            true,
+        ),
+        (
+            "an hour long ago",
+            tooling(&range(6, Some(5)), None, 50),
             "(timestamptz, timestamptz)",
-            "(now() - interval '6 hours', now() - interval '5 hours')",
-            "operations_created",
+            "(now() - interval '6 hours', now() - interval '5 hours')".to_string(),
+            "operations_seq_key",
+            false,
         ),
     ];
-    for (i, (what, sql, types, args, index)) in cases.iter().enumerate() {
+    for (i, (what, sql, types, args, index, a_page)) in cases.iter().enumerate() {
         admin.run(&format!("PREPARE page{i}{types} AS {sql}")).await;
         let plan = admin
             .texts(&format!(
@@ -589,6 +599,9 @@ async fn postgres_a_label_or_a_time_range_page_reads_a_page_not_the_ledger() {
         );
         assert!(!plan.contains("Sort"), "{what}: nothing sorted: {plan}");
         assert!(!plan.contains("Seq Scan"), "{what}: {plan}");
+        if !a_page {
+            continue;
+        }
         // Rows read: about a page (the limit's 51), whatever matched.
         for line in plan.lines().filter(|l| l.contains("actual")) {
             let rows: u64 = line

@@ -30,7 +30,7 @@ pub struct FilterArgs {
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label, help_heading = "Filters")]
     pub labels: Vec<(String, String)>,
     /// Only operations created since then: a duration before now (1h,
-    /// 30m) or an RFC 3339 time. Lists by creation time, newest first.
+    /// 30m) or an RFC 3339 time.
     #[arg(long, value_name = "WHEN", value_parser = when, help_heading = "Filters")]
     pub since: Option<DateTime<Utc>>,
     /// Only operations created before then (as --since).

@@ -39,13 +39,6 @@ pub fn index_queries() -> Vec<(&'static str, String, &'static str)> {
             list_statement(&OperationFilter::default(), Some(cursor()), 50),
             "bigint",
         ),
-        // Pages by creation time, newest first (keyset on `(created_at,
-        // seq)`).
-        (
-            "operations_created",
-            list_statement(&created_since(), None, 50),
-            "timestamptz",
-        ),
         // A caller's key: replays, and why an intent was not inserted.
         ("operations_key", sql::BY_KEY.clone(), "uuid, text, text"),
         // The open operations: one per volume (the guarantee), the gauge
@@ -88,29 +81,7 @@ pub fn index_queries() -> Vec<(&'static str, String, &'static str)> {
 
 /// A page's end, for statements read after one.
 pub fn cursor() -> crate::store::ListCursor {
-    crate::store::ListCursor {
-        seq: 10,
-        created_at: chrono::DateTime::UNIX_EPOCH,
-    }
-}
-
-/// A list of what was created since some time.
-pub fn created_since() -> OperationFilter {
-    OperationFilter {
-        created: crate::store::TimeRange {
-            from: Some(chrono::DateTime::UNIX_EPOCH),
-            before: None,
-        },
-        ..Default::default()
-    }
-}
-
-/// A list of what carries a label.
-pub fn labelled() -> OperationFilter {
-    OperationFilter {
-        labels: crate::domain::Labels::parse("labels", [("pv", "pv-1")]).expect("a valid label"),
-        ..Default::default()
-    }
+    crate::store::ListCursor { seq: 10 }
 }
 
 /// The writers' statements as they prepare them, for plan tests: name,

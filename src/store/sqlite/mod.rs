@@ -144,11 +144,6 @@ pub fn index_queries() -> Vec<(&'static str, String)> {
             list_statement(&by(None, any), None, 50),
         ),
         ("operations_volume", LATEST_OF_VOLUME.to_string()),
-        // Pages by creation time.
-        (
-            "operations_created",
-            list_statement(&super::pg::tooling::created_since(), None, 50),
-        ),
         // Pages of the open operations in a state.
         (
             "operations_open",

@@ -820,8 +820,7 @@ type OperationFilter struct {
 	// Only operations carrying every one of these labels (keys and values
 	// as AttachVolumeRequest.labels; at most 8).
 	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Created at or after this instant. With created_before, or alone: the
-	// list is ordered by creation time, newest first.
+	// Created at or after this instant.
 	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
 	// Created before this instant.
 	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`

@@ -1,4 +1,4 @@
--- Operating a fleet (docs/api.md: labels, lists by time).
+-- Operating a fleet (docs/api.md: labels).
 --
 -- An expand step: replicas of the previous release keep working against
 -- this schema (they write no labels; the column is NULL for their rows).
@@ -15,8 +15,8 @@ ALTER TABLE operations ADD COLUMN labels JSONB;
 --    matching rows but not in order, and a page of a common label would
 --    sort them all first. Kept by triggers whose WHEN clause is evaluated
 --    without a call: an operation without labels (the previous release's,
---    and most) costs nothing more to insert or delete; labels never
---    change, so no update touches this table.
+--    and most) costs nothing more to insert or delete, and writes no more
+--    WAL; labels never change, so no update touches this table.
 CREATE TABLE operation_labels (
     key    TEXT NOT NULL,
     value  TEXT NOT NULL,
@@ -47,9 +47,3 @@ CREATE TRIGGER operations_labels_delete
     AFTER DELETE ON operations
     FOR EACH ROW WHEN (OLD.labels IS NOT NULL)
     EXECUTE FUNCTION operations_labels_index();
-
--- 3. Lists by creation time, newest first, paged by (created_at, seq):
---    both immutable, so an operation that changes while a list is paged
---    appears at most once. Built on the existing rows in this migration's
---    transaction (writes wait for it; docs/operating.md, "Upgrading").
-CREATE INDEX operations_created ON operations (created_at, seq);
