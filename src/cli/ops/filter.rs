@@ -62,10 +62,16 @@ impl FilterArgs {
         }
     }
 
-    /// Whether any flag narrows the set (a bulk call without one would
-    /// act on every operation: it is refused).
-    pub fn narrows(&self, state: pb::State) -> bool {
-        self.to_pb(state) != pb::OperationFilter::default()
+    /// Refuses (a usage error) a bulk call whose flags narrow nothing: it
+    /// would act on every operation.
+    pub fn narrowing(&self, command: &str, state: pb::State) -> anyhow::Result<()> {
+        if self.to_pb(state) == pb::OperationFilter::default() {
+            return Err(crate::cli::format::Ending::Usage(format!(
+                "ops {command} needs an operation's id, or filter flags (ops list's) that choose which"
+            ))
+            .into());
+        }
+        Ok(())
     }
 }
 

@@ -40,7 +40,6 @@ pub struct BulkArgs {
 pub struct ReconcileArgs {
     /// The operation's id; without it, the filter flags choose (at least
     /// one).
-    #[arg(required_unless_present_any = ["state", "server_id", "volume_id", "drifted", "escalated", "caller", "labels", "since", "until", "updated_since", "updated_until"])]
     pub id: Option<String>,
     /// Only operations in this state.
     #[arg(long, value_enum, help_heading = "Filters", conflicts_with = "id")]
@@ -56,7 +55,6 @@ pub struct ReconcileArgs {
 pub struct ResolveArgs {
     /// The operation's id; without it, the filter flags choose (at least
     /// one).
-    #[arg(required_unless_present_any = ["in_state", "server_id", "volume_id", "drifted", "escalated", "caller", "labels", "since", "until", "updated_since", "updated_until"])]
     pub id: Option<String>,
     /// The decision.
     #[arg(long, value_enum)]
@@ -98,6 +96,7 @@ impl Ops {
     pub(super) async fn reconcile(&self, a: ReconcileArgs) -> anyhow::Result<()> {
         let Some(id) = a.id else {
             let state = state_filter(a.state);
+            a.filter.narrowing("reconcile", state)?;
             let result = self
                 .client
                 .raw()
@@ -125,6 +124,7 @@ impl Ops {
     pub(super) async fn resolve(&self, a: ResolveArgs) -> anyhow::Result<()> {
         let state = verdict(a.state);
         let Some(id) = a.id else {
+            a.filter.narrowing("resolve", state_filter(a.in_state))?;
             let result = self
                 .client
                 .raw()
