@@ -36,16 +36,19 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, Quota as Quota_, RateLimiter};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
+
+mod quotas;
 
 use super::auth::Caller;
 use super::methods::Shed;
 use super::metrics::GrpcMetrics;
 use crate::domain::Reason;
-use crate::domain::quota::{CallerQuotas, Quota as QuotaRow};
+use crate::domain::quota::CallerQuotas;
 use crate::executor::InFlight;
+use quotas::Rows;
 
 /// The classes of RPC with a cap of their own (see the module's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,101 +188,6 @@ pub struct Limits {
     pub caller_burst: u32,
     /// `--caller-quotas`: a row per named caller, and the default row.
     pub quotas: Arc<CallerQuotas>,
-}
-
-/// One row of the caller table as the layer enforces it: its bucket (a
-/// row's callers share it) and its places for operations in flight.
-struct Row {
-    label: String,
-    rate: f64,
-    bucket: Option<governor::DefaultDirectRateLimiter>,
-    /// Its operations in flight, and its quota (0: none; the places are
-    /// then as many as a semaphore has, counted for the metrics only).
-    places: (Arc<Semaphore>, usize),
-}
-
-impl Row {
-    fn of(label: &str, q: &QuotaRow) -> Self {
-        let bucket = (q.rate > 0.0 && q.rate.is_finite())
-            .then(|| Quota_::with_period(Duration::from_secs_f64(1.0 / q.rate)))
-            .flatten()
-            .map(|quota| {
-                RateLimiter::direct(
-                    quota.allow_burst(NonZeroU32::new(q.burst).unwrap_or(NonZeroU32::MIN)),
-                )
-            });
-        Self {
-            label: label.to_string(),
-            rate: q.rate,
-            bucket,
-            places: (
-                Arc::new(Semaphore::new(if q.inflight > 0 {
-                    q.inflight as usize
-                } else {
-                    Semaphore::MAX_PERMITS
-                })),
-                q.inflight as usize,
-            ),
-        }
-    }
-}
-
-/// The caller table's rows, by index (`CallerQuotas::row_of`).
-struct Rows {
-    table: Arc<CallerQuotas>,
-    rows: Vec<Row>,
-    clock: DefaultClock,
-}
-
-/// Why a row refused a call: the quota's name, what it says, and how long
-/// to wait.
-struct OverQuota {
-    quota: &'static str,
-    says: String,
-    wait: Duration,
-}
-
-impl Rows {
-    fn new(table: Arc<CallerQuotas>) -> Self {
-        let rows = (0..table.len())
-            .map(|r| Row::of(table.label(r), table.quota(r)))
-            .collect();
-        Self {
-            table,
-            rows,
-            clock: DefaultClock::default(),
-        }
-    }
-
-    /// A call of `caller` (its name; `""`: anonymous) let in by its row,
-    /// with its place in the row's operations in flight, if it has a cap.
-    fn admit(&self, caller: &str) -> Result<Option<OwnedSemaphorePermit>, (&Row, OverQuota)> {
-        let row = &self.rows[self.table.row_of(caller)];
-        if let Some(bucket) = &row.bucket
-            && let Err(not_until) = bucket.check()
-        {
-            return Err((
-                row,
-                OverQuota {
-                    quota: "rate",
-                    says: format!("rate: {} calls a second, in bursts", row.rate),
-                    wait: not_until.wait_time_from(self.clock.now()),
-                },
-            ));
-        }
-        let (places, limit) = &row.places;
-        match places.clone().try_acquire_owned() {
-            Ok(p) => Ok(Some(p)),
-            Err(_) => Err((
-                row,
-                OverQuota {
-                    quota: "inflight",
-                    says: format!("inflight: {limit} operations running"),
-                    wait: Duration::from_secs(1),
-                },
-            )),
-        }
-    }
 }
 
 /// One class's places.

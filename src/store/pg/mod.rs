@@ -95,31 +95,6 @@ pub struct PgStore {
     options: PgConnectOptions,
 }
 
-impl PgStore {
-    /// Cancels `old`, an attach `new` (a detach of its volume) supersedes:
-    /// `None` when the volume is free for `new` now, else the operation
-    /// that keeps it busy (an attach no longer cancellable).
-    async fn supersede(
-        &self,
-        old: &Operation,
-        new: &NewOperation,
-        deadline: Instant,
-    ) -> Result<Option<Uuid>, StoreError> {
-        let cancel = Cancel::superseded_by(old, new);
-        let found = within(
-            deadline,
-            "recording the operation",
-            self.operation_cancel(&cancel),
-        )
-        .await?;
-        Ok(match found {
-            Cancelled::Done(_) | Cancelled::NotFound => None,
-            Cancelled::Not(op) if op.state.is_terminal() => None,
-            Cancelled::Not(op) => Some(op.id),
-        })
-    }
-}
-
 #[async_trait]
 impl Store for PgStore {
     fn operation_create(

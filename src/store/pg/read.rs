@@ -21,8 +21,8 @@ use super::sql::{self, NOTIFY_CHANNEL};
 use crate::domain::{KeyHash, Operation};
 use crate::store::rows;
 use crate::store::{
-    DbFailure, ListCursor, NewOperation, OperationFilter, RoundTrip, StateCount, Store, StoreError,
-    query,
+    Cancel, Cancelled, DbFailure, ListCursor, NewOperation, OperationFilter, RoundTrip, StateCount,
+    Store, StoreError, query, within,
 };
 
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
@@ -214,6 +214,29 @@ impl PgStore {
             })
             .await?;
         row.map(|r| bind::intent_of(&new, &r)).transpose()
+    }
+
+    /// Cancels `old`, an attach `new` (a detach of its volume) supersedes:
+    /// `None` when the volume is free for `new` now, else the operation
+    /// that keeps it busy (an attach no longer cancellable).
+    pub(super) async fn supersede(
+        &self,
+        old: &Operation,
+        new: &NewOperation,
+        deadline: Instant,
+    ) -> Result<Option<Uuid>, StoreError> {
+        let cancel = Cancel::superseded_by(old, new);
+        let found = within(
+            deadline,
+            "recording the operation",
+            self.operation_cancel(&cancel),
+        )
+        .await?;
+        Ok(match found {
+            Cancelled::Done(_) | Cancelled::NotFound => None,
+            Cancelled::Not(op) if op.state.is_terminal() => None,
+            Cancelled::Not(op) => Some(op.id),
+        })
     }
 
     /// The operations a query returns (by id or by key: at most one).
