@@ -125,16 +125,18 @@ func TestABulkResolvesDryRunTouchesNothing(t *testing.T) {
 	server, volume := newUUID(t), newUUID(t)
 	s.fault("attach", volume, map[string]any{"kind": "delay_before_effect", "ms": 60000})
 	short, stop := context.WithTimeout(ctx, 2*time.Second)
-	_, err := c.AttachLabelled(short, vr.AttachRequest{Key: "b1", ServerID: server, VolumeID: volume},
-		map[string]string{"batch": "a"})
-	stop()
-	var e *vr.Error
-	if !errors.As(err, &e) || e.OperationID() == "" {
-		t.Fatalf("an open operation: %v", err)
+	if _, err := c.AttachLabelled(short, vr.AttachRequest{Key: "b1", ServerID: server, VolumeID: volume},
+		map[string]string{"batch": "a"}); err == nil {
+		t.Fatal("decided before Nova answered")
 	}
+	stop()
 	f := vr.Filter{Labels: map[string]string{"batch": "a"}}
+	open, _, err := c.List(ctx, f, 0, "")
+	if err != nil || len(open) != 1 || Terminal(open[0]) {
+		t.Fatalf("an open operation: %v %v", open, err)
+	}
 	dry, err := c.ResolveMatching(ctx, f, reconcilerv1.State_STATE_FAILED, "rebuilt", vr.Bulk{DryRun: true})
-	if err != nil || len(dry.GetItems()) != 1 || dry.GetItems()[0].GetOperationId() != e.OperationID() {
+	if err != nil || len(dry.GetItems()) != 1 || dry.GetItems()[0].GetOperationId() != open[0].GetId() {
 		t.Fatalf("dry run: %v %v", dry, err)
 	}
 	ops, _, err := c.List(ctx, f, 0, "")
