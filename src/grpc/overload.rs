@@ -341,7 +341,70 @@ fn caller_key<B>(req: &http::Request<B>) -> String {
         .unwrap_or_else(|| "anonymous".into())
 }
 
+/// Why a caller's call is refused, as the answer says it: its reason,
+/// message, delay, `ErrorInfo` metadata and `QuotaFailure` (subject, what).
+struct Refusal {
+    reason: Reason,
+    message: String,
+    wait: Duration,
+    extra: Vec<(&'static str, String)>,
+    quota: Option<(String, String)>,
+}
+
 impl OverloadLayer {
+    /// A mutation's caller checks: its bucket (`--caller-rate-limit`),
+    /// then its row of the caller table (`--caller-quotas`), whose place
+    /// in flight it gets (the operation's task holds it).
+    fn admit_caller<B>(
+        &self,
+        req: &http::Request<B>,
+    ) -> Result<Option<OwnedSemaphorePermit>, Refusal> {
+        let key = caller_key(req);
+        if let Err(wait) = self.callers.take(&key) {
+            return Err(Refusal {
+                reason: Reason::CallerRateLimited,
+                message: format!(
+                    "caller {key:?} is over its rate limit (--caller-rate-limit); retry after {} ms",
+                    wait.as_millis()
+                ),
+                wait,
+                quota: Some((
+                    format!("caller:{key}"),
+                    format!("--caller-rate-limit: {} calls a second", self.callers.rate),
+                )),
+                extra: vec![("caller", key)],
+            });
+        }
+        let name = req
+            .extensions()
+            .get::<Caller>()
+            .map_or(String::new(), |c| c.name.clone());
+        self.rows.admit(&name).map_err(|(row, over)| {
+            self.metrics.callers.refused(&row.label, over.quota);
+            let who = if name.is_empty() { "-" } else { &name };
+            Refusal {
+                reason: Reason::CallerQuotaExceeded,
+                message: format!(
+                    "caller {who:?} is over its {} quota (row {:?} of --caller-quotas: {}); retry after {} ms",
+                    over.quota,
+                    row.label,
+                    over.says,
+                    over.wait.as_millis()
+                ),
+                wait: over.wait,
+                quota: Some((
+                    format!("caller:{who}"),
+                    format!("{} (row {} of --caller-quotas)", over.says, row.label),
+                )),
+                extra: vec![
+                    ("caller", who.to_string()),
+                    ("quota", over.quota.to_string()),
+                    ("caller_row", row.label.clone()),
+                ],
+            }
+        })
+    }
+
     /// The answer to `req`, shed for `reason`, counted; given once its
     /// body is read (see `early`).
     #[allow(clippy::too_many_arguments)]
@@ -386,60 +449,12 @@ where
         };
         let mut row_place = None;
         if class == Class::Mutation {
-            let key = caller_key(&req);
-            if let Err(wait) = self.layer.callers.take(&key) {
-                let msg = format!(
-                    "caller {key:?} is over its rate limit (--caller-rate-limit); retry after {} ms",
-                    wait.as_millis()
-                );
-                let quota = (
-                    format!("caller:{key}"),
-                    format!(
-                        "--caller-rate-limit: {} calls a second",
-                        self.layer.callers.rate
-                    ),
-                );
-                return self.layer.refuse(
-                    req,
-                    Reason::CallerRateLimited,
-                    msg,
-                    wait,
-                    &[("caller", key)],
-                    Some(quota),
-                );
-            }
-            let name = req
-                .extensions()
-                .get::<Caller>()
-                .map_or(String::new(), |c| c.name.clone());
-            match self.layer.rows.admit(&name) {
+            match self.layer.admit_caller(&req) {
                 Ok(place) => row_place = place,
-                Err((row, over)) => {
-                    self.layer.metrics.callers.refused(&row.label, over.quota);
-                    let who = if name.is_empty() { "-" } else { &name };
-                    let msg = format!(
-                        "caller {who:?} is over its {} quota (row {:?} of --caller-quotas: {}); retry after {} ms",
-                        over.quota,
-                        row.label,
-                        over.says,
-                        over.wait.as_millis()
-                    );
-                    let quota = (
-                        format!("caller:{who}"),
-                        format!("{} (row {} of --caller-quotas)", over.says, row.label),
-                    );
-                    return self.layer.refuse(
-                        req,
-                        Reason::CallerQuotaExceeded,
-                        msg,
-                        over.wait,
-                        &[
-                            ("caller", who.to_string()),
-                            ("quota", over.quota.to_string()),
-                            ("caller_row", row.label.clone()),
-                        ],
-                        Some(quota),
-                    );
+                Err(r) => {
+                    return self
+                        .layer
+                        .refuse(req, r.reason, r.message, r.wait, &r.extra, r.quota);
                 }
             }
         }
