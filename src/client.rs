@@ -228,6 +228,9 @@ pub struct AttachOptions {
     pub device: Option<String>,
     pub tag: Option<String>,
     pub delete_on_termination: Option<bool>,
+    /// The operation's labels (docs/api.md: at most 8, part of the
+    /// request, not for secrets).
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl Client {
@@ -333,6 +336,7 @@ impl Client {
             device: opts.device.unwrap_or_default(),
             tag: opts.tag.unwrap_or_default(),
             delete_on_termination: opts.delete_on_termination,
+            labels: opts.labels.into_iter().collect(),
         };
         self.with_retries(timeout, None, |mut c, remaining| {
             let r = self.request(req.clone(), Some(remaining));
@@ -349,10 +353,24 @@ impl Client {
         volume_id: &str,
         timeout: Duration,
     ) -> Result<pb::Operation, CallError> {
+        self.detach_labelled(key, server_id, volume_id, Default::default(), timeout)
+            .await
+    }
+
+    /// `detach`, the operation carrying `labels`.
+    pub async fn detach_labelled(
+        &self,
+        key: &str,
+        server_id: &str,
+        volume_id: &str,
+        labels: std::collections::BTreeMap<String, String>,
+        timeout: Duration,
+    ) -> Result<pb::Operation, CallError> {
         let req = pb::DetachVolumeRequest {
             idempotency_key: key.to_string(),
             server_id: server_id.to_string(),
             volume_id: volume_id.to_string(),
+            labels: labels.into_iter().collect(),
         };
         self.with_retries(timeout, None, |mut c, remaining| {
             let r = self.request(req.clone(), Some(remaining));

@@ -125,6 +125,10 @@ const (
 	// The caller: read the operator's reason; a new key (or an Ensure call) asks anew.
 	ReasonOperatorResolved = "OPERATOR_RESOLVED"
 
+	// ReasonCancelled (FAILED_PRECONDITION): the operation was cancelled before anything that may take effect was sent (CancelOperation, or a detach of the same volume superseded it; metadata caller): nothing was sent for it, and nothing ever will be.
+	// The caller: nothing took effect: call again with a new key (or an Ensure call) to ask anew.
+	ReasonCancelled = "CANCELLED"
+
 	// ReasonFailed (FAILED_PRECONDITION): a FAILED operation written without a reason (by no released version).
 	// The caller: read the reconcile log (ops show).
 	ReasonFailed = "FAILED"
@@ -149,9 +153,13 @@ const (
 	// The caller: check the id.
 	ReasonOperationNotFound = "OPERATION_NOT_FOUND"
 
-	// ReasonOperationAlreadyDecided (FAILED_PRECONDITION): ResolveOperation of an operation that is decided already.
-	// The caller: nothing to resolve.
+	// ReasonOperationAlreadyDecided (FAILED_PRECONDITION): ResolveOperation or CancelOperation of an operation that is decided already.
+	// The caller: nothing to resolve or cancel: read its decision.
 	ReasonOperationAlreadyDecided = "OPERATION_ALREADY_DECIDED"
+
+	// ReasonCancelTooLate (FAILED_PRECONDITION): CancelOperation of an operation whose request may be leaving or may have left (metadata operation_id): nothing was cancelled, and it goes on.
+	// The caller: wait for its decision (only a detach undoes an attach).
+	ReasonCancelTooLate = "CANCEL_TOO_LATE"
 
 	// ReasonOperationInProgress (DEADLINE_EXCEEDED): the caller's deadline came while the operation still runs (metadata operation_id).
 	// The caller: keep operation_id: wait for it, or call again (it joins).
@@ -200,6 +208,10 @@ const (
 	// ReasonCallerRateLimited (RESOURCE_EXHAUSTED): the caller is over its rate (--caller-rate-limit): nothing recorded (RetryInfo).
 	// The caller: retry after the RetryInfo delay.
 	ReasonCallerRateLimited = "CALLER_RATE_LIMITED"
+
+	// ReasonCallerQuotaExceeded (RESOURCE_EXHAUSTED): the caller is over a quota of its row of --caller-quotas, its rate or its operations in flight (QuotaFailure names the caller and the quota; RetryInfo): nothing recorded.
+	// The caller: retry after the RetryInfo delay.
+	ReasonCallerQuotaExceeded = "CALLER_QUOTA_EXCEEDED"
 
 	// ReasonOverloaded (RESOURCE_EXHAUSTED): --max-inflight-mutations operations are running: nothing recorded (RetryInfo).
 	// The caller: retry after the RetryInfo delay.
@@ -258,6 +270,7 @@ var reasonCodes = map[string]codes.Code{
 	ReasonNotSent:                  codes.DeadlineExceeded,
 	ReasonBudgetExhausted:          codes.DeadlineExceeded,
 	ReasonOperatorResolved:         codes.FailedPrecondition,
+	ReasonCancelled:                codes.FailedPrecondition,
 	ReasonFailed:                   codes.FailedPrecondition,
 	ReasonInvalidField:             codes.InvalidArgument,
 	ReasonIdempotencyKeyReused:     codes.FailedPrecondition,
@@ -265,6 +278,7 @@ var reasonCodes = map[string]codes.Code{
 	ReasonVolumeBusy:               codes.Aborted,
 	ReasonOperationNotFound:        codes.NotFound,
 	ReasonOperationAlreadyDecided:  codes.FailedPrecondition,
+	ReasonCancelTooLate:            codes.FailedPrecondition,
 	ReasonOperationInProgress:      codes.DeadlineExceeded,
 	ReasonBudgetTooSmall:           codes.DeadlineExceeded,
 	ReasonDeadlineExceeded:         codes.DeadlineExceeded,
@@ -277,6 +291,7 @@ var reasonCodes = map[string]codes.Code{
 	ReasonUnauthenticated:          codes.Unauthenticated,
 	ReasonPermissionDenied:         codes.PermissionDenied,
 	ReasonCallerRateLimited:        codes.ResourceExhausted,
+	ReasonCallerQuotaExceeded:      codes.ResourceExhausted,
 	ReasonOverloaded:               codes.ResourceExhausted,
 	ReasonReadsOverloaded:          codes.ResourceExhausted,
 	ReasonWatchesOverloaded:        codes.ResourceExhausted,

@@ -417,6 +417,19 @@ pub struct ServeArgs {
     /// Burst of the per-caller token bucket (calls, at least 1).
     #[arg(help_heading = "Load shedding", long, env = "VOLUME_RECONCILER_CALLER_BURST", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub caller_burst: u32,
+    /// A fair share per caller: rows `NAME key=value...` (one a line, or
+    /// `;` between rows; or @FILE of them), `default` for every caller not
+    /// named. Keys: rate (attach/detach calls a second), burst, inflight
+    /// (operations running), nova-share (weight in Nova's request slots
+    /// when contended). Beyond a quota: RESOURCE_EXHAUSTED
+    /// CALLER_QUOTA_EXCEEDED with QuotaFailure and RetryInfo.
+    #[arg(
+        help_heading = "Load shedding",
+        long,
+        env = "VOLUME_RECONCILER_CALLER_QUOTAS",
+        value_name = "ROWS"
+    )]
+    pub caller_quotas: Option<String>,
     /// Largest request metadata (HTTP/2 header list) accepted.
     #[arg(help_heading = "Shutdown and connections", long, env = "VOLUME_RECONCILER_MAX_METADATA_BYTES", default_value_t = 16 * 1024)]
     pub max_metadata_bytes: u32,

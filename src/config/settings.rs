@@ -146,6 +146,16 @@ impl ServeArgs {
         }
     }
 
+    /// `--caller-quotas`, read (an empty table without it); errors name
+    /// the flag.
+    pub fn caller_quotas(&self) -> anyhow::Result<crate::domain::quota::CallerQuotas> {
+        match &self.caller_quotas {
+            None => Ok(Default::default()),
+            Some(v) => crate::domain::quota::CallerQuotas::load(v)
+                .map_err(|e| anyhow::anyhow!("--caller-quotas: {e}")),
+        }
+    }
+
     pub fn retention_settings(&self) -> RetentionSettings {
         RetentionSettings {
             retain: self.retain,

@@ -45,6 +45,12 @@ impl Caller {
     }
 }
 
+impl From<&str> for Caller {
+    fn from(name: &str) -> Self {
+        Self::named(name)
+    }
+}
+
 impl fmt::Display for Caller {
     /// Its name, or `-` for the anonymous caller (logs and events).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -5,7 +5,9 @@
 //! - [`deadline`]: the caller's deadline and the budgets of each stage.
 //! - [`key`]: who asked ([`Caller`]) and what an operation is known by
 //!   ([`CallerKey`], [`OpKey`]).
+//! - [`labels`]: an operation's labels, checked.
 //! - [`parse`]: how durations, rates and shares are written and read back.
+//! - [`quota`]: a fair share per caller (`--caller-quotas`).
 //! - [`reason`]: why something failed or is not known, with its code.
 //! - [`trace`]: the W3C trace context an operation carries.
 //! - [`validate`]: the newtypes made only by parsing.
@@ -13,7 +15,9 @@
 
 pub mod deadline;
 pub mod key;
+pub mod labels;
 pub mod parse;
+pub mod quota;
 pub mod reason;
 pub mod trace;
 pub mod validate;
@@ -26,6 +30,7 @@ use uuid::Uuid;
 
 pub use deadline::{Budget, BudgetPolicy, Clock, Deadline};
 pub use key::{Caller, CallerKey, OpKey};
+pub use labels::Labels;
 pub use reason::{ErrorCode, Reason, ReasonKind};
 pub use trace::{InvalidTrace, TraceContext};
 pub use validate::{DevicePath, IdempotencyKey, InvalidField, KeyHash, Tag};
@@ -122,6 +127,10 @@ pub enum Resolution {
     Reconciler,
     /// An operator decided it by hand (`ops resolve`), with a recorded reason.
     Operator,
+    /// Cancelled before anything that may take effect was sent
+    /// (`CancelOperation`, or a detach of the same volume superseding it):
+    /// FAILED, and nothing is ever sent for it.
+    Cancelled,
 }
 
 impl Resolution {
@@ -131,6 +140,7 @@ impl Resolution {
             Resolution::Reobserved => "reobserved",
             Resolution::Reconciler => "reconciler",
             Resolution::Operator => "operator",
+            Resolution::Cancelled => "cancelled",
         }
     }
 
@@ -140,6 +150,7 @@ impl Resolution {
             "reobserved" => Some(Resolution::Reobserved),
             "reconciler" => Some(Resolution::Reconciler),
             "operator" => Some(Resolution::Operator),
+            "cancelled" => Some(Resolution::Cancelled),
             _ => None,
         }
     }
@@ -222,6 +233,8 @@ pub struct Operation {
     /// Asked by an Ensure call (no caller's key: `idempotency_key` holds
     /// its own id; the API shows it empty).
     pub ensure: bool,
+    /// Set by its caller when it asked, never changed.
+    pub labels: Labels,
     /// Its last attempt is known never to have left, and no earlier
     /// request may still take effect (the ledger's `unsent_attempt` is
     /// its attempt count): a pass decides it at once, as one never sent.
@@ -354,6 +367,26 @@ pub mod event {
     /// The holder that lost its lease knew its last attempt never left:
     /// the operation is decided as one never sent.
     pub const ATTEMPT_UNSENT: &str = "attempt_unsent";
+    /// Cancelled before anything that may take effect was sent
+    /// (`CancelOperation`, or superseded by a detach of its volume).
+    pub const CANCELLED: &str = "cancelled";
+    /// A bulk call (`ReconcileOperations`) acted on it: who, the filter.
+    pub const BULK: &str = "bulk";
+}
+
+/// Why an operation was cancelled: its `last_error` (reason CANCELLED)
+/// and the event that logs it. `who` asked (`None`: the anonymous
+/// caller), for `why` (its own words, or how it was superseded).
+pub fn cancelled(id: Uuid, who: &Caller, why: &str) -> (OperationError, NewEvent) {
+    let message = format!("cancelled before anything that may take effect was sent: {why}");
+    (
+        OperationError::new(Reason::Cancelled, &message)
+            .with("operation_id", id)
+            .with("caller", who),
+        NewEvent::new(event::CANCELLED, message)
+            .with("caller", who)
+            .with("state", State::Failed.as_str()),
+    )
 }
 
 /// The events a key handed on leaves (`Operation::frees_key`): on `old`,
@@ -385,17 +418,26 @@ pub fn key_handed_on(old: &Operation, new: Uuid) -> (NewEvent, NewEvent) {
 }
 
 /// A fingerprint of what a request asks for: the same idempotency key with a
-/// different fingerprint is a reuse, refused.
+/// different fingerprint is a reuse, refused (and an Ensure call asked
+/// with other parameters is another identity's: the volume is busy).
+/// Labels are part of it; a request without labels has the fingerprint it
+/// had before labels existed, so a replay across an upgrade still joins.
 pub fn request_fingerprint(
     action: Action,
     server_id: Uuid,
     volume_id: Uuid,
     params: &RequestParams,
+    labels: &Labels,
 ) -> String {
     // serde_json of a struct with a fixed field order is canonical enough:
     // the same inputs always produce the same bytes.
     let params = serde_json::to_string(params).unwrap_or_default();
-    format!("{}|{}|{}|{}", action.as_str(), server_id, volume_id, params)
+    let base = format!("{}|{}|{}|{}", action.as_str(), server_id, volume_id, params);
+    if labels.is_empty() {
+        base
+    } else {
+        format!("{base}|labels={}", labels.to_json())
+    }
 }
 
 #[cfg(test)]
@@ -418,6 +460,7 @@ mod tests {
             Resolution::Reobserved,
             Resolution::Reconciler,
             Resolution::Operator,
+            Resolution::Cancelled,
         ] {
             assert_eq!(Resolution::parse(r.as_str()), Some(r));
         }
@@ -434,17 +477,28 @@ mod tests {
             device: Some("/dev/vdb".into()),
             ..Default::default()
         };
+        let none = Labels::none();
+        let labelled = Labels::parse("labels", [("pv", "pv-1")]).unwrap();
         assert_eq!(
-            request_fingerprint(Action::Attach, s, v, &a),
-            request_fingerprint(Action::Attach, s, v, &a.clone())
+            request_fingerprint(Action::Attach, s, v, &a, &none),
+            request_fingerprint(Action::Attach, s, v, &a.clone(), &none)
         );
         assert_ne!(
-            request_fingerprint(Action::Attach, s, v, &a),
-            request_fingerprint(Action::Attach, s, v, &b)
+            request_fingerprint(Action::Attach, s, v, &a, &none),
+            request_fingerprint(Action::Attach, s, v, &b, &none)
         );
         assert_ne!(
-            request_fingerprint(Action::Attach, s, v, &a),
-            request_fingerprint(Action::Detach, s, v, &a)
+            request_fingerprint(Action::Attach, s, v, &a, &none),
+            request_fingerprint(Action::Detach, s, v, &a, &none)
+        );
+        assert_ne!(
+            request_fingerprint(Action::Attach, s, v, &a, &none),
+            request_fingerprint(Action::Attach, s, v, &a, &labelled)
+        );
+        // Without labels, the fingerprint of the release before them.
+        assert_eq!(
+            request_fingerprint(Action::Attach, s, v, &a, &none),
+            format!("attach|{s}|{v}|{{}}")
         );
     }
 }

@@ -216,6 +216,11 @@ reasons! {
     OperatorResolved = "OPERATOR_RESOLVED" => FailedPrecondition, Decided,
         "an operator decided the operation FAILED (ops resolve; metadata caller, the reason in the message)",
         "read the operator's reason; a new key (or an Ensure call) asks anew";
+    /// Cancelled before anything that may take effect was sent for it
+    /// (`CancelOperation`, or superseded by a detach of its volume).
+    Cancelled = "CANCELLED" => FailedPrecondition, Decided,
+        "the operation was cancelled before anything that may take effect was sent (CancelOperation, or a detach of the same volume superseded it; metadata caller): nothing was sent for it, and nothing ever will be",
+        "nothing took effect: call again with a new key (or an Ensure call) to ask anew";
     /// A failed row without a recorded reason (never written by this
     /// version).
     Failed = "FAILED" => FailedPrecondition, Decided,
@@ -242,8 +247,12 @@ reasons! {
         "no such operation, or (to an orchestrator) another caller's",
         "check the id";
     OperationAlreadyDecided = "OPERATION_ALREADY_DECIDED" => FailedPrecondition, Refused,
-        "ResolveOperation of an operation that is decided already",
-        "nothing to resolve";
+        "ResolveOperation or CancelOperation of an operation that is decided already",
+        "nothing to resolve or cancel: read its decision";
+    /// Cancelled too late: a request that may take effect may have left.
+    CancelTooLate = "CANCEL_TOO_LATE" => FailedPrecondition, Refused,
+        "CancelOperation of an operation whose request may be leaving or may have left (metadata operation_id): nothing was cancelled, and it goes on",
+        "wait for its decision (only a detach undoes an attach)";
     /// Still running at the caller's deadline (a joined replay).
     OperationInProgress = "OPERATION_IN_PROGRESS" => DeadlineExceeded, Open,
         "the caller's deadline came while the operation still runs (metadata operation_id)",
@@ -283,6 +292,10 @@ reasons! {
         "use an operator's credentials";
     CallerRateLimited = "CALLER_RATE_LIMITED" => ResourceExhausted, Refused,
         "the caller is over its rate (--caller-rate-limit): nothing recorded (RetryInfo)",
+        "retry after the RetryInfo delay";
+    /// Over a quota of the caller's row of `--caller-quotas`.
+    CallerQuotaExceeded = "CALLER_QUOTA_EXCEEDED" => ResourceExhausted, Refused,
+        "the caller is over a quota of its row of --caller-quotas, its rate or its operations in flight (QuotaFailure names the caller and the quota; RetryInfo): nothing recorded",
         "retry after the RetryInfo delay";
     /// `--max-inflight-mutations` attach/detach operations are running.
     Overloaded = "OVERLOADED" => ResourceExhausted, Refused,

@@ -96,6 +96,7 @@ impl Executor {
                     req.server_id,
                     req.volume_id,
                     &req.params,
+                    &req.labels,
                 ),
                 key: req.key,
                 small,
@@ -254,8 +255,13 @@ impl Executor {
             read => read?,
         };
         let Some(op) = found.filter(|op| {
-            request_fingerprint(op.action, op.server_id, op.volume_id, &op.params)
-                == short.fingerprint
+            request_fingerprint(
+                op.action,
+                op.server_id,
+                op.volume_id,
+                &op.params,
+                &op.labels,
+            ) == short.fingerprint
         }) else {
             return Err(ExecError::BudgetTooSmall(short.small));
         };

@@ -160,7 +160,8 @@ impl Executor {
         let op = &run.op;
         let name = op.action.as_str();
         let rid = RequestId::for_operation(op.id);
-        let gate = super::gate::LeaseGate::new(self, op.id, outbound, op.attempts);
+        let gate =
+            super::gate::LeaseGate::new(self, op.id, outbound, op.attempts, op.caller.as_deref());
         let (sent, nova_id) = match op.action {
             Action::Attach => match self
                 .nova
@@ -426,8 +427,13 @@ impl Executor {
                 event::RETRY_SCHEDULED,
                 format!("retrying after {} ms: {why}", pause.as_millis()),
             )
-            .with("pause_ms", pause.as_millis()),
+            .with("pause_ms", pause.as_millis())
+            .with("cancellable", true),
         );
+        // Only refusals that prove nothing took effect, with nothing
+        // earlier that may, are sent again after a pause (`no_resend`):
+        // the row says so while the run pauses.
+        self.mark_paused(run).await;
         tokio::time::sleep_until(resume).await;
         true
     }

@@ -29,16 +29,26 @@ pub(crate) struct LeaseGate {
     /// out: its holds learn it left.
     attempt: i32,
     left_at: Arc<Mutex<Option<Instant>>>,
+    /// The caller row whose share of Nova's slots the request counts
+    /// against.
+    share: Option<usize>,
 }
 
 impl LeaseGate {
-    pub(crate) fn new(exec: &Arc<Executor>, id: Uuid, deadline: Instant, attempt: i32) -> Self {
+    pub(crate) fn new(
+        exec: &Arc<Executor>,
+        id: Uuid,
+        deadline: Instant,
+        attempt: i32,
+        caller: Option<&str>,
+    ) -> Self {
         Self {
             exec: exec.clone(),
             id,
             deadline,
             attempt,
             left_at: Arc::new(Mutex::new(None)),
+            share: exec.row_of(caller),
         }
     }
 
@@ -121,5 +131,9 @@ impl crate::nova::SendGate for LeaseGate {
 
     fn owned(&self) -> Option<Arc<dyn crate::nova::SendGate>> {
         Some(Arc::new(self.clone()))
+    }
+
+    fn share(&self) -> Option<usize> {
+        self.share
     }
 }

@@ -132,12 +132,56 @@ impl Executor {
         reason: &str,
         caller: Option<&str>,
     ) -> Result<Operation, crate::store::StoreError> {
-        let op = self
-            .store
-            .operation_resolve_by_operator(id, state, reason, &self.replica, caller)
-            .await?;
+        self.resolve_audited(self.operator_decision(id, state, reason, caller))
+            .await
+    }
+
+    /// An operator's decision of `id` made here, to audit further
+    /// (`resolve_audited`).
+    pub fn operator_decision(
+        &self,
+        id: uuid::Uuid,
+        state: crate::domain::State,
+        reason: &str,
+        caller: Option<&str>,
+    ) -> crate::store::OperatorDecision {
+        crate::store::OperatorDecision::new(id, state, reason, &self.replica, caller)
+    }
+
+    /// An operator's decision as `d` says it (a bulk resolve's, with its
+    /// audit and the state it must still be in), recorded and counted.
+    pub async fn resolve_audited(
+        &self,
+        d: crate::store::OperatorDecision,
+    ) -> Result<Operation, crate::store::StoreError> {
+        let op = self.store.operation_resolve_by_operator(&d).await?;
         self.counted(&op);
         Ok(op)
+    }
+
+    /// Cancels `id` for `who` if nothing that may take effect was sent for
+    /// it (one compare-and-set: `Store::operation_cancel`), counted.
+    pub async fn cancel(
+        &self,
+        id: uuid::Uuid,
+        who: &crate::domain::Caller,
+        why: &str,
+    ) -> Result<crate::store::Cancelled, crate::store::StoreError> {
+        let (error, event) = crate::domain::cancelled(id, who, why);
+        let done = self
+            .store
+            .operation_cancel(&crate::store::Cancel {
+                id,
+                replica: self.replica.clone(),
+                error,
+                event,
+                only_attach_of: None,
+            })
+            .await?;
+        if let crate::store::Cancelled::Done(op) = &done {
+            self.counted(op);
+        }
+        Ok(done)
     }
 
     /// The row as it stands; `op` itself when it cannot be read (the
@@ -181,6 +225,42 @@ impl Executor {
             Err(e) => {
                 tracing::warn!(operation_id = %run.op.id, error = %e, "could not record a retry by the deadline; not sending it");
                 Ok(false)
+            }
+        }
+    }
+
+    /// A run pausing before it sends again, after a refusal that proves
+    /// nothing took effect and with nothing earlier that may: its last
+    /// attempt is marked as one of which nothing may take effect
+    /// (`unsent_attempt`, through its fenced transition, with the run's
+    /// events so far). While it pauses, the operation may be cancelled
+    /// (its next attempt must be recorded under its epoch, which a cancel
+    /// moves on), and should its holder die, a pass decides it as one
+    /// never sent. The next attempt's record leaves the mark behind (of
+    /// an attempt no longer the last). A refusal's
+    /// path only: one write more per pause. A write that fails or is
+    /// fenced is left as it is: the next attempt's record is fenced too,
+    /// and without the mark only a cancel is refused (too late).
+    pub(crate) async fn mark_paused(&self, run: &mut Run) {
+        let mut t = Transition::new(&run.op, crate::domain::State::InProgress, &self.replica);
+        t.mark_unsent = true;
+        let events = written_now(&mut run.events);
+        t.events = events.clone();
+        match self
+            .store
+            .operation_transition(t, run.budget.answer_by)
+            .await
+        {
+            Ok(Some(op)) => run.op = op,
+            Ok(None) => {
+                tracing::debug!(operation_id = %run.op.id,
+                    "pausing: decided or taken over meanwhile; the next attempt's record finds it");
+                run.events = events;
+            }
+            Err(e) => {
+                tracing::debug!(operation_id = %run.op.id, error = %e,
+                    "pausing: could not mark the attempt unsent; it is not cancellable meanwhile");
+                run.events = events;
             }
         }
     }

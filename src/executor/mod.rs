@@ -68,6 +68,8 @@ pub struct OpRequest {
     pub server_id: Uuid,
     pub volume_id: Uuid,
     pub params: RequestParams,
+    /// Its caller's labels, checked (part of the request).
+    pub labels: crate::domain::Labels,
     /// The caller's trace (or one begun for the request), with this
     /// service's span: the operation's requests and log lines carry it.
     pub trace: TraceContext,
@@ -75,7 +77,32 @@ pub struct OpRequest {
     /// `--max-inflight-mutations`): the operation's task holds it until it
     /// ends, however early its caller leaves; a replay that joins an
     /// operation already running gives it back at once.
-    pub inflight: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub inflight: Option<InFlight>,
+}
+
+/// An operation's places while its task runs: under the in-flight cap
+/// (`--max-inflight-mutations`), and under its caller's row of the caller
+/// table when that row caps its operations in flight. Held, then dropped
+/// with the task.
+///
+/// Boxed: every operation task holds one while it runs (tens of
+/// thousands at once), a pointer's room.
+#[derive(Debug)]
+pub struct InFlight(
+    #[allow(dead_code, reason = "held for its drop")]
+    Box<(
+        tokio::sync::OwnedSemaphorePermit,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    )>,
+);
+
+impl InFlight {
+    pub fn new(
+        all: tokio::sync::OwnedSemaphorePermit,
+        caller: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Self {
+        Self(Box::new((all, caller)))
+    }
 }
 
 /// A request leaves only this long before its lease is known to end, at
@@ -212,6 +239,9 @@ pub struct Executor {
     /// Failed Nova requests and looks, summed up in one warn line per kind
     /// per interval (written by the task `startup` runs).
     failures: Arc<crate::telemetry::summary::Summaries>,
+    /// The caller table (`--caller-quotas`): whose share of Nova's slots
+    /// an operation's requests count against (set once, at start).
+    quotas: std::sync::OnceLock<Arc<crate::domain::quota::CallerQuotas>>,
 }
 
 impl Executor {
@@ -234,7 +264,27 @@ impl Executor {
             holds: holds::Holds::default(),
             tasks: task::Tasks::default(),
             failures: Arc::default(),
+            quotas: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The caller table, and each row's weight in Nova's request slots
+    /// (set once, at start, before anything is sent).
+    pub fn set_quotas(&self, quotas: Arc<crate::domain::quota::CallerQuotas>) {
+        self.nova.set_shares(quotas.nova_shares());
+        if self.quotas.set(quotas).is_err() {
+            tracing::debug!("the caller table was set already; kept the first");
+        }
+    }
+
+    /// The caller table (empty until set).
+    pub fn quotas(&self) -> Arc<crate::domain::quota::CallerQuotas> {
+        self.quotas.get().cloned().unwrap_or_default()
+    }
+
+    /// The caller row an operation of `caller` counts against.
+    pub(crate) fn row_of(&self, caller: Option<&str>) -> Option<usize> {
+        self.quotas.get().map(|q| q.row_of(caller.unwrap_or("")))
     }
 
     /// This replica's name (the lease owner it writes).
@@ -271,6 +321,7 @@ pub(crate) fn test_request(server_id: Uuid, volume_id: Uuid) -> OpRequest {
         server_id,
         volume_id,
         params: RequestParams::default(),
+        labels: crate::domain::Labels::none(),
         trace: TraceContext::start(),
         inflight: None,
     }

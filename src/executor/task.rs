@@ -149,7 +149,7 @@ impl Executor {
         deadline: Deadline,
         budget: Budget,
         now: Instant,
-        inflight: Option<tokio::sync::OwnedSemaphorePermit>,
+        inflight: Option<super::InFlight>,
     ) -> Spawned {
         let new = self.intent(req, deadline, &budget, now);
         let id = new.id;
@@ -188,7 +188,7 @@ impl Executor {
         budget: Budget,
         created: oneshot::Sender<Created>,
         done: watch::Sender<Decided>,
-        inflight: Option<tokio::sync::OwnedSemaphorePermit>,
+        inflight: Option<super::InFlight>,
     ) {
         // A verdict without a request comes from a look made before the
         // intent held the volume: it is not recorded as it stands, but
@@ -493,6 +493,13 @@ impl Executor {
             OpKey::Keyed(k) => recorded.with("idempotency_key", k.key().as_str()),
             OpKey::Ensure(_) => recorded.with("ensure", true),
         };
+        // Derived from the row's own column when the log is read (not
+        // kept twice).
+        let recorded = if req.labels.is_empty() {
+            recorded
+        } else {
+            recorded.with("labels", &req.labels)
+        };
         let recorded = recorded
             .with("caller_deadline_ms", deadline.remaining().as_millis())
             .with("deadline_from_caller", deadline.from_caller)
@@ -509,12 +516,19 @@ impl Executor {
             );
         NewOperation {
             id: Uuid::now_v7(),
-            fingerprint: request_fingerprint(req.action, req.server_id, req.volume_id, &req.params),
+            fingerprint: request_fingerprint(
+                req.action,
+                req.server_id,
+                req.volume_id,
+                &req.params,
+                &req.labels,
+            ),
             key: req.key.clone(),
             action: req.action,
             server_id: req.server_id,
             volume_id: req.volume_id,
             params: req.params.clone(),
+            labels: req.labels.clone(),
             state: State::InProgress,
             attempts: 1,
             deadline_in: budget.answer_by.saturating_duration_since(now),

@@ -427,16 +427,15 @@ pub fn certificate_caller_name(common_name: &str, issuer: &[u8], subject: &[u8])
     format!("{common_name}#{hex}")
 }
 
-/// Which role a method needs; `None`: open to everybody (health checks).
+/// Which role a method needs (the service's from its table,
+/// `methods::METHODS`); `None`: open to everybody (health checks). Any
+/// other path (reflection, a path no service has) needs a caller the
+/// service knows, as an orchestrator.
 pub fn required_role(path: &str) -> Option<Role> {
-    let method = path.rsplit('/').next().unwrap_or("");
     if path.starts_with("/grpc.health.v1.Health/") {
         return None;
     }
-    match method {
-        "ReconcileOperation" | "ResolveOperation" | "GetOperationStats" => Some(Role::Operator),
-        _ => Some(Role::Orchestrator),
-    }
+    Some(super::methods::of(path).map_or(Role::Orchestrator, |m| m.role))
 }
 
 fn allows(have: Role, need: Role) -> bool {
@@ -556,6 +555,9 @@ where
                 need.as_str()
             );
             return refused(&req, Reason::PermissionDenied, &msg);
+        }
+        if let Some(slot) = req.extensions().get::<super::metrics::CallerSlot>() {
+            slot.set(&caller.name);
         }
         req.extensions_mut().insert(caller);
         Box::pin(self.inner.call(req))

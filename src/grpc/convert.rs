@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 
 use super::pb;
 use crate::domain::{Action, InvalidField, Operation, OperationEvent, Resolution, State};
+use crate::store::ListCursor;
 
 pub fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp {
@@ -40,6 +41,7 @@ fn resolution_to_pb(r: Option<Resolution>) -> pb::Resolution {
         Some(Resolution::Reobserved) => pb::Resolution::Reobserved,
         Some(Resolution::Reconciler) => pb::Resolution::Reconciler,
         Some(Resolution::Operator) => pb::Resolution::Operator,
+        Some(Resolution::Cancelled) => pb::Resolution::Cancelled,
     }
 }
 
@@ -75,6 +77,11 @@ pub fn operation_to_pb(op: &Operation) -> pb::Operation {
         escalated_at: op.escalated_at.map(timestamp),
         escalation: op.escalation.clone().unwrap_or_default(),
         ensure: op.ensure,
+        labels: op
+            .labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
     }
 }
 
@@ -154,12 +161,13 @@ pub fn resolve_reason(value: &str) -> Result<&str, InvalidField> {
     Ok(reason)
 }
 
-/// Page tokens are opaque to clients: a versioned, hex-encoded position.
-pub fn encode_page_token(seq: i64) -> String {
-    format!("v1.{}", hex(format!("seq:{seq}").as_bytes()))
+/// Page tokens are opaque to clients: a versioned, hex-encoded position
+/// (the last row's `seq`).
+pub fn encode_page_token(c: ListCursor) -> String {
+    format!("v1.{}", hex(format!("seq:{}", c.seq).as_bytes()))
 }
 
-pub fn decode_page_token(token: &str) -> Option<i64> {
+pub fn decode_page_token(token: &str) -> Option<ListCursor> {
     let body = token.strip_prefix("v1.")?;
     if body.len() % 2 != 0 || body.len() > 64 {
         return None;
@@ -169,10 +177,24 @@ pub fn decode_page_token(token: &str) -> Option<i64> {
         .map(|i| u8::from_str_radix(&body[i..i + 2], 16).ok())
         .collect();
     let text = String::from_utf8(bytes?).ok()?;
-    text.strip_prefix("seq:")?
+    let seq = text
+        .strip_prefix("seq:")?
         .parse()
         .ok()
-        .filter(|n: &i64| *n > 0)
+        .filter(|n: &i64| *n > 0)?;
+    Some(ListCursor { seq })
+}
+
+/// A timestamp of a request, as the domain reads it; `field` names it when
+/// it is out of range.
+pub fn timestamp_from_pb(
+    field: &'static str,
+    t: &prost_types::Timestamp,
+) -> Result<DateTime<Utc>, InvalidField> {
+    u32::try_from(t.nanos)
+        .ok()
+        .and_then(|n| DateTime::from_timestamp(t.seconds, n))
+        .ok_or_else(|| InvalidField::new(field, format!("{t:?} is not a valid timestamp")))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -201,8 +223,8 @@ mod tests {
 
     #[test]
     fn page_tokens_round_trip_and_reject_garbage() {
-        let t = encode_page_token(12345);
-        assert_eq!(decode_page_token(&t), Some(12345));
+        let t = encode_page_token(ListCursor { seq: 12345 });
+        assert_eq!(decode_page_token(&t), Some(ListCursor { seq: 12345 }));
         for bad in [
             "",
             "v1.",

@@ -3,7 +3,9 @@
 //! ([`GrpcMetricsLayer`]).
 //!
 //! - `layer`: the tower layer that counts and times every request.
+//! - `callers`: the same per row of the caller table, and its quotas.
 
+pub mod callers;
 mod layer;
 
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::metrics::{Metrics, rpc_buckets, seconds_buckets};
-pub use layer::{GrpcMetricsLayer, GrpcMetricsService, MeteredBody};
+pub use layer::{CallerSlot, GrpcMetricsLayer, GrpcMetricsService, MeteredBody};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GrpcLabels {
@@ -112,6 +114,8 @@ pub struct GrpcMetrics {
     pub requests_shed: Family<ReasonLabels, Counter>,
     /// The load-shedding caps, read at each scrape.
     caps: Caps,
+    /// Per row of the caller table (`--caller-quotas`).
+    pub callers: callers::CallerMetrics,
 }
 
 impl GrpcMetrics {
@@ -129,6 +133,7 @@ impl GrpcMetrics {
             requests_without_deadline: Counter::default(),
             requests_shed: Family::default(),
             caps: Caps::default(),
+            callers: callers::CallerMetrics::new(),
         });
         metrics.register_unprefixed(|r| m.register_standard(r));
         metrics.register(|r| m.register_service(r));
@@ -190,10 +195,11 @@ impl GrpcMetrics {
         );
         r.register(
             "requests_shed",
-            "Requests answered RESOURCE_EXHAUSTED at once by load shedding, by ErrorInfo reason: OVERLOADED (--max-inflight-mutations), CALLER_RATE_LIMITED (--caller-rate-limit), READS_OVERLOADED (--max-inflight-reads), WATCHES_OVERLOADED (--max-watch-streams), LEDGER_OVERLOADED (the ledger's write queue full)",
+            "Requests answered RESOURCE_EXHAUSTED at once by load shedding, by ErrorInfo reason: OVERLOADED (--max-inflight-mutations), CALLER_RATE_LIMITED (--caller-rate-limit), CALLER_QUOTA_EXCEEDED (--caller-quotas), READS_OVERLOADED (--max-inflight-reads), WATCHES_OVERLOADED (--max-watch-streams), LEDGER_OVERLOADED (the ledger's write queue full)",
             self.requests_shed.clone(),
         );
         r.register_collector(Box::new(self.caps.clone()));
+        self.callers.register(r);
     }
 
     /// Counts every reason of `reasons` from 0 (a rate over a counter needs

@@ -14,8 +14,12 @@
 //! - [`convert`]: domain ⇄ protobuf conversions.
 //! - [`status`]: the one mapping to `tonic::Status`.
 //! - `watch`: `WatchOperation`'s stream.
+//! - `filter`: a list's or a bulk call's filter, and a list's page.
+//! - `fleet`: `CancelOperation` and the bulk calls.
 //! - `early`: a layer's early answer waits for the request's body.
 //! - [`pb`]: the generated protobuf types and their descriptor set.
+//! - [`methods`]: one table of the RPCs: each one's role, shed class and
+//!   kind, read by the layers above.
 //!
 //! Why it is one file: past its tests (a fifth of it), it is the
 //! `VolumeReconciler` implementation, one method per RPC, each a parse, a
@@ -25,13 +29,17 @@ pub mod auth;
 pub mod convert;
 pub mod deadline;
 mod early;
+mod filter;
+mod fleet;
 pub mod message_limit;
+pub mod methods;
 pub mod metrics;
 pub mod overload;
 mod request;
 pub mod status;
 mod watch;
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,12 +50,12 @@ use uuid::Uuid;
 
 use crate::domain::validate::parse_uuid;
 use crate::domain::{
-    Action, Caller, CallerKey, Deadline, DevicePath, IdempotencyKey, InvalidField, OpKey,
+    Action, Caller, CallerKey, Deadline, DevicePath, IdempotencyKey, InvalidField, Labels, OpKey,
     RequestParams, State, Tag,
 };
 use crate::executor::{ExecError, Executor, OpRequest};
 use crate::reconciler::Reconciler;
-use crate::store::{OperationFilter, StoreError};
+use crate::store::StoreError;
 use request::{Mutation, Scope, caller_of, deadline_of};
 
 pub mod pb {
@@ -121,6 +129,7 @@ impl Api {
                     server_id: p.server_id,
                     volume_id: p.volume_id,
                     params: p.params,
+                    labels: p.labels,
                     trace,
                     inflight,
                 };
@@ -192,6 +201,12 @@ struct Parsed {
     server_id: Uuid,
     volume_id: Uuid,
     params: RequestParams,
+    labels: Labels,
+}
+
+/// A request's labels, checked (field `labels`).
+fn labels(map: HashMap<String, String>) -> Result<Labels, Status> {
+    Labels::parse("labels", map).map_err(status::invalid)
 }
 
 /// An attach's fields, parsed (AttachVolume, EnsureAttached).
@@ -202,6 +217,7 @@ fn attach_request(
     device: &str,
     tag: &str,
     delete_on_termination: Option<bool>,
+    labelled: HashMap<String, String>,
 ) -> Result<Parsed, Status> {
     let server_id = op_id("server_id", server_id)?;
     let volume_id = op_id("volume_id", volume_id)?;
@@ -217,17 +233,24 @@ fn attach_request(
             tag: tag.map(|t| t.as_str().to_string()),
             delete_on_termination,
         },
+        labels: labels(labelled)?,
     })
 }
 
 /// A detach's fields, parsed (DetachVolume, EnsureDetached).
-fn detach_request(key: OpKey, server_id: &str, volume_id: &str) -> Result<Parsed, Status> {
+fn detach_request(
+    key: OpKey,
+    server_id: &str,
+    volume_id: &str,
+    labelled: HashMap<String, String>,
+) -> Result<Parsed, Status> {
     Ok(Parsed {
         action: Action::Detach,
         key,
         server_id: op_id("server_id", server_id)?,
         volume_id: op_id("volume_id", volume_id)?,
         params: RequestParams::default(),
+        labels: labels(labelled)?,
     })
 }
 
@@ -258,6 +281,7 @@ impl VolumeReconciler for Api {
                     &r.device,
                     &r.tag,
                     r.delete_on_termination,
+                    r.labels,
                 )
             });
         self.mutate("AttachVolume", parsed, m)
@@ -277,7 +301,7 @@ impl VolumeReconciler for Api {
             .map_err(status::invalid)
             .and_then(|key| {
                 let key = OpKey::Keyed(CallerKey::new(m.caller.clone(), key));
-                detach_request(key, &r.server_id, &r.volume_id)
+                detach_request(key, &r.server_id, &r.volume_id, r.labels)
             });
         self.mutate("DetachVolume", parsed, m)
     }
@@ -300,6 +324,7 @@ impl VolumeReconciler for Api {
             &r.device,
             &r.tag,
             r.delete_on_termination,
+            r.labels,
         );
         self.mutate("EnsureAttached", parsed, m)
     }
@@ -314,7 +339,12 @@ impl VolumeReconciler for Api {
     {
         let m = Mutation::of(&request);
         let r = request.into_inner();
-        let parsed = detach_request(OpKey::Ensure(m.caller.clone()), &r.server_id, &r.volume_id);
+        let parsed = detach_request(
+            OpKey::Ensure(m.caller.clone()),
+            &r.server_id,
+            &r.volume_id,
+            r.labels,
+        );
         self.mutate("EnsureDetached", parsed, m)
     }
 
@@ -392,8 +422,6 @@ impl VolumeReconciler for Api {
         self.done("GetOperation", result)
     }
 
-    /// Why it is long: the filter's fields are read one by one, each with
-    /// its own error for the caller, before the one read and its page.
     async fn list_operations(
         &self,
         request: Request<pb::ListOperationsRequest>,
@@ -401,64 +429,8 @@ impl VolumeReconciler for Api {
         let scope = Scope::of(&request);
         let r = request.into_inner();
         let result = async {
-            let named = convert::caller_filter("caller", &r.caller).map_err(status::invalid)?;
-            // An orchestrator's list is its own, filtered in the store's
-            // query (a page is full, and holds nothing of anyone else's);
-            // `caller` is an operator's filter.
-            let caller = match (&scope, named) {
-                (Scope::All, named) => named,
-                (Scope::Own(own), None) => Some(own.clone()),
-                (Scope::Own(own), Some(c)) if c == *own => Some(c),
-                (Scope::Own(_), Some(_)) => {
-                    return Err(status::invalid(InvalidField::new(
-                        "caller",
-                        "only an operator may list another caller's operations (an orchestrator's list is always its own)",
-                    )));
-                }
-            };
-            let state = match pb::State::try_from(r.state) {
-                Ok(s) => convert::state_from_pb(s),
-                Err(_) => {
-                    return Err(status::invalid(InvalidField::new(
-                        "state",
-                        format!("unknown state value {}", r.state),
-                    )));
-                }
-            };
-            let filter = OperationFilter {
-                state,
-                server_id: optional(&r.server_id, |v| parse_uuid("server_id", v))?,
-                volume_id: optional(&r.volume_id, |v| parse_uuid("volume_id", v))?,
-                drifted_only: r.drifted_only,
-                escalated_only: r.escalated_only,
-                caller,
-            };
-            let limit = match r.page_size {
-                0 => DEFAULT_PAGE_SIZE,
-                n if n < 0 => {
-                    return Err(status::invalid(InvalidField::new(
-                        "page_size",
-                        "must not be negative",
-                    )));
-                }
-                n if n as u32 > MAX_PAGE_SIZE => {
-                    return Err(status::invalid(InvalidField::new(
-                        "page_size",
-                        format!("{n} exceeds the maximum page size of {MAX_PAGE_SIZE}"),
-                    )));
-                }
-                n => n as u32,
-            };
-            let after = if r.page_token.is_empty() {
-                None
-            } else {
-                Some(convert::decode_page_token(&r.page_token).ok_or_else(|| {
-                    status::invalid(InvalidField::new(
-                        "page_token",
-                        "is not a token this server issued",
-                    ))
-                })?)
-            };
+            let filter = filter::of_list(&r, &scope)?;
+            let (limit, after) = filter::page(r.page_size, &r.page_token)?;
             let page = self
                 .store
                 .operation_list(&filter, after, limit)
@@ -630,6 +602,30 @@ impl VolumeReconciler for Api {
         .await;
         self.done("ResolveOperation", result)
     }
+
+    async fn cancel_operation(
+        &self,
+        request: Request<pb::CancelOperationRequest>,
+    ) -> Result<Response<pb::Operation>, Status> {
+        let result = self.cancel(request).await;
+        self.done("CancelOperation", result)
+    }
+
+    async fn reconcile_operations(
+        &self,
+        request: Request<pb::ReconcileOperationsRequest>,
+    ) -> Result<Response<pb::BulkResult>, Status> {
+        let result = self.reconcile_many(request).await;
+        self.done("ReconcileOperations", result)
+    }
+
+    async fn resolve_operations(
+        &self,
+        request: Request<pb::ResolveOperationsRequest>,
+    ) -> Result<Response<pb::BulkResult>, Status> {
+        let result = self.resolve_many(request).await;
+        self.done("ResolveOperations", result)
+    }
 }
 
 #[cfg(test)]
@@ -725,11 +721,18 @@ mod scope_tests {
             key: crate::domain::CallerKey::parse(Some(caller), "k")
                 .unwrap()
                 .into(),
-            fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+            fingerprint: request_fingerprint(
+                Action::Attach,
+                server,
+                volume,
+                &params,
+                &crate::domain::Labels::none(),
+            ),
             action: Action::Attach,
             server_id: server,
             volume_id: volume,
             params,
+            labels: crate::domain::Labels::none(),
             state: State::Pending,
             attempts: 0,
             deadline_in: Duration::from_secs(60),

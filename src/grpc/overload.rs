@@ -7,8 +7,8 @@
 //!
 //! | class | RPCs | cap | reason | a place is held |
 //! |---|---|---|---|---|
-//! | `mutation` | AttachVolume, DetachVolume, EnsureAttached, EnsureDetached | `--max-inflight-mutations` | `OVERLOADED` (and `CALLER_RATE_LIMITED` past `--caller-rate-limit`) | until the operation's own task ends |
-//! | `read` | GetOperation, ListOperations, ListOperationEvents | `--max-inflight-reads` | `READS_OVERLOADED` | until HTTP/2 took the last piece of its answer (a client that stops reading keeps it), or the client went away |
+//! | `mutation` | AttachVolume, DetachVolume, EnsureAttached, EnsureDetached | `--max-inflight-mutations` | `OVERLOADED` (and `CALLER_RATE_LIMITED` past `--caller-rate-limit`, `CALLER_QUOTA_EXCEEDED` past the caller's row of `--caller-quotas`: its rate, its operations in flight) | until the operation's own task ends |
+//! | `read` | GetOperation, ListOperations, ListOperationEvents, CancelOperation | `--max-inflight-reads` | `READS_OVERLOADED` | until HTTP/2 took the last piece of its answer (a client that stops reading keeps it), or the client went away |
 //! | `watch` | WatchOperation | `--max-watch-streams` | `WATCHES_OVERLOADED` | while the stream is open |
 //!
 //! An attach's place is not the call's: the call may go (its caller
@@ -20,8 +20,9 @@
 //! operation already running keeps none (the operation's own task holds
 //! one).
 //!
-//! ReconcileOperation and ResolveOperation (an operator's, needed most in
-//! an incident), health and reflection are never shed. Every answer shed
+//! Which class an RPC is in is the API's one table's (`methods::METHODS`).
+//! Operators' calls (needed most in an incident), health and reflection
+//! are never shed. Every answer shed
 //! here is counted (`volume_reconciler_requests_shed_total{reason}`), and
 //! the places in use are read at each scrape
 //! (`volume_reconciler_requests_in_flight{class}` against
@@ -39,9 +40,15 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
+mod quotas;
+
 use super::auth::Caller;
+use super::methods::Shed;
 use super::metrics::GrpcMetrics;
 use crate::domain::Reason;
+use crate::domain::quota::CallerQuotas;
+use crate::executor::InFlight;
+use quotas::Rows;
 
 /// The classes of RPC with a cap of their own (see the module's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,14 +59,24 @@ enum Class {
 }
 
 impl Class {
+    /// The class of the method `path` names, from the API's one table
+    /// (`methods::METHODS`); `None`: never shed (an operator's call,
+    /// health, reflection).
     fn of(path: &str) -> Option<Self> {
-        match path.strip_prefix("/volume_reconciler.v1.VolumeReconciler/")? {
-            "AttachVolume" | "DetachVolume" | "EnsureAttached" | "EnsureDetached" => {
-                Some(Self::Mutation)
-            }
-            "GetOperation" | "ListOperations" | "ListOperationEvents" => Some(Self::Read),
-            "WatchOperation" => Some(Self::Watch),
-            _ => None,
+        match super::methods::of(path)?.shed {
+            Shed::Mutation => Some(Self::Mutation),
+            Shed::Read => Some(Self::Read),
+            Shed::Watch => Some(Self::Watch),
+            Shed::Never => None,
+        }
+    }
+
+    /// The table's class of this one.
+    fn shed(self) -> Shed {
+        match self {
+            Self::Mutation => Shed::Mutation,
+            Self::Read => Shed::Read,
+            Self::Watch => Shed::Watch,
         }
     }
 
@@ -76,24 +93,25 @@ impl Class {
     /// that sets the cap (its name in the answer's metadata, with `_`),
     /// what the calls are, and the delay suggested: reads are short, an
     /// attach or a watch frees its place in seconds to minutes.
-    fn refusal(self) -> (Reason, &'static str, &'static str, Duration) {
+    fn refusal(self) -> (Reason, &'static str, String, Duration) {
+        let names = super::methods::names_in(self.shed());
         match self {
             Self::Mutation => (
                 Reason::Overloaded,
                 "max-inflight-mutations",
-                "attach/detach operations are running",
+                format!("operations ({names}) are running"),
                 Duration::from_secs(1),
             ),
             Self::Read => (
                 Reason::ReadsOverloaded,
                 "max-inflight-reads",
-                "reads (GetOperation, ListOperations, ListOperationEvents) are in flight",
+                format!("short calls ({names}) are in flight"),
                 Duration::from_millis(250),
             ),
             Self::Watch => (
                 Reason::WatchesOverloaded,
                 "max-watch-streams",
-                "WatchOperation streams are open",
+                format!("{names} streams are open"),
                 Duration::from_secs(2),
             ),
         }
@@ -104,6 +122,7 @@ impl Class {
 pub const SHED_REASONS: &[Reason] = &[
     Reason::Overloaded,
     Reason::CallerRateLimited,
+    Reason::CallerQuotaExceeded,
     Reason::ReadsOverloaded,
     Reason::WatchesOverloaded,
 ];
@@ -123,6 +142,8 @@ pub struct CallerLimits {
     /// `None`: off (a rate of 0).
     limiter: Option<DefaultKeyedRateLimiter<String>>,
     clock: DefaultClock,
+    /// Calls a second (for the refusal's QuotaFailure).
+    rate: f64,
 }
 
 impl CallerLimits {
@@ -137,6 +158,7 @@ impl CallerLimits {
         Self {
             limiter,
             clock: DefaultClock::default(),
+            rate,
         }
     }
 
@@ -154,9 +176,9 @@ impl CallerLimits {
     }
 }
 
-/// The caps (places in flight, each at least 1: the flags refuse 0) and
-/// the per-caller buckets.
-#[derive(Debug, Clone, Copy)]
+/// The caps (places in flight, each at least 1: the flags refuse 0), the
+/// per-caller buckets, and the caller table's quotas.
+#[derive(Debug, Clone)]
 pub struct Limits {
     pub max_inflight_mutations: usize,
     pub max_inflight_reads: usize,
@@ -164,6 +186,8 @@ pub struct Limits {
     /// Attach/detach calls per second per caller (0: off).
     pub caller_rate: f64,
     pub caller_burst: u32,
+    /// `--caller-quotas`: a row per named caller, and the default row.
+    pub quotas: Arc<CallerQuotas>,
 }
 
 /// One class's places.
@@ -189,6 +213,7 @@ pub struct OverloadLayer {
     reads: Cap,
     watches: Cap,
     callers: Arc<CallerLimits>,
+    rows: Arc<Rows>,
     metrics: Arc<GrpcMetrics>,
 }
 
@@ -201,8 +226,17 @@ impl OverloadLayer {
             reads: Cap::new(limits.max_inflight_reads),
             watches: Cap::new(limits.max_watch_streams),
             callers: Arc::new(CallerLimits::new(limits.caller_rate, limits.caller_burst)),
+            rows: Arc::new(Rows::new(limits.quotas.clone())),
             metrics,
         };
+        layer.metrics.callers.set_table(limits.quotas.clone());
+        for row in &layer.rows.rows {
+            let (places, limit) = &row.places;
+            layer
+                .metrics
+                .callers
+                .observe_row(&row.label, places.clone(), *limit);
+        }
         for class in [Class::Mutation, Class::Read, Class::Watch] {
             let cap = layer.cap(class);
             layer
@@ -246,15 +280,15 @@ pub struct OverloadService<S> {
 /// dropped. Extensions must be `Clone`: clones share the one permit, which
 /// is taken once.
 #[derive(Clone, Debug)]
-pub struct MutationPermit(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
+pub struct MutationPermit(Arc<Mutex<Option<InFlight>>>);
 
 impl MutationPermit {
-    fn new(permit: OwnedSemaphorePermit) -> Self {
+    fn new(permit: InFlight) -> Self {
         Self(Arc::new(Mutex::new(Some(permit))))
     }
 
     /// The permit, to the first who asks.
-    pub fn take(&self) -> Option<OwnedSemaphorePermit> {
+    pub fn take(&self) -> Option<InFlight> {
         // A poisoned lock only means a panic elsewhere; the slot is intact.
         self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
@@ -267,6 +301,7 @@ fn shed<R: Default>(
     message: String,
     retry_after: Duration,
     extra: &[(&str, String)],
+    quota: Option<(String, String)>,
 ) -> http::Response<R> {
     let mut meta: HashMap<String, String> = extra
         .iter()
@@ -276,6 +311,10 @@ fn shed<R: Default>(
     let mut details =
         tonic_types::ErrorDetails::with_error_info(reason.as_str(), super::status::DOMAIN, meta);
     details.set_retry_info(Some(retry_after));
+    // Which quota, of whom (google.rpc.QuotaFailure).
+    if let Some((subject, description)) = quota {
+        details.add_quota_failure_violation(subject, description);
+    }
     <tonic::Status as tonic_types::StatusExt>::with_error_details(
         tonic::Code::ResourceExhausted,
         message,
@@ -302,9 +341,73 @@ fn caller_key<B>(req: &http::Request<B>) -> String {
         .unwrap_or_else(|| "anonymous".into())
 }
 
+/// Why a caller's call is refused, as the answer says it: its reason,
+/// message, delay, `ErrorInfo` metadata and `QuotaFailure` (subject, what).
+struct Refusal {
+    reason: Reason,
+    message: String,
+    wait: Duration,
+    extra: Vec<(&'static str, String)>,
+    quota: Option<(String, String)>,
+}
+
 impl OverloadLayer {
+    /// A mutation's caller checks: its bucket (`--caller-rate-limit`),
+    /// then its row of the caller table (`--caller-quotas`), whose place
+    /// in flight it gets (the operation's task holds it).
+    fn admit_caller<B>(
+        &self,
+        req: &http::Request<B>,
+    ) -> Result<Option<OwnedSemaphorePermit>, Refusal> {
+        let key = caller_key(req);
+        if let Err(wait) = self.callers.take(&key) {
+            return Err(Refusal {
+                reason: Reason::CallerRateLimited,
+                message: format!(
+                    "caller {key:?} is over its rate limit (--caller-rate-limit); retry after {} ms",
+                    wait.as_millis()
+                ),
+                wait,
+                quota: Some((
+                    format!("caller:{key}"),
+                    format!("--caller-rate-limit: {} calls a second", self.callers.rate),
+                )),
+                extra: vec![("caller", key)],
+            });
+        }
+        let name = req
+            .extensions()
+            .get::<Caller>()
+            .map_or(String::new(), |c| c.name.clone());
+        self.rows.admit(&name).map_err(|(row, over)| {
+            self.metrics.callers.refused(&row.label, over.quota);
+            let who = if name.is_empty() { "-" } else { &name };
+            Refusal {
+                reason: Reason::CallerQuotaExceeded,
+                message: format!(
+                    "caller {who:?} is over its {} quota (row {:?} of --caller-quotas: {}); retry after {} ms",
+                    over.quota,
+                    row.label,
+                    over.says,
+                    over.wait.as_millis()
+                ),
+                wait: over.wait,
+                quota: Some((
+                    format!("caller:{who}"),
+                    format!("{} (row {} of --caller-quotas)", over.says, row.label),
+                )),
+                extra: vec![
+                    ("caller", who.to_string()),
+                    ("quota", over.quota.to_string()),
+                    ("caller_row", row.label.clone()),
+                ],
+            }
+        })
+    }
+
     /// The answer to `req`, shed for `reason`, counted; given once its
     /// body is read (see `early`).
+    #[allow(clippy::too_many_arguments)]
     fn refuse<B, E>(
         &self,
         req: http::Request<B>,
@@ -312,6 +415,7 @@ impl OverloadLayer {
         message: String,
         retry_after: Duration,
         extra: &[(&str, String)],
+        quota: Option<(String, String)>,
     ) -> BoxFuture<Result<http::Response<tonic::body::Body>, E>>
     where
         B: http_body::Body + Send + Unpin + 'static,
@@ -319,7 +423,7 @@ impl OverloadLayer {
         E: Send + 'static,
     {
         self.metrics.shed(reason);
-        super::early::after_body(req, shed(reason, message, retry_after, extra))
+        super::early::after_body(req, shed(reason, message, retry_after, extra, quota))
     }
 }
 
@@ -343,20 +447,15 @@ where
         let Some(class) = Class::of(req.uri().path()) else {
             return Box::pin(self.inner.call(req));
         };
+        let mut row_place = None;
         if class == Class::Mutation {
-            let key = caller_key(&req);
-            if let Err(wait) = self.layer.callers.take(&key) {
-                let msg = format!(
-                    "caller {key:?} is over its rate limit (--caller-rate-limit); retry after {} ms",
-                    wait.as_millis()
-                );
-                return self.layer.refuse(
-                    req,
-                    Reason::CallerRateLimited,
-                    msg,
-                    wait,
-                    &[("caller", key)],
-                );
+            match self.layer.admit_caller(&req) {
+                Ok(place) => row_place = place,
+                Err(r) => {
+                    return self
+                        .layer
+                        .refuse(req, r.reason, r.message, r.wait, &r.extra, r.quota);
+                }
             }
         }
         let cap = self.layer.cap(class);
@@ -372,6 +471,7 @@ where
                     msg,
                     retry,
                     &[(&flag.replace('-', "_"), limit.to_string())],
+                    None,
                 );
             }
         };
@@ -379,7 +479,8 @@ where
             // Held by the operation's task, not by this call (see the
             // module's doc).
             Class::Mutation => {
-                req.extensions_mut().insert(MutationPermit::new(place));
+                req.extensions_mut()
+                    .insert(MutationPermit::new(InFlight::new(place, row_place)));
                 Box::pin(self.inner.call(req))
             }
             // Held until the answer's body is done: a large page or a
@@ -483,7 +584,9 @@ mod tests {
             assert_eq!(of(read), Some(Class::Read), "{read}");
         }
         assert_eq!(of("WatchOperation"), Some(Class::Watch));
+        assert_eq!(of("CancelOperation"), Some(Class::Read));
         assert_eq!(of("ReconcileOperation"), None);
+        assert_eq!(of("ResolveOperations"), None);
         assert_eq!(of("ResolveOperation"), None);
         assert_eq!(Class::of("/grpc.health.v1.Health/Check"), None);
         assert_eq!(
@@ -495,7 +598,10 @@ mod tests {
     #[test]
     fn a_mutation_permit_is_taken_once_whoever_holds_a_clone() {
         let places = Arc::new(Semaphore::new(1));
-        let permit = MutationPermit::new(places.clone().try_acquire_owned().unwrap());
+        let permit = MutationPermit::new(InFlight::new(
+            places.clone().try_acquire_owned().unwrap(),
+            None,
+        ));
         let clone = permit.clone();
         let taken = clone.take().expect("the first take");
         assert!(permit.take().is_none(), "taken once");

@@ -29,7 +29,7 @@ pub(super) fn caller_of<T>(req: &Request<T>) -> Caller {
 /// The request's place under `--max-inflight-mutations`, which the
 /// overload layer left in its extensions for the operation's task to hold
 /// (see `overload`).
-pub(super) fn inflight_of<T>(req: &Request<T>) -> Option<tokio::sync::OwnedSemaphorePermit> {
+pub(super) fn inflight_of<T>(req: &Request<T>) -> Option<crate::executor::InFlight> {
     req.extensions()
         .get::<overload::MutationPermit>()
         .and_then(overload::MutationPermit::take)
@@ -116,7 +116,7 @@ pub(super) struct Mutation {
     pub caller: Caller,
     pub scope: Scope,
     pub trace: TraceContext,
-    pub inflight: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub inflight: Option<crate::executor::InFlight>,
 }
 
 impl Mutation {

@@ -93,7 +93,7 @@ pub fn from_store(e: StoreError) -> Status {
             m.insert("operation_id".into(), id.to_string());
             status(Reason::OperationNotFound, e.to_string(), m)
         }
-        StoreError::AlreadyTerminal { id, state } => {
+        StoreError::AlreadyTerminal { id, state } | StoreError::NotInState { id, state } => {
             m.insert("operation_id".into(), id.to_string());
             m.insert("state".into(), state.to_string());
             status(Reason::OperationAlreadyDecided, e.to_string(), m)

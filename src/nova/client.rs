@@ -484,6 +484,12 @@ impl NovaClient {
         self.service.slots_in_use()
     }
 
+    /// Each caller row's weight in Nova's request slots when contended
+    /// (the caller table's `nova-share`, by row).
+    pub fn set_shares(&self, weights: Vec<u32>) {
+        self.service.set_shares(weights);
+    }
+
     pub fn answers_async(&self) -> bool {
         self.microversion >= (2, 101)
     }

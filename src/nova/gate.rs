@@ -108,6 +108,13 @@ pub trait SendGate: Send + Sync {
     fn owned(&self) -> Option<Arc<dyn SendGate>> {
         None
     }
+
+    /// The caller row whose share of Nova's request slots the request
+    /// counts against (`fair`); `None`: the last row's (the default row,
+    /// and requests of no caller's).
+    fn share(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A gate that is always open (reads, and requests no lease guards).

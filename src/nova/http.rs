@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::Method;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -224,7 +223,7 @@ pub(crate) struct Service {
     auth: Option<Arc<KeystoneAuth>>,
     base: Base,
     headers: Vec<(&'static str, String)>,
-    slots: Arc<Semaphore>,
+    slots: Arc<super::fair::FairSlots>,
     max_concurrent: usize,
     slot_wait: Option<SlotWaitObserver>,
     /// The base URL as last parsed: a request's URL is made from it
@@ -246,7 +245,7 @@ impl Service {
             auth,
             base,
             headers,
-            slots: Arc::new(Semaphore::new(max_concurrent)),
+            slots: super::fair::FairSlots::new(max_concurrent),
             max_concurrent,
             slot_wait: None,
             parsed_base: std::sync::Mutex::new(None),
@@ -329,9 +328,15 @@ impl Service {
         self.auth.as_ref()
     }
 
-    /// Requests waiting for or holding a slot right now.
+    /// Requests holding a slot right now.
     pub fn slots_in_use(&self) -> usize {
-        self.max_concurrent - self.slots.available_permits()
+        self.slots.in_use()
+    }
+
+    /// Each caller row's weight in the slots when they are contended
+    /// (`fair`); the last row's is that of requests of no caller's.
+    pub fn set_shares(&self, weights: Vec<u32>) {
+        self.slots.set_weights(weights);
     }
 
     /// The base URL and token a request uses now: a direct URL (with a
@@ -418,19 +423,12 @@ impl Service {
             started: Instant::now(),
             deadline,
         };
-        // The wait for a slot counts against the request's deadline.
+        // The wait for a slot counts against the request's deadline; a
+        // contended slot goes to the caller row with the least of its
+        // share (`fair`).
         let _permit =
-            match tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await {
-                Ok(Ok(p)) => p,
-                Ok(Err(_)) => {
-                    return Err(call.failure(
-                        FailureKind::ConnectFailed,
-                        Stage::AcquireSlot,
-                        path,
-                        false,
-                        "the client is shutting down".into(),
-                    ));
-                }
+            match tokio::time::timeout_at(deadline, self.slots.acquire(gate.share())).await {
+                Ok(p) => p,
                 Err(_) => {
                     return Err(call.failure(
                         FailureKind::DeadlineExceeded,

@@ -18,6 +18,8 @@
 //! - `body.rs`: a response body read under a deadline and a size cap.
 //! - `gate.rs`: a request's send gate asked again once its connection is
 //!   ready (a layer on reqwest's connector).
+//! - `fair.rs`: the per-host slots, shared by caller rows by weight when
+//!   contended.
 //! - `error.rs`: the adapter's error, and what a refusal means (`Rejection`).
 //! - `types.rs`: Nova's wire shapes.
 //! - `metrics.rs`: the room's metric families (requests, reachability,
@@ -31,6 +33,7 @@ mod body;
 pub mod cinder;
 pub mod client;
 pub mod error;
+mod fair;
 mod gate;
 mod http;
 pub mod metrics;

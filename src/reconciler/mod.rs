@@ -15,8 +15,11 @@
 //!
 //! - `pass.rs`: one pass over one claimed operation, and what it decides.
 //! - `verify.rs`: verification of decided operations for late effects.
+//! - `bulk.rs`: bulk calls by filter (`ReconcileOperations`,
+//!   `ResolveOperations`).
 //! - `metrics.rs`: the reconciler's metric families.
 
+pub mod bulk;
 pub mod metrics;
 mod pass;
 mod verify;

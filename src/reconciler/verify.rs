@@ -579,6 +579,7 @@ mod tests {
                 caller: None,
                 ensure: false,
                 attempt_unsent: false,
+                labels: Default::default(),
                 drifted: false,
                 passes: 0,
                 escalated_at: None,

@@ -149,6 +149,7 @@ impl Application {
             cfg.exec_settings(),
             ExecutorMetrics::new(&metrics, nova_metrics.clone()),
         );
+        exec.set_quotas(Arc::new(cfg.caller_quotas()?));
         let reconciler = reconciler_of(
             &cfg,
             &exec,
@@ -495,6 +496,7 @@ fn spawn_grpc(
     tls: Option<&Arc<crate::tls::Reloadable>>,
     drain: CancellationToken,
 ) -> anyhow::Result<GrpcServer> {
+    let quotas = api.exec.quotas();
     let reflection_v1 = reflection()
         .build_v1()
         .map_err(|e| anyhow::anyhow!("building the reflection service (v1): {e}"))?;
@@ -536,6 +538,7 @@ fn spawn_grpc(
                 max_watch_streams: cfg.max_watch_streams as usize,
                 caller_rate: cfg.caller_rate_limit,
                 caller_burst: cfg.caller_burst,
+                quotas: quotas.clone(),
             },
             metrics.clone(),
         ))

@@ -33,6 +33,9 @@ pub enum StoreError {
     NotFound(Uuid),
     #[error("operation {id} is already {state}")]
     AlreadyTerminal { id: Uuid, state: &'static str },
+    /// Open, but no longer in the state a decision was made for.
+    #[error("operation {id} is {state} now, not the state it was to be decided in")]
+    NotInState { id: Uuid, state: &'static str },
     #[error("the ledger's write queue is full ({queued} writes waiting, --max-queued-writes)")]
     Overloaded { queued: usize },
     #[error("the database did not answer within the request's deadline ({what})")]

@@ -13,6 +13,8 @@
 //! - [`sqlite`]: the embedded store.
 //! - `open`: opening the store a URL names; the URL without its password.
 //! - `rows`: what both stores read, read once.
+//! - [`query`]: the list query, its SQL and arguments built together for
+//!   both stores.
 //! - `error`: `StoreError` and the driver failures under it.
 //! - `migrations`: both stores' migrations, embedded at build time.
 //! - [`metrics`]: the store's metric families (round trips, pool, queue,
@@ -27,6 +29,7 @@ pub mod metrics;
 mod migrations;
 mod open;
 pub mod pg;
+pub mod query;
 mod rows;
 pub mod sqlite;
 
@@ -45,8 +48,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::domain::{
-    Action, AttachmentInfo, CallerKey, KeyHash, NewEvent, OpKey, Operation, OperationError,
-    OperationEvent, RequestParams, Resolution, State, TraceContext,
+    Action, AttachmentInfo, Caller, CallerKey, KeyHash, Labels, NewEvent, OpKey, Operation,
+    OperationError, OperationEvent, RequestParams, Resolution, State, TraceContext,
 };
 
 /// How long opening the store waits, by default, for a database that does
@@ -153,6 +156,9 @@ pub struct NewOperation {
     pub server_id: Uuid,
     pub volume_id: Uuid,
     pub params: RequestParams,
+    /// Its caller's labels (part of the fingerprint), kept in a column of
+    /// their own.
+    pub labels: Labels,
     /// `InProgress` with `attempts = 1` when the first request may be sent
     /// once this is durable (the intent and the attempt in one write).
     pub state: State,
@@ -237,6 +243,7 @@ impl NewOperation {
             lease_epoch: 1,
             caller: self.caller_name(),
             ensure: self.ensure(),
+            labels: self.labels.clone(),
             attempt_unsent: false,
             drifted: false,
             passes: 0,
@@ -285,6 +292,11 @@ pub struct Transition {
     pub verify_expect: Option<bool>,
     /// Hands the (still open) operation to people, with the reason.
     pub escalation: Option<String>,
+    /// Marks its last attempt as one of which nothing may take effect (a
+    /// run that pauses after a refusal proving nothing took effect, with
+    /// nothing earlier that may): until its next attempt is recorded, it
+    /// may be cancelled, and a pass decides it as one never sent.
+    pub mark_unsent: bool,
     pub replica: String,
     pub events: Vec<NewEvent>,
     /// The row as its writer last read or wrote it: the decided row is
@@ -317,6 +329,8 @@ impl Transition {
             // An attempt recorded since: the one known unsent is no longer
             // the last.
             op.attempt_unsent = false;
+        } else if self.mark_unsent {
+            op.attempt_unsent = true;
         }
         op.attempts = attempts;
         if let Some(e) = &self.last_error {
@@ -349,9 +363,96 @@ impl Transition {
             next_attempt_in: None,
             verify_expect: None,
             escalation: None,
+            mark_unsent: false,
             replica: replica.to_string(),
             events: Vec::new(),
             base: Box::new(op.clone()),
+        }
+    }
+}
+
+/// A cancel: one compare-and-set that decides the operation FAILED
+/// (resolution `cancelled`) and moves its lease epoch on, if nothing that
+/// may take effect was sent for it (`Operation::nothing_sent`): no further
+/// attempt can then be recorded, and none may leave unrecorded.
+#[derive(Debug, Clone)]
+pub struct Cancel {
+    pub id: Uuid,
+    pub replica: String,
+    /// Its `last_error` (reason CANCELLED) and the event logging it
+    /// (`domain::cancelled`).
+    pub error: OperationError,
+    pub event: NewEvent,
+    /// Only if it is an attach of this server by this caller (a detach of
+    /// the same volume superseding it).
+    pub only_attach_of: Option<(Uuid, Caller)>,
+}
+
+impl Cancel {
+    /// The cancel of `old`, an open attach of which nothing may take
+    /// effect, by `new`, a detach of the same server and volume by the
+    /// same caller: only if it is still such an attach.
+    pub fn superseded_by(old: &Operation, new: &NewOperation) -> Self {
+        let who = new.key.caller().clone();
+        let (error, event) = crate::domain::cancelled(
+            old.id,
+            &who,
+            &format!(
+                "superseded by detach {} of the same volume from the same server",
+                new.id
+            ),
+        );
+        Self {
+            id: old.id,
+            replica: new.replica.clone(),
+            error: error.with("superseded_by", new.id),
+            event: event.with("superseded_by", new.id),
+            only_attach_of: Some((new.server_id, who)),
+        }
+    }
+}
+
+/// What a cancel found.
+#[derive(Debug, Clone)]
+pub enum Cancelled {
+    /// Cancelled: the row as it is now.
+    Done(Operation),
+    /// Not cancelled: decided already, or something that may take effect
+    /// may have been sent (or it is not the attach `only_attach_of`
+    /// names); the row as it stands.
+    Not(Operation),
+    NotFound,
+}
+
+/// An operator's decision (`ResolveOperation`, and each of a bulk
+/// resolve's), audited.
+#[derive(Debug, Clone)]
+pub struct OperatorDecision {
+    pub id: Uuid,
+    pub state: State,
+    pub reason: String,
+    pub replica: String,
+    /// Who decided (`None`: the anonymous caller).
+    pub caller: Option<String>,
+    /// Only if the operation is in this state (a bulk resolve's filter
+    /// named one, and it must still hold).
+    pub expect: Option<State>,
+    /// More for its event's metadata (a bulk call's id and filter).
+    pub audit: Vec<(String, String)>,
+}
+
+impl OperatorDecision {
+    /// `caller`'s decision of `id` (`None`: the anonymous caller), made on
+    /// `replica`: in any open state, with no audit beyond its own.
+    pub fn new(id: Uuid, state: State, reason: &str, replica: &str, caller: Option<&str>) -> Self {
+        Self {
+            id,
+            state,
+            reason: reason.to_string(),
+            replica: replica.to_string(),
+            caller: caller.map(str::to_string),
+            expect: None,
+            audit: Vec::new(),
         }
     }
 }
@@ -383,16 +484,42 @@ pub enum Renewal {
     Decided,
 }
 
-/// Filters of `ListOperations`.
-#[derive(Debug, Clone, Default)]
+/// Which operations a list (or a bulk call) is about: every filter set
+/// applies. Its query is built in one place for both stores (`query`).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct OperationFilter {
     pub state: Option<State>,
     pub server_id: Option<Uuid>,
     pub volume_id: Option<Uuid>,
     pub drifted_only: bool,
     pub escalated_only: bool,
-    /// Only this caller's (`Some("")`: callers without a name).
-    pub caller: Option<String>,
+    /// Only this caller's ([`Caller::ANONYMOUS`]: the callers without a
+    /// name).
+    pub caller: Option<Caller>,
+    /// Only operations carrying every one of these labels.
+    pub labels: Labels,
+    /// Created within this range.
+    pub created: TimeRange,
+    /// Last changed within this range.
+    pub updated: TimeRange,
+    /// Only open operations (a bulk resolve pins no decided one).
+    pub open_only: bool,
+    /// Only this operation (a bulk call asks whether it still matches).
+    pub id: Option<Uuid>,
+}
+
+/// `from` (inclusive) to `before` (exclusive); either end open.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimeRange {
+    pub from: Option<DateTime<Utc>>,
+    pub before: Option<DateTime<Utc>>,
+}
+
+/// Where a list's page ended: the last row's `seq`, which never changes
+/// (a row that changes while a list is paged keeps its place).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListCursor {
+    pub seq: i64,
 }
 
 /// One page of operations, newest first.
@@ -400,7 +527,7 @@ pub struct OperationFilter {
 pub struct OperationPage {
     pub operations: Vec<Operation>,
     /// The position after the last row, when more may follow.
-    pub next_cursor: Option<i64>,
+    pub next_cursor: Option<ListCursor>,
 }
 
 /// Counts of operations by (state, resolution), for metrics and the demo.
@@ -531,7 +658,7 @@ pub trait Store: Send + Sync + 'static {
     async fn operation_list(
         &self,
         filter: &OperationFilter,
-        after: Option<i64>,
+        after: Option<ListCursor>,
         limit: u32,
     ) -> Result<OperationPage, StoreError>;
 
@@ -623,12 +750,13 @@ pub trait Store: Send + Sync + 'static {
     /// (the epoch moves on, fencing out any worker).
     async fn operation_resolve_by_operator(
         &self,
-        id: Uuid,
-        state: State,
-        reason: &str,
-        replica: &str,
-        caller: Option<&str>,
+        d: &OperatorDecision,
     ) -> Result<Operation, StoreError>;
+
+    /// Cancels an operation of which nothing that may take effect was
+    /// sent, in one compare-and-set (see [`Cancel`]), with its event,
+    /// notified.
+    async fn operation_cancel(&self, c: &Cancel) -> Result<Cancelled, StoreError>;
 
     /// Lets go of this replica's leases on open operations (drain): they
     /// become claimable by any reconciler at once.

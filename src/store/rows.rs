@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{CreateOutcome, NewOperation, OperationFilter, OperationPage, StateCount, StoreError};
+use super::{CreateOutcome, ListCursor, NewOperation, OperationPage, StateCount, StoreError};
 use crate::domain::{Action, Operation, OperationEvent, Resolution, State};
 
 /// Every column of `operations` that makes an `Operation` (plus the
@@ -23,7 +23,7 @@ pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, action, stat
     request, attachment, attempts, last_error, deadline_at, last_request_at, created_at, updated_at, \
     completed_at, lease_owner, lease_expires_at, lease_epoch, caller, drifted, passes, escalated_at, \
     escalation, verify_expect, trace_parent, trace_state, ensure, \
-    (unsent_attempt IS NOT NULL AND unsent_attempt = attempts) AS attempt_unsent";
+    (unsent_attempt IS NOT NULL AND unsent_attempt = attempts) AS attempt_unsent, labels";
 
 /// "Not decided yet", as the partial indexes of open operations say it.
 pub(super) const OPEN: &str = "state NOT IN ('succeeded', 'failed')";
@@ -35,57 +35,6 @@ pub(super) fn by_key_sql() -> String {
     format!(
         "SELECT {COLUMNS} FROM operations
          WHERE COALESCE(caller, '') = $1 AND idempotency_key = $2 AND key_retired_at IS NULL"
-    )
-}
-
-/// The statement `operation_list` runs, in both stores (SQLite reads
-/// `$n` as `?n`; public for plan tests, `pg::tooling`): `$1`… are
-/// the state, server, volume, position and caller, those `filter` and
-/// `after` set, in that order.
-pub fn list_statement(filter: &OperationFilter, after: Option<i64>, limit: u32) -> String {
-    // Conditions on a parameter (`?`, numbered below), then the others.
-    let mut with_param: Vec<&str> = Vec::new();
-    let mut plain: Vec<&str> = Vec::new();
-    if let Some(state) = filter.state {
-        with_param.push("state = ?");
-        if !state.is_terminal() {
-            plain.push(OPEN);
-        }
-    }
-    if filter.server_id.is_some() {
-        with_param.push("server_id = ?");
-    }
-    if filter.volume_id.is_some() {
-        with_param.push("volume_id = ?");
-    }
-    if after.is_some() {
-        with_param.push("seq < ?");
-    }
-    if filter.caller.is_some() {
-        with_param.push("COALESCE(caller, '') = ?");
-    }
-    if filter.drifted_only {
-        plain.push("drifted");
-    }
-    if filter.escalated_only {
-        plain.push("escalated_at IS NOT NULL");
-    }
-    let conds: Vec<String> = with_param
-        .iter()
-        .enumerate()
-        .map(|(i, c)| c.replace('?', &format!("${}", i + 1)))
-        .chain(plain.iter().map(|c| c.to_string()))
-        .collect();
-    format!(
-        "SELECT {COLUMNS}, seq FROM operations {where_} ORDER BY seq DESC LIMIT {limit}",
-        where_ = if conds.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", conds.join(" AND "))
-        },
-        // A number, not a parameter: a generic plan with LIMIT $n cannot
-        // tell a page from the whole table.
-        limit = u64::from(limit) + 1,
     )
 }
 
@@ -116,7 +65,13 @@ pub(super) const EVENTS: &str = "SELECT at, kind, detail, metadata, replica FROM
 
 /// The metadata of a `recorded` event that the row's columns say anyway:
 /// left out of `intent` when equal, and rendered back from the columns.
-const DERIVED: [&str; 4] = ["idempotency_key", "caller", "trace_id", "traceparent"];
+const DERIVED: [&str; 5] = [
+    "idempotency_key",
+    "caller",
+    "trace_id",
+    "traceparent",
+    "labels",
+];
 
 /// The `intent` column of a new operation (both stores): its `recorded`
 /// event without what the columns say (`DERIVED`, when equal), and the
@@ -133,12 +88,14 @@ pub(super) fn compact_recorded(n: &NewOperation) -> Option<RecordedIntent<'_>> {
         Some(t) => (Some(t.trace_id()), Some(t.traceparent())),
         None => (None, None),
     };
+    let labels = (!n.labels.is_empty()).then(|| n.labels.to_string());
     let derived = |name: &str| -> Option<&str> {
         match name {
             "idempotency_key" => key,
             "caller" => Some(&caller),
             "trace_id" => trace_id.as_deref(),
             "traceparent" => traceparent.as_deref(),
+            "labels" => labels.as_deref(),
             _ => None,
         }
     };
@@ -329,6 +286,7 @@ pub(super) struct OperationRow {
     trace_state: Option<String>,
     ensure: bool,
     attempt_unsent: bool,
+    labels: Option<Json>,
 }
 }
 
@@ -352,6 +310,7 @@ pub(super) struct CountRow {
 }
 
 from_row! {
+/// A listed row's position (`ListCursor`).
 pub(super) struct SeqRow {
     seq: i64,
 }
@@ -454,6 +413,12 @@ impl OperationRow {
             caller: self.caller,
             ensure: self.ensure,
             attempt_unsent: self.attempt_unsent,
+            labels: match self.labels {
+                None => crate::domain::Labels::none(),
+                Some(j) => {
+                    crate::domain::Labels::from_stored(j.parse().map_err(|e| json("labels", e))?)
+                }
+            },
             drifted: self.drifted,
             passes: self.passes,
             escalated_at: self.escalated_at.map(|t| t.0),
@@ -478,17 +443,17 @@ where
 {
     let more = rows.len() > limit as usize;
     let rows = &rows[..rows.len().min(limit as usize)];
-    let last_seq = match rows.last() {
-        Some(row) => Some(
-            <SeqRow as sqlx::FromRow<'r, R>>::from_row(row)
-                .map_err(|e| unreadable(None, e))?
-                .seq,
-        ),
+    let last = match rows.last() {
+        Some(row) => {
+            let at =
+                <SeqRow as sqlx::FromRow<'r, R>>::from_row(row).map_err(|e| unreadable(None, e))?;
+            Some(ListCursor { seq: at.seq })
+        }
         None => None,
     };
     Ok(OperationPage {
         operations: operations(rows)?,
-        next_cursor: if more { last_seq } else { None },
+        next_cursor: if more { last } else { None },
     })
 }
 
@@ -564,6 +529,11 @@ pub(super) enum Conflict {
     /// The key names a FAILED operation that saved no result for it
     /// (`Operation::frees_key`): retire it and record the new one.
     FreedKey(Box<Operation>),
+    /// The volume's open operation is an attach of the same server by the
+    /// same caller of which nothing may take effect, and the new intent
+    /// detaches it: cancel the attach (`Cancel::superseded_by`), then
+    /// record the detach.
+    Supersede(Box<Operation>),
 }
 
 /// Why an intent row was not inserted, from the row `conflict_sql` found:
@@ -600,14 +570,24 @@ where
             && same_request
             && existing.action == new.action
             && existing.server_id == new.server_id;
-        return Some(Conflict::Answer(if joins {
-            Ok(CreateOutcome::Existing(existing))
+        // A detach undoes an attach of its caller that sent nothing yet:
+        // it cancels it (the cancel's compare-and-set says whether it
+        // still may) rather than wait behind it.
+        let supersedes = new.action == Action::Detach
+            && existing.action == Action::Attach
+            && same_caller
+            && existing.server_id == new.server_id
+            && existing.nothing_sent();
+        return Some(if joins {
+            Conflict::Answer(Ok(CreateOutcome::Existing(existing)))
+        } else if supersedes {
+            Conflict::Supersede(Box::new(existing))
         } else {
-            Err(StoreError::VolumeBusy {
+            Conflict::Answer(Err(StoreError::VolumeBusy {
                 volume_id: new.volume_id,
                 operation_id: existing.id,
-            })
-        }));
+            }))
+        });
     }
     // Found by the key's hash (PostgreSQL's uniqueness) but another key
     // or caller: a collision of 128 bits, refused, never joined.
@@ -629,11 +609,20 @@ where
     })
 }
 
-/// Why an operator's decision found no open operation to end.
-pub(super) fn not_resolvable(id: Uuid, current: Option<Operation>) -> StoreError {
+/// Why an operator's decision found no operation to end (open, and in
+/// state `expect` when one was named).
+pub(super) fn not_resolvable(
+    id: Uuid,
+    expect: Option<State>,
+    current: Option<Operation>,
+) -> StoreError {
     match current {
         None => StoreError::NotFound(id),
-        Some(op) => StoreError::AlreadyTerminal {
+        Some(op) if op.state.is_terminal() || expect.is_none() => StoreError::AlreadyTerminal {
+            id,
+            state: op.state.as_str(),
+        },
+        Some(op) => StoreError::NotInState {
             id,
             state: op.state.as_str(),
         },

@@ -30,6 +30,7 @@ fn ensure_attached(server: Uuid, volume: Uuid) -> pb::EnsureAttachedRequest {
 
 fn ensure_detached(server: Uuid, volume: Uuid) -> pb::EnsureDetachedRequest {
     pb::EnsureDetachedRequest {
+        labels: Default::default(),
         server_id: server.to_string(),
         volume_id: volume.to_string(),
     }

@@ -174,11 +174,18 @@ async fn seed_unknown(app: &TestApp) -> Uuid {
     let params = RequestParams::default();
     let id = Uuid::now_v7();
     let new = NewOperation {
+        labels: Default::default(),
         id,
         key: volume_reconciler::domain::CallerKey::parse(None, &format!("u-{id}"))
             .unwrap()
             .into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        fingerprint: request_fingerprint(
+            Action::Attach,
+            server,
+            volume,
+            &params,
+            &volume_reconciler::domain::Labels::none(),
+        ),
         action: Action::Attach,
         server_id: server,
         volume_id: volume,

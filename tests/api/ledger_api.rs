@@ -91,6 +91,7 @@ async fn a_key_reused_with_other_parameters_is_refused() {
     let err = c
         .detach_volume(with_timeout(
             pb::DetachVolumeRequest {
+                labels: Default::default(),
                 idempotency_key: "k-2".into(),
                 server_id: server.clone(),
                 volume_id: volume.clone(),
@@ -346,6 +347,7 @@ async fn every_invalid_field_is_named_with_invalid_argument() {
     }
     let err = c
         .detach_volume(pb::DetachVolumeRequest {
+            labels: Default::default(),
             idempotency_key: "d".into(),
             server_id: s.clone(),
             volume_id: "x".into(),
@@ -826,11 +828,18 @@ async fn control_characters_in_free_text_are_refused_naming_the_field() {
     let (server, volume) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
     let params = RequestParams::default();
     let new = NewOperation {
+        labels: Default::default(),
         id: uuid::Uuid::now_v7(),
         key: volume_reconciler::domain::CallerKey::parse(None, "pending")
             .unwrap()
             .into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        fingerprint: request_fingerprint(
+            Action::Attach,
+            server,
+            volume,
+            &params,
+            &volume_reconciler::domain::Labels::none(),
+        ),
         action: Action::Attach,
         server_id: server,
         volume_id: volume,
@@ -918,6 +927,7 @@ async fn control_characters_in_free_text_are_refused_naming_the_field() {
         "idempotency_key",
         c.detach_volume(with_timeout(
             pb::DetachVolumeRequest {
+                labels: Default::default(),
                 idempotency_key: "k\0".into(),
                 server_id: s.clone(),
                 volume_id: v.clone(),

@@ -1168,11 +1168,18 @@ async fn dead_holders_attach(
     use volume_reconciler::store::{CreateOutcome, NewOperation};
     let params = RequestParams::default();
     let new = NewOperation {
+        labels: Default::default(),
         id: Uuid::now_v7(),
         key: volume_reconciler::domain::CallerKey::parse(None, &format!("dead-{volume}"))
             .unwrap()
             .into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        fingerprint: request_fingerprint(
+            Action::Attach,
+            server,
+            volume,
+            &params,
+            &volume_reconciler::domain::Labels::none(),
+        ),
         action: Action::Attach,
         server_id: server,
         volume_id: volume,

@@ -275,6 +275,7 @@ async fn every_role_can_do_exactly_what_it_may() {
                 Rpc::Detach => c
                     .detach_volume(bearer(
                         pb::DetachVolumeRequest {
+                            labels: Default::default(),
                             idempotency_key: format!("d-{who}"),
                             server_id: Uuid::new_v4().to_string(),
                             volume_id: Uuid::new_v4().to_string(),
@@ -877,6 +878,7 @@ async fn pending_of(app: &support::TestApp, caller: &str) -> Uuid {
     let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
     let params = RequestParams::default();
     let new = NewOperation {
+        labels: Default::default(),
         id: Uuid::now_v7(),
         key: volume_reconciler::domain::CallerKey::parse(
             Some(caller),
@@ -884,7 +886,13 @@ async fn pending_of(app: &support::TestApp, caller: &str) -> Uuid {
         )
         .unwrap()
         .into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        fingerprint: request_fingerprint(
+            Action::Attach,
+            server,
+            volume,
+            &params,
+            &volume_reconciler::domain::Labels::none(),
+        ),
         action: Action::Attach,
         server_id: server,
         volume_id: volume,

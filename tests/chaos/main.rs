@@ -215,6 +215,7 @@ fn an_operation_nova_never_saw_is_held_to_a_bound_on_unknown() {
         caller: Some("orchestrator-0".into()),
         ensure: false,
         attempt_unsent: false,
+        labels: Default::default(),
         drifted: false,
         passes: 1,
         escalated_at: None,

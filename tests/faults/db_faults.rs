@@ -719,11 +719,18 @@ fn intent(key: &str) -> volume_reconciler::store::NewOperation {
     let (server, volume) = ids();
     let params = RequestParams::default();
     volume_reconciler::store::NewOperation {
+        labels: Default::default(),
         id: Uuid::now_v7(),
         key: volume_reconciler::domain::CallerKey::parse(None, key)
             .unwrap()
             .into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        fingerprint: request_fingerprint(
+            Action::Attach,
+            server,
+            volume,
+            &params,
+            &volume_reconciler::domain::Labels::none(),
+        ),
         action: Action::Attach,
         server_id: server,
         volume_id: volume,

@@ -1121,6 +1121,7 @@ async fn a_404_naming_another_instance_decides_nothing_on_either_replica() {
         .raw()
         .detach_volume(with_timeout(
             pb::DetachVolumeRequest {
+                labels: Default::default(),
                 idempotency_key: "other-404".into(),
                 server_id: server.to_string(),
                 volume_id: volume.to_string(),

@@ -143,6 +143,7 @@ async fn intents_acknowledged_after_their_lease_are_decided_as_never_sent() {
             .raw()
             .ensure_detached(with_timeout(
                 pb::EnsureDetachedRequest {
+                    labels: Default::default(),
                     server_id: s.to_string(),
                     volume_id: v.to_string(),
                 },

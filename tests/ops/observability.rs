@@ -167,11 +167,18 @@ async fn seed_unknown(app: &TestApp) -> Uuid {
     let id = Uuid::now_v7();
     let params = RequestParams::default();
     let new = NewOperation {
+        labels: Default::default(),
         id,
         key: volume_reconciler::domain::CallerKey::parse(None, &format!("u-{id}"))
             .unwrap()
             .into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        fingerprint: request_fingerprint(
+            Action::Attach,
+            server,
+            volume,
+            &params,
+            &volume_reconciler::domain::Labels::none(),
+        ),
         action: Action::Attach,
         server_id: server,
         volume_id: volume,
@@ -545,7 +552,13 @@ async fn build_info_process_metrics_readiness_and_the_unknown_backlog_are_expose
         1.0
     );
     app.store
-        .operation_resolve_by_operator(id, State::Failed, "checked by hand", "test-a", None)
+        .operation_resolve_by_operator(&volume_reconciler::store::OperatorDecision::new(
+            id,
+            State::Failed,
+            "checked by hand",
+            "test-a",
+            None,
+        ))
         .await
         .unwrap();
     let m = scrape(&app).await.1;

@@ -12,6 +12,7 @@ use crate::support;
 
 mod completion;
 mod first_attach;
+mod fleet;
 mod formats;
 mod pipes;
 
@@ -27,7 +28,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_volume-reconciler");
 /// 10 s, with the room a loaded machine needs).
 const QUICK: Duration = Duration::from_secs(10);
 
-struct Run {
+pub(crate) struct Run {
     ok: bool,
     code: Option<i32>,
     stdout: String,

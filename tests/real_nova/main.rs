@@ -61,6 +61,7 @@ fn attach_req(key: &str, server: Uuid, volume: Uuid) -> pb::AttachVolumeRequest 
 
 fn detach_req(key: &str, server: Uuid, volume: Uuid) -> pb::DetachVolumeRequest {
     pb::DetachVolumeRequest {
+        labels: Default::default(),
         idempotency_key: key.into(),
         server_id: server.to_string(),
         volume_id: volume.to_string(),

@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod fleet;
 mod leases;
 mod reconcile_log;
 mod reconciler;

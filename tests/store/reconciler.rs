@@ -48,11 +48,18 @@ async fn left_op(
     let id = Uuid::now_v7();
     let params = RequestParams::default();
     let new = NewOperation {
+        labels: Default::default(),
         id,
         key: volume_reconciler::domain::CallerKey::parse(None, &format!("u-{id}"))
             .unwrap()
             .into(),
-        fingerprint: request_fingerprint(action, server, volume, &params),
+        fingerprint: request_fingerprint(
+            action,
+            server,
+            volume,
+            &params,
+            &volume_reconciler::domain::Labels::none(),
+        ),
         action,
         server_id: server,
         volume_id: volume,

@@ -15,8 +15,8 @@ use volume_reconciler::domain::{
     request_fingerprint,
 };
 use volume_reconciler::store::{
-    CreateOutcome, DbFailure, HeldLease, NewOperation, OperationFilter, Renewal, Store, StoreError,
-    Transition,
+    CreateOutcome, DbFailure, HeldLease, ListCursor, NewOperation, OperationFilter, Renewal, Store,
+    StoreError, Transition,
 };
 
 async fn pg_store() -> Arc<dyn Store> {
@@ -42,9 +42,16 @@ fn new_op(key: &str, volume: Uuid, state: State) -> NewOperation {
     let server = Uuid::from_u128(7);
     let params = RequestParams::default();
     NewOperation {
+        labels: Default::default(),
         id: Uuid::now_v7(),
         key: CallerKey::parse(Some("tester"), key).unwrap().into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        fingerprint: request_fingerprint(
+            Action::Attach,
+            server,
+            volume,
+            &params,
+            &volume_reconciler::domain::Labels::none(),
+        ),
         action: Action::Attach,
         server_id: server,
         volume_id: volume,
@@ -813,7 +820,13 @@ async fn event_times_are_the_databases_less_how_long_ago(store: Arc<dyn Store>) 
 async fn an_operator_decision_fences_out_workers(store: Arc<dyn Store>) {
     let op = create(store.as_ref(), new_op("o", Uuid::new_v4(), State::Unknown)).await;
     let decided = store
-        .operation_resolve_by_operator(op.id, State::Failed, "checked by hand", "r0", Some("alice"))
+        .operation_resolve_by_operator(&volume_reconciler::store::OperatorDecision::new(
+            op.id,
+            State::Failed,
+            "checked by hand",
+            "r0",
+            Some("alice"),
+        ))
         .await
         .unwrap();
     assert_eq!(
@@ -833,13 +846,25 @@ async fn an_operator_decision_fences_out_workers(store: Arc<dyn Store>) {
     );
     assert!(matches!(
         store
-            .operation_resolve_by_operator(op.id, State::Succeeded, "again", "r0", None)
+            .operation_resolve_by_operator(&volume_reconciler::store::OperatorDecision::new(
+                op.id,
+                State::Succeeded,
+                "again",
+                "r0",
+                None
+            ))
             .await,
         Err(StoreError::AlreadyTerminal { .. })
     ));
     assert!(matches!(
         store
-            .operation_resolve_by_operator(Uuid::new_v4(), State::Succeeded, "x", "r0", None)
+            .operation_resolve_by_operator(&volume_reconciler::store::OperatorDecision::new(
+                Uuid::new_v4(),
+                State::Succeeded,
+                "x",
+                "r0",
+                None
+            ))
             .await,
         Err(StoreError::NotFound(_))
     ));
@@ -1271,7 +1296,13 @@ async fn state_counts_follow_every_change(store: Arc<dyn Store>) {
     let open = claimed.iter().skip(6).find(|o| o.state == State::Unknown);
     let open = open.expect("an UNKNOWN operation left open");
     store
-        .operation_resolve_by_operator(open.id, State::Failed, "checked", "r0", None)
+        .operation_resolve_by_operator(&volume_reconciler::store::OperatorDecision::new(
+            open.id,
+            State::Failed,
+            "checked",
+            "r0",
+            None,
+        ))
         .await
         .unwrap();
     assert_counts_exact(store.as_ref(), "after an operator's decision").await;
@@ -1302,7 +1333,13 @@ async fn the_oldest_unknown_operation_is_found(store: Arc<dyn Store>) {
     let since = first.last_request_at.unwrap_or(first.created_at);
     assert_eq!(store.oldest_unknown_since().await.unwrap(), Some(since));
     store
-        .operation_resolve_by_operator(first.id, State::Failed, "checked", "r0", None)
+        .operation_resolve_by_operator(&volume_reconciler::store::OperatorDecision::new(
+            first.id,
+            State::Failed,
+            "checked",
+            "r0",
+            None,
+        ))
         .await
         .unwrap();
     let next = store.oldest_unknown_since().await.unwrap().unwrap();
@@ -2217,11 +2254,12 @@ async fn postgres_listings_use_an_index_whatever_the_filter() {
         admin.run(sql).await;
     }
     let any = Uuid::new_v4();
-    let cases: [(OperationFilter, Option<i64>, &str, &str); 6] = [
+    let cursor = volume_reconciler::store::pg::tooling::cursor();
+    let cases: [(OperationFilter, Option<ListCursor>, &str, &str); 6] = [
         (OperationFilter::default(), None, "", "operations_seq_key"),
         (
             OperationFilter::default(),
-            Some(10),
+            Some(cursor),
             "bigint",
             "operations_seq_key",
         ),

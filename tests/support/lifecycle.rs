@@ -41,6 +41,7 @@ pub fn attach(key: &str, server: Uuid, volume: Uuid) -> pb::AttachVolumeRequest 
 
 pub fn detach(key: &str, server: Uuid, volume: Uuid) -> pb::DetachVolumeRequest {
     pb::DetachVolumeRequest {
+        labels: Default::default(),
         idempotency_key: key.into(),
         server_id: server.to_string(),
         volume_id: volume.to_string(),

@@ -362,11 +362,18 @@ pub fn pending_attach(
     let (server, volume) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
     let params = RequestParams::default();
     volume_reconciler::store::NewOperation {
+        labels: Default::default(),
         id: uuid::Uuid::now_v7(),
         key: volume_reconciler::domain::CallerKey::parse(None, key)
             .unwrap()
             .into(),
-        fingerprint: request_fingerprint(Action::Attach, server, volume, &params),
+        fingerprint: request_fingerprint(
+            Action::Attach,
+            server,
+            volume,
+            &params,
+            &volume_reconciler::domain::Labels::none(),
+        ),
         action: Action::Attach,
         server_id: server,
         volume_id: volume,

@@ -102,11 +102,18 @@ async fn seed(store: &dyn Store, args: &ReconcileBenchArgs) -> anyhow::Result<()
             id: Uuid::now_v7(),
             key: crate::domain::CallerKey::parse(None, &format!("rb-{}", Uuid::new_v4().simple()))?
                 .into(),
-            fingerprint: request_fingerprint(Action::Attach, server, v, &params),
+            fingerprint: request_fingerprint(
+                Action::Attach,
+                server,
+                v,
+                &params,
+                &crate::domain::Labels::none(),
+            ),
             action: Action::Attach,
             server_id: server,
             volume_id: v,
             params,
+            labels: crate::domain::Labels::none(),
             state: State::Unknown,
             attempts: 1,
             // Past its deadline, its holder gone (a zero lease).

@@ -213,6 +213,7 @@ impl Context {
                             idempotency_key: key.clone(),
                             server_id: server.clone(),
                             volume_id: volume.clone(),
+                            ..Default::default()
                         },
                         &caller,
                         remaining,

@@ -5,7 +5,11 @@
 //!
 //! - `render`: how an operation is shown, as tables, text or JSON.
 //! - `mutate`: `ops attach` and `ops detach`.
+//! - `filter`: the filter flags `list`, `reconcile` and `resolve` share.
+//! - `fleet`: `ops cancel`, and `reconcile`/`resolve` by filter.
 
+mod filter;
+mod fleet;
 mod mutate;
 mod render;
 
@@ -21,6 +25,8 @@ use super::output::emit;
 use crate::client::Client;
 use crate::domain::parse::duration;
 use crate::grpc::pb;
+pub use filter::FilterArgs;
+pub use fleet::{BulkArgs, CancelArgs, ReconcileArgs, ResolveArgs};
 pub use mutate::{AttachArgs, DetachArgs};
 use render::{
     events_text, list_table, op_json, op_text, op_with_events_json, resolution_name, state_name, ts,
@@ -81,21 +87,8 @@ pub struct ListArgs {
     /// Only operations in this state.
     #[arg(long, value_enum, help_heading = "Filters")]
     pub state: Option<StateArg>,
-    /// Only operations on this Nova server (its UUID).
-    #[arg(long, value_name = "UUID", help_heading = "Filters")]
-    pub server_id: Option<String>,
-    /// Only operations on this volume (its UUID).
-    #[arg(long, value_name = "UUID", help_heading = "Filters")]
-    pub volume_id: Option<String>,
-    /// Only operations whose later observation disagreed.
-    #[arg(long, help_heading = "Filters")]
-    pub drifted: bool,
-    /// Only operations handed to people (not decidable in time).
-    #[arg(long, help_heading = "Filters")]
-    pub escalated: bool,
-    /// Only this caller's operations.
-    #[arg(long, help_heading = "Filters")]
-    pub caller: Option<String>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
     /// Operations per page, 1 to 500 (the server's own limit).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i32).range(1..=i64::from(MAX_PAGE)), help_heading = "Paging")]
     pub limit: i32,
@@ -134,22 +127,24 @@ pub enum OpsCommand {
     List(ListArgs),
     /// An operation and its reconcile log, by id or by idempotency key.
     Show(ShowArgs),
-    /// Re-observe an operation now and record the finding.
-    Reconcile { id: String },
+    /// Re-observe an operation now and record the finding; or, with
+    /// filter flags instead of an id, every operation they match (at
+    /// `--rate`, at most `--max-count`; `--dry-run` lists them).
+    Reconcile(ReconcileArgs),
     /// Follow an operation until it is decided (or `--timeout` passes:
     /// then exit 1), a line per change of state.
     Watch { id: String },
     /// Every operation of the ledger by state and resolution (one pass over
     /// the whole ledger: on demand, for operators).
     Stats,
-    /// Decide an operation by hand (audited).
-    Resolve {
-        id: String,
-        #[arg(long, value_enum)]
-        state: Verdict,
-        #[arg(long)]
-        reason: String,
-    },
+    /// Decide an operation by hand (audited); or, with filter flags
+    /// instead of an id, every open operation they match (`--in-state`
+    /// for the state filter; `--dry-run` lists what a real run decides).
+    Resolve(ResolveArgs),
+    /// Cancel an operation before anything that may take effect was sent
+    /// for it (FAILED, resolution cancelled; otherwise refused
+    /// CANCEL_TOO_LATE: only a detach undoes an attach).
+    Cancel(CancelArgs),
 }
 
 fn state_filter(state: Option<StateArg>) -> pb::State {
@@ -188,14 +183,10 @@ impl Ops {
     /// The first page, the page at `--page-token`, or every page (`--all`).
     async fn list(&self, f: ListArgs) -> anyhow::Result<()> {
         let mut request = pb::ListOperationsRequest {
-            state: state_filter(f.state) as i32,
-            server_id: f.server_id.unwrap_or_default(),
-            volume_id: f.volume_id.unwrap_or_default(),
             page_size: f.limit,
             page_token: f.page_token.unwrap_or_default(),
-            drifted_only: f.drifted,
-            escalated_only: f.escalated,
-            caller: f.caller.unwrap_or_default(),
+            filter: Some(f.filter.to_pb(state_filter(f.state))),
+            ..Default::default()
         };
         let mut ops = Vec::new();
         let next = loop {
@@ -361,7 +352,7 @@ impl Ops {
     }
 
     /// Prints one operation the way the output format asks.
-    fn print_one(&self, op: &pb::Operation) -> anyhow::Result<()> {
+    pub(super) fn print_one(&self, op: &pb::Operation) -> anyhow::Result<()> {
         if let Some(doc) = self.output.document(&op_json(op)) {
             return Ok(emit(&doc)?);
         }
@@ -369,17 +360,6 @@ impl Ops {
             Output::Name => format!("{}\n", op.id),
             _ => op_text(op),
         })?)
-    }
-
-    async fn reconcile(&self, id: String) -> anyhow::Result<()> {
-        let op = self
-            .client
-            .raw()
-            .reconcile_operation(self.req(pb::ReconcileOperationRequest { operation_id: id }))
-            .await
-            .map_err(|e| self.fail(e))?
-            .into_inner();
-        self.print_one(&op)
     }
 
     async fn stats(&self) -> anyhow::Result<()> {
@@ -439,25 +419,6 @@ impl Ops {
         out += &format!("{:<12} {:<11} {:>12}\n", "total", "", stats.total);
         Ok(emit(&out)?)
     }
-
-    async fn resolve(&self, id: String, state: Verdict, reason: String) -> anyhow::Result<()> {
-        let state = match state {
-            Verdict::Succeeded => pb::State::Succeeded,
-            Verdict::Failed => pb::State::Failed,
-        };
-        let op = self
-            .client
-            .raw()
-            .resolve_operation(self.req(pb::ResolveOperationRequest {
-                operation_id: id,
-                state: state as i32,
-                reason,
-            }))
-            .await
-            .map_err(|e| self.fail(e))?
-            .into_inner();
-        self.print_one(&op)
-    }
 }
 
 /// One line (or document) of `ops watch` per change of the operation:
@@ -495,8 +456,9 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
         OpsCommand::List(f) => ops.list(f).await,
         OpsCommand::Show(which) => ops.show(which).await,
         OpsCommand::Watch { id } => ops.watch(id).await,
-        OpsCommand::Reconcile { id } => ops.reconcile(id).await,
-        OpsCommand::Resolve { id, state, reason } => ops.resolve(id, state, reason).await,
+        OpsCommand::Reconcile(a) => ops.reconcile(a).await,
+        OpsCommand::Resolve(a) => ops.resolve(a).await,
+        OpsCommand::Cancel(a) => ops.cancel(a).await,
         OpsCommand::Stats => ops.stats().await,
     }
 }

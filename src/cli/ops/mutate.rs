@@ -57,6 +57,11 @@ pub struct Target {
     /// stderr so that the call can be asked again).
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
+    /// A label of the operation (KEY=VALUE; again for more, at most 8):
+    /// part of the request, shown with it, filtered on by `ops list
+    /// --label`. Not for secrets.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = super::filter::label)]
+    pub labels: Vec<(String, String)>,
 }
 
 impl Target {
@@ -82,6 +87,7 @@ impl Ops {
             device: a.device,
             tag: a.tag,
             delete_on_termination: a.delete_on_termination,
+            labels: a.target.labels.iter().cloned().collect(),
         };
         let t = &a.target;
         let answer = self
@@ -96,7 +102,13 @@ impl Ops {
         let t = &d.target;
         let answer = self
             .client
-            .detach(&key, &t.server_id, &t.volume_id, self.deadline())
+            .detach_labelled(
+                &key,
+                &t.server_id,
+                &t.volume_id,
+                t.labels.iter().cloned().collect(),
+                self.deadline(),
+            )
             .await;
         self.decided("detach", &d.target, &key, answer).await
     }

@@ -70,7 +70,18 @@ pub fn op_json(op: &pb::Operation) -> serde_json::Value {
         "updated_at": ts_json(&op.updated_at),
         "completed_at": ts_json(&op.completed_at),
         "drifted": op.drifted,
+        "labels": op.labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
     })
+}
+
+/// An operation's labels for people: `k=v,k2=v2`, keys in order.
+pub fn labels_text(op: &pb::Operation) -> String {
+    let sorted: std::collections::BTreeMap<_, _> = op.labels.iter().collect();
+    sorted
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// One operation for people: a line per field.
@@ -96,6 +107,9 @@ pub fn op_text(op: &pb::Operation) -> String {
     out += &format!("attempts    {}\n", op.attempts);
     if !op.caller.is_empty() {
         out += &format!("caller      {}\n", op.caller);
+    }
+    if !op.labels.is_empty() {
+        out += &format!("labels      {}\n", labels_text(op));
     }
     if let Some(a) = &op.attachment {
         out += &format!(
@@ -286,7 +300,7 @@ pub fn list_table(ops: &[pb::Operation], wide: bool) -> comfy_table::Table {
         "REASON",
     ];
     if wide {
-        header.extend(["KEY", "DEVICE", "UPDATED", "COMPLETED"]);
+        header.extend(["KEY", "DEVICE", "UPDATED", "COMPLETED", "LABELS"]);
     }
     let mut table = plain_table(header);
     for op in ops {
@@ -324,6 +338,7 @@ pub fn list_table(ops: &[pb::Operation], wide: bool) -> comfy_table::Table {
                 device.to_string(),
                 ts(&op.updated_at),
                 ts(&op.completed_at),
+                labels_text(op),
             ]);
         }
         table.add_row(row);

@@ -138,6 +138,29 @@ struct Recorder {
     grpc_type: &'static str,
     started: Instant,
     done: bool,
+    /// The method's kind in the API's table (none: not the service's).
+    kind: Option<crate::grpc::methods::Kind>,
+    /// Who the auth layer found the caller to be.
+    caller: CallerSlot,
+}
+
+/// Where the auth layer (inside this one) leaves the authenticated
+/// caller's name, for the per-caller metrics: this layer puts it in the
+/// request's extensions, and reads it once the call is done. Empty: the
+/// anonymous caller, or a call refused before it was known.
+#[derive(Clone, Debug, Default)]
+pub struct CallerSlot(Arc<std::sync::OnceLock<String>>);
+
+impl CallerSlot {
+    /// Says who the caller is (the first say stands).
+    pub fn set(&self, name: &str) {
+        // A second say (none is made) would name the same caller.
+        drop(self.0.set(name.to_string()));
+    }
+
+    fn name(&self) -> &str {
+        self.0.get().map_or("", String::as_str)
+    }
 }
 
 impl Recorder {
@@ -151,13 +174,14 @@ impl Recorder {
     fn finish(&mut self, code: tonic::Code) {
         if !self.done {
             self.done = true;
-            self.metrics.grpc_done(
-                self.grpc_type,
-                &self.service,
-                &self.method,
-                code,
-                self.started.elapsed().as_secs_f64(),
-            );
+            let secs = self.started.elapsed().as_secs_f64();
+            self.metrics
+                .grpc_done(self.grpc_type, &self.service, &self.method, code, secs);
+            if let Some(kind) = self.kind {
+                self.metrics
+                    .callers
+                    .done(self.caller.name(), kind, code, secs);
+            }
         }
     }
 }
@@ -296,8 +320,11 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<tonic::body::Body>) -> Self::Future {
         let labels = self.layer.labels(req.uri().path());
+        let kind = crate::grpc::methods::of(req.uri().path()).map(|m| m.kind);
+        let caller = CallerSlot::default();
+        req.extensions_mut().insert(caller.clone());
         let (service, method, grpc_type) = labels.clone();
         self.layer
             .metrics
@@ -322,6 +349,8 @@ where
             grpc_type,
             started: Instant::now(),
             done: false,
+            kind,
+            caller,
         };
         let fut = self.inner.call(req);
         Box::pin(async move {

@@ -233,7 +233,9 @@ fn creates(news: &[&NewOperation], guarded: bool) -> Batch {
         })
         .bind(|n| n.key_hash().uuid())
         .bind(|n| n.record_by.unwrap_or(*WHENEVER))
-        .bind(|n| n.ensure());
+        .bind(|n| n.ensure())
+        // No labels: NULL, which the labels' partial index leaves out.
+        .bind(|n| (!n.labels.is_empty()).then(|| jsonb(n.labels.as_map())));
     let intents: Vec<Option<Jsonb>> = json.iter_mut().map(|(intent, _)| intent.take()).collect();
     let logs: Vec<Option<Jsonb>> = json.into_iter().map(|(_, log)| log).collect();
     let q = cols.bind_owned(intents);
@@ -303,6 +305,7 @@ fn transitions(ts: &[&Transition]) -> Batch {
         .bind(|t| t.escalation.clone())
         .bind(|t| t.replica.clone())
         .bind(|t| t.base.attempt_unsent)
+        .bind(|t| t.mark_unsent)
         .bind(|t| log_events(&t.events))
         .q;
     Batch { q }

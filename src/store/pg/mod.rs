@@ -58,10 +58,11 @@ use self::bind::{Append, Payload};
 use self::conns::{Conns, Observer, Repeat};
 use super::rows::{self, Id, Json, Time, column};
 use super::{
-    CreateOutcome, DbFailure, DbObserver, HeldLease, NewOperation, OperationFilter, OperationPage,
-    PruneRound, Renewal, RoundTrip, Saturation, StateCount, Store, StoreError, Transition, within,
+    Cancel, Cancelled, CreateOutcome, DbFailure, DbObserver, HeldLease, ListCursor, NewOperation,
+    OperationFilter, OperationPage, OperatorDecision, PruneRound, Renewal, RoundTrip, Saturation,
+    StateCount, Store, StoreError, Transition, within,
 };
-use crate::domain::{CallerKey, NewEvent, Operation, OperationEvent, State};
+use crate::domain::{CallerKey, NewEvent, Operation, OperationEvent};
 
 column!(Postgres, Id, Uuid, |v| Ok(Id(v)));
 column!(Postgres, Time, DateTime<Utc>, |v| Ok(Time(v)));
@@ -140,11 +141,27 @@ impl Store for PgStore {
                 // Taken apart before the next await: a scrutinee matched
                 // across it would keep its room (536 bytes) in every
                 // waiting intent's future.
-                let old = match Box::pin(why).await? {
+                let (old, superseded) = match Box::pin(why).await? {
                     Some(rows::Conflict::Answer(found)) => return found,
-                    Some(rows::Conflict::FreedKey(old)) => old,
+                    Some(rows::Conflict::FreedKey(old)) => (old, false),
+                    Some(rows::Conflict::Supersede(old)) => (old, true),
                     None => continue,
                 };
+                if superseded {
+                    // A detach cancels its caller's unsent attach of the
+                    // volume, then takes its place (the next try); an
+                    // attach no longer cancellable keeps it busy. (A cold
+                    // path, boxed.)
+                    match Box::pin(self.supersede(&old, &new, deadline)).await? {
+                        None => continue,
+                        Some(busy) => {
+                            return Err(StoreError::VolumeBusy {
+                                volume_id: new.volume_id,
+                                operation_id: busy,
+                            });
+                        }
+                    }
+                }
                 // The key saved no result: handed on to this intent, unless
                 // another replay took it first (then the next try joins
                 // that one).
@@ -199,7 +216,7 @@ impl Store for PgStore {
     async fn operation_list(
         &self,
         filter: &OperationFilter,
-        after: Option<i64>,
+        after: Option<ListCursor>,
         limit: u32,
     ) -> Result<OperationPage, StoreError> {
         let filter = filter.clone();
@@ -412,17 +429,17 @@ impl Store for PgStore {
 
     async fn operation_resolve_by_operator(
         &self,
-        id: Uuid,
-        state: State,
-        reason: &str,
-        replica: &str,
-        caller: Option<&str>,
+        d: &OperatorDecision,
     ) -> Result<Operation, StoreError> {
-        let (reason, replica, caller) = (
-            reason.to_string(),
-            replica.to_string(),
-            caller.map(str::to_string),
+        let id = d.id;
+        let (state, reason, replica, caller) = (
+            d.state,
+            d.reason.clone(),
+            d.replica.clone(),
+            d.caller.clone(),
         );
+        let expect = d.expect.map(|s| s.as_str().to_string());
+        let audit = bind::jsonb(&rows::Pairs(&d.audit));
         let q = move || {
             sqlx::query(sqlx::AssertSqlSafe(sql::resolve_sql()))
                 .bind(id)
@@ -430,6 +447,8 @@ impl Store for PgStore {
                 .bind(reason.clone())
                 .bind(replica.clone())
                 .bind(caller.clone())
+                .bind(expect.clone())
+                .bind(audit.clone())
         };
         // Made once: a second run after a lost first one would find the
         // operation decided (by the first) and refuse.
@@ -444,8 +463,55 @@ impl Store for PgStore {
             .pop()
         {
             Some(op) => Ok(op),
-            None => Err(rows::not_resolvable(id, self.operation_get(id).await?)),
+            None => Err(rows::not_resolvable(
+                id,
+                d.expect,
+                self.operation_get(id).await?,
+            )),
         }
+    }
+
+    async fn operation_cancel(&self, c: &Cancel) -> Result<Cancelled, StoreError> {
+        let id = c.id;
+        let error = bind::jsonb(&c.error);
+        let events = bind::events_array(std::slice::from_ref(&c.event));
+        let replica = c.replica.clone();
+        let (action, server, caller) = match &c.only_attach_of {
+            Some((server, caller)) => (
+                Some(crate::domain::Action::Attach.as_str()),
+                Some(*server),
+                Some(caller.as_str().to_string()),
+            ),
+            None => (None, None, None),
+        };
+        let q = move || {
+            sqlx::query(sqlx::AssertSqlSafe(sql::cancel_sql()))
+                .bind(id)
+                .bind(error.clone())
+                .bind(replica.clone())
+                .bind(events.clone())
+                .bind(action)
+                .bind(server)
+                .bind(caller.clone())
+        };
+        // Made once: a second run after a lost first one would find the
+        // operation decided (by the first) and say so.
+        let done = self
+            .fetch_operations(
+                RoundTrip::Resolve,
+                "cancelling an operation",
+                Repeat::Never,
+                q,
+            )
+            .await?
+            .pop();
+        Ok(match done {
+            Some(op) => Cancelled::Done(op),
+            None => match self.operation_get(id).await? {
+                Some(op) => Cancelled::Not(op),
+                None => Cancelled::NotFound,
+            },
+        })
     }
 
     async fn operation_release_leases(

@@ -19,9 +19,10 @@ use super::bounds::Bounds;
 use super::conns::{Conns, Repeat};
 use super::sql::{self, NOTIFY_CHANNEL};
 use crate::domain::{KeyHash, Operation};
-use crate::store::rows::{self, list_statement};
+use crate::store::rows;
 use crate::store::{
-    DbFailure, NewOperation, OperationFilter, RoundTrip, StateCount, Store, StoreError,
+    Cancel, Cancelled, DbFailure, ListCursor, NewOperation, OperationFilter, RoundTrip, StateCount,
+    Store, StoreError, query, within,
 };
 
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
@@ -231,6 +232,29 @@ impl PgStore {
         }
     }
 
+    /// Cancels `old`, an attach `new` (a detach of its volume) supersedes:
+    /// `None` when the volume is free for `new` now, else the operation
+    /// that keeps it busy (an attach no longer cancellable).
+    pub(super) async fn supersede(
+        &self,
+        old: &Operation,
+        new: &NewOperation,
+        deadline: Instant,
+    ) -> Result<Option<Uuid>, StoreError> {
+        let cancel = Cancel::superseded_by(old, new);
+        let found = within(
+            deadline,
+            "recording the operation",
+            self.operation_cancel(&cancel),
+        )
+        .await?;
+        Ok(match found {
+            Cancelled::Done(_) | Cancelled::NotFound => None,
+            Cancelled::Not(op) if op.state.is_terminal() => None,
+            Cancelled::Not(op) => Some(op.id),
+        })
+    }
+
     /// The operations a query returns (by id or by key: at most one).
     pub(super) async fn fetch_operations<F>(
         &self,
@@ -252,33 +276,23 @@ impl PgStore {
     }
 }
 
-/// The list query for `filter`, naming only the conditions it sets: under
-/// the connection's generic plans, a condition written `($1 IS NULL OR
-/// server_id = $1)` can use no index, and every listing read the whole
-/// table (measured: a sequential scan and a sort at 50,000 rows). An open
-/// state is also looked for among the open operations (their partial
-/// index); a terminal one walks `seq` backwards, as unfiltered pages do.
+/// The list query for `filter` (`query::list`: its SQL and arguments
+/// built together), bound as PostgreSQL's columns take them.
 pub(super) fn list_query(
     filter: &OperationFilter,
-    after: Option<i64>,
+    after: Option<ListCursor>,
     limit: u32,
 ) -> Query<'static> {
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(list_statement(filter, after, limit)));
-    // Bound in the order `list_statement` numbers them.
-    if let Some(state) = filter.state {
-        q = q.bind(state.as_str());
-    }
-    if let Some(server) = filter.server_id {
-        q = q.bind(server);
-    }
-    if let Some(volume) = filter.volume_id {
-        q = q.bind(volume);
-    }
-    if let Some(after) = after {
-        q = q.bind(after);
-    }
-    if let Some(caller) = &filter.caller {
-        q = q.bind(caller.clone());
+    let built = query::list(filter, after, limit, query::Dialect::Postgres);
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(built.sql));
+    for arg in built.args {
+        q = match arg {
+            query::Arg::Text(t) => q.bind(t),
+            query::Arg::Uuid(u) => q.bind(u),
+            query::Arg::Int(i) => q.bind(i),
+            query::Arg::Time(t) => q.bind(t),
+            query::Arg::Labels(l) => q.bind(bind::jsonb(l.as_map())),
+        };
     }
     q
 }

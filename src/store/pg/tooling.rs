@@ -13,7 +13,16 @@ use crate::store::rows;
 
 pub use super::connect::WRITER_SETTINGS;
 pub use super::sql::verification_statement;
-pub use crate::store::rows::list_statement;
+
+/// The list statement PostgreSQL runs for `filter` (`query::list`), for
+/// plan tests.
+pub fn list_statement(
+    filter: &OperationFilter,
+    after: Option<crate::store::ListCursor>,
+    limit: u32,
+) -> String {
+    crate::store::query::list(filter, after, limit, crate::store::query::Dialect::Postgres).sql
+}
 
 /// Every index of `operations`, with a statement of the service's that
 /// reads through it (its parameter types, as `PREPARE` takes them): each
@@ -27,7 +36,7 @@ pub fn index_queries() -> Vec<(&'static str, String, &'static str)> {
         // Pages of the whole ledger, newest first (keyset on `seq`).
         (
             "operations_seq_key",
-            list_statement(&OperationFilter::default(), Some(10), 50),
+            list_statement(&OperationFilter::default(), Some(cursor()), 50),
             "bigint",
         ),
         // A caller's key: replays, and why an intent was not inserted.
@@ -68,6 +77,11 @@ pub fn index_queries() -> Vec<(&'static str, String, &'static str)> {
             "timestamptz, uuid, float8, bigint",
         ),
     ]
+}
+
+/// A page's end, for statements read after one.
+pub fn cursor() -> crate::store::ListCursor {
+    crate::store::ListCursor { seq: 10 }
 }
 
 /// The writers' statements as they prepare them, for plan tests: name,
@@ -171,6 +185,8 @@ pub fn pgbench_script() -> String {
             "(now() + interval '10 seconds')",
             // A keyed call's, not an Ensure call's.
             "false",
+            // No labels.
+            "NULL::jsonb",
             "'{\"replica\":\"pgbench\",\"metadata\":{\"caller_deadline_ms\":\"30000\",\"deadline_from_caller\":\"true\",\"caller_span_id\":\"-\"},\"derived\":[\"idempotency_key\",\"caller\",\"trace_id\",\"traceparent\"]}'::jsonb",
             // No events beyond `recorded`: the statement without the log row.
         ],
@@ -193,7 +209,8 @@ pub fn pgbench_script() -> String {
             "__WRITEID__",
             "NULL::text",
             "'pgbench'",
-            // The row was read without an unsent mark.
+            // The row was read without an unsent mark, and marks none.
+            "false",
             "false",
             "'[{\"kind\":\"request_sent\",\"detail\":\"POST attach request #1\",\"metadata\":{\"attempt\":\"1\",\"outbound_deadline_ms\":\"23500\"},\"ago_ms\": 1.5},{\"kind\":\"response\",\"detail\":\"Nova answered 200: attachment created\",\"metadata\":{\"status\":\"200\"},\"ago_ms\": 1},{\"kind\":\"resolved\",\"detail\":\"attached\",\"metadata\":{\"state\":\"succeeded\"},\"ago_ms\": 0}]'::jsonb",
         ],

@@ -47,6 +47,7 @@ type IntentRow = (
     Option<String>,
     Option<String>,
     Option<String>,
+    Option<String>,
 );
 
 /// Operation `id`'s reconcile log, oldest first, read in one snapshot.
@@ -55,7 +56,7 @@ pub(super) async fn read(pool: &SqlitePool, id: Uuid) -> Result<Vec<OperationEve
     // One snapshot for the three reads.
     let mut tx = pool.begin().await.map_err(db(WHAT))?;
     let row: Option<IntentRow> = sqlx::query_as(
-        "SELECT created_at, action, idempotency_key, caller, trace_parent, intent
+        "SELECT created_at, action, idempotency_key, caller, trace_parent, intent, labels
          FROM operations WHERE id = ?",
     )
     .bind(&key)
@@ -104,7 +105,7 @@ pub(super) async fn read(pool: &SqlitePool, id: Uuid) -> Result<Vec<OperationEve
 /// The `recorded` event of an operation's row; `None` when it has no
 /// `intent` (recorded before: its events are in `operation_events`).
 fn recorded(key: &str, row: IntentRow) -> Result<Option<OperationEvent>, StoreError> {
-    let (created_at, action, idempotency_key, caller, trace_parent, intent) = row;
+    let (created_at, action, idempotency_key, caller, trace_parent, intent, labels) = row;
     let Some(intent) = intent else {
         return Ok(None);
     };
@@ -120,6 +121,12 @@ fn recorded(key: &str, row: IntentRow) -> Result<Option<OperationEvent>, StoreEr
                 .and_then(|t| t.get(3..35))
                 .map(str::to_string),
             "traceparent" => trace_parent.clone(),
+            "labels" => labels
+                .as_deref()
+                .map(serde_json::from_str)
+                .transpose()
+                .map_err(|e| corrupt(key, format!("labels: {e}")))?
+                .map(|m| crate::domain::Labels::from_stored(m).to_string()),
             _ => None,
         };
         if let Some(v) = value {

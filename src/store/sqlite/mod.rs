@@ -44,8 +44,9 @@ use self::write::{
 };
 use super::rows::{self, COLUMNS, Id, Json, OPEN, Time, column};
 use super::{
-    CreateOutcome, DbFailure, HeldLease, NewOperation, OperationFilter, OperationPage, PruneRound,
-    Renewal, StateCount, Store, StoreError, Transition, within,
+    Cancel, Cancelled, CreateOutcome, DbFailure, HeldLease, ListCursor, NewOperation,
+    OperationFilter, OperationPage, OperatorDecision, PruneRound, Renewal, StateCount, Store,
+    StoreError, Transition, within,
 };
 use crate::domain::{CallerKey, NewEvent, Operation, OperationError, OperationEvent, State, event};
 
@@ -106,21 +107,9 @@ const DUE_FOR_VERIFICATION: &str = "operations, verification_cursors c
 const LATEST_OF_VOLUME: &str =
     "SELECT created_at FROM operations WHERE volume_id = ?1 ORDER BY seq DESC LIMIT 1";
 
-/// `operation_list`'s statement: PostgreSQL's (`rows::list_statement`),
-/// its parameters written `?n`. Filtered by an open state and not by
-/// server, it reads the open operations' index: SQLite's planner would
-/// rather walk the whole table backwards by `seq` than scan a partial
-/// index and sort the few rows it holds.
-fn list_statement(filter: &OperationFilter, after: Option<i64>, limit: u32) -> String {
-    let sql = super::rows::list_statement(filter, after, limit).replace('$', "?");
-    match filter.state {
-        Some(state) if !state.is_terminal() && filter.server_id.is_none() => sql.replacen(
-            "FROM operations ",
-            "FROM operations INDEXED BY operations_open ",
-            1,
-        ),
-        _ => sql,
-    }
+/// `operation_list`'s statement for `filter` (`query::list`, SQLite's).
+fn list_statement(filter: &OperationFilter, after: Option<ListCursor>, limit: u32) -> String {
+    super::query::list(filter, after, limit, super::query::Dialect::Sqlite).sql
 }
 
 /// Every index of `operations`, with a statement of the store's that reads
@@ -370,28 +359,22 @@ impl Store for SqliteStore {
     async fn operation_list(
         &self,
         filter: &OperationFilter,
-        after: Option<i64>,
+        after: Option<ListCursor>,
         limit: u32,
     ) -> Result<OperationPage, StoreError> {
-        // The statement PostgreSQL runs, written for SQLite (`?n`): a
-        // filter's condition only when it is set, so that each listing
-        // finds its page through its index (`index_queries`).
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(list_statement(filter, after, limit)));
-        // Bound in the order `list_statement` numbers them.
-        if let Some(state) = filter.state {
-            q = q.bind(state.as_str());
-        }
-        if let Some(server) = filter.server_id {
-            q = q.bind(server.to_string());
-        }
-        if let Some(volume) = filter.volume_id {
-            q = q.bind(volume.to_string());
-        }
-        if let Some(after) = after {
-            q = q.bind(after);
-        }
-        if let Some(caller) = &filter.caller {
-            q = q.bind(caller.clone());
+        // Its SQL and arguments built together (`query::list`), bound as
+        // this store keeps its columns.
+        use super::query::{Arg, Dialect, list};
+        let built = list(filter, after, limit, Dialect::Sqlite);
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(built.sql));
+        for arg in built.args {
+            q = match arg {
+                Arg::Text(t) => q.bind(t),
+                Arg::Uuid(u) => q.bind(u.to_string()),
+                Arg::Int(i) => q.bind(i),
+                Arg::Time(t) => q.bind(write::micros(t)),
+                Arg::Labels(l) => q.bind(l.to_json()),
+            };
         }
         let rows = q
             .fetch_all(&self.pool)
@@ -673,46 +656,64 @@ impl Store for SqliteStore {
 
     async fn operation_resolve_by_operator(
         &self,
-        id: Uuid,
-        state: State,
-        reason: &str,
-        replica: &str,
-        caller: Option<&str>,
+        d: &OperatorDecision,
     ) -> Result<Operation, StoreError> {
+        let (id, state) = (d.id, d.state);
         let mut tx = self.begin().await?;
         let now = now_us();
+        let caller = d.caller.as_deref().unwrap_or("");
         let last_error = (state == State::Failed).then(|| {
             to_json(
-                &OperationError::new(crate::domain::Reason::OperatorResolved, reason)
-                    .with("caller", caller.unwrap_or("")),
+                &OperationError::new(crate::domain::Reason::OperatorResolved, &d.reason)
+                    .with("caller", caller),
             )
         });
         let r = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE operations SET state = ?2, resolution = 'operator', completed_at = ?3, updated_at = ?3,
                 lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, next_attempt_at = NULL,
                 last_error = COALESCE(?4, last_error)
-             WHERE id = ?1 AND {OPEN}"
+             WHERE id = ?1 AND {OPEN} AND (?5 IS NULL OR state = ?5)"
         )))
         .bind(id.to_string())
         .bind(state.as_str())
         .bind(now)
         .bind(last_error)
+        .bind(d.expect.map(State::as_str))
         .execute(&mut *tx)
         .await
         .map_err(db("resolving by operator"))?;
         if r.rows_affected() == 0 {
             let current = get_in(&mut tx, id).await?;
             tx.rollback().await.map_err(db("resolving by operator"))?;
-            return Err(rows::not_resolvable(id, current));
+            return Err(rows::not_resolvable(id, d.expect, current));
         }
-        let ev = NewEvent::new(event::OPERATOR_RESOLVED, reason)
+        let mut ev = NewEvent::new(event::OPERATOR_RESOLVED, &d.reason)
             .with("state", state.as_str())
-            .with("caller", caller.unwrap_or(""));
-        insert_events(&mut tx, id, replica, None, &[ev]).await?;
+            .with("caller", caller);
+        for (k, v) in &d.audit {
+            ev = ev.with(k, v);
+        }
+        insert_events(&mut tx, id, &d.replica, None, &[ev]).await?;
         let op = get_in(&mut tx, id).await?.ok_or(StoreError::NotFound(id))?;
         tx.commit().await.map_err(db("resolving by operator"))?;
         self.notify(id);
         Ok(op)
+    }
+
+    async fn operation_cancel(&self, c: &Cancel) -> Result<Cancelled, StoreError> {
+        const WHAT: &str = "cancelling an operation";
+        let mut tx = self.begin_write().await?;
+        if !write::cancel_in(&mut tx, c).await? {
+            let current = get_in(&mut tx, c.id).await?;
+            tx.rollback().await.map_err(db(WHAT))?;
+            return Ok(current.map_or(Cancelled::NotFound, Cancelled::Not));
+        }
+        let op = get_in(&mut tx, c.id)
+            .await?
+            .ok_or(StoreError::NotFound(c.id))?;
+        tx.commit().await.map_err(db(WHAT))?;
+        self.notify(c.id);
+        Ok(Cancelled::Done(op))
     }
 
     async fn operation_release_leases(
@@ -905,6 +906,7 @@ impl SqliteStore {
         // Until its commit the intent is bounded by the deadline (dropped,
         // the transaction rolls back); the commit itself is awaited to its
         // end, whatever the time (see `Store::operation_create`).
+        let mut superseded = None;
         let prepared = within(deadline, "recording the operation", async {
             let mut tx = self.begin_write().await?;
             // A pruned key is refused (its tombstone), never run again.
@@ -917,15 +919,28 @@ impl SqliteStore {
             }
             let mut new = std::borrow::Cow::Borrowed(&new);
             let mut inserted = insert_intent(&mut tx, &new).await?;
-            if inserted.is_none()
-                && let Some(rows::Conflict::FreedKey(old)) = conflict_in(&mut tx, &new).await?
-            {
-                // The key saved no result: handed on to this intent, in
-                // this transaction.
-                let (on_old, on_new) = crate::domain::key_handed_on(&old, new.id);
-                if write::retire_key(&mut tx, &old, &new.lease_owner, on_old).await? {
-                    new.to_mut().events.push(on_new);
-                    inserted = insert_intent(&mut tx, &new).await?;
+            if inserted.is_none() {
+                match conflict_in(&mut tx, &new).await? {
+                    Some(rows::Conflict::FreedKey(old)) => {
+                        // The key saved no result: handed on to this
+                        // intent, in this transaction.
+                        let (on_old, on_new) = crate::domain::key_handed_on(&old, new.id);
+                        if write::retire_key(&mut tx, &old, &new.lease_owner, on_old).await? {
+                            new.to_mut().events.push(on_new);
+                            inserted = insert_intent(&mut tx, &new).await?;
+                        }
+                    }
+                    Some(rows::Conflict::Supersede(old)) => {
+                        // A detach cancels its caller's unsent attach of
+                        // the volume, in this transaction, and takes its
+                        // place.
+                        let cancel = super::Cancel::superseded_by(&old, &new);
+                        if write::cancel_in(&mut tx, &cancel).await? {
+                            superseded = Some(old.id);
+                            inserted = insert_intent(&mut tx, &new).await?;
+                        }
+                    }
+                    _ => {}
                 }
             }
             let Some(op) = inserted else {
@@ -938,14 +953,16 @@ impl SqliteStore {
                     // Handed on in this transaction, yet in the way: the
                     // key's new operation is another's write (one writer:
                     // never).
-                    Some(rows::Conflict::FreedKey(old)) => Err(StoreError::database(
-                        "recording the operation",
-                        DbFailure::Constraint,
-                        format!(
-                            "the key of operation {} stayed in the way after it was handed on",
-                            old.id
-                        ),
-                    )),
+                    Some(rows::Conflict::FreedKey(old) | rows::Conflict::Supersede(old)) => {
+                        Err(StoreError::database(
+                            "recording the operation",
+                            DbFailure::Constraint,
+                            format!(
+                                "operation {} stayed in the way after it was handed on or cancelled",
+                                old.id
+                            ),
+                        ))
+                    }
                     // Neither, in the same transaction: the only other
                     // unique column, the id, is another key's.
                     None => Err(StoreError::database(
@@ -978,6 +995,9 @@ impl SqliteStore {
         match prepared {
             Ok((tx, op)) => {
                 tx.commit().await.map_err(db("recording the operation"))?;
+                if let Some(old) = superseded {
+                    self.notify(old);
+                }
                 self.notify(op.id);
                 Ok(CreateOutcome::Created(op))
             }

@@ -130,8 +130,8 @@ pub(super) async fn insert_intent(
     let row = sqlx::query(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, created_at, updated_at, lease_owner,
-            lease_expires_at, caller, trace_parent, trace_state, intent, ensure)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            lease_expires_at, caller, trace_parent, trace_state, intent, ensure, labels)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT DO NOTHING
          RETURNING created_at, deadline_at, last_request_at, lease_expires_at",
     )
@@ -155,6 +155,7 @@ pub(super) async fn insert_intent(
     .bind(new.trace.as_ref().and_then(|t| t.tracestate()))
     .bind(rows::compact_recorded(new).map(|i| to_json(&i)))
     .bind(new.ensure())
+    .bind((!new.labels.is_empty()).then(|| new.labels.to_json()))
     .fetch_optional(&mut **tx)
     .await
     .map_err(db("recording the operation"))?;
@@ -192,6 +193,7 @@ pub(super) async fn update_fenced(
             lease_expires_at = CASE WHEN ?12 THEN NULL ELSE lease_expires_at END,
             next_attempt_at = CASE WHEN unsent_attempt = attempts AND NOT ?17 THEN ?10
                 ELSE ?10 + ?13 END,
+            unsent_attempt = CASE WHEN ?18 THEN attempts + ?6 ELSE unsent_attempt END,
             verify_expect = ?14,
             escalated_at = CASE WHEN ?16 IS NOT NULL THEN ?10 ELSE escalated_at END,
             escalation = COALESCE(?16, escalation),
@@ -218,6 +220,7 @@ pub(super) async fn update_fenced(
     .bind(t.write_id.to_string())
     .bind(t.escalation.as_deref())
     .bind(t.base.attempt_unsent)
+    .bind(t.mark_unsent)
     .fetch_optional(&mut **tx)
     .await
     .map_err(db("recording a state change"))?;
@@ -245,4 +248,37 @@ pub(super) async fn get_in(
         .await
         .map_err(db("reading an operation"))?;
     row.as_ref().map(rows::operation).transpose()
+}
+
+/// A cancel's compare-and-set in `tx` (as PostgreSQL's
+/// `pg::sql::cancel_sql`), with its event; whether it changed the row.
+pub(super) async fn cancel_in(
+    tx: &mut Transaction<'static, Sqlite>,
+    c: &crate::store::Cancel,
+) -> Result<bool, StoreError> {
+    let (server, caller) = match &c.only_attach_of {
+        Some((server, caller)) => (Some(server.to_string()), Some(caller.as_str())),
+        None => (None, None),
+    };
+    let r = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE operations SET state = 'failed', resolution = 'cancelled', completed_at = ?2,
+            updated_at = ?2, lease_owner = NULL, lease_expires_at = NULL,
+            lease_epoch = lease_epoch + 1, next_attempt_at = NULL, verify_expect = NULL,
+            last_error = ?3
+         WHERE id = ?1 AND {OPEN} AND (state = 'pending' OR unsent_attempt = attempts)
+           AND (?4 IS NULL OR (action = 'attach' AND server_id = ?4 AND COALESCE(caller, '') = ?5))"
+    )))
+    .bind(c.id.to_string())
+    .bind(now_us())
+    .bind(to_json(&c.error))
+    .bind(server)
+    .bind(caller)
+    .execute(&mut **tx)
+    .await
+    .map_err(db("cancelling an operation"))?;
+    if r.rows_affected() == 0 {
+        return Ok(false);
+    }
+    insert_events(tx, c.id, &c.replica, None, std::slice::from_ref(&c.event)).await?;
+    Ok(true)
 }

@@ -156,6 +156,9 @@ const (
 	Resolution_RESOLUTION_RECONCILER Resolution = 3
 	// An operator decided it (ResolveOperation).
 	Resolution_RESOLUTION_OPERATOR Resolution = 4
+	// Cancelled before anything that may take effect was sent (added;
+	// CancelOperation, or a detach of the same volume that superseded it).
+	Resolution_RESOLUTION_CANCELLED Resolution = 5
 )
 
 // Enum value maps for Resolution.
@@ -166,6 +169,7 @@ var (
 		2: "RESOLUTION_REOBSERVED",
 		3: "RESOLUTION_RECONCILER",
 		4: "RESOLUTION_OPERATOR",
+		5: "RESOLUTION_CANCELLED",
 	}
 	Resolution_value = map[string]int32{
 		"RESOLUTION_UNSPECIFIED": 0,
@@ -173,6 +177,7 @@ var (
 		"RESOLUTION_REOBSERVED":  2,
 		"RESOLUTION_RECONCILER":  3,
 		"RESOLUTION_OPERATOR":    4,
+		"RESOLUTION_CANCELLED":   5,
 	}
 )
 
@@ -203,6 +208,71 @@ func (Resolution) EnumDescriptor() ([]byte, []int) {
 	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{2}
 }
 
+// What a bulk call did with one operation.
+type BulkOutcome int32
+
+const (
+	// Never sent.
+	BulkOutcome_BULK_OUTCOME_UNSPECIFIED BulkOutcome = 0
+	// A dry run: a real run would act on it.
+	BulkOutcome_BULK_OUTCOME_WOULD_ACT BulkOutcome = 1
+	// Acted on: reconciled, or resolved.
+	BulkOutcome_BULK_OUTCOME_ACTED BulkOutcome = 2
+	// It no longer matched the filter when its turn came: left alone.
+	BulkOutcome_BULK_OUTCOME_NO_LONGER_MATCHES BulkOutcome = 3
+	// Acting on it failed (see error).
+	BulkOutcome_BULK_OUTCOME_FAILED BulkOutcome = 4
+	// The call ended (its deadline) before its turn: left alone.
+	BulkOutcome_BULK_OUTCOME_NOT_REACHED BulkOutcome = 5
+)
+
+// Enum value maps for BulkOutcome.
+var (
+	BulkOutcome_name = map[int32]string{
+		0: "BULK_OUTCOME_UNSPECIFIED",
+		1: "BULK_OUTCOME_WOULD_ACT",
+		2: "BULK_OUTCOME_ACTED",
+		3: "BULK_OUTCOME_NO_LONGER_MATCHES",
+		4: "BULK_OUTCOME_FAILED",
+		5: "BULK_OUTCOME_NOT_REACHED",
+	}
+	BulkOutcome_value = map[string]int32{
+		"BULK_OUTCOME_UNSPECIFIED":       0,
+		"BULK_OUTCOME_WOULD_ACT":         1,
+		"BULK_OUTCOME_ACTED":             2,
+		"BULK_OUTCOME_NO_LONGER_MATCHES": 3,
+		"BULK_OUTCOME_FAILED":            4,
+		"BULK_OUTCOME_NOT_REACHED":       5,
+	}
+)
+
+func (x BulkOutcome) Enum() *BulkOutcome {
+	p := new(BulkOutcome)
+	*p = x
+	return p
+}
+
+func (x BulkOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BulkOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_volume_reconciler_v1_reconciler_proto_enumTypes[3].Descriptor()
+}
+
+func (BulkOutcome) Type() protoreflect.EnumType {
+	return &file_volume_reconciler_v1_reconciler_proto_enumTypes[3]
+}
+
+func (x BulkOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BulkOutcome.Descriptor instead.
+func (BulkOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{3}
+}
+
 // An attach to run once per idempotency key.
 type AttachVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -220,8 +290,16 @@ type AttachVolumeRequest struct {
 	Tag string `protobuf:"bytes,5,opt,name=tag,proto3" json:"tag,omitempty"`
 	// Optional (microversion >= 2.79).
 	DeleteOnTermination *bool `protobuf:"varint,6,opt,name=delete_on_termination,json=deleteOnTermination,proto3,oneof" json:"delete_on_termination,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Optional (added): at most 8 labels, set when the operation is
+	// created and never changed; part of the request (a replay with other
+	// labels is another request). Keys: 1..63 characters of [a-z0-9_.-],
+	// starting with [a-z0-9], after an optional prefix of the same
+	// characters and a '/' (e.g. "csi.k8s.io/pv"). Values: up to 255
+	// printable characters. Shown with the operation and filtered on by
+	// ListOperations. Not for secrets: operators and logs read them.
+	Labels        map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AttachVolumeRequest) Reset() {
@@ -296,6 +374,13 @@ func (x *AttachVolumeRequest) GetDeleteOnTermination() bool {
 	return false
 }
 
+func (x *AttachVolumeRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
 // A detach to run once per idempotency key.
 type DetachVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -304,7 +389,9 @@ type DetachVolumeRequest struct {
 	// Nova server UUID.
 	ServerId string `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
 	// Cinder volume UUID.
-	VolumeId      string `protobuf:"bytes,3,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	VolumeId string `protobuf:"bytes,3,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// Optional (added), as in AttachVolumeRequest.
+	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -360,6 +447,13 @@ func (x *DetachVolumeRequest) GetVolumeId() string {
 	return ""
 }
 
+func (x *DetachVolumeRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
 // The volume attached to the server, however many times it is asked
 // (EnsureAttached).
 type EnsureAttachedRequest struct {
@@ -375,8 +469,12 @@ type EnsureAttachedRequest struct {
 	Tag string `protobuf:"bytes,4,opt,name=tag,proto3" json:"tag,omitempty"`
 	// Optional (microversion >= 2.79); used only if an attach is sent.
 	DeleteOnTermination *bool `protobuf:"varint,5,opt,name=delete_on_termination,json=deleteOnTermination,proto3,oneof" json:"delete_on_termination,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Optional (added), as in AttachVolumeRequest: part of the call's
+	// parameters (an open operation of the same identity asked with other
+	// labels is another's: VOLUME_BUSY).
+	Labels        map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EnsureAttachedRequest) Reset() {
@@ -444,6 +542,13 @@ func (x *EnsureAttachedRequest) GetDeleteOnTermination() bool {
 	return false
 }
 
+func (x *EnsureAttachedRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
 // The volume not attached to the server, however many times it is asked
 // (EnsureDetached).
 type EnsureDetachedRequest struct {
@@ -451,7 +556,9 @@ type EnsureDetachedRequest struct {
 	// Nova server UUID.
 	ServerId string `protobuf:"bytes,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
 	// Cinder volume UUID.
-	VolumeId      string `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	VolumeId string `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// Optional (added), as in EnsureAttachedRequest.
+	Labels        map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -498,6 +605,13 @@ func (x *EnsureDetachedRequest) GetVolumeId() string {
 		return x.VolumeId
 	}
 	return ""
+}
+
+func (x *EnsureDetachedRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
 }
 
 // Which operation to get.
@@ -586,7 +700,10 @@ type ListOperationsRequest struct {
 	// Empty: every caller's the caller may read (an orchestrator's own; all
 	// for an operator). Otherwise only this caller's: an operator's filter;
 	// an orchestrator naming any caller but itself gets INVALID_ARGUMENT.
-	Caller        string `protobuf:"bytes,8,opt,name=caller,proto3" json:"caller,omitempty"`
+	Caller string `protobuf:"bytes,8,opt,name=caller,proto3" json:"caller,omitempty"`
+	// Every filter, those above included (added): set either the filters
+	// above or this, not both (INVALID_ARGUMENT, field filter).
+	Filter        *OperationFilter `protobuf:"bytes,9,opt,name=filter,proto3" json:"filter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -677,6 +794,151 @@ func (x *ListOperationsRequest) GetCaller() string {
 	return ""
 }
 
+func (x *ListOperationsRequest) GetFilter() *OperationFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+// Which operations a list or a bulk call is about: all of the filters set
+// apply (added).
+type OperationFilter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// STATE_UNSPECIFIED: any.
+	State State `protobuf:"varint,1,opt,name=state,proto3,enum=volume_reconciler.v1.State" json:"state,omitempty"`
+	// Empty: any.
+	ServerId string `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	// Empty: any.
+	VolumeId string `protobuf:"bytes,3,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// Only operations whose later observation disagreed.
+	DriftedOnly bool `protobuf:"varint,4,opt,name=drifted_only,json=driftedOnly,proto3" json:"drifted_only,omitempty"`
+	// Only operations handed to people (see Operation.escalation).
+	EscalatedOnly bool `protobuf:"varint,5,opt,name=escalated_only,json=escalatedOnly,proto3" json:"escalated_only,omitempty"`
+	// As ListOperationsRequest.caller.
+	Caller string `protobuf:"bytes,6,opt,name=caller,proto3" json:"caller,omitempty"`
+	// Only operations carrying every one of these labels (keys and values
+	// as AttachVolumeRequest.labels; at most 8).
+	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Created at or after this instant.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// Created before this instant.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	// Last changed at or after this instant.
+	UpdatedAfter *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_after,json=updatedAfter,proto3" json:"updated_after,omitempty"`
+	// Last changed before this instant.
+	UpdatedBefore *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=updated_before,json=updatedBefore,proto3" json:"updated_before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperationFilter) Reset() {
+	*x = OperationFilter{}
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationFilter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationFilter) ProtoMessage() {}
+
+func (x *OperationFilter) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationFilter.ProtoReflect.Descriptor instead.
+func (*OperationFilter) Descriptor() ([]byte, []int) {
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *OperationFilter) GetState() State {
+	if x != nil {
+		return x.State
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+func (x *OperationFilter) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *OperationFilter) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *OperationFilter) GetDriftedOnly() bool {
+	if x != nil {
+		return x.DriftedOnly
+	}
+	return false
+}
+
+func (x *OperationFilter) GetEscalatedOnly() bool {
+	if x != nil {
+		return x.EscalatedOnly
+	}
+	return false
+}
+
+func (x *OperationFilter) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
+}
+
+func (x *OperationFilter) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *OperationFilter) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *OperationFilter) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+func (x *OperationFilter) GetUpdatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAfter
+	}
+	return nil
+}
+
+func (x *OperationFilter) GetUpdatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedBefore
+	}
+	return nil
+}
+
 // A page of operations.
 type ListOperationsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -690,7 +952,7 @@ type ListOperationsResponse struct {
 
 func (x *ListOperationsResponse) Reset() {
 	*x = ListOperationsResponse{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[6]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +964,7 @@ func (x *ListOperationsResponse) String() string {
 func (*ListOperationsResponse) ProtoMessage() {}
 
 func (x *ListOperationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[6]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +977,7 @@ func (x *ListOperationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperationsResponse.ProtoReflect.Descriptor instead.
 func (*ListOperationsResponse) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{6}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListOperationsResponse) GetOperations() []*Operation {
@@ -743,7 +1005,7 @@ type WatchOperationRequest struct {
 
 func (x *WatchOperationRequest) Reset() {
 	*x = WatchOperationRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[7]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -755,7 +1017,7 @@ func (x *WatchOperationRequest) String() string {
 func (*WatchOperationRequest) ProtoMessage() {}
 
 func (x *WatchOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[7]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -768,7 +1030,7 @@ func (x *WatchOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchOperationRequest.ProtoReflect.Descriptor instead.
 func (*WatchOperationRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{7}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchOperationRequest) GetOperationId() string {
@@ -789,7 +1051,7 @@ type ReconcileOperationRequest struct {
 
 func (x *ReconcileOperationRequest) Reset() {
 	*x = ReconcileOperationRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[8]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +1063,7 @@ func (x *ReconcileOperationRequest) String() string {
 func (*ReconcileOperationRequest) ProtoMessage() {}
 
 func (x *ReconcileOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[8]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +1076,7 @@ func (x *ReconcileOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileOperationRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileOperationRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{8}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReconcileOperationRequest) GetOperationId() string {
@@ -835,7 +1097,7 @@ type ListOperationEventsRequest struct {
 
 func (x *ListOperationEventsRequest) Reset() {
 	*x = ListOperationEventsRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[9]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +1109,7 @@ func (x *ListOperationEventsRequest) String() string {
 func (*ListOperationEventsRequest) ProtoMessage() {}
 
 func (x *ListOperationEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[9]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +1122,7 @@ func (x *ListOperationEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperationEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListOperationEventsRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{9}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListOperationEventsRequest) GetOperationId() string {
@@ -881,7 +1143,7 @@ type ListOperationEventsResponse struct {
 
 func (x *ListOperationEventsResponse) Reset() {
 	*x = ListOperationEventsResponse{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[10]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1155,7 @@ func (x *ListOperationEventsResponse) String() string {
 func (*ListOperationEventsResponse) ProtoMessage() {}
 
 func (x *ListOperationEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[10]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1168,7 @@ func (x *ListOperationEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperationEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListOperationEventsResponse) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{10}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListOperationEventsResponse) GetEvents() []*OperationEvent {
@@ -925,7 +1187,7 @@ type GetOperationStatsRequest struct {
 
 func (x *GetOperationStatsRequest) Reset() {
 	*x = GetOperationStatsRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[11]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1199,7 @@ func (x *GetOperationStatsRequest) String() string {
 func (*GetOperationStatsRequest) ProtoMessage() {}
 
 func (x *GetOperationStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[11]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1212,7 @@ func (x *GetOperationStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetOperationStatsRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{11}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{12}
 }
 
 // The whole ledger's operations, counted.
@@ -966,7 +1228,7 @@ type OperationStats struct {
 
 func (x *OperationStats) Reset() {
 	*x = OperationStats{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[12]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1240,7 @@ func (x *OperationStats) String() string {
 func (*OperationStats) ProtoMessage() {}
 
 func (x *OperationStats) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[12]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1253,7 @@ func (x *OperationStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationStats.ProtoReflect.Descriptor instead.
 func (*OperationStats) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{12}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *OperationStats) GetCounts() []*StateCount {
@@ -1023,7 +1285,7 @@ type StateCount struct {
 
 func (x *StateCount) Reset() {
 	*x = StateCount{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[13]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +1297,7 @@ func (x *StateCount) String() string {
 func (*StateCount) ProtoMessage() {}
 
 func (x *StateCount) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[13]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +1310,7 @@ func (x *StateCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateCount.ProtoReflect.Descriptor instead.
 func (*StateCount) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{13}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StateCount) GetState() State {
@@ -1087,7 +1349,7 @@ type ResolveOperationRequest struct {
 
 func (x *ResolveOperationRequest) Reset() {
 	*x = ResolveOperationRequest{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[14]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1361,7 @@ func (x *ResolveOperationRequest) String() string {
 func (*ResolveOperationRequest) ProtoMessage() {}
 
 func (x *ResolveOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[14]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1374,7 @@ func (x *ResolveOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveOperationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveOperationRequest) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{14}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ResolveOperationRequest) GetOperationId() string {
@@ -1134,6 +1396,395 @@ func (x *ResolveOperationRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+// Which operation to cancel.
+type CancelOperationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation's id (Operation.id).
+	OperationId string `protobuf:"bytes,1,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	// Optional: why (printable text, up to 1024 bytes), kept in its
+	// last_error and reconcile log.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelOperationRequest) Reset() {
+	*x = CancelOperationRequest{}
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelOperationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelOperationRequest) ProtoMessage() {}
+
+func (x *CancelOperationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelOperationRequest.ProtoReflect.Descriptor instead.
+func (*CancelOperationRequest) Descriptor() ([]byte, []int) {
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CancelOperationRequest) GetOperationId() string {
+	if x != nil {
+		return x.OperationId
+	}
+	return ""
+}
+
+func (x *CancelOperationRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Re-observe every operation a filter matches.
+type ReconcileOperationsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which operations (an empty filter: every operation, newest first).
+	Filter *OperationFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Only list the operations a real run would act on; touch nothing.
+	DryRun bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// At most this many (0: 100; at most 10000).
+	MaxCount uint32 `protobuf:"varint,3,opt,name=max_count,json=maxCount,proto3" json:"max_count,omitempty"`
+	// At most this many a second (0: 10; at most 1000).
+	RatePerSecond float64 `protobuf:"fixed64,4,opt,name=rate_per_second,json=ratePerSecond,proto3" json:"rate_per_second,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileOperationsRequest) Reset() {
+	*x = ReconcileOperationsRequest{}
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileOperationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileOperationsRequest) ProtoMessage() {}
+
+func (x *ReconcileOperationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileOperationsRequest.ProtoReflect.Descriptor instead.
+func (*ReconcileOperationsRequest) Descriptor() ([]byte, []int) {
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReconcileOperationsRequest) GetFilter() *OperationFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *ReconcileOperationsRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *ReconcileOperationsRequest) GetMaxCount() uint32 {
+	if x != nil {
+		return x.MaxCount
+	}
+	return 0
+}
+
+func (x *ReconcileOperationsRequest) GetRatePerSecond() float64 {
+	if x != nil {
+		return x.RatePerSecond
+	}
+	return 0
+}
+
+// An operator's decision for every open operation a filter matches.
+type ResolveOperationsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which operations (only open ones are ever resolved).
+	Filter *OperationFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// STATE_SUCCEEDED or STATE_FAILED.
+	State State `protobuf:"varint,2,opt,name=state,proto3,enum=volume_reconciler.v1.State" json:"state,omitempty"`
+	// Required: why the operator knows better (as ResolveOperationRequest).
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Only list the operations a real run would decide; touch nothing.
+	DryRun bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// At most this many (0: 100; at most 10000).
+	MaxCount uint32 `protobuf:"varint,5,opt,name=max_count,json=maxCount,proto3" json:"max_count,omitempty"`
+	// At most this many a second (0: 10; at most 1000).
+	RatePerSecond float64 `protobuf:"fixed64,6,opt,name=rate_per_second,json=ratePerSecond,proto3" json:"rate_per_second,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveOperationsRequest) Reset() {
+	*x = ResolveOperationsRequest{}
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveOperationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveOperationsRequest) ProtoMessage() {}
+
+func (x *ResolveOperationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveOperationsRequest.ProtoReflect.Descriptor instead.
+func (*ResolveOperationsRequest) Descriptor() ([]byte, []int) {
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ResolveOperationsRequest) GetFilter() *OperationFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *ResolveOperationsRequest) GetState() State {
+	if x != nil {
+		return x.State
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+func (x *ResolveOperationsRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ResolveOperationsRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *ResolveOperationsRequest) GetMaxCount() uint32 {
+	if x != nil {
+		return x.MaxCount
+	}
+	return 0
+}
+
+func (x *ResolveOperationsRequest) GetRatePerSecond() float64 {
+	if x != nil {
+		return x.RatePerSecond
+	}
+	return 0
+}
+
+// What a bulk call did.
+type BulkResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Names this call in the audit trail (each operation's event and the
+	// service's log line carry it).
+	BulkId string `protobuf:"bytes,1,opt,name=bulk_id,json=bulkId,proto3" json:"bulk_id,omitempty"`
+	// This was a dry run: nothing was touched.
+	DryRun bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// The operations pinned: the filter's matches when the call started,
+	// newest first, at most max_count.
+	Matched uint32 `protobuf:"varint,3,opt,name=matched,proto3" json:"matched,omitempty"`
+	// More operations matched than max_count: the call again (after this
+	// one) takes the next ones that still match.
+	More bool `protobuf:"varint,4,opt,name=more,proto3" json:"more,omitempty"`
+	// The call's deadline came before every pinned operation was reached
+	// (those are BULK_OUTCOME_NOT_REACHED): the same call again goes on.
+	Interrupted bool `protobuf:"varint,5,opt,name=interrupted,proto3" json:"interrupted,omitempty"`
+	// One per pinned operation, in the order they were taken.
+	Items         []*BulkItem `protobuf:"bytes,6,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkResult) Reset() {
+	*x = BulkResult{}
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkResult) ProtoMessage() {}
+
+func (x *BulkResult) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkResult.ProtoReflect.Descriptor instead.
+func (*BulkResult) Descriptor() ([]byte, []int) {
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *BulkResult) GetBulkId() string {
+	if x != nil {
+		return x.BulkId
+	}
+	return ""
+}
+
+func (x *BulkResult) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *BulkResult) GetMatched() uint32 {
+	if x != nil {
+		return x.Matched
+	}
+	return 0
+}
+
+func (x *BulkResult) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *BulkResult) GetInterrupted() bool {
+	if x != nil {
+		return x.Interrupted
+	}
+	return false
+}
+
+func (x *BulkResult) GetItems() []*BulkItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+// One operation of a bulk call.
+type BulkItem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation's id.
+	OperationId string `protobuf:"bytes,1,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	// What was done with it.
+	Outcome BulkOutcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=volume_reconciler.v1.BulkOutcome" json:"outcome,omitempty"`
+	// The operation as it stands after this call (as pinned, for a dry
+	// run or one not reached).
+	Operation *Operation `protobuf:"bytes,3,opt,name=operation,proto3" json:"operation,omitempty"`
+	// Why acting on it failed (BULK_OUTCOME_FAILED).
+	Error         *OperationError `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkItem) Reset() {
+	*x = BulkItem{}
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkItem) ProtoMessage() {}
+
+func (x *BulkItem) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkItem.ProtoReflect.Descriptor instead.
+func (*BulkItem) Descriptor() ([]byte, []int) {
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *BulkItem) GetOperationId() string {
+	if x != nil {
+		return x.OperationId
+	}
+	return ""
+}
+
+func (x *BulkItem) GetOutcome() BulkOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return BulkOutcome_BULK_OUTCOME_UNSPECIFIED
+}
+
+func (x *BulkItem) GetOperation() *Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *BulkItem) GetError() *OperationError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
 }
 
 // One attach or detach, as the ledger records it.
@@ -1179,14 +1830,16 @@ type Operation struct {
 	// Started by EnsureAttached or EnsureDetached (added): it has no
 	// idempotency key (idempotency_key is empty), and no later call is
 	// answered with it once it is decided.
-	Ensure        bool `protobuf:"varint,18,opt,name=ensure,proto3" json:"ensure,omitempty"`
+	Ensure bool `protobuf:"varint,18,opt,name=ensure,proto3" json:"ensure,omitempty"`
+	// The labels it was asked with (added; see AttachVolumeRequest.labels).
+	Labels        map[string]string `protobuf:"bytes,19,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[15]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1851,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[15]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1864,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{15}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Operation) GetId() string {
@@ -1340,6 +1993,13 @@ func (x *Operation) GetEnsure() bool {
 	return false
 }
 
+func (x *Operation) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
 // A volume attachment, as Nova reported it.
 type Attachment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1357,7 +2017,7 @@ type Attachment struct {
 
 func (x *Attachment) Reset() {
 	*x = Attachment{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[16]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +2029,7 @@ func (x *Attachment) String() string {
 func (*Attachment) ProtoMessage() {}
 
 func (x *Attachment) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[16]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +2042,7 @@ func (x *Attachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
 func (*Attachment) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{16}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Attachment) GetId() string {
@@ -1428,7 +2088,7 @@ type OperationError struct {
 
 func (x *OperationError) Reset() {
 	*x = OperationError{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[17]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +2100,7 @@ func (x *OperationError) String() string {
 func (*OperationError) ProtoMessage() {}
 
 func (x *OperationError) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[17]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +2113,7 @@ func (x *OperationError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationError.ProtoReflect.Descriptor instead.
 func (*OperationError) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{17}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *OperationError) GetReason() string {
@@ -1497,7 +2157,7 @@ type OperationEvent struct {
 
 func (x *OperationEvent) Reset() {
 	*x = OperationEvent{}
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[18]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +2169,7 @@ func (x *OperationEvent) String() string {
 func (*OperationEvent) ProtoMessage() {}
 
 func (x *OperationEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[18]
+	mi := &file_volume_reconciler_v1_reconciler_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +2182,7 @@ func (x *OperationEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationEvent.ProtoReflect.Descriptor instead.
 func (*OperationEvent) Descriptor() ([]byte, []int) {
-	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{18}
+	return file_volume_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *OperationEvent) GetAt() *timestamppb.Timestamp {
@@ -1564,33 +2224,49 @@ var File_volume_reconciler_v1_reconciler_proto protoreflect.FileDescriptor
 
 const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\n" +
-	"%volume_reconciler/v1/reconciler.proto\x12\x14volume_reconciler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf5\x01\n" +
+	"%volume_reconciler/v1/reconciler.proto\x12\x14volume_reconciler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xff\x02\n" +
 	"\x13AttachVolumeRequest\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x1b\n" +
 	"\tvolume_id\x18\x03 \x01(\tR\bvolumeId\x12\x16\n" +
 	"\x06device\x18\x04 \x01(\tR\x06device\x12\x10\n" +
 	"\x03tag\x18\x05 \x01(\tR\x03tag\x127\n" +
-	"\x15delete_on_termination\x18\x06 \x01(\bH\x00R\x13deleteOnTermination\x88\x01\x01B\x18\n" +
-	"\x16_delete_on_termination\"x\n" +
+	"\x15delete_on_termination\x18\x06 \x01(\bH\x00R\x13deleteOnTermination\x88\x01\x01\x12M\n" +
+	"\x06labels\x18\a \x03(\v25.volume_reconciler.v1.AttachVolumeRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x18\n" +
+	"\x16_delete_on_termination\"\x82\x02\n" +
 	"\x13DetachVolumeRequest\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x1b\n" +
-	"\tvolume_id\x18\x03 \x01(\tR\bvolumeId\"\xce\x01\n" +
+	"\tvolume_id\x18\x03 \x01(\tR\bvolumeId\x12M\n" +
+	"\x06labels\x18\x04 \x03(\v25.volume_reconciler.v1.DetachVolumeRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x02\n" +
 	"\x15EnsureAttachedRequest\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x1b\n" +
 	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12\x16\n" +
 	"\x06device\x18\x03 \x01(\tR\x06device\x12\x10\n" +
 	"\x03tag\x18\x04 \x01(\tR\x03tag\x127\n" +
-	"\x15delete_on_termination\x18\x05 \x01(\bH\x00R\x13deleteOnTermination\x88\x01\x01B\x18\n" +
-	"\x16_delete_on_termination\"Q\n" +
+	"\x15delete_on_termination\x18\x05 \x01(\bH\x00R\x13deleteOnTermination\x88\x01\x01\x12O\n" +
+	"\x06labels\x18\x06 \x03(\v27.volume_reconciler.v1.EnsureAttachedRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x18\n" +
+	"\x16_delete_on_termination\"\xdd\x01\n" +
 	"\x15EnsureDetachedRequest\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x1b\n" +
-	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\"y\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12O\n" +
+	"\x06labels\x18\x03 \x03(\v27.volume_reconciler.v1.EnsureDetachedRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"y\n" +
 	"\x13GetOperationRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12\x16\n" +
-	"\x06caller\x18\x03 \x01(\tR\x06caller\"\xa2\x02\n" +
+	"\x06caller\x18\x03 \x01(\tR\x06caller\"\xe1\x02\n" +
 	"\x15ListOperationsRequest\x121\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1b.volume_reconciler.v1.StateR\x05state\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x1b\n" +
@@ -1600,7 +2276,24 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"page_token\x18\x05 \x01(\tR\tpageToken\x12!\n" +
 	"\fdrifted_only\x18\x06 \x01(\bR\vdriftedOnly\x12%\n" +
 	"\x0eescalated_only\x18\a \x01(\bR\rescalatedOnly\x12\x16\n" +
-	"\x06caller\x18\b \x01(\tR\x06caller\"\x81\x01\n" +
+	"\x06caller\x18\b \x01(\tR\x06caller\x12=\n" +
+	"\x06filter\x18\t \x01(\v2%.volume_reconciler.v1.OperationFilterR\x06filter\"\xee\x04\n" +
+	"\x0fOperationFilter\x121\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x1b.volume_reconciler.v1.StateR\x05state\x12\x1b\n" +
+	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x1b\n" +
+	"\tvolume_id\x18\x03 \x01(\tR\bvolumeId\x12!\n" +
+	"\fdrifted_only\x18\x04 \x01(\bR\vdriftedOnly\x12%\n" +
+	"\x0eescalated_only\x18\x05 \x01(\bR\rescalatedOnly\x12\x16\n" +
+	"\x06caller\x18\x06 \x01(\tR\x06caller\x12I\n" +
+	"\x06labels\x18\a \x03(\v21.volume_reconciler.v1.OperationFilter.LabelsEntryR\x06labels\x12?\n" +
+	"\rcreated_after\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x12?\n" +
+	"\rupdated_after\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\fupdatedAfter\x12A\n" +
+	"\x0eupdated_before\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\rupdatedBefore\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
 	"\x16ListOperationsResponse\x12?\n" +
 	"\n" +
 	"operations\x18\x01 \x03(\v2\x1f.volume_reconciler.v1.OperationR\n" +
@@ -1628,7 +2321,35 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x17ResolveOperationRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x121\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1b.volume_reconciler.v1.StateR\x05state\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xaa\x06\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"S\n" +
+	"\x16CancelOperationRequest\x12!\n" +
+	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xb9\x01\n" +
+	"\x1aReconcileOperationsRequest\x12=\n" +
+	"\x06filter\x18\x01 \x01(\v2%.volume_reconciler.v1.OperationFilterR\x06filter\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x1b\n" +
+	"\tmax_count\x18\x03 \x01(\rR\bmaxCount\x12&\n" +
+	"\x0frate_per_second\x18\x04 \x01(\x01R\rratePerSecond\"\x82\x02\n" +
+	"\x18ResolveOperationsRequest\x12=\n" +
+	"\x06filter\x18\x01 \x01(\v2%.volume_reconciler.v1.OperationFilterR\x06filter\x121\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1b.volume_reconciler.v1.StateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12\x1b\n" +
+	"\tmax_count\x18\x05 \x01(\rR\bmaxCount\x12&\n" +
+	"\x0frate_per_second\x18\x06 \x01(\x01R\rratePerSecond\"\xc4\x01\n" +
+	"\n" +
+	"BulkResult\x12\x17\n" +
+	"\abulk_id\x18\x01 \x01(\tR\x06bulkId\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x18\n" +
+	"\amatched\x18\x03 \x01(\rR\amatched\x12\x12\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\x12 \n" +
+	"\vinterrupted\x18\x05 \x01(\bR\vinterrupted\x124\n" +
+	"\x05items\x18\x06 \x03(\v2\x1e.volume_reconciler.v1.BulkItemR\x05items\"\xe5\x01\n" +
+	"\bBulkItem\x12!\n" +
+	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12;\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2!.volume_reconciler.v1.BulkOutcomeR\aoutcome\x12=\n" +
+	"\toperation\x18\x03 \x01(\v2\x1f.volume_reconciler.v1.OperationR\toperation\x12:\n" +
+	"\x05error\x18\x04 \x01(\v2$.volume_reconciler.v1.OperationErrorR\x05error\"\xaa\a\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x124\n" +
@@ -1657,7 +2378,11 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\n" +
 	"escalation\x18\x11 \x01(\tR\n" +
 	"escalation\x12\x16\n" +
-	"\x06ensure\x18\x12 \x01(\bR\x06ensure\"z\n" +
+	"\x06ensure\x18\x12 \x01(\bR\x06ensure\x12C\n" +
+	"\x06labels\x18\x13 \x03(\v2+.volume_reconciler.v1.Operation.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"z\n" +
 	"\n" +
 	"Attachment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
@@ -1690,14 +2415,22 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x11STATE_IN_PROGRESS\x10\x02\x12\x11\n" +
 	"\rSTATE_UNKNOWN\x10\x03\x12\x13\n" +
 	"\x0fSTATE_SUCCEEDED\x10\x04\x12\x10\n" +
-	"\fSTATE_FAILED\x10\x05*\x90\x01\n" +
+	"\fSTATE_FAILED\x10\x05*\xaa\x01\n" +
 	"\n" +
 	"Resolution\x12\x1a\n" +
 	"\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13RESOLUTION_RESPONSE\x10\x01\x12\x19\n" +
 	"\x15RESOLUTION_REOBSERVED\x10\x02\x12\x19\n" +
 	"\x15RESOLUTION_RECONCILER\x10\x03\x12\x17\n" +
-	"\x13RESOLUTION_OPERATOR\x10\x042\xe8\b\n" +
+	"\x13RESOLUTION_OPERATOR\x10\x04\x12\x18\n" +
+	"\x14RESOLUTION_CANCELLED\x10\x05*\xba\x01\n" +
+	"\vBulkOutcome\x12\x1c\n" +
+	"\x18BULK_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16BULK_OUTCOME_WOULD_ACT\x10\x01\x12\x16\n" +
+	"\x12BULK_OUTCOME_ACTED\x10\x02\x12\"\n" +
+	"\x1eBULK_OUTCOME_NO_LONGER_MATCHES\x10\x03\x12\x17\n" +
+	"\x13BULK_OUTCOME_FAILED\x10\x04\x12\x1c\n" +
+	"\x18BULK_OUTCOME_NOT_REACHED\x10\x052\x9c\v\n" +
 	"\x10VolumeReconciler\x12Z\n" +
 	"\fAttachVolume\x12).volume_reconciler.v1.AttachVolumeRequest\x1a\x1f.volume_reconciler.v1.Operation\x12Z\n" +
 	"\fDetachVolume\x12).volume_reconciler.v1.DetachVolumeRequest\x1a\x1f.volume_reconciler.v1.Operation\x12Z\n" +
@@ -1709,7 +2442,10 @@ const file_volume_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x10ResolveOperation\x12-.volume_reconciler.v1.ResolveOperationRequest\x1a\x1f.volume_reconciler.v1.Operation\x12i\n" +
 	"\x11GetOperationStats\x12..volume_reconciler.v1.GetOperationStatsRequest\x1a$.volume_reconciler.v1.OperationStats\x12^\n" +
 	"\x0eEnsureAttached\x12+.volume_reconciler.v1.EnsureAttachedRequest\x1a\x1f.volume_reconciler.v1.Operation\x12^\n" +
-	"\x0eEnsureDetached\x12+.volume_reconciler.v1.EnsureDetachedRequest\x1a\x1f.volume_reconciler.v1.OperationB\x88\x01\n" +
+	"\x0eEnsureDetached\x12+.volume_reconciler.v1.EnsureDetachedRequest\x1a\x1f.volume_reconciler.v1.Operation\x12`\n" +
+	"\x0fCancelOperation\x12,.volume_reconciler.v1.CancelOperationRequest\x1a\x1f.volume_reconciler.v1.Operation\x12i\n" +
+	"\x13ReconcileOperations\x120.volume_reconciler.v1.ReconcileOperationsRequest\x1a .volume_reconciler.v1.BulkResult\x12e\n" +
+	"\x11ResolveOperations\x12..volume_reconciler.v1.ResolveOperationsRequest\x1a .volume_reconciler.v1.BulkResultB\x88\x01\n" +
 	"\x16io.volumereconciler.v1B\x0fReconcilerProtoP\x01Z[github.com/volume-reconciler/volume-reconciler/clients/go/volume_reconciler/v1;reconcilerv1b\x06proto3"
 
 var (
@@ -1724,82 +2460,120 @@ func file_volume_reconciler_v1_reconciler_proto_rawDescGZIP() []byte {
 	return file_volume_reconciler_v1_reconciler_proto_rawDescData
 }
 
-var file_volume_reconciler_v1_reconciler_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_volume_reconciler_v1_reconciler_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_volume_reconciler_v1_reconciler_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_volume_reconciler_v1_reconciler_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_volume_reconciler_v1_reconciler_proto_goTypes = []any{
 	(Action)(0),                         // 0: volume_reconciler.v1.Action
 	(State)(0),                          // 1: volume_reconciler.v1.State
 	(Resolution)(0),                     // 2: volume_reconciler.v1.Resolution
-	(*AttachVolumeRequest)(nil),         // 3: volume_reconciler.v1.AttachVolumeRequest
-	(*DetachVolumeRequest)(nil),         // 4: volume_reconciler.v1.DetachVolumeRequest
-	(*EnsureAttachedRequest)(nil),       // 5: volume_reconciler.v1.EnsureAttachedRequest
-	(*EnsureDetachedRequest)(nil),       // 6: volume_reconciler.v1.EnsureDetachedRequest
-	(*GetOperationRequest)(nil),         // 7: volume_reconciler.v1.GetOperationRequest
-	(*ListOperationsRequest)(nil),       // 8: volume_reconciler.v1.ListOperationsRequest
-	(*ListOperationsResponse)(nil),      // 9: volume_reconciler.v1.ListOperationsResponse
-	(*WatchOperationRequest)(nil),       // 10: volume_reconciler.v1.WatchOperationRequest
-	(*ReconcileOperationRequest)(nil),   // 11: volume_reconciler.v1.ReconcileOperationRequest
-	(*ListOperationEventsRequest)(nil),  // 12: volume_reconciler.v1.ListOperationEventsRequest
-	(*ListOperationEventsResponse)(nil), // 13: volume_reconciler.v1.ListOperationEventsResponse
-	(*GetOperationStatsRequest)(nil),    // 14: volume_reconciler.v1.GetOperationStatsRequest
-	(*OperationStats)(nil),              // 15: volume_reconciler.v1.OperationStats
-	(*StateCount)(nil),                  // 16: volume_reconciler.v1.StateCount
-	(*ResolveOperationRequest)(nil),     // 17: volume_reconciler.v1.ResolveOperationRequest
-	(*Operation)(nil),                   // 18: volume_reconciler.v1.Operation
-	(*Attachment)(nil),                  // 19: volume_reconciler.v1.Attachment
-	(*OperationError)(nil),              // 20: volume_reconciler.v1.OperationError
-	(*OperationEvent)(nil),              // 21: volume_reconciler.v1.OperationEvent
-	nil,                                 // 22: volume_reconciler.v1.OperationError.MetadataEntry
-	nil,                                 // 23: volume_reconciler.v1.OperationEvent.MetadataEntry
-	(*timestamppb.Timestamp)(nil),       // 24: google.protobuf.Timestamp
+	(BulkOutcome)(0),                    // 3: volume_reconciler.v1.BulkOutcome
+	(*AttachVolumeRequest)(nil),         // 4: volume_reconciler.v1.AttachVolumeRequest
+	(*DetachVolumeRequest)(nil),         // 5: volume_reconciler.v1.DetachVolumeRequest
+	(*EnsureAttachedRequest)(nil),       // 6: volume_reconciler.v1.EnsureAttachedRequest
+	(*EnsureDetachedRequest)(nil),       // 7: volume_reconciler.v1.EnsureDetachedRequest
+	(*GetOperationRequest)(nil),         // 8: volume_reconciler.v1.GetOperationRequest
+	(*ListOperationsRequest)(nil),       // 9: volume_reconciler.v1.ListOperationsRequest
+	(*OperationFilter)(nil),             // 10: volume_reconciler.v1.OperationFilter
+	(*ListOperationsResponse)(nil),      // 11: volume_reconciler.v1.ListOperationsResponse
+	(*WatchOperationRequest)(nil),       // 12: volume_reconciler.v1.WatchOperationRequest
+	(*ReconcileOperationRequest)(nil),   // 13: volume_reconciler.v1.ReconcileOperationRequest
+	(*ListOperationEventsRequest)(nil),  // 14: volume_reconciler.v1.ListOperationEventsRequest
+	(*ListOperationEventsResponse)(nil), // 15: volume_reconciler.v1.ListOperationEventsResponse
+	(*GetOperationStatsRequest)(nil),    // 16: volume_reconciler.v1.GetOperationStatsRequest
+	(*OperationStats)(nil),              // 17: volume_reconciler.v1.OperationStats
+	(*StateCount)(nil),                  // 18: volume_reconciler.v1.StateCount
+	(*ResolveOperationRequest)(nil),     // 19: volume_reconciler.v1.ResolveOperationRequest
+	(*CancelOperationRequest)(nil),      // 20: volume_reconciler.v1.CancelOperationRequest
+	(*ReconcileOperationsRequest)(nil),  // 21: volume_reconciler.v1.ReconcileOperationsRequest
+	(*ResolveOperationsRequest)(nil),    // 22: volume_reconciler.v1.ResolveOperationsRequest
+	(*BulkResult)(nil),                  // 23: volume_reconciler.v1.BulkResult
+	(*BulkItem)(nil),                    // 24: volume_reconciler.v1.BulkItem
+	(*Operation)(nil),                   // 25: volume_reconciler.v1.Operation
+	(*Attachment)(nil),                  // 26: volume_reconciler.v1.Attachment
+	(*OperationError)(nil),              // 27: volume_reconciler.v1.OperationError
+	(*OperationEvent)(nil),              // 28: volume_reconciler.v1.OperationEvent
+	nil,                                 // 29: volume_reconciler.v1.AttachVolumeRequest.LabelsEntry
+	nil,                                 // 30: volume_reconciler.v1.DetachVolumeRequest.LabelsEntry
+	nil,                                 // 31: volume_reconciler.v1.EnsureAttachedRequest.LabelsEntry
+	nil,                                 // 32: volume_reconciler.v1.EnsureDetachedRequest.LabelsEntry
+	nil,                                 // 33: volume_reconciler.v1.OperationFilter.LabelsEntry
+	nil,                                 // 34: volume_reconciler.v1.Operation.LabelsEntry
+	nil,                                 // 35: volume_reconciler.v1.OperationError.MetadataEntry
+	nil,                                 // 36: volume_reconciler.v1.OperationEvent.MetadataEntry
+	(*timestamppb.Timestamp)(nil),       // 37: google.protobuf.Timestamp
 }
 var file_volume_reconciler_v1_reconciler_proto_depIdxs = []int32{
-	1,  // 0: volume_reconciler.v1.ListOperationsRequest.state:type_name -> volume_reconciler.v1.State
-	18, // 1: volume_reconciler.v1.ListOperationsResponse.operations:type_name -> volume_reconciler.v1.Operation
-	21, // 2: volume_reconciler.v1.ListOperationEventsResponse.events:type_name -> volume_reconciler.v1.OperationEvent
-	16, // 3: volume_reconciler.v1.OperationStats.counts:type_name -> volume_reconciler.v1.StateCount
-	1,  // 4: volume_reconciler.v1.StateCount.state:type_name -> volume_reconciler.v1.State
-	2,  // 5: volume_reconciler.v1.StateCount.resolution:type_name -> volume_reconciler.v1.Resolution
-	1,  // 6: volume_reconciler.v1.ResolveOperationRequest.state:type_name -> volume_reconciler.v1.State
-	0,  // 7: volume_reconciler.v1.Operation.action:type_name -> volume_reconciler.v1.Action
-	1,  // 8: volume_reconciler.v1.Operation.state:type_name -> volume_reconciler.v1.State
-	2,  // 9: volume_reconciler.v1.Operation.resolution:type_name -> volume_reconciler.v1.Resolution
-	19, // 10: volume_reconciler.v1.Operation.attachment:type_name -> volume_reconciler.v1.Attachment
-	20, // 11: volume_reconciler.v1.Operation.last_error:type_name -> volume_reconciler.v1.OperationError
-	24, // 12: volume_reconciler.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
-	24, // 13: volume_reconciler.v1.Operation.updated_at:type_name -> google.protobuf.Timestamp
-	24, // 14: volume_reconciler.v1.Operation.completed_at:type_name -> google.protobuf.Timestamp
-	24, // 15: volume_reconciler.v1.Operation.escalated_at:type_name -> google.protobuf.Timestamp
-	22, // 16: volume_reconciler.v1.OperationError.metadata:type_name -> volume_reconciler.v1.OperationError.MetadataEntry
-	24, // 17: volume_reconciler.v1.OperationEvent.at:type_name -> google.protobuf.Timestamp
-	23, // 18: volume_reconciler.v1.OperationEvent.metadata:type_name -> volume_reconciler.v1.OperationEvent.MetadataEntry
-	3,  // 19: volume_reconciler.v1.VolumeReconciler.AttachVolume:input_type -> volume_reconciler.v1.AttachVolumeRequest
-	4,  // 20: volume_reconciler.v1.VolumeReconciler.DetachVolume:input_type -> volume_reconciler.v1.DetachVolumeRequest
-	7,  // 21: volume_reconciler.v1.VolumeReconciler.GetOperation:input_type -> volume_reconciler.v1.GetOperationRequest
-	8,  // 22: volume_reconciler.v1.VolumeReconciler.ListOperations:input_type -> volume_reconciler.v1.ListOperationsRequest
-	10, // 23: volume_reconciler.v1.VolumeReconciler.WatchOperation:input_type -> volume_reconciler.v1.WatchOperationRequest
-	11, // 24: volume_reconciler.v1.VolumeReconciler.ReconcileOperation:input_type -> volume_reconciler.v1.ReconcileOperationRequest
-	12, // 25: volume_reconciler.v1.VolumeReconciler.ListOperationEvents:input_type -> volume_reconciler.v1.ListOperationEventsRequest
-	17, // 26: volume_reconciler.v1.VolumeReconciler.ResolveOperation:input_type -> volume_reconciler.v1.ResolveOperationRequest
-	14, // 27: volume_reconciler.v1.VolumeReconciler.GetOperationStats:input_type -> volume_reconciler.v1.GetOperationStatsRequest
-	5,  // 28: volume_reconciler.v1.VolumeReconciler.EnsureAttached:input_type -> volume_reconciler.v1.EnsureAttachedRequest
-	6,  // 29: volume_reconciler.v1.VolumeReconciler.EnsureDetached:input_type -> volume_reconciler.v1.EnsureDetachedRequest
-	18, // 30: volume_reconciler.v1.VolumeReconciler.AttachVolume:output_type -> volume_reconciler.v1.Operation
-	18, // 31: volume_reconciler.v1.VolumeReconciler.DetachVolume:output_type -> volume_reconciler.v1.Operation
-	18, // 32: volume_reconciler.v1.VolumeReconciler.GetOperation:output_type -> volume_reconciler.v1.Operation
-	9,  // 33: volume_reconciler.v1.VolumeReconciler.ListOperations:output_type -> volume_reconciler.v1.ListOperationsResponse
-	18, // 34: volume_reconciler.v1.VolumeReconciler.WatchOperation:output_type -> volume_reconciler.v1.Operation
-	18, // 35: volume_reconciler.v1.VolumeReconciler.ReconcileOperation:output_type -> volume_reconciler.v1.Operation
-	13, // 36: volume_reconciler.v1.VolumeReconciler.ListOperationEvents:output_type -> volume_reconciler.v1.ListOperationEventsResponse
-	18, // 37: volume_reconciler.v1.VolumeReconciler.ResolveOperation:output_type -> volume_reconciler.v1.Operation
-	15, // 38: volume_reconciler.v1.VolumeReconciler.GetOperationStats:output_type -> volume_reconciler.v1.OperationStats
-	18, // 39: volume_reconciler.v1.VolumeReconciler.EnsureAttached:output_type -> volume_reconciler.v1.Operation
-	18, // 40: volume_reconciler.v1.VolumeReconciler.EnsureDetached:output_type -> volume_reconciler.v1.Operation
-	30, // [30:41] is the sub-list for method output_type
-	19, // [19:30] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	29, // 0: volume_reconciler.v1.AttachVolumeRequest.labels:type_name -> volume_reconciler.v1.AttachVolumeRequest.LabelsEntry
+	30, // 1: volume_reconciler.v1.DetachVolumeRequest.labels:type_name -> volume_reconciler.v1.DetachVolumeRequest.LabelsEntry
+	31, // 2: volume_reconciler.v1.EnsureAttachedRequest.labels:type_name -> volume_reconciler.v1.EnsureAttachedRequest.LabelsEntry
+	32, // 3: volume_reconciler.v1.EnsureDetachedRequest.labels:type_name -> volume_reconciler.v1.EnsureDetachedRequest.LabelsEntry
+	1,  // 4: volume_reconciler.v1.ListOperationsRequest.state:type_name -> volume_reconciler.v1.State
+	10, // 5: volume_reconciler.v1.ListOperationsRequest.filter:type_name -> volume_reconciler.v1.OperationFilter
+	1,  // 6: volume_reconciler.v1.OperationFilter.state:type_name -> volume_reconciler.v1.State
+	33, // 7: volume_reconciler.v1.OperationFilter.labels:type_name -> volume_reconciler.v1.OperationFilter.LabelsEntry
+	37, // 8: volume_reconciler.v1.OperationFilter.created_after:type_name -> google.protobuf.Timestamp
+	37, // 9: volume_reconciler.v1.OperationFilter.created_before:type_name -> google.protobuf.Timestamp
+	37, // 10: volume_reconciler.v1.OperationFilter.updated_after:type_name -> google.protobuf.Timestamp
+	37, // 11: volume_reconciler.v1.OperationFilter.updated_before:type_name -> google.protobuf.Timestamp
+	25, // 12: volume_reconciler.v1.ListOperationsResponse.operations:type_name -> volume_reconciler.v1.Operation
+	28, // 13: volume_reconciler.v1.ListOperationEventsResponse.events:type_name -> volume_reconciler.v1.OperationEvent
+	18, // 14: volume_reconciler.v1.OperationStats.counts:type_name -> volume_reconciler.v1.StateCount
+	1,  // 15: volume_reconciler.v1.StateCount.state:type_name -> volume_reconciler.v1.State
+	2,  // 16: volume_reconciler.v1.StateCount.resolution:type_name -> volume_reconciler.v1.Resolution
+	1,  // 17: volume_reconciler.v1.ResolveOperationRequest.state:type_name -> volume_reconciler.v1.State
+	10, // 18: volume_reconciler.v1.ReconcileOperationsRequest.filter:type_name -> volume_reconciler.v1.OperationFilter
+	10, // 19: volume_reconciler.v1.ResolveOperationsRequest.filter:type_name -> volume_reconciler.v1.OperationFilter
+	1,  // 20: volume_reconciler.v1.ResolveOperationsRequest.state:type_name -> volume_reconciler.v1.State
+	24, // 21: volume_reconciler.v1.BulkResult.items:type_name -> volume_reconciler.v1.BulkItem
+	3,  // 22: volume_reconciler.v1.BulkItem.outcome:type_name -> volume_reconciler.v1.BulkOutcome
+	25, // 23: volume_reconciler.v1.BulkItem.operation:type_name -> volume_reconciler.v1.Operation
+	27, // 24: volume_reconciler.v1.BulkItem.error:type_name -> volume_reconciler.v1.OperationError
+	0,  // 25: volume_reconciler.v1.Operation.action:type_name -> volume_reconciler.v1.Action
+	1,  // 26: volume_reconciler.v1.Operation.state:type_name -> volume_reconciler.v1.State
+	2,  // 27: volume_reconciler.v1.Operation.resolution:type_name -> volume_reconciler.v1.Resolution
+	26, // 28: volume_reconciler.v1.Operation.attachment:type_name -> volume_reconciler.v1.Attachment
+	27, // 29: volume_reconciler.v1.Operation.last_error:type_name -> volume_reconciler.v1.OperationError
+	37, // 30: volume_reconciler.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	37, // 31: volume_reconciler.v1.Operation.updated_at:type_name -> google.protobuf.Timestamp
+	37, // 32: volume_reconciler.v1.Operation.completed_at:type_name -> google.protobuf.Timestamp
+	37, // 33: volume_reconciler.v1.Operation.escalated_at:type_name -> google.protobuf.Timestamp
+	34, // 34: volume_reconciler.v1.Operation.labels:type_name -> volume_reconciler.v1.Operation.LabelsEntry
+	35, // 35: volume_reconciler.v1.OperationError.metadata:type_name -> volume_reconciler.v1.OperationError.MetadataEntry
+	37, // 36: volume_reconciler.v1.OperationEvent.at:type_name -> google.protobuf.Timestamp
+	36, // 37: volume_reconciler.v1.OperationEvent.metadata:type_name -> volume_reconciler.v1.OperationEvent.MetadataEntry
+	4,  // 38: volume_reconciler.v1.VolumeReconciler.AttachVolume:input_type -> volume_reconciler.v1.AttachVolumeRequest
+	5,  // 39: volume_reconciler.v1.VolumeReconciler.DetachVolume:input_type -> volume_reconciler.v1.DetachVolumeRequest
+	8,  // 40: volume_reconciler.v1.VolumeReconciler.GetOperation:input_type -> volume_reconciler.v1.GetOperationRequest
+	9,  // 41: volume_reconciler.v1.VolumeReconciler.ListOperations:input_type -> volume_reconciler.v1.ListOperationsRequest
+	12, // 42: volume_reconciler.v1.VolumeReconciler.WatchOperation:input_type -> volume_reconciler.v1.WatchOperationRequest
+	13, // 43: volume_reconciler.v1.VolumeReconciler.ReconcileOperation:input_type -> volume_reconciler.v1.ReconcileOperationRequest
+	14, // 44: volume_reconciler.v1.VolumeReconciler.ListOperationEvents:input_type -> volume_reconciler.v1.ListOperationEventsRequest
+	19, // 45: volume_reconciler.v1.VolumeReconciler.ResolveOperation:input_type -> volume_reconciler.v1.ResolveOperationRequest
+	16, // 46: volume_reconciler.v1.VolumeReconciler.GetOperationStats:input_type -> volume_reconciler.v1.GetOperationStatsRequest
+	6,  // 47: volume_reconciler.v1.VolumeReconciler.EnsureAttached:input_type -> volume_reconciler.v1.EnsureAttachedRequest
+	7,  // 48: volume_reconciler.v1.VolumeReconciler.EnsureDetached:input_type -> volume_reconciler.v1.EnsureDetachedRequest
+	20, // 49: volume_reconciler.v1.VolumeReconciler.CancelOperation:input_type -> volume_reconciler.v1.CancelOperationRequest
+	21, // 50: volume_reconciler.v1.VolumeReconciler.ReconcileOperations:input_type -> volume_reconciler.v1.ReconcileOperationsRequest
+	22, // 51: volume_reconciler.v1.VolumeReconciler.ResolveOperations:input_type -> volume_reconciler.v1.ResolveOperationsRequest
+	25, // 52: volume_reconciler.v1.VolumeReconciler.AttachVolume:output_type -> volume_reconciler.v1.Operation
+	25, // 53: volume_reconciler.v1.VolumeReconciler.DetachVolume:output_type -> volume_reconciler.v1.Operation
+	25, // 54: volume_reconciler.v1.VolumeReconciler.GetOperation:output_type -> volume_reconciler.v1.Operation
+	11, // 55: volume_reconciler.v1.VolumeReconciler.ListOperations:output_type -> volume_reconciler.v1.ListOperationsResponse
+	25, // 56: volume_reconciler.v1.VolumeReconciler.WatchOperation:output_type -> volume_reconciler.v1.Operation
+	25, // 57: volume_reconciler.v1.VolumeReconciler.ReconcileOperation:output_type -> volume_reconciler.v1.Operation
+	15, // 58: volume_reconciler.v1.VolumeReconciler.ListOperationEvents:output_type -> volume_reconciler.v1.ListOperationEventsResponse
+	25, // 59: volume_reconciler.v1.VolumeReconciler.ResolveOperation:output_type -> volume_reconciler.v1.Operation
+	17, // 60: volume_reconciler.v1.VolumeReconciler.GetOperationStats:output_type -> volume_reconciler.v1.OperationStats
+	25, // 61: volume_reconciler.v1.VolumeReconciler.EnsureAttached:output_type -> volume_reconciler.v1.Operation
+	25, // 62: volume_reconciler.v1.VolumeReconciler.EnsureDetached:output_type -> volume_reconciler.v1.Operation
+	25, // 63: volume_reconciler.v1.VolumeReconciler.CancelOperation:output_type -> volume_reconciler.v1.Operation
+	23, // 64: volume_reconciler.v1.VolumeReconciler.ReconcileOperations:output_type -> volume_reconciler.v1.BulkResult
+	23, // 65: volume_reconciler.v1.VolumeReconciler.ResolveOperations:output_type -> volume_reconciler.v1.BulkResult
+	52, // [52:66] is the sub-list for method output_type
+	38, // [38:52] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_volume_reconciler_v1_reconciler_proto_init() }
@@ -1814,8 +2588,8 @@ func file_volume_reconciler_v1_reconciler_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_volume_reconciler_v1_reconciler_proto_rawDesc), len(file_volume_reconciler_v1_reconciler_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   21,
+			NumEnums:      4,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

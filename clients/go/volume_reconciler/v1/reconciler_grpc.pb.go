@@ -30,6 +30,9 @@ const (
 	VolumeReconciler_GetOperationStats_FullMethodName   = "/volume_reconciler.v1.VolumeReconciler/GetOperationStats"
 	VolumeReconciler_EnsureAttached_FullMethodName      = "/volume_reconciler.v1.VolumeReconciler/EnsureAttached"
 	VolumeReconciler_EnsureDetached_FullMethodName      = "/volume_reconciler.v1.VolumeReconciler/EnsureDetached"
+	VolumeReconciler_CancelOperation_FullMethodName     = "/volume_reconciler.v1.VolumeReconciler/CancelOperation"
+	VolumeReconciler_ReconcileOperations_FullMethodName = "/volume_reconciler.v1.VolumeReconciler/ReconcileOperations"
+	VolumeReconciler_ResolveOperations_FullMethodName   = "/volume_reconciler.v1.VolumeReconciler/ResolveOperations"
 )
 
 // VolumeReconcilerClient is the client API for VolumeReconciler service.
@@ -90,6 +93,32 @@ type VolumeReconcilerClient interface {
 	// (not attached there, or the server gone: SUCCEEDED at once, nothing
 	// sent).
 	EnsureDetached(ctx context.Context, in *EnsureDetachedRequest, opts ...grpc.CallOption) (*Operation, error)
+	// Cancels an operation before anything that may take effect was sent
+	// for it (added): it is decided FAILED with RESOLUTION_CANCELLED (reason
+	// CANCELLED) and nothing is ever sent for it, by this replica or any
+	// other. Cancellable: PENDING (waiting to be sent, or for Cinder or the
+	// volume's readiness), or IN_PROGRESS with its last attempt known never
+	// to have left or to have been refused with nothing that may take effect
+	// (paused after refusals). Otherwise FAILED_PRECONDITION CANCEL_TOO_LATE
+	// with the operation_id: a request that may take effect may be leaving
+	// or have left, and only a detach undoes it. A decided operation:
+	// FAILED_PRECONDITION OPERATION_ALREADY_DECIDED. An orchestrator cancels
+	// its own operations (another caller's is NOT_FOUND); an operator any.
+	CancelOperation(ctx context.Context, in *CancelOperationRequest, opts ...grpc.CallOption) (*Operation, error)
+	// Re-observes every operation a filter matches, as ReconcileOperation
+	// does one (added; operators only). The set is pinned when the call
+	// starts (the ids the filter matches then, newest first, at most
+	// max_count), and each is acted on only if it still matches when its
+	// turn comes, at most rate_per_second a second, within the call's
+	// deadline. dry_run: the pinned set, nothing touched. Safe to repeat.
+	ReconcileOperations(ctx context.Context, in *ReconcileOperationsRequest, opts ...grpc.CallOption) (*BulkResult, error)
+	// An operator's decision for every open operation a filter matches
+	// (added; operators only), as ResolveOperation decides one, audited. The
+	// set is pinned as ReconcileOperations pins it (open operations only);
+	// dry_run lists exactly the set a real run would act on, touching
+	// nothing. Interrupted (its deadline, a lost connection), the same call
+	// again acts only on what still matches: what it decided is decided.
+	ResolveOperations(ctx context.Context, in *ResolveOperationsRequest, opts ...grpc.CallOption) (*BulkResult, error)
 }
 
 type volumeReconcilerClient struct {
@@ -219,6 +248,36 @@ func (c *volumeReconcilerClient) EnsureDetached(ctx context.Context, in *EnsureD
 	return out, nil
 }
 
+func (c *volumeReconcilerClient) CancelOperation(ctx context.Context, in *CancelOperationRequest, opts ...grpc.CallOption) (*Operation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Operation)
+	err := c.cc.Invoke(ctx, VolumeReconciler_CancelOperation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *volumeReconcilerClient) ReconcileOperations(ctx context.Context, in *ReconcileOperationsRequest, opts ...grpc.CallOption) (*BulkResult, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BulkResult)
+	err := c.cc.Invoke(ctx, VolumeReconciler_ReconcileOperations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *volumeReconcilerClient) ResolveOperations(ctx context.Context, in *ResolveOperationsRequest, opts ...grpc.CallOption) (*BulkResult, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BulkResult)
+	err := c.cc.Invoke(ctx, VolumeReconciler_ResolveOperations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VolumeReconcilerServer is the server API for VolumeReconciler service.
 // All implementations must embed UnimplementedVolumeReconcilerServer
 // for forward compatibility.
@@ -277,6 +336,32 @@ type VolumeReconcilerServer interface {
 	// (not attached there, or the server gone: SUCCEEDED at once, nothing
 	// sent).
 	EnsureDetached(context.Context, *EnsureDetachedRequest) (*Operation, error)
+	// Cancels an operation before anything that may take effect was sent
+	// for it (added): it is decided FAILED with RESOLUTION_CANCELLED (reason
+	// CANCELLED) and nothing is ever sent for it, by this replica or any
+	// other. Cancellable: PENDING (waiting to be sent, or for Cinder or the
+	// volume's readiness), or IN_PROGRESS with its last attempt known never
+	// to have left or to have been refused with nothing that may take effect
+	// (paused after refusals). Otherwise FAILED_PRECONDITION CANCEL_TOO_LATE
+	// with the operation_id: a request that may take effect may be leaving
+	// or have left, and only a detach undoes it. A decided operation:
+	// FAILED_PRECONDITION OPERATION_ALREADY_DECIDED. An orchestrator cancels
+	// its own operations (another caller's is NOT_FOUND); an operator any.
+	CancelOperation(context.Context, *CancelOperationRequest) (*Operation, error)
+	// Re-observes every operation a filter matches, as ReconcileOperation
+	// does one (added; operators only). The set is pinned when the call
+	// starts (the ids the filter matches then, newest first, at most
+	// max_count), and each is acted on only if it still matches when its
+	// turn comes, at most rate_per_second a second, within the call's
+	// deadline. dry_run: the pinned set, nothing touched. Safe to repeat.
+	ReconcileOperations(context.Context, *ReconcileOperationsRequest) (*BulkResult, error)
+	// An operator's decision for every open operation a filter matches
+	// (added; operators only), as ResolveOperation decides one, audited. The
+	// set is pinned as ReconcileOperations pins it (open operations only);
+	// dry_run lists exactly the set a real run would act on, touching
+	// nothing. Interrupted (its deadline, a lost connection), the same call
+	// again acts only on what still matches: what it decided is decided.
+	ResolveOperations(context.Context, *ResolveOperationsRequest) (*BulkResult, error)
 	mustEmbedUnimplementedVolumeReconcilerServer()
 }
 
@@ -319,6 +404,15 @@ func (UnimplementedVolumeReconcilerServer) EnsureAttached(context.Context, *Ensu
 }
 func (UnimplementedVolumeReconcilerServer) EnsureDetached(context.Context, *EnsureDetachedRequest) (*Operation, error) {
 	return nil, status.Error(codes.Unimplemented, "method EnsureDetached not implemented")
+}
+func (UnimplementedVolumeReconcilerServer) CancelOperation(context.Context, *CancelOperationRequest) (*Operation, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelOperation not implemented")
+}
+func (UnimplementedVolumeReconcilerServer) ReconcileOperations(context.Context, *ReconcileOperationsRequest) (*BulkResult, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReconcileOperations not implemented")
+}
+func (UnimplementedVolumeReconcilerServer) ResolveOperations(context.Context, *ResolveOperationsRequest) (*BulkResult, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveOperations not implemented")
 }
 func (UnimplementedVolumeReconcilerServer) mustEmbedUnimplementedVolumeReconcilerServer() {}
 func (UnimplementedVolumeReconcilerServer) testEmbeddedByValue()                          {}
@@ -532,6 +626,60 @@ func _VolumeReconciler_EnsureDetached_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VolumeReconciler_CancelOperation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelOperationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeReconcilerServer).CancelOperation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeReconciler_CancelOperation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeReconcilerServer).CancelOperation(ctx, req.(*CancelOperationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VolumeReconciler_ReconcileOperations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReconcileOperationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeReconcilerServer).ReconcileOperations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeReconciler_ReconcileOperations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeReconcilerServer).ReconcileOperations(ctx, req.(*ReconcileOperationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VolumeReconciler_ResolveOperations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveOperationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeReconcilerServer).ResolveOperations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeReconciler_ResolveOperations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeReconcilerServer).ResolveOperations(ctx, req.(*ResolveOperationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VolumeReconciler_ServiceDesc is the grpc.ServiceDesc for VolumeReconciler service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -578,6 +726,18 @@ var VolumeReconciler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EnsureDetached",
 			Handler:    _VolumeReconciler_EnsureDetached_Handler,
+		},
+		{
+			MethodName: "CancelOperation",
+			Handler:    _VolumeReconciler_CancelOperation_Handler,
+		},
+		{
+			MethodName: "ReconcileOperations",
+			Handler:    _VolumeReconciler_ReconcileOperations_Handler,
+		},
+		{
+			MethodName: "ResolveOperations",
+			Handler:    _VolumeReconciler_ResolveOperations_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -146,7 +146,8 @@ fn claim_sql(target: &str, also: &str, tag: &str) -> String {
 }
 
 /// An operator's decision: ends the operation whatever its lease (the epoch
-/// moves on), with its audit event, notified.
+/// moves on), with its audit event (`$7`: more of its metadata), notified;
+/// only in state `$6` when one is named (a bulk resolve's filter).
 pub(super) fn resolve_sql() -> String {
     format!(
         "WITH upd AS (
@@ -158,19 +159,47 @@ pub(super) fn resolve_sql() -> String {
                     THEN jsonb_build_object('reason', 'OPERATOR_RESOLVED', 'message', $3::text,
                                             'metadata', jsonb_build_object('caller', COALESCE($5, '')))
                     ELSE last_error END
-            WHERE id = $1 AND completed_at IS NULL
+            WHERE id = $1 AND completed_at IS NULL AND ($6::text IS NULL OR state = $6)
             -- open = completed_at IS NULL, not a state test: see TRANSITION_MANY
             RETURNING *
          ), ev AS (
             INSERT INTO operation_log (operation_id, write_id, at, replica, events)
             SELECT upd.id, gen_random_uuid(), clock_timestamp(), $4, jsonb_build_array(jsonb_build_object(
                    'kind', '{kind}', 'detail', $3::text,
-                   'metadata', jsonb_build_object('state', $2::text, 'caller', COALESCE($5, '')),
+                   'metadata', jsonb_build_object('state', $2::text, 'caller', COALESCE($5, ''))
+                               || $7::jsonb,
                    'ago_ms', 0))
             FROM upd
          )
          SELECT {COLUMNS}, pg_notify('{NOTIFY_CHANNEL}', id::text) FROM upd",
         kind = event::OPERATOR_RESOLVED,
+    )
+}
+
+/// A cancel (`Store::operation_cancel`): one compare-and-set deciding
+/// operation `$1` FAILED (resolution `cancelled`, `$2` its last error),
+/// the epoch moved on, if nothing that may take effect was sent for it:
+/// PENDING, or its last attempt marked unsent. Every further attempt must
+/// be recorded under its epoch before it may leave, so none can after
+/// this; a holder's renewals then find it decided and stop. `$5`..`$7`:
+/// only an attach of server `$6` by caller `$7` (when `$5` is set: a
+/// detach superseding it). Its event `$4` (`$3` the replica), notified.
+pub(super) fn cancel_sql() -> String {
+    format!(
+        "WITH upd AS (
+            UPDATE operations SET
+                state = 'failed', resolution = 'cancelled', completed_at = now(), updated_at = now(),
+                lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1,
+                next_attempt_at = NULL, verify_expect = NULL, last_error = $2::jsonb
+            WHERE id = $1 AND completed_at IS NULL AND (state = 'pending' OR unsent_attempt = attempts)
+              AND ($5::text IS NULL
+                   OR (action = $5 AND server_id = $6::uuid AND COALESCE(caller, '') = $7::text))
+            RETURNING *
+         ), ev AS (
+            INSERT INTO operation_log (operation_id, write_id, at, replica, events)
+            SELECT upd.id, gen_random_uuid(), clock_timestamp(), $3, $4::jsonb FROM upd
+         )
+         SELECT {COLUMNS}, pg_notify('{NOTIFY_CHANNEL}', id::text) FROM upd"
     )
 }
 
@@ -221,7 +250,9 @@ pub(super) const LOG: &str = "SELECT at, kind, detail, metadata, replica FROM (
                    ('idempotency_key', o.idempotency_key),
                    ('caller', COALESCE(o.caller, '-')),
                    ('trace_id', substr(o.trace_parent, 4, 32)),
-                   ('traceparent', o.trace_parent)) AS d(k, v)
+                   ('traceparent', o.trace_parent),
+                   ('labels', (SELECT string_agg(l.key || '=' || l.value, ',' ORDER BY l.key COLLATE \"C\")
+                               FROM jsonb_each_text(o.labels) AS l))) AS d(k, v)
                WHERE o.intent->'derived' ? d.k AND d.v IS NOT NULL), '{}'::jsonb) AS metadata,
            o.intent->>'replica' AS replica, 0 AS part, 0::float8 AS n1, 0::int8 AS n2
     FROM operations o WHERE o.id = $1 AND o.intent IS NOT NULL

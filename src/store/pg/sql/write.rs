@@ -52,7 +52,7 @@ pub(in crate::store::pg) static CREATE_ONE_LEAN_LOGGED: LazyLock<String> =
     LazyLock::new(|| create_one_sql(false, true));
 
 /// An intent row's parameters, in order: name and type.
-pub(in crate::store::pg) const INTENT_COLUMNS: [(&str, &str); 20] = [
+pub(in crate::store::pg) const INTENT_COLUMNS: [(&str, &str); 21] = [
     ("id", "uuid"),
     ("key", "text"),
     ("fp", "text"),
@@ -71,12 +71,13 @@ pub(in crate::store::pg) const INTENT_COLUMNS: [(&str, &str); 20] = [
     ("key_hash", "uuid"),
     ("record_by", "timestamptz"),
     ("ensure", "bool"),
+    ("labels", "jsonb"),
     ("intent", "jsonb"),
     ("events", "jsonb"),
 ];
 
 /// A decision row's parameters, in order: name and type.
-pub(in crate::store::pg) const DECISION_COLUMNS: [(&str, &str); 17] = [
+pub(in crate::store::pg) const DECISION_COLUMNS: [(&str, &str); 18] = [
     ("id", "uuid"),
     ("epoch", "int8"),
     ("state", "text"),
@@ -93,6 +94,7 @@ pub(in crate::store::pg) const DECISION_COLUMNS: [(&str, &str); 17] = [
     ("escalation", "text"),
     ("replica", "text"),
     ("unsent_seen", "bool"),
+    ("mark_unsent", "bool"),
     ("events", "jsonb"),
 ];
 
@@ -170,11 +172,11 @@ fn insert_sql(guarded: bool) -> String {
     format!(
         "INSERT INTO operations (id, idempotency_key, fingerprint, action, state, server_id, volume_id,
             request, attempts, deadline_at, last_request_at, lease_owner, lease_expires_at, caller,
-            trace_parent, trace_state, intent, key_hash, ensure)
+            trace_parent, trace_state, intent, key_hash, ensure, labels)
         SELECT u.id, u.key, u.fp, u.action, u.state, u.server_id, u.volume_id, u.request, u.attempts,
             now() + u.deadline_ms * interval '1 millisecond', CASE WHEN u.attempts > 0 THEN now() END,
             u.lease_owner, now() + u.lease_ms * interval '1 millisecond', u.caller, u.trace_parent,
-            u.trace_state, u.intent, u.key_hash, u.ensure
+            u.trace_state, u.intent, u.key_hash, u.ensure, u.labels
         {from}WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones t WHERE t.key_hash = u.key_hash)
           AND now() < u.record_by
         {conflict}RETURNING {INTENDED_COLUMNS}",
@@ -306,6 +308,8 @@ fn transition_sql(one: bool) -> String {
             lease_expires_at = CASE WHEN u.release THEN NULL ELSE o.lease_expires_at END,
             next_attempt_at = CASE WHEN o.unsent_attempt = o.attempts AND NOT u.unsent_seen THEN now()
                 ELSE now() + u.next_attempt_ms * interval '1 millisecond' END,
+            unsent_attempt = CASE WHEN u.mark_unsent THEN o.attempts + u.add_attempt
+                ELSE o.unsent_attempt END,
             verify_expect = u.verify_expect,
             escalated_at = CASE WHEN u.escalation IS NOT NULL THEN now() ELSE o.escalated_at END,
             escalation = COALESCE(u.escalation, o.escalation),
