@@ -134,9 +134,14 @@ fn caused_by(e: &Effect, op: Uuid) -> bool {
 
 /// A database-fault answer (`DATABASE_UNAVAILABLE`) is honest while a
 /// fault hit the answering replica's way to the database, or this soon
-/// after it ended (a statement sent on a silent connection just before it
-/// spoke again).
-const DB_ANSWER_TAIL_MS: i64 = 2_000;
+/// after it ended: once an outage is known the store refuses at once
+/// until its probe connects, and a probe begun just before the end may
+/// wait out the connect bound (the round-trip bound) before the next, a
+/// probe pause later, connects; 2 s more for a statement sent on a silent
+/// connection just before it spoke again, and a loaded machine.
+fn db_answer_tail(w: Windows) -> chrono::Duration {
+    dur(w.db_round_trip + crate::store::pg::PROBE_PAUSE) + ms(2_000)
+}
 
 /// Answers that decide nothing and say so, whenever they come: the
 /// outcome is not known yet or nothing was done (a deadline, a busy
@@ -900,7 +905,7 @@ impl Checker<'_> {
         if reason == "DATABASE_UNAVAILABLE" {
             let away = a.replica.as_deref().is_some_and(|replica| {
                 self.outages.iter().any(|o| {
-                    o.hits(replica) && o.overlaps(a.sent_at, a.answered_at, ms(DB_ANSWER_TAIL_MS))
+                    o.hits(replica) && o.overlaps(a.sent_at, a.answered_at, db_answer_tail(self.windows))
                 })
             });
             if !away {

@@ -9,7 +9,11 @@
 //! a slow database is not cut off (its replies come, late: `SLOW`). Histories run concurrently and the faults are the run's, not one
 //! history's: they overlap, so each proxy counts the faults holding it
 //! (a connection goes quiet again only when the last silence on it ends),
-//! and a crash while another is under way is skipped. Every fault is
+//! and a crash while another is under way is skipped, as is (by default,
+//! `Shape::db_slow_quiet`) a slow database while another is under way or
+//! ended less than 30 s ago: else the run's many histories would keep the
+//! database slow from start to end, and no operation would ever meet the
+//! quiet stretch in which `decided-in-time` holds it to be decided. Every fault is
 //! logged with its instants (`DbOutage`), which the checker reads for
 //! every history, as it reads the replicas killed.
 
@@ -90,6 +94,11 @@ pub struct DbFaults {
     /// The server, when it is chaos's own (crashes need it).
     server: Option<Arc<OwnPostgres>>,
     crashing: Mutex<bool>,
+    /// The quiet stretch between two slow databases (`None`: they may
+    /// overlap), and when the next may begin (`None`: now; the far future
+    /// while one is under way).
+    slow_quiet: Option<Duration>,
+    slow_from: Mutex<Option<tokio::time::Instant>>,
     /// The replicas frozen now (a second freeze of one is skipped: its
     /// holding tasks would wait behind the first's).
     frozen: Mutex<std::collections::BTreeSet<usize>>,
@@ -107,6 +116,7 @@ impl DbFaults {
         url: &str,
         replicas: &[String],
         server: Option<Arc<OwnPostgres>>,
+        slow_quiet: Option<Duration>,
     ) -> anyhow::Result<(DbFaults, Vec<String>)> {
         let mut proxies = Vec::new();
         let mut urls = Vec::new();
@@ -126,6 +136,8 @@ impl DbFaults {
                 proxies: Mutex::new(proxies),
                 server,
                 crashing: Mutex::new(false),
+                slow_quiet,
+                slow_from: Mutex::new(None),
                 frozen: Mutex::new(std::collections::BTreeSet::new()),
                 log: Mutex::new(Vec::new()),
                 counts: Mutex::new(BTreeMap::new()),
@@ -373,6 +385,10 @@ impl DbFaults {
                 latency_ms,
                 ms,
             } => {
+                if !self.slow_may_begin() {
+                    self.count("database slow skipped (another under way, or too recent)");
+                    return;
+                }
                 let (which, name) = self.targets(replica);
                 let latency = Duration::from_millis(latency_ms);
                 let i = self.begin_with(name, SLOW, Some(latency));
@@ -380,9 +396,28 @@ impl DbFaults {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 self.slow(&which, latency, false);
                 self.end(i);
+                if let Some(quiet) = self.slow_quiet {
+                    *self.slow_from.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(tokio::time::Instant::now() + quiet);
+                }
             }
             DbFault::Crash { kill, pause_ms } => self.crash(kill, pause_ms).await,
         }
+    }
+
+    /// Takes the slow database's turn when it is free (`slow_quiet`).
+    fn slow_may_begin(&self) -> bool {
+        if self.slow_quiet.is_none() {
+            return true;
+        }
+        let mut from = self.slow_from.lock().unwrap_or_else(|p| p.into_inner());
+        let now = tokio::time::Instant::now();
+        if from.is_some_and(|f| now < f) {
+            return false;
+        }
+        // Under way: nobody else's turn until it ends and sets the next.
+        *from = Some(now + Duration::from_secs(24 * 3600));
+        true
     }
 
     async fn crash(&self, kill: bool, pause_ms: u64) {

@@ -170,6 +170,11 @@ pub struct Shape {
     /// The share of histories that meet a slow database (`DbFault::Slow`;
     /// 0: none).
     pub db_slow: f64,
+    /// The run's slow databases one at a time, this long apart (the one a
+    /// history draws is skipped when another is under way or ended less
+    /// than this long ago: `dbfaults::DbFaults`); `None`: each history's
+    /// when it draws it, overlapping.
+    pub db_slow_quiet: Option<std::time::Duration>,
 }
 
 /// The deadline of a long call in a history with a pause: longer than a
@@ -187,6 +192,7 @@ impl Default for Shape {
             replicas: 1,
             pauses: 0.0,
             db_slow: 0.0,
+            db_slow_quiet: Some(std::time::Duration::from_secs(30)),
         }
     }
 }

@@ -41,7 +41,7 @@ use crate::store::{DbFailure, StoreError};
 /// The pause between two probes of a server known to be away: a server
 /// back is noticed within it (or a connect bound, for one that accepts
 /// slowly).
-pub(super) const PROBE_PAUSE: Duration = Duration::from_millis(500);
+pub const PROBE_PAUSE: Duration = Duration::from_millis(500);
 
 /// How often an outage is summed up in the log while it lasts.
 const SUMMARY_INTERVAL: Duration = crate::telemetry::summary::SUMMARY_INTERVAL;

@@ -40,6 +40,7 @@ pub mod tooling;
 mod wait;
 
 pub use bounds::Bounds;
+pub use health::PROBE_PAUSE;
 pub use connect::{MIGRATOR, PgSettings, applied_migrations};
 
 use std::sync::Arc;
