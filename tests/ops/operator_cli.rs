@@ -7,6 +7,8 @@
 //! - `pipes`: every printing command into a closed pipe.
 //! - `formats`: `-o table|wide|json|yaml|name`.
 //! - `completion`: bash completion past the first word, the man pages.
+//! - `words`: what the binary says is true (TLS diagnoses and their exit
+//!   status).
 
 use crate::support;
 
@@ -15,6 +17,7 @@ mod first_attach;
 mod fleet;
 mod formats;
 mod pipes;
+mod words;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

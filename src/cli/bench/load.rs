@@ -211,13 +211,16 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The server answers `grpc.health.v1` SERVING before any load is sent:
 /// an unreachable server, a TLS mismatch or a wrong port is one clear
-/// error, not thousands of failed calls.
+/// error, not thousands of failed calls. The failed call stays in the
+/// error's chain: its code is the exit status (a server out of reach is
+/// worth a retry, 75).
 async fn check_health(opts: &crate::client::ConnectOptions, server: &str) -> anyhow::Result<()> {
-    match crate::client::health(opts, HEALTH_TIMEOUT).await {
-        Ok(()) => Ok(()),
-        Err(e) => anyhow::bail!("bench: the server's health check failed, no load sent: {e:#}"),
-    }
-    .map_err(|e: anyhow::Error| e.context(format!("--server {server}")))
+    crate::client::health(opts, HEALTH_TIMEOUT)
+        .await
+        .map_err(|e| {
+            e.context("bench: the server's health check failed, no load sent")
+                .context(format!("--server {server}"))
+        })
 }
 
 /// The exit status: 1 when the server refused the credentials, when no
