@@ -81,6 +81,13 @@ fn host_port(url: &str) -> String {
     url.trim_start_matches("http://").to_string()
 }
 
+/// The exit status a help text states: the number after its first "exit ".
+fn stated_exit(help: &str) -> Option<i32> {
+    let (_, rest) = help.split_once("exit ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
 /// Fails unless the session failed quickly, saying `fix`.
 fn assert_fails_saying(r: &Run, what: &str, fix: &str) {
     assert!(!r.ok, "{what}: succeeded:\n{}", r.stdout);
@@ -406,8 +413,16 @@ async fn ops_watch_honours_its_timeout_and_prints_only_changes() {
         &[],
     )
     .await;
-    // Not decided yet: worth watching again (the retry status).
+    // Not decided yet: worth watching again (the retry status), as
+    // `ops watch --help` says.
     assert_eq!(r.code, Some(75), "{}\n{}", r.stdout, r.stderr);
+    let help = run(&["ops", "watch", "--help"], &[]).await;
+    assert_eq!(
+        stated_exit(&help.stdout),
+        r.code,
+        "the status `ops watch --help` states:\n{}",
+        help.stdout
+    );
     assert!(r.took < QUICK, "watch --timeout 3s took {:?}", r.took);
     assert!(
         r.stderr.contains("not decided within --timeout 3s") && r.stderr.contains("still unknown"),

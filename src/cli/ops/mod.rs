@@ -132,8 +132,12 @@ pub enum OpsCommand {
     /// `--rate`, at most `--max-count`; `--dry-run` lists them).
     Reconcile(ReconcileArgs),
     /// Follow an operation until it is decided (or `--timeout` passes:
-    /// then exit 1), a line per change of state.
-    Watch { id: String },
+    /// then exit 75, the retry status: it goes on, watch again), a line per
+    /// change of state.
+    Watch {
+        /// The operation's id.
+        id: String,
+    },
     /// Every operation of the ledger by state and resolution (one pass over
     /// the whole ledger: on demand, for operators).
     Stats,
