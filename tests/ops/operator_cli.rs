@@ -8,7 +8,7 @@
 //! - `formats`: `-o table|wide|json|yaml|name`.
 //! - `completion`: bash completion past the first word, the man pages.
 //! - `words`: what the binary says is true (TLS diagnoses and their exit
-//!   status).
+//!   status, serve's first line, logs in a file).
 
 use crate::support;
 

@@ -1,8 +1,12 @@
 //! What the binary says is what is true: a server that requires a client
 //! certificate is named as such; a TLS mismatch is the retry status (75)
-//! whichever side speaks TLS.
+//! whichever side speaks TLS; `serve`'s first line names its version and
+//! commit; human logs in a file carry no colour codes.
 
-use super::{QUICK, host_port, run};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{BIN, QUICK, free_port, host_port, run};
 use crate::support::{self, AppOptions, Ledger, spawn_app};
 
 /// `https://localhost:PORT` of an app's gRPC port (its certificate names
@@ -107,4 +111,106 @@ async fn tls_mismatches_exit_75_whichever_side_speaks_tls() {
     }
     plain.stop().await;
     tls.stop().await;
+}
+
+/// `serve` as a process on free ports, its stderr in `log`; killed when
+/// dropped.
+struct Serve {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Serve {
+    fn start(nova_url: &str, env: &[(&str, &str)]) -> Self {
+        let dir = support::pki::temp_dir();
+        let log = dir.join("serve.log");
+        let port = || format!("127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", &port(), "--admin-listen", &port()])
+            .args(["--nova-url", nova_url])
+            .args([
+                "--database-url",
+                &format!("sqlite://{}", dir.join("ledger.db").display()),
+            ]);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("VOLUME_RECONCILER_") || k == "DATABASE_URL" || k == "NO_COLOR" {
+                cmd.env_remove(k);
+            }
+        }
+        let child = cmd
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("serve starts");
+        Self { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The log once the service listens.
+    async fn log_when_listening(&self) -> String {
+        support::eventually(Duration::from_secs(60), "serve listens", || async {
+            self.log().contains("listening")
+        })
+        .await;
+        self.log()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        // The test is over (or failed): the server goes with it.
+        if let Err(e) = self.child.kill() {
+            eprintln!("could not stop serve: {e}");
+        }
+        drop(self.child.wait());
+    }
+}
+
+#[tokio::test]
+async fn serve_names_its_version_and_commit_in_its_first_line() {
+    let sim = volume_reconciler::sim::start(
+        "127.0.0.1:0".parse().unwrap(),
+        volume_reconciler::sim::SimConfig::default(),
+    )
+    .await
+    .unwrap();
+    let serve = Serve::start(&sim.nova_url, &[("VOLUME_RECONCILER_LOG_FORMAT", "json")]);
+    let log = serve.log_when_listening().await;
+    let first: serde_json::Value =
+        serde_json::from_str(log.lines().next().unwrap()).expect("a JSON line");
+    let (version, commit) = (
+        volume_reconciler::metrics::VERSION,
+        volume_reconciler::metrics::GIT_SHA,
+    );
+    assert!(!commit.is_empty());
+    assert_eq!(first["version"], version, "{first}");
+    assert_eq!(first["commit"], commit, "{first}");
+    assert_eq!(
+        first["message"],
+        format!("starting volume-reconciler {version} (commit {commit})"),
+        "{first}"
+    );
+    drop(serve);
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn human_logs_written_to_a_file_carry_no_colour_codes() {
+    let sim = volume_reconciler::sim::start(
+        "127.0.0.1:0".parse().unwrap(),
+        volume_reconciler::sim::SimConfig::default(),
+    )
+    .await
+    .unwrap();
+    // No NO_COLOR in its environment: a file is reason enough.
+    let serve = Serve::start(&sim.nova_url, &[("VOLUME_RECONCILER_LOG_FORMAT", "human")]);
+    let log = serve.log_when_listening().await;
+    assert!(!log.contains('\u{1b}'), "escape codes in a file:\n{log:?}");
+    assert!(log.contains(" INFO "), "human lines: {log}");
+    drop(serve);
+    sim.stop().await;
 }
