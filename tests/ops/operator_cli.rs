@@ -8,7 +8,8 @@
 //! - `formats`: `-o table|wide|json|yaml|name`.
 //! - `completion`: bash completion past the first word, the man pages.
 //! - `words`: what the binary says is true (TLS diagnoses and their exit
-//!   status, serve's first line, logs in a file).
+//!   status, serve's first line, logs in a file, bench's time, `-o name`
+//!   on a refusal).
 
 use crate::support;
 

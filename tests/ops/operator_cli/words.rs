@@ -1,13 +1,15 @@
 //! What the binary says is what is true: a server that requires a client
 //! certificate is named as such; a TLS mismatch is the retry status (75)
 //! whichever side speaks TLS; `serve`'s first line names its version and
-//! commit; human logs in a file carry no colour codes.
+//! commit; human logs in a file carry no colour codes; `bench` says how
+//! long it really ran; `-o name` prints nothing when the call is refused.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{BIN, QUICK, free_port, host_port, run};
+use super::{BIN, QUICK, always, free_port, host_port, run};
 use crate::support::{self, AppOptions, Ledger, spawn_app};
+use volume_reconciler::sim::{Fault, FaultOp};
 
 /// `https://localhost:PORT` of an app's gRPC port (its certificate names
 /// localhost).
@@ -213,4 +215,124 @@ async fn human_logs_written_to_a_file_carry_no_colour_codes() {
     assert!(log.contains(" INFO "), "human lines: {log}");
     drop(serve);
     sim.stop().await;
+}
+
+/// The seconds `no call succeeded in N s` states.
+fn stated_seconds(stderr: &str) -> f64 {
+    let (_, rest) = stderr
+        .split_once("no call succeeded in ")
+        .unwrap_or_else(|| panic!("no 'no call succeeded in': {stderr}"));
+    let (seconds, _) = rest.split_once(" s ").expect("N s");
+    seconds.parse().expect("a number of seconds")
+}
+
+#[tokio::test]
+async fn bench_states_how_long_it_ran_when_no_call_succeeded() {
+    let app = spawn_app(AppOptions::default().on(Ledger::Embedded)).await;
+    app.sim
+        .add_fault(always(FaultOp::Attach, Fault::DeviceInUse));
+    let grpc = host_port(&app.grpc_url);
+    let r = run(
+        &[
+            "bench",
+            "--server",
+            &grpc,
+            "--max-calls",
+            "3",
+            "--concurrency",
+            "1",
+            "--duration",
+            "10m",
+            "--quiet",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.took < QUICK, "three calls took {:?}", r.took);
+    let said = stated_seconds(&r.stderr);
+    assert!(
+        said <= r.took.as_secs_f64(),
+        "it says {said} s, the process ran {:?}: {}",
+        r.took,
+        r.stderr
+    );
+    assert!(
+        r.stderr
+            .contains("it stopped at --max-calls 3, before --duration 10m; 3 answered"),
+        "{}",
+        r.stderr
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn name_output_is_empty_when_the_call_is_refused_or_fails() {
+    let app = spawn_app(AppOptions::default().on(Ledger::Embedded)).await;
+    let grpc = host_port(&app.grpc_url);
+    let (server, volume, other) = (support::uuid(), support::uuid(), support::uuid());
+    let attach = |volume: &str, key: &str| {
+        let args = [
+            "ops",
+            "attach",
+            "--server",
+            &grpc,
+            "--server-id",
+            &server,
+            "--volume-id",
+            volume,
+            "--idempotency-key",
+            key,
+            "-o",
+            "name",
+        ]
+        .map(String::from);
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run(&args, &[]).await
+        }
+    };
+    // Succeeded: the id, alone.
+    let first = attach(&volume, "name-1").await;
+    assert!(first.ok, "{}", first.stderr);
+    let id = first.stdout.trim().to_string();
+    assert_eq!(first.stdout, format!("{id}\n"));
+    // The same key for another volume: refused, and nothing on stdout,
+    // although the refusal names the key's first operation.
+    let replay = attach(&other, "name-1").await;
+    assert_eq!(replay.code, Some(1), "{}", replay.stderr);
+    assert_eq!(replay.stdout, "", "stdout of a refused replay");
+    assert!(replay.stderr.contains(&id), "{}", replay.stderr);
+    // An attach that Nova refuses: failed, and nothing on stdout.
+    app.sim
+        .add_fault(always(FaultOp::Attach, Fault::DeviceInUse));
+    let failed = attach(&other, "name-2").await;
+    assert_eq!(failed.code, Some(1), "{}", failed.stderr);
+    assert_eq!(failed.stdout, "", "stdout of a failed attach");
+    // The ledger: the first key's operation is the first volume's; the
+    // second key's failed.
+    let by_key = |key: &str| {
+        let mut raw = app.raw();
+        let key = key.to_string();
+        async move {
+            raw.get_operation(volume_reconciler::grpc::pb::GetOperationRequest {
+                idempotency_key: key,
+                ..Default::default()
+            })
+            .await
+            .expect("the operation of the key")
+            .into_inner()
+        }
+    };
+    let row = by_key("name-1").await;
+    assert_eq!(
+        (row.id.as_str(), row.volume_id.as_str()),
+        (id.as_str(), volume.as_str())
+    );
+    let row = by_key("name-2").await;
+    assert_eq!(row.state, volume_reconciler::grpc::pb::State::Failed as i32);
+    // What Nova saw: the first volume attached once, the other never.
+    assert_eq!(app.sim.attach_effects(volume.parse().unwrap()), 1);
+    assert_eq!(app.sim.attach_effects(other.parse().unwrap()), 0);
+    app.stop().await;
 }
