@@ -98,11 +98,19 @@ impl CallError {
 }
 
 /// A failed call as the CLI prints it: a transport failure names its
-/// likely cause and fix; the server's refusals of a token say what to give.
-pub fn explain(status: &Status, server: &str, retries: u32) -> CallError {
+/// likely cause and fix, and is `UNAVAILABLE` whatever the transport's
+/// status said (a TLS or protocol mismatch surfaces as `INTERNAL`,
+/// `UNKNOWN` or `CANCELLED` depending on which side noticed first: one
+/// exit status for all of them); the server's refusals of a token say what
+/// to give.
+pub fn explain(status: &Status, opts: &ConnectOptions, retries: u32) -> CallError {
     let mut e = CallError::from_status(status, retries);
-    if let Some(hint) = transport_hint(status, server) {
-        e.message = format!("cannot reach {server}: {hint} [{}]", chain(status));
+    if let Some(hint) = transport_hint(status, opts) {
+        e.message = format!("cannot reach {}: {hint} [{}]", opts.server, chain(status));
+        // The server's own answers carry no source; the transport's do.
+        if std::error::Error::source(status).is_some() {
+            e.code = Code::Unavailable;
+        }
         return e;
     }
     explain_refusal(e)
@@ -137,26 +145,37 @@ pub async fn health(opts: &ConnectOptions, timeout: Duration) -> anyhow::Result<
         service: String::new(),
     });
     request.set_timeout(timeout);
-    let server = &opts.server;
     let answer = tokio::time::timeout(timeout, HealthClient::new(channel).check(request))
         .await
-        .map_err(|_| {
-            // TCP connect is bounded by 3 s (the endpoint's), so this is
-            // a port that accepted and did not answer.
-            anyhow::anyhow!(
-                "cannot reach {server}: {} (nothing within {})",
-                hint("handshake did not finish", server).unwrap_or_default(),
-                crate::domain::parse::render_duration(timeout)
-            )
-        })?
-        .map_err(|s| anyhow::Error::new(explain(&s, server, 0)))?;
+        .map_err(|_| no_answer(opts, timeout))?
+        .map_err(|s| anyhow::Error::new(explain(&s, opts, 0)))?;
     match answer.into_inner().status() {
         ServingStatus::Serving => Ok(()),
         other => anyhow::bail!(
-            "{server} answers {} (draining or starting; see its /readyz)",
+            "{} answers {} (draining or starting; see its /readyz)",
+            opts.server,
             other.as_str_name()
         ),
     }
+}
+
+/// A health check that got no answer `within`: TCP connect is bounded by
+/// the endpoint's 3 s, so the port accepted and did not answer.
+/// UNAVAILABLE, as a refused connection is: the caller may try again (the
+/// CLI's retry status).
+fn no_answer(opts: &ConnectOptions, within: Duration) -> anyhow::Error {
+    anyhow::Error::new(CallError {
+        code: Code::Unavailable,
+        message: format!(
+            "cannot reach {}: {} (nothing within {})",
+            opts.server,
+            hint("handshake did not finish", opts).unwrap_or_default(),
+            crate::domain::parse::render_duration(within)
+        ),
+        reason: None,
+        metadata: HashMap::new(),
+        retries: 0,
+    })
 }
 
 /// Whether a status is a transport failure that a keyed retry may absorb.
@@ -265,32 +284,17 @@ impl Client {
             service: String::new(),
         });
         request.set_timeout(within);
-        let server = &opts.server;
         match tokio::time::timeout(within, HealthClient::new(channel).check(request)).await {
             Ok(Ok(_)) => Ok(client),
             // A server without the health service still serves the API.
-            Ok(Err(s))
-                if s.code() == Code::Unimplemented && transport_hint(&s, server).is_none() =>
-            {
+            Ok(Err(s)) if s.code() == Code::Unimplemented && transport_hint(&s, opts).is_none() => {
                 Ok(client)
             }
-            Ok(Err(s)) => match transport_hint(&s, server) {
-                Some(_) => Err(anyhow::Error::new(explain(&s, server, 0))),
+            Ok(Err(s)) => match transport_hint(&s, opts) {
+                Some(_) => Err(anyhow::Error::new(explain(&s, opts, 0))),
                 None => Ok(client),
             },
-            // UNAVAILABLE, as a refused connection is: the caller may try
-            // again (the CLI's retry status).
-            Err(_) => Err(anyhow::Error::new(CallError {
-                code: Code::Unavailable,
-                message: format!(
-                    "cannot reach {server}: {} (nothing within {})",
-                    hint("handshake did not finish", server).unwrap_or_default(),
-                    crate::domain::parse::render_duration(within)
-                ),
-                reason: None,
-                metadata: HashMap::new(),
-                retries: 0,
-            })),
+            Err(_) => Err(no_answer(opts, within)),
         }
     }
 

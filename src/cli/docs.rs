@@ -72,3 +72,40 @@ pub fn man(dir: Option<&Path>) -> anyhow::Result<()> {
             .join(", ")
     ))?)
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every argument of every command, and every command, with the path
+    /// that reaches it (`ops resolve --state`), that has no help text.
+    fn undescribed(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        if cmd.get_about().is_none() && cmd.get_long_about().is_none() {
+            missing.push(format!("{path} (the command)"));
+        }
+        for arg in cmd.get_arguments() {
+            let described = arg.get_help().is_some() || arg.get_long_help().is_some();
+            if !described {
+                let name = match arg.get_long() {
+                    Some(long) => format!("--{long}"),
+                    None => format!("<{}>", arg.get_id()),
+                };
+                missing.push(format!("{path} {name}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            undescribed(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+
+    /// `--help` describes everything it lists: an argument or a command
+    /// added without a doc comment fails here, by name.
+    #[test]
+    fn every_command_and_argument_has_a_help_text() {
+        let mut missing = Vec::new();
+        undescribed(&super::command(), super::NAME, &mut missing);
+        assert!(
+            missing.is_empty(),
+            "without a help text:\n  {}",
+            missing.join("\n  ")
+        );
+    }
+}

@@ -53,6 +53,9 @@ pub const VERSION: &str = concat!(
     about = "Attach and detach OpenStack volumes exactly once per idempotency key, and record the true outcome"
 )]
 pub struct Cli {
+    /// How log lines are written on stderr: human (coloured only on a
+    /// terminal), json (one object a line), or auto (human on a terminal,
+    /// json otherwise).
     #[arg(
         long,
         global = true,
@@ -147,6 +150,7 @@ pub enum Command {
     /// Print the shell completion script (e.g. `volume-reconciler
     /// completions bash > /etc/bash_completion.d/volume-reconciler`).
     Completions {
+        /// The shell the script is for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },

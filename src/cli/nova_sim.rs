@@ -13,6 +13,8 @@ use crate::startup;
 
 #[derive(Debug, Clone, Args)]
 pub struct SimArgs {
+    /// Where the simulator serves Nova, Cinder, Keystone and its /sim
+    /// admin API (HOST:PORT; port 0: any free port, printed).
     #[arg(long, env = "NOVA_SIM_LISTEN", default_value = "127.0.0.1:8774")]
     pub listen: SocketAddr,
     /// Require Keystone tokens on Nova requests.
@@ -38,8 +40,10 @@ pub struct SimArgs {
     /// memory grows with every request.
     #[arg(long, env = "NOVA_SIM_RECORD_HISTORY")]
     pub record_history: bool,
+    /// The Keystone user the simulator knows (with --password).
     #[arg(long, env = "NOVA_SIM_USERNAME", default_value_t = SimConfig::default().username)]
     pub username: String,
+    /// That user's password.
     #[arg(
         long,
         env = "NOVA_SIM_PASSWORD",

@@ -112,6 +112,13 @@ impl HealthcheckArgs {
 
 /// Runs the service until SIGTERM/SIGINT, then drains in stages.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // The first line: which build this is, before anything can fail.
+    tracing::info!(
+        version = crate::metrics::VERSION,
+        commit = crate::metrics::GIT_SHA,
+        "starting volume-reconciler {}",
+        crate::cli::VERSION
+    );
     tls::install_crypto_provider();
     #[cfg(feature = "otlp")]
     if crate::telemetry::otlp::init()? {
@@ -127,7 +134,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// Applies pending migrations (opening the store does), prints those it
 /// applied or that the ledger is up to date, and warns of migrations the
-/// ledger holds that this build does not know; `status` only reports.
+/// ledger holds that this build does not know; `status` only reports
+/// (the unknown ones among the rest, no warning).
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     let url = &args.database_url;
     let status = || async {
@@ -136,11 +144,12 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
             .map_err(|e| e.context(LEDGER_CONTEXT))
     };
     let before = status().await?;
-    warn_unknown(&before);
     if matches!(args.action, Some(MigrateAction::Status)) {
+        // The report names the unknown ones itself: no warning beside it.
         print!("{}", render_status(&before));
         return Ok(());
     }
+    warn_unknown(&before);
     let store = store::open_within(url, 1, args.db_connect_timeout)
         .await
         .map_err(|e| e.context(LEDGER_CONTEXT))?;
@@ -168,6 +177,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 /// Migrations the ledger holds that this build does not know: a later
 /// release migrated it. This build runs against its expanded schema (each
 /// migration is an expand step), but should not be the one left running.
+/// One line, naming them once (in its `unknown` field).
 fn warn_unknown(status: &store::MigrationStatus) {
     if status.unknown.is_empty() {
         return;
@@ -179,9 +189,8 @@ fn warn_unknown(status: &store::MigrationStatus) {
         .collect();
     tracing::warn!(
         unknown = %names.join(", "),
-        "the ledger holds {} migration(s) this build does not know (a later release applied them): {}; this build runs against the expanded schema, but roll forward rather than back",
+        "the ledger holds {} migration(s) this build does not know (a later release applied them); this build runs against the expanded schema, but roll forward rather than back",
         names.len(),
-        names.join(", ")
     );
 }
 

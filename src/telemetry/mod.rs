@@ -32,7 +32,9 @@ fn env_filter(filter: &str) -> EnvFilter {
 pub enum LogFormat {
     /// Human-readable on a terminal, JSON otherwise.
     Auto,
+    /// Human-readable lines, coloured only on a terminal.
     Human,
+    /// One JSON object a line (fields flattened, span fields included).
     Json,
 }
 
@@ -72,9 +74,16 @@ pub fn init_to_file(format: LogFormat, filter: &str, path: &std::path::Path) {
     drop(result);
 }
 
-/// Logs to stderr.
+/// Logs to stderr; human lines are coloured only on a terminal.
 pub fn init(format: LogFormat, filter: &str) {
-    init_with(format, filter, std::io::stderr, None);
+    init_with(format, filter, std::io::stderr, colours());
+}
+
+/// Whether human lines on stderr are coloured: only on a terminal (a file
+/// or a pipe gets plain text, not escape codes), and not when `NO_COLOR`
+/// is set to anything (no-color.org).
+fn colours() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// Logs to stderr once [`release_held`] is called, and holds the lines
@@ -82,12 +91,7 @@ pub fn init(format: LogFormat, filter: &str) {
 /// after it). Human lines are coloured only on a terminal.
 pub fn init_held(format: LogFormat, filter: &str) {
     *held() = Some(Vec::new());
-    init_with(
-        format,
-        filter,
-        || Held,
-        Some(std::io::stderr().is_terminal()),
-    );
+    init_with(format, filter, || Held, colours());
 }
 
 /// Writes the lines held since [`init_held`] and lets the next ones
@@ -127,8 +131,8 @@ impl std::io::Write for Held {
     }
 }
 
-/// `ansi`: colours on or off (`None`: tracing-subscriber's default).
-fn init_with<W>(format: LogFormat, filter: &str, writer: W, ansi: Option<bool>)
+/// `ansi`: colours on or off.
+fn init_with<W>(format: LogFormat, filter: &str, writer: W, ansi: bool)
 where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -138,12 +142,10 @@ where
         LogFormat::Human => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let mut builder = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer);
-    if let Some(ansi) = ansi {
-        builder = builder.with_ansi(ansi);
-    }
+        .with_writer(writer)
+        .with_ansi(ansi);
     // `try_init` fails only when a subscriber is already set (tests): fine.
     let result = if json {
         builder

@@ -461,3 +461,45 @@ fn serve_help_groups_every_flag_under_a_heading_and_describes_each() {
         );
     }
 }
+
+/// The comment above the Deployment's readinessProbe says what `/readyz`
+/// checks, with the numbers the binary uses: not ready while draining, or
+/// once the database check (its interval, its bound) has failed for longer
+/// than `--ready-db-grace`; never a wait on the database itself.
+#[test]
+fn the_readiness_comment_says_what_readyz_checks() {
+    use volume_reconciler::domain::parse::render_duration;
+    use volume_reconciler::startup::probe::{DB_CHECK_INTERVAL, DB_CHECK_TIMEOUT};
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/kubernetes/base/deployment.yaml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let probe = lines
+        .iter()
+        .position(|l| l.trim() == "readinessProbe:")
+        .expect("a readinessProbe");
+    let comment: Vec<&str> = lines[..probe]
+        .iter()
+        .rev()
+        .take_while(|l| l.trim_start().starts_with('#'))
+        .map(|l| l.trim_start().trim_start_matches('#').trim())
+        .collect();
+    let comment = comment.into_iter().rev().collect::<Vec<_>>().join(" ");
+    for said in [
+        "while draining".to_string(),
+        format!("a ping every {}", render_duration(DB_CHECK_INTERVAL)),
+        format!("bounded at {} each", render_duration(DB_CHECK_TIMEOUT)),
+        format!(
+            "ready-db-grace ({})",
+            render_duration(volume_reconciler::config::READY_DB_GRACE)
+        ),
+        "never waits on the database".to_string(),
+    ] {
+        assert!(
+            comment.contains(&said),
+            "the readiness comment does not say {said:?}:\n{comment}"
+        );
+    }
+}

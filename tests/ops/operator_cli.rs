@@ -7,6 +7,9 @@
 //! - `pipes`: every printing command into a closed pipe.
 //! - `formats`: `-o table|wide|json|yaml|name`.
 //! - `completion`: bash completion past the first word, the man pages.
+//! - `words`: what the binary says is true (TLS diagnoses and their exit
+//!   status, serve's first line, logs in a file, bench's time, `-o name`
+//!   on a refusal).
 
 use crate::support;
 
@@ -15,6 +18,7 @@ mod first_attach;
 mod fleet;
 mod formats;
 mod pipes;
+mod words;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -76,6 +80,13 @@ fn free_port() -> u16 {
 
 fn host_port(url: &str) -> String {
     url.trim_start_matches("http://").to_string()
+}
+
+/// The exit status a help text states: the number after its first "exit ".
+fn stated_exit(help: &str) -> Option<i32> {
+    let (_, rest) = help.split_once("exit ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// Fails unless the session failed quickly, saying `fix`.
@@ -403,8 +414,16 @@ async fn ops_watch_honours_its_timeout_and_prints_only_changes() {
         &[],
     )
     .await;
-    // Not decided yet: worth watching again (the retry status).
+    // Not decided yet: worth watching again (the retry status), as
+    // `ops watch --help` says.
     assert_eq!(r.code, Some(75), "{}\n{}", r.stdout, r.stderr);
+    let help = run(&["ops", "watch", "--help"], &[]).await;
+    assert_eq!(
+        stated_exit(&help.stdout),
+        r.code,
+        "the status `ops watch --help` states:\n{}",
+        help.stdout
+    );
     assert!(r.took < QUICK, "watch --timeout 3s took {:?}", r.took);
     assert!(
         r.stderr.contains("not decided within --timeout 3s") && r.stderr.contains("still unknown"),

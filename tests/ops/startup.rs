@@ -393,6 +393,13 @@ async fn migrate_says_what_it_applied_or_that_the_ledger_is_up_to_date_and_statu
         stdout.contains("unknown  29991231000001  from a later release"),
         "{stdout}"
     );
+    // The report names it; no warning says it again.
+    assert_eq!(stdout.matches("29991231000001").count(), 1, "{stdout}");
+    assert!(
+        !text(&out.stderr).contains("29991231000001"),
+        "{}",
+        text(&out.stderr)
+    );
     assert!(
         stdout.ends_with(&format!(
             "{known} applied, 0 pending, 1 unknown to this build\n"
@@ -401,11 +408,14 @@ async fn migrate_says_what_it_applied_or_that_the_ledger_is_up_to_date_and_statu
     );
     let (out, _) = migrate(&[]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
     assert!(
-        text(&out.stderr).contains("1 migration(s) this build does not know"),
-        "{}",
-        text(&out.stderr)
+        stderr.contains("1 migration(s) this build does not know"),
+        "{stderr}"
     );
+    // Warned once, naming it once.
+    assert_eq!(stderr.matches("does not know").count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("29991231000001").count(), 1, "{stderr}");
     assert!(text(&out.stdout).starts_with("the ledger is up to date"));
 }
 

@@ -203,7 +203,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
     worker.stop.store(true, Ordering::Relaxed);
     progress.await?;
     report(&args, conns, elapsed, &worker.stats)?;
-    verdict(&args, &worker.stats)
+    verdict(&args, elapsed, &worker.stats)
 }
 
 /// How long the health check before the load may take.
@@ -211,18 +211,22 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The server answers `grpc.health.v1` SERVING before any load is sent:
 /// an unreachable server, a TLS mismatch or a wrong port is one clear
-/// error, not thousands of failed calls.
+/// error, not thousands of failed calls. The failed call stays in the
+/// error's chain: its code is the exit status (a server out of reach is
+/// worth a retry, 75).
 async fn check_health(opts: &crate::client::ConnectOptions, server: &str) -> anyhow::Result<()> {
-    match crate::client::health(opts, HEALTH_TIMEOUT).await {
-        Ok(()) => Ok(()),
-        Err(e) => anyhow::bail!("bench: the server's health check failed, no load sent: {e:#}"),
-    }
-    .map_err(|e: anyhow::Error| e.context(format!("--server {server}")))
+    crate::client::health(opts, HEALTH_TIMEOUT)
+        .await
+        .map_err(|e| {
+            e.context("bench: the server's health check failed, no load sent")
+                .context(format!("--server {server}"))
+        })
 }
 
 /// The exit status: 1 when the server refused the credentials, when no
-/// call succeeded, or when errors passed `--max-error-rate`.
-fn verdict(args: &LoadArgs, stats: &Stats) -> anyhow::Result<()> {
+/// call succeeded in the `elapsed` seconds the run took, or when errors
+/// passed `--max-error-rate`.
+fn verdict(args: &LoadArgs, elapsed: f64, stats: &Stats) -> anyhow::Result<()> {
     if let Some(e) = lock(&stats.refused).take() {
         anyhow::bail!(
             "bench stopped at the first refusal, every call would get it: {}",
@@ -233,8 +237,8 @@ fn verdict(args: &LoadArgs, stats: &Stats) -> anyhow::Result<()> {
     let errors: u64 = lock(&stats.errors).values().sum();
     if calls == errors {
         anyhow::bail!(
-            "bench: no call succeeded in {} ({calls} answered, all errors; {} still in flight at the end)",
-            crate::domain::parse::render_duration(args.duration),
+            "bench: no call succeeded in {elapsed:.1} s ({}; {calls} answered, all errors; {} still in flight at the end)",
+            what_ended(args, stats),
             stats.cut_off.load(Ordering::Relaxed)
         );
     }
@@ -248,6 +252,18 @@ fn verdict(args: &LoadArgs, stats: &Stats) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// What ended the run: `--max-calls` when it was reached, else
+/// `--duration`.
+fn what_ended(args: &LoadArgs, stats: &Stats) -> String {
+    let duration = crate::domain::parse::render_duration(args.duration);
+    match args.max_calls {
+        Some(max) if stats.started.load(Ordering::Relaxed) >= max => {
+            format!("it stopped at --max-calls {max}, before --duration {duration}")
+        }
+        _ => format!("--duration {duration}"),
+    }
 }
 
 /// A bar over `--duration` on stderr, with calls, rate and errors (hidden

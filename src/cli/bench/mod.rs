@@ -68,8 +68,10 @@ pub struct AdapterBenchArgs {
     /// Calls per round and side.
     #[arg(long, default_value_t = 5000)]
     pub calls: usize,
+    /// Rounds, alternating the adapter and the bare HTTP call.
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
+    /// How to print the result: table, json or yaml.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
 }
@@ -81,6 +83,7 @@ pub struct LoadArgs {
     /// Send the attach requests straight to this Nova endpoint instead.
     #[arg(long)]
     pub direct_nova: Option<String>,
+    /// Callers calling at once, each one call after the other (at least 1).
     #[arg(long, default_value_t = 16, value_parser = concurrency)]
     pub concurrency: usize,
     /// HTTP/2 connections to spread the callers over (default: one per 200 callers).
@@ -104,6 +107,8 @@ pub struct LoadArgs {
     /// Stop after this many calls (in addition to --duration).
     #[arg(long)]
     pub max_calls: Option<u64>,
+    /// How to print the summary: table, json or yaml (errors too: with
+    /// json, one JSON error object on stderr).
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
     /// Print no progress line.
@@ -138,15 +143,20 @@ fn share(s: &str) -> Result<f64, String> {
 
 #[derive(Debug, Clone, Args)]
 pub struct ReconcileBenchArgs {
+    /// The ledger to fill with unknown operations: postgres://... or
+    /// sqlite://FILE (a scratch one: the benchmark writes to it).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// The Nova simulator (its /sim admin API seeds the attachments).
     #[arg(long)]
     pub nova_url: String,
+    /// Unknown operations to resolve.
     #[arg(long, default_value_t = 10_000)]
     pub count: usize,
+    /// Operations the reconciler resolves at once.
     #[arg(long, default_value_t = 64)]
     pub parallelism: usize,
+    /// How to print the result: table, json or yaml.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
 }

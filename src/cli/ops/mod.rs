@@ -132,8 +132,12 @@ pub enum OpsCommand {
     /// `--rate`, at most `--max-count`; `--dry-run` lists them).
     Reconcile(ReconcileArgs),
     /// Follow an operation until it is decided (or `--timeout` passes:
-    /// then exit 1), a line per change of state.
-    Watch { id: String },
+    /// then exit 75, the retry status: it goes on, watch again), a line per
+    /// change of state.
+    Watch {
+        /// The operation's id.
+        id: String,
+    },
     /// Every operation of the ledger by state and resolution (one pass over
     /// the whole ledger: on demand, for operators).
     Stats,
@@ -161,8 +165,8 @@ fn state_filter(state: Option<StateArg>) -> pb::State {
 /// One `ops` invocation: the client and the output settings.
 struct Ops {
     client: Client,
-    /// The server as given, for errors that never reached it.
-    server: String,
+    /// How the client connects, for errors that never reached the server.
+    connect: crate::client::ConnectOptions,
     output: Output,
     timeout: Option<Duration>,
 }
@@ -172,7 +176,7 @@ impl Ops {
     /// metadata kept for `--output json`); one that never reached the
     /// server names it.
     fn fail(&self, status: tonic::Status) -> anyhow::Error {
-        anyhow::Error::new(crate::client::explain(&status, &self.server, 0))
+        anyhow::Error::new(crate::client::explain(&status, &self.connect, 0))
     }
 
     fn req<T>(&self, msg: T) -> tonic::Request<T> {
@@ -444,9 +448,10 @@ fn watch_line(output: Output, op: &pb::Operation) -> anyhow::Result<String> {
 }
 
 pub async fn run(args: OpsArgs) -> anyhow::Result<()> {
+    let connect = args.client.connect_options()?;
     let ops = Ops {
-        client: Client::connect_within(&args.client.connect_options()?, CONNECT_WITHIN).await?,
-        server: args.client.server.clone(),
+        client: Client::connect_within(&connect, CONNECT_WITHIN).await?,
+        connect,
         output: args.output,
         timeout: args.timeout,
     };

@@ -4,14 +4,15 @@
 //! the caller's deadline (`--timeout`, sent as the gRPC deadline however
 //! long it is: the service works until the decision or that deadline).
 //! The answer is the decided operation, printed with its reconcile log; a
-//! failed or undecided operation is printed too, and its error, with every
+//! failed or undecided operation is printed too (except with `-o name`,
+//! whose stdout holds an id only on success), and its error, with every
 //! key of the server's `ErrorInfo`, goes to stderr.
 
 use std::io::Write;
 
 use clap::Args;
 
-use super::{DEFAULT_CALL_TIMEOUT, Ops};
+use super::{DEFAULT_CALL_TIMEOUT, Ops, Output};
 use crate::cli::format::{exit, exit_status};
 use crate::cli::output::emit;
 use crate::client::{AttachOptions, CallError, explain_refusal};
@@ -134,7 +135,13 @@ impl Ops {
             }
             Err(e) => explain_refusal(e),
         };
-        if let Some(id) = e.operation_id() {
+        // `-o name` prints an id only when the command succeeded, so that
+        // `id=$(ops attach ... -o name)` is empty on any failure (a refused
+        // replay names the key's first operation, not one of this call's);
+        // the error on stderr names the operation either way.
+        if let Some(id) = e.operation_id()
+            && self.output != Output::Name
+        {
             self.print_after_error(id).await?;
         }
         let what = format!(
