@@ -16,11 +16,8 @@ use std::time::Duration;
 
 use support::pg::Admin;
 use support::{AppOptions, TestApp, spawn_app, with_timeout};
-use tokio::time::Instant;
 use uuid::Uuid;
-use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
 use volume_reconciler::grpc::pb;
-use volume_reconciler::store::{CreateOutcome, NewOperation};
 
 type Counts = BTreeMap<(String, String), i64>;
 
@@ -170,43 +167,7 @@ async fn attaches(app: &TestApp, prefix: &str, n: usize) {
 
 /// An UNKNOWN operation written as a crashed replica would have left it.
 async fn seed_unknown(app: &TestApp) -> Uuid {
-    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
-    let params = RequestParams::default();
-    let id = Uuid::now_v7();
-    let new = NewOperation {
-        labels: Default::default(),
-        id,
-        key: volume_reconciler::domain::CallerKey::parse(None, &format!("u-{id}"))
-            .unwrap()
-            .into(),
-        fingerprint: request_fingerprint(
-            Action::Attach,
-            server,
-            volume,
-            &params,
-            &volume_reconciler::domain::Labels::none(),
-        ),
-        action: Action::Attach,
-        server_id: server,
-        volume_id: volume,
-        params,
-        state: State::Unknown,
-        attempts: 1,
-        deadline_in: Duration::ZERO,
-        lease_owner: "crashed".into(),
-        lease_for: Duration::ZERO,
-        trace: None,
-        replica: "crashed".into(),
-        events: vec![NewEvent::new("recorded", "seeded by the test")],
-        record_by: None,
-    };
-    let created = app
-        .store
-        .operation_create(new, Instant::now() + Duration::from_secs(30))
-        .await
-        .unwrap();
-    assert!(matches!(created, CreateOutcome::Created(_)));
-    id
+    support::record_new(app.store.as_ref(), support::left_unknown_by_a_crash()).await
 }
 
 #[tokio::test]

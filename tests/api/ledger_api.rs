@@ -820,47 +820,14 @@ async fn volume_busy_names_the_operation_in_flight_only_to_its_caller_or_an_oper
 /// breaks in a reason are fine.
 #[tokio::test]
 async fn control_characters_in_free_text_are_refused_naming_the_field() {
-    use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
-    use volume_reconciler::store::{CreateOutcome, NewOperation};
     let app = spawn_app(AppOptions::default()).await;
     let mut c = app.raw();
     // An operation a resolve would write to: recorded, nothing sent.
-    let (server, volume) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
-    let params = RequestParams::default();
-    let new = NewOperation {
-        labels: Default::default(),
-        id: uuid::Uuid::now_v7(),
-        key: volume_reconciler::domain::CallerKey::parse(None, "pending")
-            .unwrap()
-            .into(),
-        fingerprint: request_fingerprint(
-            Action::Attach,
-            server,
-            volume,
-            &params,
-            &volume_reconciler::domain::Labels::none(),
-        ),
-        action: Action::Attach,
-        server_id: server,
-        volume_id: volume,
-        params,
-        state: State::Pending,
-        attempts: 0,
-        deadline_in: Duration::from_secs(60),
-        lease_owner: "nobody".into(),
-        lease_for: Duration::ZERO,
-        trace: None,
-        replica: "test".into(),
-        events: vec![NewEvent::new("recorded", "left pending")],
-        record_by: None,
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let CreateOutcome::Created(pending) = app.store.operation_create(new, deadline).await.unwrap()
-    else {
-        unreachable!("a fresh key")
-    };
+    let new = support::pending_attach("pending", "nobody", Duration::ZERO, Duration::from_secs(60));
+    let volume = new.volume_id;
+    let pending_id = support::record_new(app.store.as_ref(), new).await;
     let resolve = |reason: &str| pb::ResolveOperationRequest {
-        operation_id: pending.id.to_string(),
+        operation_id: pending_id.to_string(),
         state: pb::State::Failed as i32,
         reason: reason.into(),
     };
@@ -947,8 +914,12 @@ async fn control_characters_in_free_text_are_refused_naming_the_field() {
             "{e:?}"
         );
     }
-    let row = app.store.operation_get(pending.id).await.unwrap().unwrap();
-    assert_eq!(row.state, State::Pending, "nothing was written");
+    let row = app.store.operation_get(pending_id).await.unwrap().unwrap();
+    assert_eq!(
+        row.state,
+        volume_reconciler::domain::State::Pending,
+        "nothing was written"
+    );
     // A reason over lines, with a tab, is text like any other.
     let op = c
         .resolve_operation(with_timeout(

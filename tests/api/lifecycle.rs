@@ -1164,44 +1164,21 @@ async fn dead_holders_attach(
     server: Uuid,
     volume: Uuid,
 ) -> Uuid {
-    use volume_reconciler::domain::{Action, NewEvent, RequestParams, request_fingerprint};
-    use volume_reconciler::store::{CreateOutcome, NewOperation};
-    let params = RequestParams::default();
-    let new = NewOperation {
-        labels: Default::default(),
-        id: Uuid::now_v7(),
-        key: volume_reconciler::domain::CallerKey::parse(None, &format!("dead-{volume}"))
-            .unwrap()
-            .into(),
-        fingerprint: request_fingerprint(
-            Action::Attach,
-            server,
-            volume,
-            &params,
-            &volume_reconciler::domain::Labels::none(),
-        ),
-        action: Action::Attach,
-        server_id: server,
-        volume_id: volume,
-        params,
+    use volume_reconciler::domain::NewEvent;
+    let new = volume_reconciler::store::NewOperation {
         state: State::InProgress,
         attempts: 1,
-        deadline_in: secs(60.0),
-        lease_owner: "a-dead-replica".into(),
-        lease_for: Duration::ZERO,
-        trace: None,
-        replica: "a-dead-replica".into(),
         events: vec![NewEvent::new("recorded", "left by a replica that died")],
-        record_by: None,
+        ..support::pending_attach_on(
+            &format!("dead-{volume}"),
+            "a-dead-replica",
+            Duration::ZERO,
+            secs(60.0),
+            server,
+            volume,
+        )
     };
-    match store
-        .operation_create(new, Instant::now() + secs(10.0))
-        .await
-        .unwrap()
-    {
-        CreateOutcome::Created(op) => op.id,
-        CreateOutcome::Existing(_) => unreachable!("a fresh key"),
-    }
+    support::record_new(store, new).await
 }
 
 // ---------------------------------------------------------------------

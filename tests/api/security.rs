@@ -873,49 +873,11 @@ async fn cert_client(
 /// An operation of `caller` left recorded and undecided (nothing sent,
 /// no lease): one an operator may resolve.
 async fn pending_of(app: &support::TestApp, caller: &str) -> Uuid {
-    use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
-    use volume_reconciler::store::{CreateOutcome, NewOperation};
-    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
-    let params = RequestParams::default();
-    let new = NewOperation {
-        labels: Default::default(),
-        id: Uuid::now_v7(),
-        key: volume_reconciler::domain::CallerKey::parse(
-            Some(caller),
-            &format!("pending-{volume}"),
-        )
-        .unwrap()
-        .into(),
-        fingerprint: request_fingerprint(
-            Action::Attach,
-            server,
-            volume,
-            &params,
-            &volume_reconciler::domain::Labels::none(),
-        ),
-        action: Action::Attach,
-        server_id: server,
-        volume_id: volume,
-        params,
-        state: State::Pending,
-        attempts: 0,
-        deadline_in: Duration::from_secs(60),
-        lease_owner: "nobody".into(),
-        lease_for: Duration::ZERO,
-        trace: None,
-        replica: "test".into(),
-        events: vec![NewEvent::new("recorded", "left pending")],
-        record_by: None,
+    let new = volume_reconciler::store::NewOperation {
+        key: support::ck(Some(caller), &format!("pending-{}", Uuid::new_v4())).into(),
+        ..support::pending_attach("-", "nobody", Duration::ZERO, Duration::from_secs(60))
     };
-    match app
-        .store
-        .operation_create(new, Instant::now() + Duration::from_secs(10))
-        .await
-        .unwrap()
-    {
-        CreateOutcome::Created(op) => op.id,
-        CreateOutcome::Existing(_) => unreachable!("a fresh key"),
-    }
+    support::record_new(app.store.as_ref(), new).await
 }
 
 fn resolve_req(id: Uuid) -> tonic::Request<pb::ResolveOperationRequest> {

@@ -715,35 +715,19 @@ async fn an_intent_the_server_receives_after_its_task_gave_up_on_it_is_never_rec
 
 /// An intent of `key` on a fresh volume, leased to "batch" for a minute.
 fn intent(key: &str) -> volume_reconciler::store::NewOperation {
-    use volume_reconciler::domain::{Action, RequestParams, request_fingerprint};
     let (server, volume) = ids();
-    let params = RequestParams::default();
     volume_reconciler::store::NewOperation {
-        labels: Default::default(),
-        id: Uuid::now_v7(),
-        key: volume_reconciler::domain::CallerKey::parse(None, key)
-            .unwrap()
-            .into(),
-        fingerprint: request_fingerprint(
-            Action::Attach,
-            server,
-            volume,
-            &params,
-            &volume_reconciler::domain::Labels::none(),
-        ),
-        action: Action::Attach,
-        server_id: server,
-        volume_id: volume,
-        params,
         state: State::InProgress,
         attempts: 1,
-        deadline_in: Duration::from_secs(60),
-        lease_owner: "batch".into(),
-        lease_for: Duration::from_secs(60),
-        trace: None,
-        replica: "batch".into(),
         events: Vec::new(),
-        record_by: None,
+        ..support::pending_attach_on(
+            key,
+            "batch",
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            server,
+            volume,
+        )
     }
 }
 

@@ -12,12 +12,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 use support::{AppOptions, TestApp, spawn_app, with_timeout};
-use tokio::time::Instant;
 use uuid::Uuid;
-use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
+use volume_reconciler::domain::State;
 use volume_reconciler::grpc::pb;
 use volume_reconciler::sim::{Fault, FaultOp, FaultRule};
-use volume_reconciler::store::{CreateOutcome, NewOperation};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -163,47 +161,7 @@ const SVC: &str = "volume_reconciler.v1.VolumeReconciler";
 
 /// Records an UNKNOWN operation as a crashed replica would have left it.
 async fn seed_unknown(app: &TestApp) -> Uuid {
-    let (server, volume) = (Uuid::new_v4(), Uuid::new_v4());
-    let id = Uuid::now_v7();
-    let params = RequestParams::default();
-    let new = NewOperation {
-        labels: Default::default(),
-        id,
-        key: volume_reconciler::domain::CallerKey::parse(None, &format!("u-{id}"))
-            .unwrap()
-            .into(),
-        fingerprint: request_fingerprint(
-            Action::Attach,
-            server,
-            volume,
-            &params,
-            &volume_reconciler::domain::Labels::none(),
-        ),
-        action: Action::Attach,
-        server_id: server,
-        volume_id: volume,
-        params,
-        state: State::Unknown,
-        attempts: 1,
-        // Its deadline has passed: only the settle window holds it open.
-        deadline_in: Duration::ZERO,
-        lease_owner: "crashed".into(),
-        // Expired at once: the crashed replica's lease is over.
-        lease_for: Duration::ZERO,
-        trace: None,
-        replica: "crashed".into(),
-        events: vec![NewEvent::new("recorded", "seeded by the test")],
-        record_by: None,
-    };
-    match app
-        .store
-        .operation_create(new, Instant::now() + Duration::from_secs(30))
-        .await
-        .unwrap()
-    {
-        CreateOutcome::Created(op) => op.id,
-        CreateOutcome::Existing(_) => unreachable!(),
-    }
+    support::record_new(app.store.as_ref(), support::left_unknown_by_a_crash()).await
 }
 
 #[tokio::test]

@@ -358,8 +358,20 @@ pub fn pending_attach(
     lease_for: Duration,
     deadline_in: Duration,
 ) -> volume_reconciler::store::NewOperation {
-    use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
     let (server, volume) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    pending_attach_on(key, by, lease_for, deadline_in, server, volume)
+}
+
+/// [`pending_attach`] of `volume` on `server`.
+pub fn pending_attach_on(
+    key: &str,
+    by: &str,
+    lease_for: Duration,
+    deadline_in: Duration,
+    server: uuid::Uuid,
+    volume: uuid::Uuid,
+) -> volume_reconciler::store::NewOperation {
+    use volume_reconciler::domain::{Action, NewEvent, RequestParams, State, request_fingerprint};
     let params = RequestParams::default();
     volume_reconciler::store::NewOperation {
         labels: Default::default(),
@@ -403,6 +415,22 @@ pub async fn record_new(
     {
         CreateOutcome::Created(op) => op.id,
         CreateOutcome::Existing(op) => panic!("a fresh key joined {op:?}"),
+    }
+}
+
+/// An attach left `UNKNOWN` by a replica that crashed after sending it:
+/// its deadline passed and its lease over, so only the settle window
+/// holds it open.
+pub fn left_unknown_by_a_crash() -> volume_reconciler::store::NewOperation {
+    volume_reconciler::store::NewOperation {
+        state: volume_reconciler::domain::State::Unknown,
+        attempts: 1,
+        ..pending_attach(
+            &format!("u-{}", uuid::Uuid::new_v4()),
+            "crashed",
+            Duration::ZERO,
+            Duration::ZERO,
+        )
     }
 }
 
