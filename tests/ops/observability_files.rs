@@ -1,13 +1,19 @@
-//! The Grafana dashboard's scoping (the metrics its queries read are
-//! tests/ops/observability.rs's business, against a live `/metrics`): its
-//! cluster, namespace and job template variables, each listing the values
-//! of a label the service's metrics carry once scraped, and every selector
-//! of every panel narrowed by all three, so a Grafana over many clusters
-//! and namespaces shows one deployment at a time.
+//! The files of `deploy/observability` beyond the metrics they read
+//! (which tests/ops/observability.rs checks against a live `/metrics`):
+//! - the alert rules' unit tests (`tests/*.yaml`, run by `promtool test
+//!   rules` in `.ci/run`) cover every rule, each seen silent one evaluation
+//!   before it fires and then firing with its severity and runbook link;
+//! - the Grafana dashboard's cluster, namespace and job template variables,
+//!   each listing the values of a label the service's metrics carry once
+//!   scraped, and every selector of every panel narrowed by all three, so
+//!   a Grafana over many clusters and namespaces shows one deployment at a
+//!   time.
 
 use super::observability::promql_refs;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -100,4 +106,121 @@ fn every_panel_query_selects_by_cluster_namespace_and_job() {
         }
     }
     assert!(queries >= 20, "the panels' queries were read: {queries}");
+}
+
+fn yaml(path: &Path) -> yaml_serde::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn duration(v: &yaml_serde::Value, what: &str) -> Duration {
+    let s = v.as_str().unwrap_or_else(|| panic!("{what}: {v:?}"));
+    humantime::parse_duration(s).unwrap_or_else(|e| panic!("{what}: {s}: {e}"))
+}
+
+/// What the unit tests show of one alert rule.
+#[derive(Default)]
+struct Seen {
+    /// A test case in which it fires, and one evaluation earlier in the
+    /// same series it does not.
+    fires_after_silence: bool,
+    /// A test case in which it never fires (its input at or under its
+    /// threshold, or over it for less than its `for:`).
+    stays_silent: bool,
+}
+
+/// Reads one unit-test file of promtool's into `seen`, checking each
+/// firing case's severity, runbook link and annotations against the rule.
+fn read_unit_tests(
+    file: &Path,
+    rules: &BTreeMap<String, yaml_serde::Value>,
+    seen: &mut BTreeMap<String, Seen>,
+) {
+    let f = file.file_name().unwrap().to_string_lossy().to_string();
+    assert!(f.ends_with(".yaml"), "{f}: promtool's tests are .yaml");
+    let t = yaml(file);
+    assert_eq!(
+        t["rule_files"],
+        yaml_serde::from_str::<yaml_serde::Value>("[../alerts.yaml]").unwrap(),
+        "{f}: tests alerts.yaml"
+    );
+    let every = duration(&t["evaluation_interval"], &f);
+    for group in t["tests"].as_sequence().unwrap() {
+        let what = format!("{f}: {:?}", group["name"]);
+        // alert → (when it fires, when it is silent) in this series
+        let mut times: BTreeMap<&str, (Vec<Duration>, Vec<Duration>)> = BTreeMap::new();
+        for case in group["alert_rule_test"].as_sequence().unwrap() {
+            let name = case["alertname"].as_str().unwrap();
+            let rule = rules
+                .get(name)
+                .unwrap_or_else(|| panic!("{what}: no rule {name} in alerts.yaml"));
+            let expected = case["exp_alerts"].as_sequence().unwrap();
+            for a in expected {
+                assert_eq!(
+                    a["exp_labels"]["severity"], rule["labels"]["severity"],
+                    "{what}: {name}'s severity"
+                );
+                let annotations = a["exp_annotations"].as_mapping().unwrap_or_else(|| {
+                    panic!("{what}: {name}: the annotations as the operator reads them")
+                });
+                assert_eq!(
+                    annotations.len(),
+                    rule["annotations"].as_mapping().unwrap().len(),
+                    "{what}: {name}: every annotation"
+                );
+                assert_eq!(
+                    a["exp_annotations"]["runbook_url"], rule["annotations"]["runbook_url"],
+                    "{what}: {name}'s runbook link"
+                );
+            }
+            let at = duration(&case["eval_time"], &what);
+            let (fire, silent) = times.entry(name).or_default();
+            if expected.is_empty() { silent } else { fire }.push(at);
+        }
+        for (name, (fire, silent)) in times {
+            let s = seen.entry(name.to_string()).or_default();
+            match fire.iter().min() {
+                None => s.stays_silent = true,
+                Some(&first) => {
+                    s.fires_after_silence |= silent.contains(&first.saturating_sub(every));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_alert_rule_has_unit_tests_that_see_it_silent_then_firing_with_its_severity_and_runbook() {
+    let obs = Path::new(ROOT).join("deploy/observability");
+    let alerts = yaml(&obs.join("alerts.yaml"));
+    let mut rules = BTreeMap::new();
+    for g in alerts["groups"].as_sequence().unwrap() {
+        for r in g["rules"].as_sequence().unwrap() {
+            rules.insert(r["alert"].as_str().unwrap().to_string(), r.clone());
+        }
+    }
+    let mut files: Vec<_> = std::fs::read_dir(obs.join("tests"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no unit tests in deploy/observability/tests"
+    );
+    let mut seen = BTreeMap::new();
+    for file in &files {
+        read_unit_tests(file, &rules, &mut seen);
+    }
+    for name in rules.keys() {
+        let s = seen.get(name);
+        assert!(
+            s.is_some_and(|s| s.fires_after_silence),
+            "{name}: no unit test sees it silent one evaluation before it fires"
+        );
+        assert!(
+            s.is_some_and(|s| s.stays_silent),
+            "{name}: no unit test holds it at its threshold and sees it silent"
+        );
+    }
 }
