@@ -11,6 +11,7 @@ mod support;
 mod deployment;
 mod docs;
 mod observability;
+mod observability_files;
 mod operating;
 mod operator_cli;
 mod operator_logs;

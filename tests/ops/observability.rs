@@ -585,9 +585,9 @@ async fn the_verification_backlog_grows_while_a_due_decision_waits_and_clears_wh
 /// the label names it matches on), and the label names of its groupings
 /// (`by`, `without`, `on`, `ignoring`, `group_left`, `group_right`).
 #[derive(Debug, Default)]
-struct PromqlRefs {
-    selectors: Vec<(String, BTreeSet<String>)>,
-    grouping: BTreeSet<String>,
+pub(super) struct PromqlRefs {
+    pub(super) selectors: Vec<(String, BTreeSet<String>)>,
+    pub(super) grouping: BTreeSet<String>,
 }
 
 /// PromQL's functions and aggregations (an identifier before `(`).
@@ -651,7 +651,7 @@ const PROMQL_GROUPING: &[&str] = &[
 ];
 const PROMQL_KEYWORDS: &[&str] = &["and", "or", "unless", "bool", "offset", "inf", "nan"];
 
-fn promql_refs(expr: &str) -> PromqlRefs {
+pub(super) fn promql_refs(expr: &str) -> PromqlRefs {
     let b = expr.as_bytes();
     let mut refs = PromqlRefs::default();
     let mut i = 0;
@@ -784,8 +784,12 @@ fn promql_refs(expr: &str) -> PromqlRefs {
 }
 
 /// Labels a scrape adds to every series (the job, the target, and what
-/// Kubernetes service discovery attaches).
+/// Kubernetes service discovery attaches), and the cluster, which a
+/// Prometheus of several clusters adds (an external label, or a
+/// relabelling of federated and remote-write setups): the dashboard's
+/// variables select by it.
 const TARGET_LABELS: &[&str] = &[
+    "cluster",
     "job",
     "instance",
     "namespace",
@@ -927,7 +931,9 @@ async fn every_metric_the_dashboard_and_the_alerts_read_exists_in_a_live_metrics
                     );
                 }
                 // Every selector names its job: the dashboard's $job
-                // variable, the rules' job="volume-reconciler".
+                // variable, the rules' job="volume-reconciler" (and the
+                // dashboard's its cluster and namespace too:
+                // tests/ops/dashboard.rs).
                 assert!(
                     labels.contains("job"),
                     "{what}: {name} without a job matcher"
