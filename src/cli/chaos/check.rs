@@ -905,7 +905,8 @@ impl Checker<'_> {
         if reason == "DATABASE_UNAVAILABLE" {
             let away = a.replica.as_deref().is_some_and(|replica| {
                 self.outages.iter().any(|o| {
-                    o.hits(replica) && o.overlaps(a.sent_at, a.answered_at, db_answer_tail(self.windows))
+                    o.hits(replica)
+                        && o.overlaps(a.sent_at, a.answered_at, db_answer_tail(self.windows))
                 })
             });
             if !away {

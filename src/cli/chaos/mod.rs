@@ -380,13 +380,9 @@ async fn rig(cfg: &ChaosConfig) -> anyhow::Result<Rig> {
     // On PostgreSQL each replica goes through a fault proxy of its own.
     let (db, urls) = if cfg.ledger.is_postgres() {
         let names: Vec<String> = (0..replicas).map(cluster::replica_name).collect();
-        let (db, urls) = dbfaults::DbFaults::start(
-            &database_url,
-            &names,
-            pg.clone(),
-            cfg.shape.db_slow_quiet,
-        )
-        .await?;
+        let (db, urls) =
+            dbfaults::DbFaults::start(&database_url, &names, pg.clone(), cfg.shape.db_slow_quiet)
+                .await?;
         (Some(Arc::new(db)), urls)
     } else {
         (None, Vec::new())

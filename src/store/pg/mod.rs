@@ -40,8 +40,8 @@ pub mod tooling;
 mod wait;
 
 pub use bounds::Bounds;
-pub use health::PROBE_PAUSE;
 pub use connect::{MIGRATOR, PgSettings, applied_migrations};
+pub use health::PROBE_PAUSE;
 
 use std::sync::Arc;
 use std::time::Duration;
