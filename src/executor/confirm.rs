@@ -38,23 +38,12 @@ use crate::nova::{
 use crate::store::NewOperation;
 
 use super::Executor;
-use super::observe::push_observation;
+use super::observe::{Precheck, push_observation};
 use super::run::{Decision, Run, Seen};
 
 /// The longest a pre-check may take: it only spares a request, so a slow
 /// Cinder is not waited for long (a quarter of the budget, at most this).
 const PRECHECK_MAX: Duration = Duration::from_secs(10);
-
-/// What the pre-check found.
-pub(crate) enum Precheck {
-    /// Send the request (Cinder sees nothing against it, or could not be
-    /// asked: Nova decides).
-    Send,
-    /// Decided without a request.
-    Decided(Decision),
-    /// The volume is being created: wait for it before the first request.
-    WaitReady,
-}
 
 /// What one look at Cinder says about an operation's volume and server.
 pub(crate) enum CinderSays {

@@ -11,8 +11,18 @@ use crate::store::NewOperation;
 
 use super::Executor;
 use super::classify::Presence;
-use super::confirm::Precheck;
 use super::run::{Decision, Run, Seen};
+
+/// What the pre-check found.
+pub(crate) enum Precheck {
+    /// Send the request (Cinder sees nothing against it, or could not be
+    /// asked: Nova decides).
+    Send,
+    /// Decided without a request.
+    Decided(Decision),
+    /// The volume is being created: wait for it before the first request.
+    WaitReady,
+}
 
 impl Executor {
     /// Lists the server's attachments (bounded by `until`) and reports

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::caller::{Created, Decided, Spawned};
-use super::{CallerTime, Executor, OpRequest, confirm, ledger, run};
+use super::{CallerTime, Executor, OpRequest, ledger, observe, run};
 use crate::domain::{
     Budget, Deadline, NewEvent, OpKey, Operation, State, TraceContext, event, request_fingerprint,
 };
@@ -194,9 +194,9 @@ impl Executor {
         // intent held the volume: it is not recorded as it stands, but
         // looked at again once the intent holds it.
         let next = match Box::pin(self.precheck(&mut new, &budget)).await {
-            confirm::Precheck::Send => AfterIntent::Send,
-            confirm::Precheck::WaitReady => AfterIntent::WaitReady,
-            confirm::Precheck::Decided(_) => AfterIntent::LookAgain(new.clone()),
+            observe::Precheck::Send => AfterIntent::Send,
+            observe::Precheck::WaitReady => AfterIntent::WaitReady,
+            observe::Precheck::Decided(_) => AfterIntent::LookAgain(new.clone()),
         };
         let (id, record_by) = (new.id, new.record_by);
         // Held from before the write: a shutdown that hands leases over
@@ -319,9 +319,9 @@ impl Executor {
         };
         run.events.append(&mut again.events);
         match pre {
-            confirm::Precheck::Decided(d) => self.record(&mut run, d).await,
-            confirm::Precheck::Send => self.drive(run, false).await,
-            confirm::Precheck::WaitReady => self.drive_when_ready(run).await,
+            observe::Precheck::Decided(d) => self.record(&mut run, d).await,
+            observe::Precheck::Send => self.drive(run, false).await,
+            observe::Precheck::WaitReady => self.drive_when_ready(run).await,
         }
     }
 

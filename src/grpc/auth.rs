@@ -41,28 +41,8 @@ use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
 
-/// What a caller may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
-    Orchestrator,
-    Operator,
-}
-
-impl Role {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "orchestrator" => Some(Role::Orchestrator),
-            "operator" => Some(Role::Operator),
-            _ => None,
-        }
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Orchestrator => "orchestrator",
-            Role::Operator => "operator",
-        }
-    }
-}
+/// What a caller may do (the methods' table names each one's).
+pub use super::methods::Role;
 
 /// The authenticated caller, in the request's extensions.
 #[derive(Debug, Clone, PartialEq, Eq)]

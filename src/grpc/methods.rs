@@ -5,7 +5,29 @@
 //! so an RPC added to the proto without a row here fails the build's
 //! tests instead of defaulting silently.
 
-use super::auth::Role;
+/// What a caller may do: each method needs one (the auth layer reads
+/// the caller's from its token or certificate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    Orchestrator,
+    Operator,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "orchestrator" => Some(Role::Orchestrator),
+            "operator" => Some(Role::Operator),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Orchestrator => "orchestrator",
+            Role::Operator => "operator",
+        }
+    }
+}
 
 /// The service's full name, as paths carry it.
 pub const SERVICE: &str = "volume_reconciler.v1.VolumeReconciler";
