@@ -99,6 +99,11 @@ type AttachRequest struct {
 	Tag string
 	// Optional (microversion >= 2.79).
 	DeleteOnTermination *bool
+	// Optional: the operation's labels (at most 8; keys [prefix/]name of
+	// [a-z0-9_.-], values up to 255 printable characters; not for
+	// secrets). Part of the request: the same Key with other labels is
+	// refused IDEMPOTENCY_KEY_REUSED.
+	Labels map[string]string
 }
 
 // DetachRequest is a detach to run once per Key.
@@ -106,6 +111,11 @@ type DetachRequest struct {
 	Key      string
 	ServerID string
 	VolumeID string
+	// Optional: the operation's labels (at most 8; keys [prefix/]name of
+	// [a-z0-9_.-], values up to 255 printable characters; not for
+	// secrets). Part of the request: the same Key with other labels is
+	// refused IDEMPOTENCY_KEY_REUSED.
+	Labels map[string]string
 }
 
 // Attach attaches req.VolumeID to req.ServerID once per req.Key, and
@@ -124,6 +134,7 @@ func (c *Client) Attach(ctx context.Context, req AttachRequest, opts ...grpc.Cal
 		Device:              req.Device,
 		Tag:                 req.Tag,
 		DeleteOnTermination: req.DeleteOnTermination,
+		Labels:              req.Labels,
 	}
 	return replay(ctx, "AttachVolume", func(ctx context.Context) (*reconcilerv1.Operation, error) {
 		return c.rpc.AttachVolume(ctx, msg, opts...)
@@ -140,6 +151,7 @@ func (c *Client) Detach(ctx context.Context, req DetachRequest, opts ...grpc.Cal
 		IdempotencyKey: req.Key,
 		ServerId:       req.ServerID,
 		VolumeId:       req.VolumeID,
+		Labels:         req.Labels,
 	}
 	return replay(ctx, "DetachVolume", func(ctx context.Context) (*reconcilerv1.Operation, error) {
 		return c.rpc.DetachVolume(ctx, msg, opts...)
@@ -159,6 +171,10 @@ type EnsureRequest struct {
 	Tag string
 	// Optional, attach only (microversion >= 2.79).
 	DeleteOnTermination *bool
+	// Optional: the operation's labels, set when it is created (a call
+	// that joins an open operation keeps that operation's); as
+	// AttachRequest's.
+	Labels map[string]string
 }
 
 // EnsureAttached makes req.VolumeID attached to req.ServerID, however
@@ -178,6 +194,7 @@ func (c *Client) EnsureAttached(ctx context.Context, req EnsureRequest, opts ...
 		Device:              req.Device,
 		Tag:                 req.Tag,
 		DeleteOnTermination: req.DeleteOnTermination,
+		Labels:              req.Labels,
 	}
 	return replay(ctx, "EnsureAttached", func(ctx context.Context) (*reconcilerv1.Operation, error) {
 		return c.rpc.EnsureAttached(ctx, msg, opts...)
@@ -189,7 +206,7 @@ func (c *Client) EnsureAttached(ctx context.Context, req EnsureRequest, opts ...
 // (caller, server, volume, detached). Device, Tag and DeleteOnTermination
 // are not used.
 func (c *Client) EnsureDetached(ctx context.Context, req EnsureRequest, opts ...grpc.CallOption) (*reconcilerv1.Operation, error) {
-	msg := &reconcilerv1.EnsureDetachedRequest{ServerId: req.ServerID, VolumeId: req.VolumeID}
+	msg := &reconcilerv1.EnsureDetachedRequest{ServerId: req.ServerID, VolumeId: req.VolumeID, Labels: req.Labels}
 	return replay(ctx, "EnsureDetached", func(ctx context.Context) (*reconcilerv1.Operation, error) {
 		return c.rpc.EnsureDetached(ctx, msg, opts...)
 	})

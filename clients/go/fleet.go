@@ -1,13 +1,12 @@
 package volumereconciler
 
-// Operating a fleet: labels on attaches and detaches, lists by labels and
+// Operating a fleet (labels are a field of each request): lists by labels and
 // time ranges, cancelling an operation before anything was sent for it,
 // and the operators' bulk calls by filter (docs/api.md, "Operating a
 // fleet").
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"google.golang.org/grpc"
@@ -16,44 +15,6 @@ import (
 
 	reconcilerv1 "github.com/volume-reconciler/volume-reconciler/clients/go/volume_reconciler/v1"
 )
-
-// AttachLabelled is Attach with the operation's labels (at most 8; keys
-// [prefix/]name of [a-z0-9_.-], values up to 255 printable characters;
-// not for secrets). Labels are part of the request: the same Key with
-// other labels is refused IDEMPOTENCY_KEY_REUSED.
-func (c *Client) AttachLabelled(ctx context.Context, req AttachRequest, labels map[string]string, opts ...grpc.CallOption) (*reconcilerv1.Operation, error) {
-	if req.Key == "" {
-		return nil, errors.New("volume-reconciler AttachVolume: a Key is required (KeyFor makes one)")
-	}
-	msg := &reconcilerv1.AttachVolumeRequest{
-		IdempotencyKey:      req.Key,
-		ServerId:            req.ServerID,
-		VolumeId:            req.VolumeID,
-		Device:              req.Device,
-		Tag:                 req.Tag,
-		DeleteOnTermination: req.DeleteOnTermination,
-		Labels:              labels,
-	}
-	return replay(ctx, "AttachVolume", func(ctx context.Context) (*reconcilerv1.Operation, error) {
-		return c.rpc.AttachVolume(ctx, msg, opts...)
-	})
-}
-
-// DetachLabelled is Detach with the operation's labels (as AttachLabelled).
-func (c *Client) DetachLabelled(ctx context.Context, req DetachRequest, labels map[string]string, opts ...grpc.CallOption) (*reconcilerv1.Operation, error) {
-	if req.Key == "" {
-		return nil, errors.New("volume-reconciler DetachVolume: a Key is required (KeyFor makes one)")
-	}
-	msg := &reconcilerv1.DetachVolumeRequest{
-		IdempotencyKey: req.Key,
-		ServerId:       req.ServerID,
-		VolumeId:       req.VolumeID,
-		Labels:         labels,
-	}
-	return replay(ctx, "DetachVolume", func(ctx context.Context) (*reconcilerv1.Operation, error) {
-		return c.rpc.DetachVolume(ctx, msg, opts...)
-	})
-}
 
 // Filter says which operations a list or a bulk call is about: every
 // field set applies (the zero Filter: every operation the caller reads).

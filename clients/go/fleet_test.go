@@ -24,13 +24,12 @@ func TestLabelsAreKeptAndListedByLabelAndCreationTime(t *testing.T) {
 	before := time.Now().Add(-time.Second)
 	east := map[string]string{"cluster": "east", "csi.k8s.io/pv": "pv-1"}
 	server, volume := newUUID(t), newUUID(t)
-	op, err := c.AttachLabelled(ctx, vr.AttachRequest{Key: "g1", ServerID: server, VolumeID: volume}, east)
+	op, err := c.Attach(ctx, vr.AttachRequest{Key: "g1", ServerID: server, VolumeID: volume, Labels: east})
 	wantDecided(t, op, err, reconcilerv1.Resolution_RESOLUTION_RESPONSE)
 	if op.GetLabels()["csi.k8s.io/pv"] != "pv-1" {
 		t.Fatalf("labels %v", op.GetLabels())
 	}
-	other, err := c.AttachLabelled(ctx, vr.AttachRequest{Key: "g2", ServerID: newUUID(t), VolumeID: newUUID(t)},
-		map[string]string{"cluster": "west"})
+	other, err := c.Attach(ctx, vr.AttachRequest{Key: "g2", ServerID: newUUID(t), VolumeID: newUUID(t), Labels: map[string]string{"cluster": "west"}})
 	wantDecided(t, other, err, reconcilerv1.Resolution_RESOLUTION_RESPONSE)
 
 	got, next, err := c.List(ctx, vr.Filter{Labels: map[string]string{"cluster": "east"}}, 0, "")
@@ -41,9 +40,20 @@ func TestLabelsAreKeptAndListedByLabelAndCreationTime(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].GetId() != other.GetId() {
 		t.Fatalf("by creation time, newest first, a page of one: %v %v", got, err)
 	}
+	// "Make it so" calls carry labels too.
+	north := map[string]string{"cluster": "north"}
+	ensured, err := c.EnsureAttached(ctx, vr.EnsureRequest{ServerID: server, VolumeID: newUUID(t), Labels: north})
+	wantDecided(t, ensured, err, reconcilerv1.Resolution_RESOLUTION_RESPONSE)
+	undone, err := c.EnsureDetached(ctx, vr.EnsureRequest{ServerID: server, VolumeID: ensured.GetVolumeId(), Labels: north})
+	if err != nil || undone.GetState() != reconcilerv1.State_STATE_SUCCEEDED || undone.GetLabels()["cluster"] != "north" {
+		t.Fatalf("EnsureDetached with labels: %v %v", undone, err)
+	}
+	got, _, err = c.List(ctx, vr.Filter{Labels: north}, 0, "")
+	if err != nil || len(got) != 2 || got[0].GetId() != undone.GetId() || got[1].GetId() != ensured.GetId() {
+		t.Fatalf("the Ensure calls by their label: %v %v", got, err)
+	}
 	// The same key with other labels is another request.
-	_, err = c.AttachLabelled(ctx, vr.AttachRequest{Key: "g1", ServerID: server, VolumeID: volume},
-		map[string]string{"cluster": "west"})
+	_, err = c.Attach(ctx, vr.AttachRequest{Key: "g1", ServerID: server, VolumeID: volume, Labels: map[string]string{"cluster": "west"}})
 	var e *vr.Error
 	if !errors.As(err, &e) || e.Reason != vr.ReasonIdempotencyKeyReused {
 		t.Fatalf("other labels under the same key: %v", err)
@@ -125,8 +135,7 @@ func TestABulkResolvesDryRunTouchesNothing(t *testing.T) {
 	server, volume := newUUID(t), newUUID(t)
 	s.fault("attach", volume, map[string]any{"kind": "delay_before_effect", "ms": 60000})
 	short, stop := context.WithTimeout(ctx, 2*time.Second)
-	if _, err := c.AttachLabelled(short, vr.AttachRequest{Key: "b1", ServerID: server, VolumeID: volume},
-		map[string]string{"batch": "a"}); err == nil {
+	if _, err := c.Attach(short, vr.AttachRequest{Key: "b1", ServerID: server, VolumeID: volume, Labels: map[string]string{"batch": "a"}}); err == nil {
 		t.Fatal("decided before Nova answered")
 	}
 	stop()
