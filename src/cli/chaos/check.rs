@@ -1033,6 +1033,23 @@ impl Checker<'_> {
         })
     }
 
+    /// Whether `holder` recorded `op` while its database was slow: the
+    /// intent acted at once, but its answer came a latency later, past the
+    /// call's deadline, so the run ended not knowing it held the lease,
+    /// and nobody renewed it (the first `taken over` of such a row is the
+    /// recovery, and the run that gave up decides nothing about it).
+    fn recorded_unheard(&self, holder: &str, op: &Operation) -> bool {
+        self.outages.iter().any(|o| {
+            o.latency.is_some()
+                && o.hits(holder)
+                && o.overlaps(
+                    op.created_at - ms(TOLERANCE_MS),
+                    op.created_at + ms(TOLERANCE_MS),
+                    chrono::Duration::zero(),
+                )
+        })
+    }
+
     /// A claim takes an operation over from its holder only when that
     /// holder stopped renewing its lease: in a chaos run, because it was
     /// killed (a decision or a shutdown releases the lease, so takes no
@@ -1047,6 +1064,7 @@ impl Checker<'_> {
         // lapse: it stopped renewing as a dead one does.
         if !self.killed_between(prev, r.op.created_at, e.at)
             && !self.cut_off(prev, e.at - self.lease_lapse(), e.at)
+            && !self.recorded_unheard(prev, &r.op)
         {
             self.fail(
                 "story-in-order",
