@@ -175,6 +175,16 @@ func (e *Error) GRPCStatus() *status.Status { return e.status }
 // when the service named one (operation_id).
 func (e *Error) OperationID() string { return e.Metadata["operation_id"] }
 
+// Undecided reports whether the answer names an operation that is not
+// decided yet: OUTCOME_UNKNOWN (its request's outcome is being settled)
+// or OPERATION_IN_PROGRESS (the caller's deadline came before the run
+// recorded anything more, e.g. a slow ledger), with its operation_id.
+// Either way the operation goes on: Wait for it, or call again with the
+// same key (or the same Ensure call), which joins it.
+func (e *Error) Undecided() bool {
+	return e.OperationID() != "" && (e.Reason == ReasonOutcomeUnknown || e.Reason == ReasonOperationInProgress)
+}
+
 // RetryDelay is the pause the service asked for (google.rpc.RetryInfo),
 // and whether it sent one.
 func (e *Error) RetryDelay() (time.Duration, bool) {

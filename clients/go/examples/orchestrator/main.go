@@ -38,7 +38,7 @@ func publish(ctx context.Context, c *vr.Client, volume, node, generation string)
 	key := vr.KeyFor("publish", volume, node, generation)
 	op, err := c.Attach(ctx, vr.AttachRequest{Key: key, ServerID: node, VolumeID: volume})
 	var e *vr.Error
-	if errors.As(err, &e) && e.Reason == vr.ReasonOutcomeUnknown && e.OperationID() != "" {
+	if errors.As(err, &e) && e.Undecided() {
 		// The caller's own deadline is near and the outcome is still being
 		// decided: a CSI controller would return DEADLINE_EXCEEDED and be
 		// called again (the same key joins the same operation); a program
